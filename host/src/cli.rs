@@ -1,0 +1,170 @@
+//! The `sluice` command line. The only place where errors become `anyhow`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+use crate::engine::{self, RunOptions};
+use crate::job::Job;
+use crate::plugin::{ComponentCache, PluginHost, WORLD};
+use crate::progress::{ProgressMode, StatusAwareStderr};
+
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about = "Lands data exactly once through sandboxed WebAssembly sink plugins")]
+pub struct Cli {
+    /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Only warnings and errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Directory of the compiled-plugin cache [default: $SLUICE_CACHE_DIR or ~/.cache/sluice/components].
+    #[arg(long, global = true, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs a job to the end of its source, resuming from its last checkpoint.
+    Run {
+        /// The job file (TOML).
+        job: PathBuf,
+        /// Overrides a key of the job file, e.g. --set job.parallelism=4.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// How to show progress.
+        #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
+        progress: ProgressArg,
+    },
+    /// Validates a job file, the plugin's options and the grants without moving data.
+    Check {
+        job: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+    },
+    /// Works with plugin components.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Shows a plugin's world, version, options and the capabilities it imports.
+    Inspect { file: PathBuf },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ProgressArg {
+    /// A status line on a terminal, log lines otherwise.
+    Auto,
+    /// Log lines.
+    Plain,
+    /// Nothing but warnings, errors and the summary.
+    Quiet,
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    let default = match (quiet, verbose) {
+        (true, _) => "warn",
+        (false, 0) => "info",
+        (false, 1) => "debug",
+        (false, _) => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(StatusAwareStderr)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+        .try_init();
+}
+
+/// Entry point of the `sluice` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose, cli.quiet);
+    match execute(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn host(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {
+    let dir = cache_dir.or_else(ComponentCache::default_dir);
+    PluginHost::new(dir).context("starting the WebAssembly engine")
+}
+
+fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run { job, sets, progress } => {
+            let job = Job::load(&job, &sets)?;
+            let host = host(cli.cache_dir)?;
+            let progress = match (cli.quiet, progress) {
+                (true, _) | (_, ProgressArg::Quiet) => ProgressMode::Quiet,
+                (_, ProgressArg::Plain) => ProgressMode::Plain,
+                (_, ProgressArg::Auto) => ProgressMode::Auto,
+            };
+            let summary = engine::run(&job, &host, &RunOptions { progress, fault: None })?;
+            println!("{summary}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { job, sets } => {
+            let job = Job::load(&job, &sets)?;
+            let host = host(cli.cache_dir)?;
+            let report = engine::check(&job, &host);
+            for line in &report.passed {
+                println!("ok: {line}");
+            }
+            for problem in &report.problems {
+                println!("error: {problem}");
+            }
+            if report.problems.is_empty() {
+                println!("job {} is ready to run", job.spec.job.id);
+                Ok(ExitCode::SUCCESS)
+            } else {
+                println!("job {}: {} problem(s)", job.spec.job.id, report.problems.len());
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Plugin { command: PluginCommand::Inspect { file } } => {
+            let host = host(cli.cache_dir)?;
+            let plugin = host.load(&file)?;
+            println!("file:        {}", plugin.path.display());
+            println!("world:       {WORLD}");
+            if let Some(info) = plugin.info() {
+                println!("plugin:      {} {}", info.name, info.version);
+                println!("description: {}", info.description);
+                println!("options:");
+                for o in &info.options {
+                    let req = if o.required { "required" } else { "optional" };
+                    let default = o.default_value.as_ref().map(|d| format!(" [default: {d}]")).unwrap_or_default();
+                    println!("  {:<16} {req}{default}  {}", o.name, o.description);
+                }
+                println!("needs:");
+                for c in &info.capabilities {
+                    println!("  {c}");
+                }
+            }
+            println!("imports:");
+            for name in plugin.imports() {
+                println!("  {name}");
+            }
+            println!("exports:");
+            for name in plugin.exports() {
+                println!("  {name}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! Durable checkpoint records and the job's state directory.
+//!
+//! Invariants:
+//! - a record is written to a temporary file, synced, renamed into place and
+//!   the directory synced, so after a crash either the whole new record or
+//!   the previous one is there, never half of one;
+//! - every record carries a SHA-256 of its body; a record that fails the check
+//!   is refused loudly and never used, and an older one is never silently
+//!   substituted for it (that could replay rows already committed);
+//! - only one run holds a job's state directory at a time (an OS file lock,
+//!   released by the kernel even on SIGKILL);
+//! - the attempt counter is bumped durably before a run does anything else.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+const MAGIC: &str = "sluice-checkpoint";
+const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    #[error("state directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "state directory {path} is in use by another sluice run of this job (lock held); \
+         wait for it to end or stop it"
+    )]
+    Locked { path: PathBuf },
+    #[error(
+        "checkpoint record {path} is corrupt ({reason}); refusing to resume from it. \
+         Nothing was changed. Restore the file from a backup, or move it away to resume from the \
+         previous record{older} (rows of the newer checkpoint may then be delivered again)"
+    )]
+    Corrupt { path: PathBuf, reason: String, older: String },
+    #[error("checkpoint record {path} belongs to job {found:?}, not {expected:?}")]
+    WrongJob { path: PathBuf, found: String, expected: String },
+}
+
+/// Bytes stored as base64 in the JSON record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Blob(pub Vec<u8>);
+
+impl Serialize for Blob {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Blob {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD.decode(s.as_bytes()).map(Blob).map_err(serde::de::Error::custom)
+    }
+}
+
+/// One subtask's part of a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SubtaskRecord {
+    /// Where the subtask's source resumes.
+    pub position: serde_json::Value,
+    /// What the plugin's `snapshot-state` returned.
+    pub writer_state: Blob,
+    /// Rows this subtask delivered up to this checkpoint, over all runs.
+    pub rows: u64,
+    /// The subtask's source is exhausted.
+    pub finished: bool,
+}
+
+/// A combined commit persisted but not known to be committed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PendingCommit {
+    pub checkpoint: u64,
+    pub combined: Blob,
+}
+
+/// Everything needed to resume a job after checkpoint `checkpoint`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointRecord {
+    pub job_id: String,
+    pub sink_id: String,
+    pub checkpoint: u64,
+    /// Run attempt that wrote the record.
+    pub attempt: u32,
+    pub parallelism: u32,
+    pub subtasks: Vec<SubtaskRecord>,
+    /// Checkpoints (this one and earlier) whose commit is not known to have
+    /// succeeded, oldest first. Re-committed first on restore.
+    pub pending: Vec<PendingCommit>,
+    /// Newest checkpoint known to be committed when the record was written.
+    pub last_committed: Option<u64>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+}
+
+impl CheckpointRecord {
+    pub fn total_rows(&self) -> u64 {
+        self.subtasks.iter().map(|s| s.rows).sum()
+    }
+
+    pub fn finished(&self) -> bool {
+        self.subtasks.iter().all(|s| s.finished)
+    }
+}
+
+/// A job's state directory, locked for the lifetime of this value.
+#[derive(Debug)]
+pub struct CheckpointStore {
+    dir: PathBuf,
+    checkpoints: PathBuf,
+    job_id: String,
+    retain: usize,
+    _lock: File,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+}
+
+fn file_name(c: u64) -> String {
+    format!("chk-{c:020}.json")
+}
+
+fn parse_name(name: &str) -> Option<u64> {
+    name.strip_prefix("chk-")?.strip_suffix(".json")?.parse().ok()
+}
+
+/// Writes `bytes` to `path` atomically and durably.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
+    {
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+    }
+    fs::rename(&tmp, path).map_err(io(path))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+impl CheckpointStore {
+    /// Opens (creating) and locks a job's state directory.
+    pub fn open(dir: &Path, job_id: &str, retain: usize) -> Result<Self, CheckpointError> {
+        let checkpoints = dir.join("checkpoints");
+        fs::create_dir_all(&checkpoints).map_err(io(&checkpoints))?;
+        let lock_path = dir.join("lock");
+        let lock =
+            OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(CheckpointError::Locked { path: dir.to_path_buf() }),
+            Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
+        }
+        Ok(Self { dir: dir.to_path_buf(), checkpoints, job_id: job_id.to_string(), retain, _lock: lock })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Raises and returns the run attempt (1 for the first run).
+    pub fn next_attempt(&self) -> Result<u32, CheckpointError> {
+        let path = self.dir.join("attempt");
+        let current = match fs::read_to_string(&path) {
+            Ok(s) => s.trim().parse::<u32>().map_err(|e| CheckpointError::Corrupt {
+                path: path.clone(),
+                reason: format!("not a number: {e}"),
+                older: String::new(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let next = current.saturating_add(1);
+        write_atomic(&path, format!("{next}\n").as_bytes())?;
+        Ok(next)
+    }
+
+    /// Checkpoint ids present on disk, newest first.
+    fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        let mut ids = Vec::new();
+        for entry in fs::read_dir(&self.checkpoints).map_err(io(&self.checkpoints))? {
+            let entry = entry.map_err(io(&self.checkpoints))?;
+            if let Some(c) = entry.file_name().to_str().and_then(parse_name) {
+                ids.push(c);
+            }
+        }
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(ids)
+    }
+
+    /// The newest record, verified. A corrupt newest record is an error.
+    pub fn latest(&self) -> Result<Option<CheckpointRecord>, CheckpointError> {
+        let ids = self.ids()?;
+        let Some(&newest) = ids.first() else { return Ok(None) };
+        let path = self.checkpoints.join(file_name(newest));
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        match decode(&bytes) {
+            Ok(record) => {
+                if record.job_id != self.job_id {
+                    return Err(CheckpointError::WrongJob {
+                        path,
+                        found: record.job_id,
+                        expected: self.job_id.clone(),
+                    });
+                }
+                if record.checkpoint != newest {
+                    return Err(CheckpointError::Corrupt {
+                        path,
+                        reason: format!("it holds checkpoint {} but is named {newest}", record.checkpoint),
+                        older: older_hint(&ids),
+                    });
+                }
+                Ok(Some(record))
+            }
+            Err(reason) => Err(CheckpointError::Corrupt { path, reason, older: older_hint(&ids) }),
+        }
+    }
+
+    /// Persists a record atomically and durably, then prunes old ones.
+    pub fn persist(&self, record: &CheckpointRecord) -> Result<PathBuf, CheckpointError> {
+        let path = self.checkpoints.join(file_name(record.checkpoint));
+        write_atomic(&path, &encode(record))?;
+        for old in self.ids()?.into_iter().skip(self.retain) {
+            let p = self.checkpoints.join(file_name(old));
+            if let Err(e) = fs::remove_file(&p) {
+                tracing::warn!(path = %p.display(), error = %e, "could not prune old checkpoint record");
+            }
+        }
+        Ok(path)
+    }
+
+    /// Path of the record of checkpoint `c` (whether or not it exists).
+    pub fn record_path(&self, c: u64) -> PathBuf {
+        self.checkpoints.join(file_name(c))
+    }
+}
+
+fn older_hint(ids: &[u64]) -> String {
+    match ids.get(1) {
+        Some(c) => format!(" (checkpoint {c})"),
+        None => " (there is none: the job would start over)".to_string(),
+    }
+}
+
+/// Header line, then the JSON body. The header holds the body's length and SHA-256.
+pub fn encode(record: &CheckpointRecord) -> Vec<u8> {
+    // Serializing plain data structures to JSON cannot fail.
+    let body = serde_json::to_vec_pretty(record).unwrap_or_default();
+    let digest = hex(&Sha256::digest(&body));
+    let mut out = format!("{MAGIC} v{FORMAT_VERSION} len={} sha256={digest}\n", body.len()).into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+pub fn decode(bytes: &[u8]) -> Result<CheckpointRecord, String> {
+    let nl = bytes.iter().position(|&b| b == b'\n').ok_or("no header line")?;
+    let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| "header is not text")?;
+    let body = &bytes[nl + 1..];
+    let mut parts = header.split(' ');
+    if parts.next() != Some(MAGIC) {
+        return Err("not a sluice checkpoint record".to_string());
+    }
+    let version = parts.next().and_then(|v| v.strip_prefix('v')).and_then(|v| v.parse::<u32>().ok());
+    if version != Some(FORMAT_VERSION) {
+        return Err(format!("unsupported record format {version:?}"));
+    }
+    let len = parts.next().and_then(|v| v.strip_prefix("len=")).and_then(|v| v.parse::<usize>().ok());
+    let sum = parts.next().and_then(|v| v.strip_prefix("sha256="));
+    let (Some(len), Some(sum)) = (len, sum) else { return Err("malformed header".to_string()) };
+    if body.len() != len {
+        return Err(format!("truncated: body has {} bytes, header says {len}", body.len()));
+    }
+    if hex(&Sha256::digest(body)) != sum {
+        return Err("checksum mismatch".to_string());
+    }
+    serde_json::from_slice(body).map_err(|e| format!("body is not a valid record: {e}"))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(c: u64) -> CheckpointRecord {
+        CheckpointRecord {
+            job_id: "j".into(),
+            sink_id: "s".into(),
+            checkpoint: c,
+            attempt: 1,
+            parallelism: 1,
+            subtasks: vec![SubtaskRecord {
+                position: serde_json::json!({"emitted": 5}),
+                writer_state: Blob(vec![0, 1, 255]),
+                rows: 5,
+                finished: false,
+            }],
+            pending: vec![PendingCommit { checkpoint: c, combined: Blob(b"files".to_vec()) }],
+            last_committed: None,
+            created_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), "j", 2).unwrap();
+        assert_eq!(store.latest().unwrap(), None);
+        for c in 1..=4 {
+            store.persist(&record(c)).unwrap();
+        }
+        assert_eq!(store.latest().unwrap(), Some(record(4)));
+        assert_eq!(store.ids().unwrap(), vec![4, 3]);
+        assert_eq!(store.next_attempt().unwrap(), 1);
+        assert_eq!(store.next_attempt().unwrap(), 2);
+    }
+
+    #[test]
+    fn corrupt_record_is_refused_loudly() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), "j", 3).unwrap();
+        store.persist(&record(1)).unwrap();
+        let path = store.persist(&record(2)).unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x20;
+        fs::write(&path, &bytes).unwrap();
+        let err = store.latest().unwrap_err().to_string();
+        assert!(err.contains("corrupt (checksum mismatch)") && err.contains("(checkpoint 1)"), "{err}");
+        fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        let err = store.latest().unwrap_err().to_string();
+        assert!(err.contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn second_open_is_locked_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = CheckpointStore::open(dir.path(), "j", 3).unwrap();
+        let err = CheckpointStore::open(dir.path(), "j", 3).unwrap_err();
+        assert!(matches!(err, CheckpointError::Locked { .. }), "{err}");
+    }
+}

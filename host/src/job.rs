@@ -1,0 +1,581 @@
+//! The job file: TOML, overridden by `--set key=value`, with `${VAR}` and
+//! `${VAR:-default}` taken from the environment, then validated.
+//!
+//! Invariants:
+//! - every error names the offending key (`job.parallelism`, `sink.plugin`, ...)
+//!   and the file;
+//! - relative paths are resolved against the job file's directory, so a job
+//!   behaves the same from any working directory;
+//! - after [`Job::load`] every path is absolute and every value in range.
+
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// A job file that could not be used.
+#[derive(Debug, Error)]
+pub enum JobError {
+    #[error("cannot read job file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("job file {path} is not valid TOML: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("job file {path}: key `{key}`: {message}")]
+    Invalid { path: PathBuf, key: String, message: String },
+    #[error("--set {arg:?}: {message}")]
+    Override { arg: String, message: String },
+}
+
+/// The whole job file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub job: JobSection,
+    pub source: SourceSpec,
+    pub sink: SinkSpec,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// Stable name of the job; names checkpoints and idempotence keys.
+    pub id: String,
+    /// Number of source readers and sink writers.
+    #[serde(default = "default_parallelism")]
+    pub parallelism: u32,
+    /// Where checkpoints live. Default: `.sluice/<id>` next to the job file.
+    pub state_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+    #[serde(default)]
+    pub commit: CommitSpec,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// End a checkpoint after this many rows per subtask (deterministic).
+    pub every_rows: Option<u64>,
+    /// End a checkpoint after this many seconds.
+    pub interval_secs: Option<f64>,
+    /// How many checkpoint records to keep on disk.
+    #[serde(default = "default_retain")]
+    pub retain: usize,
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        Self { every_rows: None, interval_secs: None, retain: default_retain() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitSpec {
+    /// Attempts of one commit when the plugin answers `retryable`.
+    #[serde(default = "default_commit_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_initial_backoff_ms")]
+    pub initial_backoff_ms: u64,
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+}
+
+impl Default for CommitSpec {
+    fn default() -> Self {
+        Self {
+            max_attempts: default_commit_attempts(),
+            initial_backoff_ms: default_initial_backoff_ms(),
+            max_backoff_ms: default_max_backoff_ms(),
+        }
+    }
+}
+
+/// Where rows come from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum SourceSpec {
+    /// Deterministic rows `0..rows`, split into contiguous ranges per subtask.
+    Generator {
+        rows: u64,
+        /// Total rows per second over all subtasks (unlimited when absent).
+        rate: Option<f64>,
+        #[serde(default = "default_batch_rows")]
+        batch_rows: usize,
+    },
+    /// JSON lines, CSV or Parquet files: one file, or every such file in a directory.
+    File {
+        path: PathBuf,
+        /// `csv`, `json` or `parquet`; taken from the file extension when absent.
+        format: Option<FileFormat>,
+        #[serde(default = "default_batch_rows")]
+        batch_rows: usize,
+        /// Whether CSV files start with a header line.
+        #[serde(default = "default_true")]
+        csv_header: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileFormat {
+    Csv,
+    Json,
+    Parquet,
+}
+
+impl FileFormat {
+    /// The format a file extension names, if any.
+    pub fn from_path(path: &Path) -> Option<Self> {
+        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+            "csv" => Some(Self::Csv),
+            "json" | "jsonl" | "ndjson" => Some(Self::Json),
+            "parquet" => Some(Self::Parquet),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSpec {
+    /// Name of the sink within the job.
+    #[serde(default = "default_sink_id")]
+    pub id: String,
+    /// Path of the plugin component (`.wasm`).
+    pub plugin: PathBuf,
+    /// Handed to the plugin as strings.
+    #[serde(default)]
+    pub options: toml::Table,
+    #[serde(default)]
+    pub grants: Grants,
+    #[serde(default)]
+    pub sandbox: SandboxSpec,
+}
+
+/// What the plugin may touch. Nothing else is reachable.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grants {
+    /// Locations the plugin may read and write (directories, `memory://name`).
+    #[serde(default)]
+    pub locations: Vec<String>,
+    /// Locations the plugin may only read.
+    #[serde(default)]
+    pub read_locations: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// Wall-clock limit of one plugin call.
+    #[serde(default = "default_call_timeout")]
+    pub call_timeout_secs: f64,
+    /// Linear-memory cap of one plugin instance.
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: u64,
+}
+
+impl Default for SandboxSpec {
+    fn default() -> Self {
+        Self { call_timeout_secs: default_call_timeout(), memory_mb: default_memory_mb() }
+    }
+}
+
+impl SandboxSpec {
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.call_timeout_secs)
+    }
+}
+
+fn default_parallelism() -> u32 {
+    1
+}
+fn default_retain() -> usize {
+    3
+}
+fn default_commit_attempts() -> u32 {
+    5
+}
+fn default_initial_backoff_ms() -> u64 {
+    200
+}
+fn default_max_backoff_ms() -> u64 {
+    10_000
+}
+fn default_batch_rows() -> usize {
+    8192
+}
+fn default_true() -> bool {
+    true
+}
+fn default_sink_id() -> String {
+    "sink".to_string()
+}
+fn default_call_timeout() -> f64 {
+    300.0
+}
+fn default_memory_mb() -> u64 {
+    2048
+}
+
+/// Default checkpoint interval when the job sets no trigger.
+pub const DEFAULT_INTERVAL_SECS: f64 = 10.0;
+
+/// A loaded, validated job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub spec: JobSpec,
+    /// The job file.
+    pub path: PathBuf,
+    /// Its directory: the base of every relative path and location.
+    pub base_dir: PathBuf,
+    /// Absolute state directory.
+    pub state_dir: PathBuf,
+}
+
+impl Job {
+    /// Reads, overrides, interpolates, parses and validates a job file.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, JobError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| JobError::Read { path: path.to_path_buf(), source })?;
+        Self::from_str(&text, path, overrides)
+    }
+
+    /// Like [`Job::load`] for a file's text (`path` names it and anchors paths).
+    pub fn from_str(text: &str, path: &Path, overrides: &[String]) -> Result<Self, JobError> {
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| JobError::Syntax { path: path.to_path_buf(), message: e.to_string() })?;
+        for arg in overrides {
+            apply_override(&mut table, arg)?;
+        }
+        interpolate_env(&mut table, "", path)?;
+        let spec: JobSpec = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let key = e.path().to_string();
+            JobError::Invalid {
+                path: path.to_path_buf(),
+                key: if key == "." { "(top level)".to_string() } else { key },
+                message: e.into_inner().to_string(),
+            }
+        })?;
+        let base_dir = absolute(path.parent().unwrap_or(Path::new("."))).map_err(|e| JobError::Invalid {
+            path: path.to_path_buf(),
+            key: "(job file)".into(),
+            message: e,
+        })?;
+        let mut job = Job { state_dir: PathBuf::new(), spec, path: path.to_path_buf(), base_dir };
+        job.validate()?;
+        Ok(job)
+    }
+
+    fn invalid(&self, key: &str, message: impl Into<String>) -> JobError {
+        JobError::Invalid { path: self.path.clone(), key: key.to_string(), message: message.into() }
+    }
+
+    /// Resolves a path of the job file against its directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        normalize(&self.base_dir.join(p))
+    }
+
+    fn validate(&mut self) -> Result<(), JobError> {
+        check_id(&self.spec.job.id).map_err(|m| self.invalid("job.id", m))?;
+        check_id(&self.spec.sink.id).map_err(|m| self.invalid("sink.id", m))?;
+        if self.spec.job.parallelism == 0 || self.spec.job.parallelism > 1024 {
+            return Err(self.invalid("job.parallelism", "must be between 1 and 1024"));
+        }
+        let ck = &self.spec.job.checkpoint;
+        if ck.every_rows == Some(0) {
+            return Err(self.invalid("job.checkpoint.every_rows", "must be at least 1"));
+        }
+        if let Some(s) = ck.interval_secs
+            && !(s.is_finite() && s > 0.0)
+        {
+            return Err(self.invalid("job.checkpoint.interval_secs", "must be a positive number of seconds"));
+        }
+        if ck.retain == 0 {
+            return Err(self.invalid("job.checkpoint.retain", "must be at least 1"));
+        }
+        if self.spec.job.commit.max_attempts == 0 {
+            return Err(self.invalid("job.commit.max_attempts", "must be at least 1"));
+        }
+        match &self.spec.source {
+            SourceSpec::Generator { rate, batch_rows, .. } => {
+                if let Some(r) = rate
+                    && !(r.is_finite() && *r > 0.0)
+                {
+                    return Err(self.invalid("source.rate", "must be a positive number of rows per second"));
+                }
+                if *batch_rows == 0 {
+                    return Err(self.invalid("source.batch_rows", "must be at least 1"));
+                }
+            }
+            SourceSpec::File { path, batch_rows, format, .. } => {
+                if *batch_rows == 0 {
+                    return Err(self.invalid("source.batch_rows", "must be at least 1"));
+                }
+                let resolved = self.resolve(path);
+                if !resolved.exists() {
+                    return Err(self.invalid("source.path", format!("{} does not exist", resolved.display())));
+                }
+                if resolved.is_file() && format.is_none() && FileFormat::from_path(&resolved).is_none() {
+                    return Err(self.invalid(
+                        "source.format",
+                        format!(
+                            "cannot tell the format of {} from its extension; set csv, json or parquet",
+                            resolved.display()
+                        ),
+                    ));
+                }
+                if let SourceSpec::File { path, .. } = &mut self.spec.source {
+                    *path = resolved;
+                }
+            }
+        }
+        let plugin = self.resolve(&self.spec.sink.plugin);
+        if !plugin.is_file() {
+            return Err(self.invalid(
+                "sink.plugin",
+                format!("no plugin file at {} (build the plugins with `cargo build-plugins`)", plugin.display()),
+            ));
+        }
+        self.spec.sink.plugin = plugin;
+        let sb = &self.spec.sink.sandbox;
+        if !(sb.call_timeout_secs.is_finite() && sb.call_timeout_secs > 0.0) {
+            return Err(self.invalid("sink.sandbox.call_timeout_secs", "must be a positive number of seconds"));
+        }
+        if sb.memory_mb < 16 {
+            return Err(self.invalid("sink.sandbox.memory_mb", "must be at least 16"));
+        }
+        for (key, value) in &self.spec.sink.options {
+            if matches!(value, toml::Value::Table(_)) {
+                return Err(self.invalid(&format!("sink.options.{key}"), "must be a plain value, not a table"));
+            }
+        }
+        self.state_dir = match &self.spec.job.state_dir {
+            Some(dir) => self.resolve(dir),
+            None => self.base_dir.join(".sluice").join(&self.spec.job.id),
+        };
+        Ok(())
+    }
+
+    /// The sink options as the plugin receives them: strings, sorted by key.
+    pub fn sink_options(&self) -> Vec<(String, String)> {
+        self.spec
+            .sink
+            .options
+            .iter()
+            .map(|(k, v)| {
+                let rendered = match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (k.clone(), rendered)
+            })
+            .collect()
+    }
+
+    /// How a checkpoint round ends: after `every_rows` rows per subtask, after
+    /// `interval`, or the default interval when neither is set.
+    pub fn checkpoint_trigger(&self) -> (Option<u64>, Option<Duration>) {
+        let ck = &self.spec.job.checkpoint;
+        let interval = match (ck.every_rows, ck.interval_secs) {
+            (None, None) => Some(DEFAULT_INTERVAL_SECS),
+            (_, s) => s,
+        };
+        (ck.every_rows, interval.map(Duration::from_secs_f64))
+    }
+}
+
+fn check_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > 64 {
+        return Err("must be 1 to 64 characters long".to_string());
+    }
+    if !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(format!("{id:?} may only hold ASCII letters, digits, `-` and `_`"));
+    }
+    Ok(())
+}
+
+/// Applies one `key.path=value` override. The value is read as a TOML value
+/// (`4`, `true`, `"x"`, `[1, 2]`) and taken as a plain string otherwise.
+fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), JobError> {
+    let err = |message: &str| JobError::Override { arg: arg.to_string(), message: message.to_string() };
+    let (key, raw) = arg.split_once('=').ok_or_else(|| err("expected key=value"))?;
+    let key = key.trim();
+    if key.is_empty() || key.split('.').any(str::is_empty) {
+        return Err(err("the key must be a dotted path such as sink.options.path"));
+    }
+    let value = match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let parts: Vec<&str> = key.split('.').collect();
+    let (last, parents) = parts.split_last().ok_or_else(|| err("empty key"))?;
+    let mut cur = table;
+    for part in parents {
+        let entry = cur.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = match entry {
+            toml::Value::Table(t) => t,
+            _ => return Err(err(&format!("`{part}` is not a table in the job file"))),
+        };
+    }
+    cur.insert(last.to_string(), value);
+    Ok(())
+}
+
+/// Replaces `${NAME}` and `${NAME:-default}` in every string value.
+fn interpolate_env(table: &mut toml::Table, prefix: &str, path: &Path) -> Result<(), JobError> {
+    for (key, value) in table.iter_mut() {
+        let full = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        interpolate_value(value, &full, path)?;
+    }
+    Ok(())
+}
+
+fn interpolate_value(value: &mut toml::Value, key: &str, path: &Path) -> Result<(), JobError> {
+    match value {
+        toml::Value::String(s) => {
+            *s = expand(s).map_err(|message| JobError::Invalid {
+                path: path.to_path_buf(),
+                key: key.to_string(),
+                message,
+            })?;
+        }
+        toml::Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                interpolate_value(item, &format!("{key}[{i}]"), path)?;
+            }
+        }
+        toml::Value::Table(t) => interpolate_env(t, key, path)?,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn expand(s: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or_else(|| format!("unclosed `${{` in {s:?}"))?;
+        let expr = &after[..end];
+        let (name, default) = match expr.split_once(":-") {
+            Some((n, d)) => (n, Some(d)),
+            None => (expr, None),
+        };
+        match (std::env::var(name), default) {
+            (Ok(v), _) if !v.is_empty() => out.push_str(&v),
+            (_, Some(d)) => out.push_str(d),
+            (Ok(v), None) => out.push_str(&v),
+            (Err(_), None) => {
+                return Err(format!(
+                    "environment variable {name} is not set (write ${{{name}:-default}} for a default)"
+                ));
+            }
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Makes a path absolute against the current directory, lexically.
+pub fn absolute(p: &Path) -> Result<PathBuf, String> {
+    let p = if p.as_os_str().is_empty() { Path::new(".") } else { p };
+    std::path::absolute(p).map(|a| normalize(&a)).map_err(|e| format!("cannot make {} absolute: {e}", p.display()))
+}
+
+/// Removes `.` and resolves `..` lexically (no filesystem access).
+pub fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for comp in p.components() {
+        match comp {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, sets: &[&str]) -> Result<Job, JobError> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.wasm"), b"x").unwrap();
+        let path = dir.path().join("job.toml");
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Job::from_str(text, &path, &sets)
+    }
+
+    const MINIMAL: &str = r#"
+        [job]
+        id = "j1"
+        [source]
+        kind = "generator"
+        rows = 10
+        [sink]
+        plugin = "p.wasm"
+    "#;
+
+    #[test]
+    fn minimal_job_gets_defaults() {
+        let job = load(MINIMAL, &[]).unwrap();
+        assert_eq!(job.spec.job.parallelism, 1);
+        assert_eq!(job.spec.sink.id, "sink");
+        assert!(job.state_dir.ends_with(".sluice/j1"));
+        assert!(job.spec.sink.plugin.is_absolute());
+        assert_eq!(job.checkpoint_trigger(), (None, Some(Duration::from_secs(10))));
+    }
+
+    #[test]
+    fn set_overrides_any_key() {
+        let job = load(MINIMAL, &["job.parallelism=3", "sink.options.path=out dir", "source.rows=5"]).unwrap();
+        assert_eq!(job.spec.job.parallelism, 3);
+        assert_eq!(job.sink_options(), vec![("path".to_string(), "out dir".to_string())]);
+        assert!(matches!(job.spec.source, SourceSpec::Generator { rows: 5, .. }));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = load(MINIMAL, &["job.parallelism=\"two\""]).unwrap_err().to_string();
+        assert!(err.contains("key `job.parallelism`"), "{err}");
+        let err = load(MINIMAL, &["job.paralelism=2"]).unwrap_err().to_string();
+        assert!(err.contains("paralelism"), "{err}");
+        let err = load(MINIMAL, &["job.parallelism=0"]).unwrap_err().to_string();
+        assert!(err.contains("key `job.parallelism`: must be between 1 and 1024"), "{err}");
+        let err = load(MINIMAL, &["sink.plugin=missing.wasm"]).unwrap_err().to_string();
+        assert!(err.contains("key `sink.plugin`: no plugin file at"), "{err}");
+        let err = load(MINIMAL, &["source.kind=kafka"]).unwrap_err().to_string();
+        assert!(err.contains("source") && err.contains("kafka"), "{err}");
+        let err = load("[job\nid=1", &[]).unwrap_err().to_string();
+        assert!(err.contains("not valid TOML"), "{err}");
+        let err = load(MINIMAL, &["novalue"]).unwrap_err().to_string();
+        assert!(err.contains("expected key=value"), "{err}");
+    }
+
+    #[test]
+    fn env_interpolation_with_default() {
+        let job = load(MINIMAL, &["sink.options.path=${SLUICE_TEST_SURELY_UNSET:-fallback}/x"]).unwrap();
+        assert_eq!(job.sink_options()[0].1, "fallback/x");
+        let err = load(MINIMAL, &["sink.options.path=${SLUICE_TEST_SURELY_UNSET}"]).unwrap_err().to_string();
+        assert!(err.contains("sink.options.path") && err.contains("SLUICE_TEST_SURELY_UNSET"), "{err}");
+    }
+
+    #[test]
+    fn normalize_resolves_dots() {
+        assert_eq!(normalize(Path::new("/a/b/../c/./d")), PathBuf::from("/a/c/d"));
+        assert_eq!(normalize(Path::new("/a/../../etc")), PathBuf::from("/etc"));
+    }
+}

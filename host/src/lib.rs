@@ -1,0 +1,15 @@
+//! Sluice: lands data exactly once through sandboxed WebAssembly sink plugins.
+//!
+//! The crate is read top-down: [`cli`] parses the command line, [`job`] the
+//! job file; [`engine`] runs the checkpoint protocol over [`source`]s and
+//! [`plugin`] instances, which reach the outside world only through the
+//! [`capability`] modules the job grants them.
+
+pub mod capability;
+pub mod cli;
+pub mod engine;
+pub mod ipc;
+pub mod job;
+pub mod plugin;
+pub mod progress;
+pub mod source;

@@ -1,0 +1,148 @@
+//! On-disk cache of compiled components, keyed by content.
+//!
+//! Invariants:
+//! - the key is the SHA-256 of the component bytes together with the engine's
+//!   compatibility hash (wasmtime version and `Config`), so a changed plugin
+//!   or a different host never picks up a stale artifact;
+//! - an artifact is written to a temporary file and renamed into place, under
+//!   a lock, so concurrent runs compile once and never read half a file;
+//! - an artifact that fails to load is recompiled and replaced, never fatal.
+
+use std::fs::{self, File};
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+use crate::engine::checkpoint::hex;
+use crate::plugin::PluginError;
+
+/// Where a loaded component came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadedFrom {
+    /// Deserialized from the cache: compilation skipped.
+    Cache(PathBuf),
+    /// Compiled now; stored in the cache when one is configured.
+    Compiled { seconds: f64, cached_at: Option<PathBuf> },
+}
+
+/// Feeds `Hash` output into SHA-256 (a stable hasher, unlike `DefaultHasher`).
+struct ShaHasher(Sha256);
+
+impl Hasher for ShaHasher {
+    fn finish(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ComponentCache {
+    dir: Option<PathBuf>,
+}
+
+impl ComponentCache {
+    pub fn new(dir: Option<PathBuf>) -> Self {
+        Self { dir }
+    }
+
+    /// `$SLUICE_CACHE_DIR`, else `$XDG_CACHE_HOME/sluice/components`, else
+    /// `~/.cache/sluice/components`.
+    pub fn default_dir() -> Option<PathBuf> {
+        if let Some(dir) = std::env::var_os("SLUICE_CACHE_DIR").filter(|d| !d.is_empty()) {
+            return Some(PathBuf::from(dir));
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(base.join("sluice").join("components"))
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Content key of `bytes` for `engine`.
+    pub fn key(engine: &Engine, bytes: &[u8]) -> String {
+        let mut hasher = ShaHasher(Sha256::new());
+        hasher.write(bytes);
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        hex(&hasher.0.finalize())
+    }
+
+    /// Loads the component at `path`, from the cache when possible.
+    pub fn load(&self, engine: &Engine, path: &Path) -> Result<(Component, LoadedFrom), PluginError> {
+        let bytes = fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        let Some(dir) = &self.dir else {
+            let (component, seconds) = compile(engine, path, &bytes)?;
+            return Ok((component, LoadedFrom::Compiled { seconds, cached_at: None }));
+        };
+        let cache_err = |p: &Path| {
+            let p = p.to_path_buf();
+            move |source| PluginError::Cache { path: p, source }
+        };
+        fs::create_dir_all(dir).map_err(cache_err(dir))?;
+        let key = Self::key(engine, &bytes);
+        let artifact = dir.join(format!("{key}.cwasm"));
+        if let Some(component) = try_deserialize(engine, &artifact) {
+            return Ok((component, LoadedFrom::Cache(artifact)));
+        }
+        // Compile under a lock so that concurrent runs compile only once.
+        let lock_path = dir.join(format!("{key}.lock"));
+        let lock = File::create(&lock_path).map_err(cache_err(&lock_path))?;
+        lock.lock().map_err(cache_err(&lock_path))?;
+        if let Some(component) = try_deserialize(engine, &artifact) {
+            return Ok((component, LoadedFrom::Cache(artifact)));
+        }
+        let (component, seconds) = compile(engine, path, &bytes)?;
+        let serialized = component.serialize().map_err(|e| PluginError::Invalid {
+            path: path.to_path_buf(),
+            message: format!("cannot serialize the compiled component: {e}"),
+        })?;
+        let tmp = dir.join(format!(".{key}.tmp-{}", std::process::id()));
+        let written = File::create(&tmp)
+            .and_then(|mut f| f.write_all(&serialized).and_then(|()| f.sync_all()))
+            .and_then(|()| fs::rename(&tmp, &artifact));
+        let cached_at = match written {
+            Ok(()) => Some(artifact),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                tracing::warn!(cache = %dir.display(), error = %e, "could not store the compiled plugin in the cache");
+                None
+            }
+        };
+        Ok((component, LoadedFrom::Compiled { seconds, cached_at }))
+    }
+}
+
+fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<(Component, f64), PluginError> {
+    let start = Instant::now();
+    let component = Component::new(engine, bytes)
+        .map_err(|e| PluginError::Invalid { path: path.to_path_buf(), message: format!("{e:#}") })?;
+    Ok((component, start.elapsed().as_secs_f64()))
+}
+
+fn try_deserialize(engine: &Engine, artifact: &Path) -> Option<Component> {
+    if !artifact.is_file() {
+        return None;
+    }
+    // SAFETY: `deserialize_file` trusts its input to be wasmtime's own output.
+    // The artifact is one this cache wrote (temporary file, then rename) under
+    // a name that binds it to the source bytes and to this engine's
+    // configuration; the cache directory is the user's own. wasmtime also
+    // checks the artifact's header against the engine and refuses a mismatch.
+    match unsafe { Component::deserialize_file(engine, artifact) } {
+        Ok(component) => Some(component),
+        Err(e) => {
+            tracing::warn!(artifact = %artifact.display(), error = %e, "ignoring unusable cached component; recompiling");
+            None
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! The data of one plugin instance's `Store`.
+
+use std::sync::Arc;
+
+use wasmtime::StoreLimits;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::capability::fault::SideEffectFault;
+use crate::capability::file_io::FileIo;
+use crate::plugin::sandbox::GuestOutput;
+
+/// Names an instance in logs and errors: `files` / `writer[2]`.
+#[derive(Debug, Clone)]
+pub struct InstanceTag {
+    pub plugin: Arc<str>,
+    pub instance: Arc<str>,
+}
+
+pub struct HostState {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    pub(crate) tag: InstanceTag,
+    pub(crate) file_io: FileIo,
+    pub(crate) fault: SideEffectFault,
+    pub(crate) stderr: GuestOutput,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
