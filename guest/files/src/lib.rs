@@ -1,0 +1,118 @@
+//! `files`: the reference Sluice sink. Lands Parquet files exactly once.
+//!
+//! Layout (all through the `file-io` capability, inside the granted locations):
+//! - a writer streams rows into `<staging>/<job>.<sink>/attempt-<a>/inprogress/part-<subtask>-<seq>.parquet`;
+//! - `prepare-commit(c)` closes the open file and moves the writer's finished
+//!   files into `<staging>/<job>.<sink>/attempt-<a>/c<c>/` (still invisible);
+//! - the committer makes checkpoint `c` visible with **one** atomic directory
+//!   rename to `<path>/<job>.<sink>.c<c>/`.
+//!
+//! Invariants:
+//! - nothing under `<path>` is ever written except by that single rename, so
+//!   a reader of `<path>/*/*.parquet` sees whole checkpoints or nothing;
+//! - the visible directory name is derived from job, sink and checkpoint only,
+//!   so a repeated commit finds it and answers `already-committed`;
+//! - staging names carry the run attempt, so a restarted run never mixes its
+//!   files with what a crashed run left behind;
+//! - `close` publishes nothing: rows no checkpoint covers stay in staging.
+
+mod committer;
+mod layout;
+mod writer;
+
+use sluice_guest_sdk::options::Options;
+use sluice_guest_sdk::{Guest, OptionSpec, PluginInfo, SinkError, error, files, ipc, option_spec};
+
+pub(crate) const NAME: &str = "files";
+
+pub(crate) fn option_specs() -> Vec<OptionSpec> {
+    vec![
+        option_spec(
+            "path",
+            "location of the visible output directory; each committed checkpoint becomes one sub-directory of Parquet files",
+            true,
+            None,
+        ),
+        option_spec(
+            "staging_path",
+            "location where uncommitted files are staged; must be on the same filesystem as `path` and outside it, so that no reader globbing `path` sees staged files (default: `<path>.staging`)",
+            false,
+            None,
+        ),
+        option_spec(
+            "target_file_mb",
+            "roll to a new Parquet file once the current one reaches this many MiB",
+            false,
+            Some("128"),
+        ),
+        option_spec("compression", "Parquet compression codec: `snappy` or `none`", false, Some("snappy")),
+    ]
+}
+
+/// Options of the sink, parsed once.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub path: String,
+    pub staging: String,
+    pub target_file_bytes: u64,
+    pub compression: parquet::basic::Compression,
+}
+
+impl Config {
+    pub fn parse(raw: Vec<(String, String)>) -> Result<Self, SinkError> {
+        let opts = Options::parse(raw, &option_specs())?;
+        let path = opts.required("path")?.trim_end_matches('/').to_string();
+        if path.is_empty() {
+            return Err(error::config("option `path` must not be empty"));
+        }
+        let staging = opts
+            .get("staging_path")
+            .map(|s| s.trim_end_matches('/').to_string())
+            .unwrap_or_else(|| format!("{path}.staging"));
+        let target_mb: u64 = opts.parsed("target_file_mb")?.unwrap_or(128);
+        if target_mb == 0 {
+            return Err(error::config("option `target_file_mb` must be at least 1"));
+        }
+        let compression = match opts.required("compression")? {
+            "snappy" => parquet::basic::Compression::SNAPPY,
+            "none" => parquet::basic::Compression::UNCOMPRESSED,
+            other => {
+                return Err(error::config(format!(
+                    "option `compression` = {other:?} is not supported; use `snappy` or `none`"
+                )));
+            }
+        };
+        Ok(Self { path, staging, target_file_bytes: target_mb * 1024 * 1024, compression })
+    }
+}
+
+pub struct FilesSink;
+
+impl Guest for FilesSink {
+    type Writer = writer::FilesWriter;
+    type Committer = committer::FilesCommitter;
+
+    fn describe() -> PluginInfo {
+        PluginInfo {
+            name: NAME.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            description: "Lands rows as Parquet files; each checkpoint becomes visible as one directory, atomically and exactly once".to_string(),
+            options: option_specs(),
+            capabilities: vec![
+                "file-io: read-write on `path` and on `staging_path` (same filesystem)".to_string(),
+            ],
+        }
+    }
+
+    fn validate(options: Vec<(String, String)>, schema: Vec<u8>) -> Result<(), SinkError> {
+        let cfg = Config::parse(options)?;
+        let schema = ipc::decode_schema(&schema)?;
+        writer::check_schema(&schema)?;
+        for (what, location) in [("path", &cfg.path), ("staging_path", &cfg.staging)] {
+            files::exists(location).map_err(|e| files::to_sink_error(&format!("option `{what}` ({location})"), e))?;
+        }
+        Ok(())
+    }
+}
+
+sluice_guest_sdk::export_plugin!(FilesSink);
