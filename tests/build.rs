@@ -1,0 +1,79 @@
+//! Builds the plugin components the tests run (`wasm32-wasip2`, release), the
+//! way wasmtime's `test-programs` does, so that `cargo test` alone works on a
+//! fresh clone. Their paths reach the tests as `SLUICE_PLUGIN_*` variables.
+//!
+//! The components go to `<target-dir>/guests`, a target directory of their
+//! own: a nested cargo must not wait on the lock of the outer build's
+//! directory. `cargo build-plugins` uses the same place, so a developer
+//! compiles them once.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// (package, library name) of every component the tests need.
+const PLUGINS: &[(&str, &str)] =
+    &[("sluice-sink-files", "sluice_sink_files"), ("sluice-test-chaos", "sluice_test_chaos")];
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let workspace = manifest.parent().expect("tests/ lives in the workspace").to_path_buf();
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    // OUT_DIR is <target-dir>/<profile>/build/<pkg>-<hash>/out.
+    let target_dir = out_dir.ancestors().nth(4).expect("OUT_DIR has the usual shape").to_path_buf();
+    let guest_dir = target_dir.join("guests");
+
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&workspace)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+        .arg(&guest_dir);
+    for (package, _) in PLUGINS {
+        cmd.args(["-p", package]);
+    }
+    // The outer build's flags and wrappers (clippy, coverage) are not meant for the guests.
+    for var in
+        ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"]
+    {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().expect("running cargo to build the plugin components");
+    if !status.success() {
+        panic!(
+            "building the plugin components failed ({status}); is the target installed? \
+             `rustup target add wasm32-wasip2`"
+        );
+    }
+
+    let mut deps = BTreeSet::new();
+    for (package, lib) in PLUGINS {
+        let wasm = guest_dir.join("wasm32-wasip2").join("release").join(format!("{lib}.wasm"));
+        assert!(wasm.is_file(), "{package} did not produce {}", wasm.display());
+        let var = format!("SLUICE_PLUGIN_{}", lib.trim_start_matches("sluice_").to_uppercase());
+        println!("cargo:rustc-env={var}={}", wasm.display());
+        read_deps(&wasm, &mut deps);
+    }
+    for dep in deps {
+        println!("cargo:rerun-if-changed={dep}");
+    }
+    println!("cargo:rerun-if-changed={}", workspace.join("Cargo.lock").display());
+    println!("cargo:rerun-if-changed={}", workspace.join("wit").display());
+}
+
+/// Adds the source files a component was built from (its `.d` file).
+fn read_deps(artifact: &Path, deps: &mut BTreeSet<String>) {
+    let Ok(contents) = std::fs::read_to_string(artifact.with_extension("d")) else { return };
+    for line in contents.lines() {
+        let Some((_, files)) = line.split_once(": ") else { continue };
+        let mut parts = files.split_whitespace();
+        while let Some(part) = parts.next() {
+            let mut file = part.to_string();
+            while file.ends_with('\\') {
+                file.pop();
+                file.push(' ');
+                file.push_str(parts.next().unwrap_or_default());
+            }
+            deps.insert(file);
+        }
+    }
+}

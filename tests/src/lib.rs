@@ -1,0 +1,287 @@
+//! Support for Sluice's host test runner: job builders, a shared plugin host,
+//! and readers that compare what a sink made visible with the source rows.
+//!
+//! Invariants of every exactly-once assertion here: rows are compared by id
+//! *and* by value against the generator's deterministic rows, never by count.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use arrow_array::{Array, Int64Array, RecordBatch};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use sluice::engine::{self, EngineError, Fault, RunOptions, RunSummary};
+use sluice::job::Job;
+use sluice::plugin::PluginHost;
+use sluice::progress::ProgressMode;
+use sluice::source::generator::Generator;
+
+/// The files sink component, built by this crate's build script.
+pub const FILES_PLUGIN: &str = env!("SLUICE_PLUGIN_SINK_FILES");
+/// The test-only chaos component.
+pub const CHAOS_PLUGIN: &str = env!("SLUICE_PLUGIN_TEST_CHAOS");
+
+/// Where tests cache compiled components (shared by all test processes).
+pub fn cache_dir() -> PathBuf {
+    let plugin = Path::new(FILES_PLUGIN);
+    // <target>/guests/wasm32-wasip2/release/x.wasm -> <target>/component-cache
+    plugin.ancestors().nth(4).unwrap_or(Path::new(".")).join("component-cache")
+}
+
+/// One engine for the whole test process, as the CLI has one per process.
+pub fn host() -> &'static PluginHost {
+    static HOST: OnceLock<PluginHost> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let _ = tracing_subscriber_init();
+        PluginHost::new(Some(cache_dir())).expect("starting the WebAssembly engine")
+    })
+}
+
+fn tracing_subscriber_init() -> Result<(), String> {
+    if std::env::var_os("SLUICE_TEST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_test_writer()
+            .try_init()
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A job in a fresh temporary directory.
+pub struct TestJob {
+    pub dir: tempfile::TempDir,
+    pub toml: String,
+}
+
+impl TestJob {
+    /// A generator → files job with `rows` rows, checkpoints every
+    /// `every_rows` rows per subtask, and `parallelism` writers.
+    pub fn files(id: &str, rows: u64, parallelism: u32, every_rows: u64) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let toml = format!(
+            r#"
+[job]
+id = "{id}"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every_rows}
+[source]
+kind = "generator"
+rows = {rows}
+batch_rows = 700
+[sink]
+id = "out"
+plugin = "{FILES_PLUGIN}"
+[sink.options]
+path = "out/files"
+target_file_mb = 1
+[sink.grants]
+locations = ["out"]
+"#
+        );
+        Self { dir, toml }
+    }
+
+    /// A generator → chaos job: the chaos plugin journals every call into
+    /// `journal/` and misbehaves as told (see `tests/plugins/chaos`).
+    pub fn chaos(id: &str, rows: u64, parallelism: u32, every_rows: u64, misbehave: &str, at: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let toml = format!(
+            r#"
+[job]
+id = "{id}"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every_rows}
+[source]
+kind = "generator"
+rows = {rows}
+batch_rows = 100
+[sink]
+plugin = "{CHAOS_PLUGIN}"
+[sink.options]
+journal = "journal"
+misbehave = "{misbehave}"
+at = "{at}"
+state_dir = "state"
+[sink.grants]
+locations = ["journal"]
+read_locations = ["state"]
+[sink.sandbox]
+call_timeout_secs = 2
+memory_mb = 64
+"#
+        );
+        std::fs::create_dir_all(dir.path().join("state")).expect("state dir");
+        Self { dir, toml }
+    }
+
+    /// The chaos plugin's journal of one instance: `(wall-clock ns, entry)`.
+    pub fn journal(&self, instance: &str) -> Vec<(u128, String)> {
+        let path = self.dir.path().join("journal").join(format!("{instance}.log"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        text.lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(t, e)| (t.parse().expect("timestamp"), e.to_string()))
+            .collect()
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("job.toml")
+    }
+
+    /// Writes the job file and loads it with `sets`.
+    pub fn load(&self, sets: &[&str]) -> Result<Job, EngineError> {
+        std::fs::write(self.path(), &self.toml).expect("writing job file");
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Ok(Job::load(&self.path(), &sets)?)
+    }
+
+    /// Runs the job in this process, optionally crashing at `fault`.
+    pub fn run(&self, fault: Option<Fault>) -> Result<RunSummary, EngineError> {
+        self.run_with(&[], fault)
+    }
+
+    pub fn run_with(&self, sets: &[&str], fault: Option<Fault>) -> Result<RunSummary, EngineError> {
+        let job = self.load(sets)?;
+        engine::run(&job, host(), &RunOptions { progress: ProgressMode::Quiet, fault })
+    }
+
+    /// The visible output directory of a files job.
+    pub fn out(&self) -> PathBuf {
+        self.dir.path().join("out/files")
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+}
+
+/// Every row under `dir/*/*.parquet` (one level of checkpoint directories),
+/// as one batch sorted by `id`.
+pub fn read_visible(dir: &Path) -> RecordBatch {
+    let mut batches = Vec::new();
+    let mut files = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let sub = entry.path();
+            if sub.is_dir() {
+                for f in std::fs::read_dir(&sub).expect("read checkpoint dir").flatten() {
+                    if f.path().extension().is_some_and(|e| e == "parquet") {
+                        files.push(f.path());
+                    }
+                }
+            }
+        }
+    }
+    files.sort();
+    for f in files {
+        let file = std::fs::File::open(&f).expect("open parquet");
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file).expect("parquet").build().expect("reader");
+        for b in reader {
+            batches.push(b.expect("batch"));
+        }
+    }
+    let schema = Generator::schema_ref();
+    let all = arrow_select::concat::concat_batches(&schema, &batches).expect("concat");
+    sort_by_id(&all)
+}
+
+pub fn sort_by_id(batch: &RecordBatch) -> RecordBatch {
+    let ids = batch.column_by_name("id").expect("id column");
+    let indices = arrow_ord::sort::sort_to_indices(ids, None, None).expect("sort");
+    arrow_select::take::take_record_batch(batch, &indices).expect("take")
+}
+
+pub fn ids(batch: &RecordBatch) -> Vec<i64> {
+    let col = batch.column_by_name("id").expect("id column");
+    let ids = col.as_any().downcast_ref::<Int64Array>().expect("id is int64");
+    (0..ids.len()).map(|i| ids.value(i)).collect()
+}
+
+/// Asserts that `visible` holds every generator row `0..rows` exactly once,
+/// with the exact values the generator produces. Reports lost and duplicated
+/// ids by name.
+pub fn assert_exactly_once(visible: &RecordBatch, rows: u64) {
+    let got = ids(visible);
+    let mut seen = std::collections::BTreeMap::<i64, u32>::new();
+    for id in &got {
+        *seen.entry(*id).or_default() += 1;
+    }
+    let duplicated: Vec<i64> = seen.iter().filter(|(_, n)| **n > 1).map(|(id, _)| *id).take(10).collect();
+    let lost: Vec<i64> = (0..rows as i64).filter(|id| !seen.contains_key(id)).take(10).collect();
+    let foreign: Vec<i64> = seen.keys().filter(|id| **id < 0 || **id >= rows as i64).copied().take(10).collect();
+    assert!(
+        duplicated.is_empty() && lost.is_empty() && foreign.is_empty(),
+        "not exactly once: {} rows visible for {rows} source rows; duplicated ids {duplicated:?}, lost ids {lost:?}, unknown ids {foreign:?}",
+        got.len()
+    );
+    let expected = Generator::batch_for(0, rows);
+    for (i, field) in expected.schema().fields().iter().enumerate() {
+        let col = visible.column_by_name(field.name()).unwrap_or_else(|| panic!("column {} missing", field.name()));
+        assert_eq!(
+            col.as_ref(),
+            expected.column(i).as_ref(),
+            "values of column {} differ from the source rows",
+            field.name()
+        );
+    }
+}
+
+/// The real `sluice` binary, built by cargo (up to date with this checkout).
+pub fn sluice_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf();
+        let out = Command::new(cargo)
+            .current_dir(&workspace)
+            .args(["build", "-p", "sluice", "--bin", "sluice", "--message-format=json-render-diagnostics"])
+            .output()
+            .expect("running cargo build for the sluice binary");
+        assert!(out.status.success(), "building sluice failed: {}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "sluice")
+            .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
+            .next_back()
+            .expect("cargo reported the sluice executable")
+    })
+    .clone()
+}
+
+/// Runs `sluice` with `args`; returns (status code, stdout, stderr).
+pub fn run_cli(args: &[&str], cwd: &Path) -> (i32, String, String) {
+    let out = Command::new(sluice_bin())
+        .args(args)
+        .current_dir(cwd)
+        .env("SLUICE_CACHE_DIR", cache_dir())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("running sluice");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs a Python snippet; `None` with the reason when Python or a module is missing.
+pub fn python(script: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .map_err(|e| format!("python3 not runnable: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}

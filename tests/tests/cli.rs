@@ -1,0 +1,99 @@
+//! The `sluice` binary: inspect, check, run, the compiled-plugin cache, and
+//! clear errors for bad job files.
+
+use sluice_tests::{FILES_PLUGIN, TestJob, assert_exactly_once, read_visible, run_cli};
+
+#[test]
+fn plugin_inspect_shows_world_options_and_imports() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (code, out, err) = run_cli(&["plugin", "inspect", FILES_PLUGIN], dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("world:       sluice:connector/sink-plugin@0.1.0"), "{out}");
+    assert!(out.contains("plugin:      files 0.1.0"), "{out}");
+    assert!(out.contains("path") && out.contains("required"), "{out}");
+    assert!(out.contains("sluice:connector/file-io@0.1.0"), "{out}");
+    assert!(out.contains("sluice:connector/sink@0.1.0"), "{out}");
+}
+
+#[test]
+fn second_start_skips_compilation() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let cache = cache.to_str().expect("utf-8 path");
+    let (code, _, first) = run_cli(&["--cache-dir", cache, "plugin", "inspect", FILES_PLUGIN], dir.path());
+    assert_eq!(code, 0, "{first}");
+    assert!(first.contains("compiled plugin"), "{first}");
+    let (code, _, second) = run_cli(&["--cache-dir", cache, "plugin", "inspect", FILES_PLUGIN], dir.path());
+    assert_eq!(code, 0, "{second}");
+    assert!(second.contains("loaded precompiled plugin from the cache (compilation skipped)"), "{second}");
+    assert!(!second.contains("INFO compiled plugin"), "{second}");
+}
+
+#[test]
+fn check_accepts_a_good_job() {
+    let job = TestJob::files("check-ok", 100, 2, 50);
+    job.load(&[]).expect("valid");
+    let (code, out, err) = run_cli(&["check", "job.toml"], job.dir.path());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("ok: plugin files 0.1.0"), "{out}");
+    assert!(out.contains("the plugin accepts the options and the source schema"), "{out}");
+    assert!(out.contains("job check-ok is ready to run"), "{out}");
+    assert!(!job.out().exists() || std::fs::read_dir(job.out()).expect("dir").next().is_none(), "check moved data");
+}
+
+/// Each broken job file gives exit code 1 and one clear line naming the key.
+#[test]
+fn bad_job_files_name_the_offending_key() {
+    let job = TestJob::files("bad", 100, 2, 50);
+    job.load(&[]).expect("valid to start with");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--set", "sink.options.pth=x"], "key `sink.options.pth`: plugin 'files' has no such option"),
+        (&["--set", "job.parallelism=0"], "key `job.parallelism`: must be between 1 and 1024"),
+        (&["--set", "job.parallelism=\"two\""], "key `job.parallelism`"),
+        (&["--set", "sink.plugin=nope.wasm"], "key `sink.plugin`: no plugin file at"),
+        (&["--set", "source.kind=kafka"], "kafka"),
+        (&["--set", "sink.options.compression=lz5"], "option `compression` = \"lz5\" is not supported"),
+        (&["--set", "job.checkpont.every_rows=5"], "checkpont"),
+    ];
+    for (sets, expected) in cases {
+        let mut args = vec!["check", "job.toml"];
+        args.extend_from_slice(sets);
+        let (code, out, err) = run_cli(&args, job.dir.path());
+        let all = format!("{out}{err}");
+        assert_eq!(code, 1, "{sets:?}: {all}");
+        assert!(all.contains(expected), "{sets:?}: expected {expected:?} in:\n{all}");
+        assert!(!all.contains("panicked"), "{all}");
+    }
+    std::fs::write(job.dir.path().join("broken.toml"), "[job\nid = 1\n").expect("write");
+    let (code, _, err) = run_cli(&["run", "broken.toml"], job.dir.path());
+    assert_eq!(code, 1);
+    assert!(err.contains("broken.toml is not valid TOML") && err.contains("line 1"), "{err}");
+    let (code, _, err) = run_cli(&["run", "missing.toml"], job.dir.path());
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot read job file missing.toml"), "{err}");
+}
+
+/// `examples/files.toml`, as the README runs it, redirected into a temp dir.
+#[test]
+fn example_job_runs_to_an_exact_result() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("files");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/files.toml");
+    let sets = [
+        format!("sink.plugin={FILES_PLUGIN}"),
+        format!("job.state_dir={}", dir.path().join("state").display()),
+        format!("sink.options.path={}", out.display()),
+        format!("sink.grants.locations=[\"{}\"]", dir.path().display()),
+    ];
+    let mut args = vec!["run".to_string(), example.display().to_string(), "--progress".into(), "plain".into()];
+    for s in &sets {
+        args.push("--set".into());
+        args.push(s.clone());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stdout, err) = run_cli(&args, dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("job files-demo finished: 200000 rows"), "{stdout}");
+    assert!(err.contains("checkpoint committed"), "plain progress logs each commit:\n{err}");
+    assert_exactly_once(&read_visible(&out), 200_000);
+}
