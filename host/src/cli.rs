@@ -115,7 +115,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 (_, ProgressArg::Plain) => ProgressMode::Plain,
                 (_, ProgressArg::Auto) => ProgressMode::Auto,
             };
-            let summary = engine::run(&job, &host, &RunOptions { progress, fault: None })?;
+            let summary = engine::run(&job, &host, &RunOptions { progress, ..RunOptions::default() })?;
             println!("{summary}");
             Ok(ExitCode::SUCCESS)
         }

@@ -154,8 +154,44 @@ pub struct SinkSpec {
     pub options: toml::Table,
     #[serde(default)]
     pub grants: Grants,
+    /// The Iceberg catalog the plugin may use (`iceberg-catalog` capability).
+    #[serde(default)]
+    pub catalog: Option<CatalogSpec>,
     #[serde(default)]
     pub sandbox: SandboxSpec,
+}
+
+/// Which Iceberg catalog a sink gets. Its warehouse is granted to the
+/// plugin's `file-io` read-write, since the tables' files live there.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogSpec {
+    /// `sql`: iceberg-rust's `SqlCatalog` on a SQLite file (the embedded
+    /// default; PyIceberg's `SqlCatalog` reads the same file).
+    #[serde(default)]
+    pub kind: CatalogKind,
+    /// Catalog name, as readers must name it too (PyIceberg's `SqlCatalog(name, ...)`).
+    #[serde(default = "default_catalog_name")]
+    pub name: String,
+    /// The SQLite database file (`kind = "sql"`).
+    pub database: PathBuf,
+    /// Directory under which new tables are placed.
+    pub warehouse: PathBuf,
+    /// Latency added to every commit before its compare-and-swap, to stand in
+    /// for a remote catalog (benchmarks).
+    #[serde(default)]
+    pub commit_delay_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CatalogKind {
+    #[default]
+    Sql,
+}
+
+fn default_catalog_name() -> String {
+    "sluice".to_string()
 }
 
 /// What the plugin may touch. Nothing else is reachable.

@@ -6,8 +6,11 @@ use std::time::{Duration, Instant};
 use super::checkpoint::{Blob, CheckpointRecord, CheckpointStore, PendingCommit, SubtaskRecord};
 use super::subtask::{Command, Reply, RoundReport, SubtaskHandle, SubtaskSetup};
 use super::{CrashPoint, EngineError, Fault, RunOptions, backoff};
+use crate::capability::Granted;
+use crate::capability::catalog::{CatalogFaults, CatalogGrant, CommitFault};
 use crate::capability::file_io::{FileGrants, MemoryStore};
 use crate::ipc;
+use crate::job::CatalogKind;
 use crate::job::{Job, JobError};
 use crate::plugin::bindings::{CommitOutcome, PluginInfo};
 use crate::plugin::{CommitterInstance, Limits, PluginHost, SinkCtx, SinkErrorKind};
@@ -93,9 +96,28 @@ fn limits(job: &Job) -> Limits {
     Limits { call_timeout: job.spec.sink.sandbox.call_timeout(), memory_mb: job.spec.sink.sandbox.memory_mb }
 }
 
-fn grants(job: &Job) -> Result<Arc<FileGrants>, EngineError> {
+fn grants(job: &Job, faults: &[(u64, CommitFault)]) -> Result<Granted, EngineError> {
     let g = &job.spec.sink.grants;
-    Ok(Arc::new(FileGrants::new(&job.base_dir, &g.locations, &g.read_locations, Arc::new(MemoryStore::default()))?))
+    let mut locations = g.locations.clone();
+    let catalog = match &job.spec.sink.catalog {
+        None => None,
+        Some(spec) => {
+            let warehouse = job.resolve(&spec.warehouse);
+            // The tables' files live in the warehouse: the plugin writes them.
+            locations.push(warehouse.to_string_lossy().into_owned());
+            let faults =
+                CatalogFaults { faults: faults.to_vec(), commit_delay: Duration::from_millis(spec.commit_delay_ms) };
+            let catalog = match spec.kind {
+                CatalogKind::Sql => {
+                    CatalogGrant::open_sql(&spec.name, &job.resolve(&spec.database), &warehouse, faults)
+                        .map_err(|e| EngineError::Catalog(e.to_string()))?
+                }
+            };
+            Some(Arc::new(catalog))
+        }
+    };
+    let files = FileGrants::new(&job.base_dir, &locations, &g.read_locations, Arc::new(MemoryStore::default()))?;
+    Ok(Granted { files: Arc::new(files), catalog })
 }
 
 /// Result of `sluice check`.
@@ -127,7 +149,7 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         }
         report.problems.extend(option_errors.iter().map(ToString::to_string));
     }
-    let grants = match grants(job) {
+    let grants = match grants(job, &[]) {
         Ok(g) => {
             report.passed.push(format!("grants: {}", g.describe()));
             Some(g)
@@ -152,7 +174,7 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
     {
         let result =
             ipc::encode_schema(&source.schema()).map_err(|e| EngineError::Ipc(e.to_string())).and_then(|schema| {
-                let mut inst = plugin.instantiate("validate", grants, limits(job))?;
+                let mut inst = plugin.instantiate("validate", &grants, limits(job))?;
                 inst.validate(&job.sink_options(), &schema).map_err(EngineError::from)
             });
         match result {
@@ -217,7 +239,7 @@ pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary
     }
     let source = Arc::new(Source::open(&spec.source, parallelism)?);
     let schema_ipc = ipc::encode_schema(&source.schema()).map_err(|e| EngineError::Ipc(e.to_string()))?;
-    let grants = grants(job)?;
+    let grants = grants(job, &opts.catalog_faults)?;
     let limits = limits(job);
     let options = job.sink_options();
     let ctx = |subtask: u32| SinkCtx {
@@ -230,12 +252,8 @@ pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary
     let progress = Progress::new(opts.progress);
     let _status = progress.start_status_line();
 
-    let committer = CommitterInstance::open(
-        plugin.instantiate("committer", grants.clone(), limits)?,
-        &ctx(0),
-        &options,
-        &schema_ipc,
-    )?;
+    let committer =
+        CommitterInstance::open(plugin.instantiate("committer", &grants, limits)?, &ctx(0), &options, &schema_ipc)?;
     let mut co = Coordinator {
         job,
         store,

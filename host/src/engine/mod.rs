@@ -28,6 +28,7 @@ use thiserror::Error;
 
 pub use coordinator::{CheckReport, RunSummary, check, run};
 
+use crate::capability::catalog::CommitFault;
 use crate::capability::file_io::GrantError;
 use crate::job::JobError;
 use crate::plugin::PluginError;
@@ -80,6 +81,8 @@ pub struct Fault {
 pub struct RunOptions {
     pub progress: ProgressMode,
     pub fault: Option<Fault>,
+    /// Faults of the catalog's `commit-table` calls (tests only).
+    pub catalog_faults: Vec<(u64, CommitFault)>,
 }
 
 #[derive(Debug, Error)]
@@ -92,6 +95,8 @@ pub enum EngineError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Source(#[from] SourceError),
+    #[error("job file: key `sink.catalog`: {0}")]
+    Catalog(String),
     #[error("job file: key `sink.grants`: {0}")]
     Grant(#[from] GrantError),
     #[error(

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{CrashPoint, EngineError, Fault};
-use crate::capability::file_io::FileGrants;
+use crate::capability::Granted;
 use crate::engine::checkpoint::SubtaskRecord;
 use crate::ipc;
 use crate::plugin::{Limits, Plugin, SinkCtx, WriterInstance};
@@ -46,7 +46,7 @@ pub(crate) enum Reply {
 pub(crate) struct SubtaskSetup {
     pub subtask: u32,
     pub plugin: Plugin,
-    pub grants: Arc<FileGrants>,
+    pub grants: Granted,
     pub limits: Limits,
     pub ctx: SinkCtx,
     pub options: Vec<(String, String)>,
@@ -144,8 +144,7 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
 
 impl Subtask {
     fn open(setup: SubtaskSetup) -> Result<Self, EngineError> {
-        let instance =
-            setup.plugin.instantiate(&format!("writer[{}]", setup.subtask), setup.grants.clone(), setup.limits)?;
+        let instance = setup.plugin.instantiate(&format!("writer[{}]", setup.subtask), &setup.grants, setup.limits)?;
         let restored_state = setup.restored.as_ref().map(|r| r.writer_state.0.as_slice());
         let writer = WriterInstance::open(instance, &setup.ctx, &setup.options, &setup.schema_ipc, restored_state)?;
         let position = setup.restored.as_ref().map(|r| r.position.clone());

@@ -10,6 +10,7 @@ wasmtime::component::bindgen!({
         // File operations may inject a crash in tests (see `capability::fault`);
         // an injected crash is a trap.
         "sluice:connector/file-io": trappable,
+        "sluice:connector/iceberg-catalog": trappable,
         default: tracing,
     },
     // Calls into the plugin borrow their arguments: a batch is not copied

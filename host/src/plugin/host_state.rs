@@ -6,6 +6,7 @@ use wasmtime::StoreLimits;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use crate::capability::catalog::CatalogGrant;
 use crate::capability::fault::SideEffectFault;
 use crate::capability::file_io::FileIo;
 use crate::plugin::sandbox::GuestOutput;
@@ -23,6 +24,7 @@ pub struct HostState {
     pub(crate) limits: StoreLimits,
     pub(crate) tag: InstanceTag,
     pub(crate) file_io: FileIo,
+    pub(crate) catalog: Option<Arc<CatalogGrant>>,
     pub(crate) fault: SideEffectFault,
     pub(crate) stderr: GuestOutput,
 }

@@ -22,6 +22,7 @@ use wasmtime::component::{Component, Linker, ResourceAny, ResourceTable};
 use wasmtime::{Config, Engine, Store, StoreLimitsBuilder};
 use wasmtime_wasi::WasiCtx;
 
+use crate::capability::Granted;
 use crate::capability::fault::SideEffectFault;
 use crate::capability::file_io::{FileGrants, FileIo};
 use bindings::{CommitOutcome, PluginInfo, SinkError, SinkPlugin, SinkPluginPre};
@@ -196,10 +197,14 @@ impl PluginHost {
             loaded_from,
         };
         let limits = Limits { call_timeout: Duration::from_secs(30), memory_mb: 256 };
-        let no_grants = Arc::new(
-            FileGrants::new(Path::new("/"), &[], &[], Arc::default()).map_err(|e| PluginError::Setup(e.to_string()))?,
-        );
-        let mut probe = plugin.instantiate("describe", no_grants, limits)?;
+        let no_grants = Granted {
+            files: Arc::new(
+                FileGrants::new(Path::new("/"), &[], &[], Arc::default())
+                    .map_err(|e| PluginError::Setup(e.to_string()))?,
+            ),
+            catalog: None,
+        };
+        let mut probe = plugin.instantiate("describe", &no_grants, limits)?;
         let info = probe.describe()?;
         plugin.name = Arc::from(info.name.as_str());
         plugin.info = Some(info);
@@ -239,12 +244,7 @@ impl Plugin {
     }
 
     /// Creates a fresh instance in its own store.
-    pub fn instantiate(
-        &self,
-        instance: &str,
-        grants: Arc<FileGrants>,
-        limits: Limits,
-    ) -> Result<Instance, PluginError> {
+    pub fn instantiate(&self, instance: &str, grants: &Granted, limits: Limits) -> Result<Instance, PluginError> {
         let tag = InstanceTag { plugin: self.name.clone(), instance: Arc::from(instance) };
         let stdout = GuestOutput::new(tag.clone(), "stdout");
         let stderr = GuestOutput::new(tag.clone(), "stderr");
@@ -256,7 +256,8 @@ impl Plugin {
             table: ResourceTable::new(),
             limits: StoreLimitsBuilder::new().memory_size(memory_bytes).trap_on_grow_failure(true).build(),
             tag: tag.clone(),
-            file_io: FileIo { grants },
+            file_io: FileIo { grants: grants.files.clone() },
+            catalog: grants.catalog.clone(),
             fault: SideEffectFault::default(),
             stderr,
         };

@@ -1,0 +1,187 @@
+//! The sink's options, parsed once and checked before anything is written.
+
+use iceberg::spec::Transform;
+use iceberg::{NamespaceIdent, TableIdent};
+use sluice_guest_sdk::options::Options;
+use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
+
+pub fn option_specs() -> Vec<OptionSpec> {
+    vec![
+        option_spec("table", "the table, as `namespace.name` (nested namespaces: `a.b.name`)", true, None),
+        option_spec(
+            "create_table",
+            "create the table from the source schema (and `partition_by`) when it does not exist",
+            false,
+            Some("true"),
+        ),
+        option_spec(
+            "partition_by",
+            "partition fields for a table Sluice creates, e.g. `day(ts), identity(region)`; transforms: identity, year, month, day, hour, bucket[N], truncate[W]. An existing table must already have this spec",
+            false,
+            None,
+        ),
+        option_spec(
+            "target_file_mb",
+            "roll to a new data file once the current one reaches this many MiB",
+            false,
+            Some("128"),
+        ),
+        option_spec("compression", "Parquet compression codec: `zstd`, `snappy` or `none`", false, Some("zstd")),
+        option_spec(
+            "commit_attempts",
+            "commit attempts per checkpoint before the committer gives up (the checkpoint stays pending for the next run)",
+            false,
+            Some("10"),
+        ),
+        option_spec(
+            "commit_backoff_ms",
+            "first back-off after a commit conflict; it doubles per attempt, with full jitter",
+            false,
+            Some("50"),
+        ),
+        option_spec("commit_max_backoff_ms", "longest back-off between commit attempts", false, Some("2000")),
+    ]
+}
+
+/// One partition field as the user wrote it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionField {
+    pub column: String,
+    pub transform: Transform,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub table: TableIdent,
+    pub create_table: bool,
+    pub partition_by: Option<Vec<PartitionField>>,
+    pub target_file_bytes: usize,
+    pub compression: parquet::basic::Compression,
+    pub commit_attempts: u32,
+    pub commit_backoff_ms: u64,
+    pub commit_max_backoff_ms: u64,
+}
+
+impl Config {
+    pub fn parse(raw: Vec<(String, String)>) -> Result<Self, SinkError> {
+        let opts = Options::parse(raw, &option_specs())?;
+        let table = parse_table(opts.required("table")?)?;
+        let create_table = opts.flag("create_table")?;
+        let partition_by = opts.get("partition_by").map(parse_partition_by).transpose()?;
+        let target_mb: usize = opts.parsed("target_file_mb")?.unwrap_or(128);
+        if target_mb == 0 {
+            return Err(error::config("option `target_file_mb` must be at least 1"));
+        }
+        let compression = match opts.required("compression")? {
+            "zstd" => parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::default()),
+            "snappy" => parquet::basic::Compression::SNAPPY,
+            "none" => parquet::basic::Compression::UNCOMPRESSED,
+            other => {
+                return Err(error::config(format!(
+                    "option `compression` = {other:?} is not supported; use `zstd`, `snappy` or `none`"
+                )));
+            }
+        };
+        let commit_attempts: u32 = opts.parsed("commit_attempts")?.unwrap_or(10);
+        if commit_attempts == 0 {
+            return Err(error::config("option `commit_attempts` must be at least 1"));
+        }
+        let commit_backoff_ms = opts.parsed("commit_backoff_ms")?.unwrap_or(50);
+        let commit_max_backoff_ms = opts.parsed("commit_max_backoff_ms")?.unwrap_or(2000);
+        Ok(Self {
+            table,
+            create_table,
+            partition_by,
+            target_file_bytes: target_mb * 1024 * 1024,
+            compression,
+            commit_attempts,
+            commit_backoff_ms,
+            commit_max_backoff_ms,
+        })
+    }
+}
+
+fn parse_table(raw: &str) -> Result<TableIdent, SinkError> {
+    let parts: Vec<&str> = raw.split('.').collect();
+    if parts.len() < 2 || parts.iter().any(|p| p.trim().is_empty()) {
+        return Err(error::config(format!(
+            "option `table` = {raw:?} must be `namespace.name` (e.g. `analytics.events`)"
+        )));
+    }
+    let (name, namespace) = parts.split_last().ok_or_else(|| error::config("option `table` is empty"))?;
+    let namespace = NamespaceIdent::from_strs(namespace.iter().map(|p| p.trim()))
+        .map_err(|e| error::config(format!("option `table` = {raw:?}: {e}")))?;
+    Ok(TableIdent::new(namespace, name.trim().to_string()))
+}
+
+/// Parses `day(ts), identity(region), bucket[16](id)`.
+pub fn parse_partition_by(raw: &str) -> Result<Vec<PartitionField>, SinkError> {
+    let bad = |item: &str, why: &str| {
+        error::config(format!(
+            "option `partition_by`: {item:?} {why}; write e.g. `day(ts), identity(region), bucket[16](id)`"
+        ))
+    };
+    let mut fields = Vec::new();
+    for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let open = item.find('(').ok_or_else(|| bad(item, "has no `(column)`"))?;
+        let column = item[open + 1..].strip_suffix(')').ok_or_else(|| bad(item, "does not end with `)`"))?.trim();
+        if column.is_empty() {
+            return Err(bad(item, "names no column"));
+        }
+        let name = item[..open].trim();
+        let transform = match name {
+            "identity" => Transform::Identity,
+            "year" => Transform::Year,
+            "month" => Transform::Month,
+            "day" => Transform::Day,
+            "hour" => Transform::Hour,
+            _ => {
+                let (kind, arg) = name
+                    .strip_suffix(']')
+                    .and_then(|s| s.split_once('['))
+                    .ok_or_else(|| bad(item, "uses an unknown transform"))?;
+                let n: u32 = arg.trim().parse().map_err(|_| bad(item, "needs a positive number in `[...]`"))?;
+                if n == 0 {
+                    return Err(bad(item, "needs a positive number in `[...]`"));
+                }
+                match kind.trim() {
+                    "bucket" => Transform::Bucket(n),
+                    "truncate" => Transform::Truncate(n),
+                    _ => return Err(bad(item, "uses an unknown transform")),
+                }
+            }
+        };
+        fields.push(PartitionField { column: column.to_string(), transform });
+    }
+    Ok(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_partition_fields() {
+        let fields = parse_partition_by("day(ts), identity(region), bucket[16](id)").unwrap();
+        assert_eq!(
+            fields,
+            vec![
+                PartitionField { column: "ts".into(), transform: Transform::Day },
+                PartitionField { column: "region".into(), transform: Transform::Identity },
+                PartitionField { column: "id".into(), transform: Transform::Bucket(16) },
+            ]
+        );
+        assert!(parse_partition_by("week(ts)").is_err());
+        assert!(parse_partition_by("day ts").is_err());
+        assert!(parse_partition_by("bucket[0](id)").is_err());
+    }
+
+    #[test]
+    fn parses_table_names() {
+        let t = parse_table("a.b.events").unwrap();
+        assert_eq!(t.name(), "events");
+        assert_eq!(t.namespace().clone().inner(), vec!["a".to_string(), "b".to_string()]);
+        assert!(parse_table("events").is_err());
+        assert!(parse_table("a..b").is_err());
+    }
+}

@@ -1,0 +1,84 @@
+//! `iceberg`: a Sluice sink that lands rows in an Apache Iceberg table,
+//! exactly once, with one snapshot per checkpoint.
+//!
+//! - Writers write Parquet data files through the `iceberg` crate's writer
+//!   stack (fan-out per partition, rolling files). File names carry job,
+//!   sink, subtask, run attempt and a per-writer sequence, so no restart ever
+//!   reuses a name. A writer's commit info is the list of its data files;
+//!   nothing is visible until the committer commits.
+//! - The committer fans in every writer's files of checkpoint `c` and
+//!   commits them as **one** snapshot whose summary carries
+//!   `sluice.job-id`, `sluice.sink-id` and `sluice.checkpoint-id`.
+//!
+//! Invariants:
+//! - a commit is decided by the table itself: before every attempt the table
+//!   is reloaded, and when its snapshot ancestry already holds this job, sink
+//!   and checkpoint the answer is `already-committed`;
+//! - a commit carries an `assert-ref-snapshot-id` requirement on the snapshot
+//!   it was built on; the host applies it or answers `conflict` and never
+//!   rebases it, and iceberg-rust's own retry is never used (errors reaching
+//!   it are not retryable);
+//! - after `unknown-outcome` nothing is re-applied before the reload has
+//!   checked the ancestry.
+
+mod committer;
+mod config;
+mod host_io;
+mod runtime;
+mod schema;
+mod writer;
+
+use sluice_guest_sdk::{Guest, PluginInfo, SinkError, ipc};
+
+pub(crate) const NAME: &str = "iceberg";
+
+/// Snapshot summary keys that identify what a snapshot committed.
+pub(crate) const SUMMARY_JOB: &str = "sluice.job-id";
+pub(crate) const SUMMARY_SINK: &str = "sluice.sink-id";
+pub(crate) const SUMMARY_CHECKPOINT: &str = "sluice.checkpoint-id";
+
+pub struct IcebergSink;
+
+impl Guest for IcebergSink {
+    type Writer = writer::IcebergWriter;
+    type Committer = committer::IcebergCommitter;
+
+    fn describe() -> PluginInfo {
+        PluginInfo {
+            name: NAME.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            description: "Lands rows in an Apache Iceberg table: one snapshot per checkpoint, exactly once, safe beside other writers".to_string(),
+            options: config::option_specs(),
+            capabilities: vec![
+                "iceberg-catalog: the catalog configured in [sink.catalog]".to_string(),
+                "file-io: read-write on the table's location in the warehouse".to_string(),
+            ],
+        }
+    }
+
+    fn validate(options: Vec<(String, String)>, schema: Vec<u8>) -> Result<(), SinkError> {
+        let cfg = config::Config::parse(options)?;
+        let source = ipc::decode_schema(&schema)?;
+        runtime::block_on(async {
+            match host_io::load_table(&cfg.table).await {
+                Ok(table) => {
+                    schema::check_compatible(&source, table.metadata().current_schema())?;
+                    schema::check_partitioning(&cfg, &table)?;
+                    host_io::check_writable(&table)
+                }
+                Err(host_io::LoadError::NotFound(_)) if cfg.create_table => {
+                    // The table will be created from the source schema; make sure it can be.
+                    schema::creation_schema(&source)?;
+                    Ok(())
+                }
+                Err(host_io::LoadError::NotFound(m)) => Err(sluice_guest_sdk::error::config(format!(
+                    "table {} does not exist and option `create_table` is false: {m}",
+                    cfg.table
+                ))),
+                Err(e) => Err(e.into_sink_error(&cfg.table)),
+            }
+        })
+    }
+}
+
+sluice_guest_sdk::export_plugin!(IcebergSink);

@@ -1,0 +1,274 @@
+//! Writers: rows → Parquet data files through iceberg's writer stack.
+//!
+//! Invariants:
+//! - data files are named `<job>-<sink>-s<subtask>-a<attempt>-w<seq>-<n>.parquet`:
+//!   unique per job, sink, subtask, run attempt and writer generation, so a
+//!   restarted run never overwrites or reuses a file of an earlier one;
+//! - `prepare-commit(c)` closes the open files and reports them; it makes
+//!   nothing visible (only the committer's snapshot does);
+//! - `close` reports nothing: rows no checkpoint covers stay invisible (their
+//!   files are orphans that table maintenance may remove).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use iceberg::arrow::RecordBatchPartitionSplitter;
+use iceberg::spec::{DataFile, DataFileFormat, serialize_data_file_to_json};
+use iceberg::table::Table;
+use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
+use iceberg::writer::file_writer::ParquetWriterBuilder;
+use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
+use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::partitioning::PartitioningWriter;
+use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
+use iceberg::writer::{IcebergWriter as _, IcebergWriterBuilder};
+use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
+use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, error, ipc};
+
+use crate::config::Config;
+use crate::host_io::{self, LoadError};
+use crate::runtime::block_on;
+use crate::schema::{self, BatchConverter};
+
+type FileBuilder = DataFileWriterBuilder<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+type UnpartitionedWriter = DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+
+enum OpenFiles {
+    Unpartitioned(Box<UnpartitionedWriter>),
+    Partitioned(FanoutWriter<FileBuilder>),
+}
+
+/// What a writer reports for one checkpoint: its data files, as Iceberg's
+/// data-file JSON for the partition spec they were written with.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CommitInfo {
+    pub spec_id: i32,
+    pub files: Vec<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    /// Last checkpoint this writer prepared.
+    checkpoint: Option<u64>,
+}
+
+struct Inner {
+    cfg: Config,
+    ctx: SinkContext,
+    table: Table,
+    converter: BatchConverter,
+    splitter: Option<RecordBatchPartitionSplitter>,
+    props: WriterProperties,
+    open: Option<OpenFiles>,
+    /// Writer generation: one per set of files (per checkpoint).
+    seq: u64,
+    /// Files of prepared checkpoints, for `abort-prepare`.
+    prepared: BTreeMap<u64, Vec<String>>,
+    state: State,
+}
+
+pub struct IcebergWriter {
+    inner: RefCell<Inner>,
+}
+
+pub(crate) fn iceberg_error(context: &str, e: iceberg::Error) -> SinkError {
+    let message = format!("{context}: {e}");
+    if message.contains("[sink.grants]") { error::config(message) } else { error::fatal(message) }
+}
+
+/// Loads the table, creating it from the source schema when it is missing
+/// and the options allow it. Safe when several instances (or jobs) race.
+pub(crate) fn ensure_table(cfg: &Config, source: &arrow_schema::Schema) -> Result<Table, SinkError> {
+    block_on(async {
+        match host_io::load_table(&cfg.table).await {
+            Ok(table) => Ok(table),
+            Err(LoadError::NotFound(m)) if !cfg.create_table => Err(error::config(format!(
+                "table {} does not exist and option `create_table` is false: {m}",
+                cfg.table
+            ))),
+            Err(LoadError::NotFound(_)) => {
+                let schema = schema::creation_schema(source)?;
+                let spec = cfg.partition_by.as_deref().map(|f| schema::creation_spec(f, &schema)).transpose()?;
+                match host_io::create_table(&cfg.table, &schema, spec.as_ref()) {
+                    Ok(table) => {
+                        sluice_guest_sdk::log::info(&format!("created table {}", cfg.table));
+                        Ok(table)
+                    }
+                    // Someone else created it first: use theirs (checked below by the caller).
+                    Err(LoadError::Catalog(
+                        sluice_guest_sdk::bindings::sluice::connector::iceberg_catalog::CatalogError::Conflict(_),
+                    )) => host_io::load_table(&cfg.table).await.map_err(|e| e.into_sink_error(&cfg.table)),
+                    Err(e) => Err(e.into_sink_error(&cfg.table)),
+                }
+            }
+            Err(e) => Err(e.into_sink_error(&cfg.table)),
+        }
+    })
+}
+
+impl Inner {
+    fn start_files(&mut self) -> Result<OpenFiles, SinkError> {
+        self.seq += 1;
+        let metadata = self.table.metadata();
+        let prefix = format!(
+            "{}-{}-s{}-a{}-w{}",
+            self.ctx.job_id, self.ctx.sink_id, self.ctx.subtask, self.ctx.attempt, self.seq
+        );
+        let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
+        let locations =
+            DefaultLocationGenerator::new(metadata).map_err(|e| iceberg_error("choosing data file locations", e))?;
+        let parquet = ParquetWriterBuilder::new(self.props.clone(), metadata.current_schema().clone());
+        let rolling = RollingFileWriterBuilder::new(
+            parquet,
+            self.cfg.target_file_bytes,
+            self.table.file_io().clone(),
+            locations,
+            names,
+        );
+        let builder = DataFileWriterBuilder::new(rolling);
+        if self.splitter.is_some() {
+            Ok(OpenFiles::Partitioned(FanoutWriter::new(builder)))
+        } else {
+            let writer = block_on(builder.build(None)).map_err(|e| iceberg_error("opening a data file writer", e))?;
+            Ok(OpenFiles::Unpartitioned(Box::new(writer)))
+        }
+    }
+
+    fn write_batch(&mut self, batch: &arrow_array::RecordBatch) -> Result<(), SinkError> {
+        let batch = self.converter.convert(batch)?;
+        let mut open = match self.open.take() {
+            Some(open) => open,
+            None => self.start_files()?,
+        };
+        let result = block_on(async {
+            match &mut open {
+                OpenFiles::Unpartitioned(w) => w.write(batch).await,
+                OpenFiles::Partitioned(w) => {
+                    let splitter = self.splitter.as_ref().ok_or_else(|| {
+                        iceberg::Error::new(iceberg::ErrorKind::Unexpected, "partitioned writer without a splitter")
+                    })?;
+                    for (key, part) in splitter.split(&batch)? {
+                        w.write(key, part).await?;
+                    }
+                    Ok(())
+                }
+            }
+        });
+        self.open = Some(open);
+        result.map_err(|e| iceberg_error("writing a data file", e))
+    }
+
+    fn close_files(&mut self) -> Result<Vec<DataFile>, SinkError> {
+        let Some(open) = self.open.take() else { return Ok(Vec::new()) };
+        block_on(async {
+            match open {
+                OpenFiles::Unpartitioned(mut w) => w.close().await,
+                OpenFiles::Partitioned(w) => w.close().await,
+            }
+        })
+        .map_err(|e| iceberg_error("finishing data files", e))
+    }
+}
+
+impl GuestWriter for IcebergWriter {
+    fn open(
+        ctx: SinkContext,
+        options: Vec<(String, String)>,
+        schema: Vec<u8>,
+        restored_state: Option<Vec<u8>>,
+    ) -> Result<sluice_guest_sdk::Writer, SinkError> {
+        let cfg = Config::parse(options)?;
+        let source = ipc::decode_schema(&schema)?;
+        let state = match restored_state {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| error::fatal(format!("restored writer state is not valid: {e}")))?,
+            None => State::default(),
+        };
+        let table = ensure_table(&cfg, &source)?;
+        let table_schema = table.metadata().current_schema().clone();
+        schema::check_compatible(&source, &table_schema)?;
+        schema::check_partitioning(&cfg, &table)?;
+        host_io::check_writable(&table)?;
+        let spec = table.metadata().default_partition_spec().clone();
+        let splitter = if spec.is_unpartitioned() {
+            None
+        } else {
+            Some(
+                RecordBatchPartitionSplitter::try_new_with_computed_values(table_schema.clone(), spec)
+                    .map_err(|e| iceberg_error("preparing the partition splitter", e))?,
+            )
+        };
+        let props = WriterProperties::builder()
+            .set_compression(cfg.compression)
+            .set_created_by(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")))
+            .build();
+        let converter = BatchConverter::new(&table_schema)?;
+        let inner =
+            Inner { cfg, ctx, table, converter, splitter, props, open: None, seq: 0, prepared: BTreeMap::new(), state };
+        Ok(sluice_guest_sdk::Writer::new(IcebergWriter { inner: RefCell::new(inner) }))
+    }
+
+    fn write(&self, rows: Vec<u8>) -> Result<(), SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        let (_, batches) = ipc::decode(&rows)?;
+        for batch in batches.iter().filter(|b| b.num_rows() > 0) {
+            inner.write_batch(batch)?;
+        }
+        Ok(())
+    }
+
+    fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        let files = inner.close_files()?;
+        inner.state.checkpoint = Some(c);
+        if files.is_empty() {
+            return Ok(None);
+        }
+        let metadata = inner.table.metadata();
+        let partition_type = metadata.default_partition_type().clone();
+        let format_version = metadata.format_version();
+        let spec_id = metadata.default_partition_spec_id();
+        let mut paths = Vec::with_capacity(files.len());
+        let mut encoded = Vec::with_capacity(files.len());
+        for file in files {
+            paths.push(file.file_path().to_string());
+            encoded.push(
+                serialize_data_file_to_json(file, &partition_type, format_version)
+                    .map_err(|e| iceberg_error("encoding a data file", e))?,
+            );
+        }
+        inner.prepared.insert(c, paths);
+        // Only the newest prepared checkpoints can still be aborted.
+        while inner.prepared.len() > 4 {
+            inner.prepared.pop_first();
+        }
+        serde_json::to_vec(&CommitInfo { spec_id, files: encoded })
+            .map(Some)
+            .map_err(|e| error::fatal(format!("encoding the commit info: {e}")))
+    }
+
+    fn snapshot_state(&self, c: u64) -> Result<Vec<u8>, SinkError> {
+        let inner = self.inner.borrow();
+        let state = State { checkpoint: Some(c.max(inner.state.checkpoint.unwrap_or(0))) };
+        serde_json::to_vec(&state).map_err(|e| error::fatal(format!("encoding writer state: {e}")))
+    }
+
+    fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        if let Some(paths) = inner.prepared.remove(&c) {
+            for path in paths {
+                // Best effort: an orphan file is invisible and harmless.
+                let _ = sluice_guest_sdk::files::delete(&path);
+            }
+        }
+        Ok(())
+    }
+
+    fn close(&self) -> Result<(), SinkError> {
+        // Dropping the open writers publishes nothing; their partial files
+        // are invisible orphans.
+        self.inner.borrow_mut().open = None;
+        Ok(())
+    }
+}

@@ -1,0 +1,412 @@
+//! The `iceberg-catalog` capability: the one catalog the job file configures
+//! for the sink (`[sink.catalog]`), served with iceberg-rust's `SqlCatalog`.
+//!
+//! Invariants:
+//! - a plugin reaches only this catalog; its address and credentials never
+//!   cross into the guest;
+//! - `commit-table` applies the plugin's REST-spec requirements and updates
+//!   atomically or not at all: requirements are checked on the table as the
+//!   catalog holds it, the new metadata file is written under a fresh name,
+//!   and the catalog pointer moves with one compare-and-swap on the previous
+//!   metadata location. It is never rebased and never retried here;
+//! - errors tell the plugin what is safe: `conflict` means definitely not
+//!   applied, `unknown-outcome` means it may have been applied.
+//!
+//! Why the commit is not `SqlCatalog::update_table`: that takes iceberg's
+//! `TableCommit`, whose constructor is private to the `iceberg` crate (only
+//! its `Transaction` builds one). The plugin builds its commit with that
+//! `Transaction` and sends the result as REST-spec JSON; here the host
+//! applies it with iceberg's public `TableRequirement::check`,
+//! `TableUpdate::apply` and `TableMetadata::write_to`, and performs the same
+//! compare-and-swap `SqlCatalog::update_table` does, on the same table of the
+//! same database (schema shared with PyIceberg's `SqlCatalog`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use iceberg::io::LocalFsStorageFactory;
+use iceberg::spec::{Schema, TableMetadata, UnboundPartitionSpec};
+use iceberg::table::Table;
+use iceberg::{
+    Catalog, CatalogBuilder, ErrorKind, MetadataLocation, NamespaceIdent, TableCreation, TableIdent, TableRequirement,
+    TableUpdate,
+};
+use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+use serde::Deserialize;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use thiserror::Error;
+
+use crate::capability::fault::InjectedCrash;
+use crate::plugin::bindings::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
+use crate::plugin::host_state::HostState;
+
+/// A catalog that cannot be set up (named in the job's `[sink.catalog]`).
+#[derive(Debug, Error)]
+pub enum CatalogSetupError {
+    #[error("cannot create {path}: {source}")]
+    Dir { path: PathBuf, source: std::io::Error },
+    #[error("cannot open the SQLite catalog {uri}: {message}")]
+    Open { uri: String, message: String },
+}
+
+/// A fault the tests inject into `commit-table` calls (counted from 1 per run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitFault {
+    /// Apply the commit, then answer `unknown-outcome` (the reply is lost).
+    LoseReply,
+    /// Answer `conflict` without applying (another writer won the race).
+    Conflict,
+    /// Apply the commit, then crash the engine before the plugin hears of it.
+    CrashAfterApply,
+}
+
+/// Faults and latency for `commit-table`, for tests and benchmarks.
+#[derive(Debug, Default)]
+pub struct CatalogFaults {
+    /// (nth commit-table call, fault)
+    pub faults: Vec<(u64, CommitFault)>,
+    /// Added before the compare-and-swap, to stand in for a remote catalog.
+    pub commit_delay: Duration,
+}
+
+/// What the catalog saw, for reports and benchmarks.
+#[derive(Debug, Default)]
+pub struct CatalogStats {
+    pub commit_calls: AtomicU64,
+    pub committed: AtomicU64,
+    pub conflicts: AtomicU64,
+}
+
+/// The sink's catalog, shared by the instances of a run.
+pub struct CatalogGrant {
+    catalog_name: String,
+    sql: SqlCatalog,
+    pool: SqlitePool,
+    uri: String,
+    faults: CatalogFaults,
+    pub stats: CatalogStats,
+    /// Serialises this process's compare-and-swaps, so SQLite's writer lock
+    /// is taken by one of them at a time (other processes wait on it).
+    cas: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for CatalogGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogGrant").field("catalog", &self.catalog_name).field("uri", &self.uri).finish()
+    }
+}
+
+/// The host's runtime for catalog I/O; plugin calls block on it from their
+/// own threads.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sluice-catalog")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start the catalog runtime: {e}"))
+    })
+}
+
+fn to_file_uri(path: &Path) -> String {
+    format!("file://{}", path.display())
+}
+
+impl CatalogGrant {
+    /// Opens (creating when missing) the SQLite catalog `database` with its
+    /// warehouse directory `warehouse`.
+    pub fn open_sql(
+        name: &str,
+        database: &Path,
+        warehouse: &Path,
+        faults: CatalogFaults,
+    ) -> Result<Self, CatalogSetupError> {
+        for dir in [database.parent().unwrap_or(Path::new("/")), warehouse] {
+            std::fs::create_dir_all(dir)
+                .map_err(|source| CatalogSetupError::Dir { path: dir.to_path_buf(), source })?;
+        }
+        let uri = format!("sqlite:{}?mode=rwc", database.display());
+        let open_err = |message: String| CatalogSetupError::Open { uri: uri.clone(), message };
+        let rt = runtime();
+        let sql = rt
+            .block_on(
+                SqlCatalogBuilder::default()
+                    .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                    .with_runtime(iceberg::Runtime::new(rt))
+                    .load(
+                        name,
+                        HashMap::from([
+                            ("uri".to_string(), uri.clone()),
+                            ("warehouse".to_string(), to_file_uri(warehouse)),
+                            ("sql_bind_style".to_string(), SqlBindStyle::QMark.to_string()),
+                        ]),
+                    ),
+            )
+            .map_err(|e| open_err(e.to_string()))?;
+        let options = SqliteConnectOptions::from_str(&uri)
+            .map_err(|e| open_err(e.to_string()))?
+            .busy_timeout(Duration::from_secs(30));
+        let pool = rt
+            .block_on(SqlitePoolOptions::new().max_connections(2).connect_with(options))
+            .map_err(|e| open_err(e.to_string()))?;
+        Ok(Self {
+            catalog_name: name.to_string(),
+            sql,
+            pool,
+            uri,
+            faults,
+            stats: CatalogStats::default(),
+            cas: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        format!("iceberg catalog {:?} ({})", self.catalog_name, self.uri)
+    }
+
+    /// Loads a table (for the host's own checks and for tests).
+    pub fn load(&self, ident: &TableIdent) -> Result<Table, CatalogError> {
+        runtime().block_on(self.sql.load_table(ident)).map_err(load_error)
+    }
+
+    fn load_table(&self, ident: &TableIdent) -> Result<LoadedTable, CatalogError> {
+        let table = self.load(ident)?;
+        loaded(&table)
+    }
+
+    fn create_table(&self, ident: &TableIdent, request: &str) -> Result<LoadedTable, CatalogError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "kebab-case")]
+        struct CreateTableRequest {
+            name: String,
+            schema: Schema,
+            partition_spec: Option<UnboundPartitionSpec>,
+            #[serde(default)]
+            properties: HashMap<String, String>,
+        }
+        let request: CreateTableRequest = serde_json::from_str(request)
+            .map_err(|e| CatalogError::Other(format!("create-table request is not valid: {e}")))?;
+        if request.name != ident.name() {
+            return Err(CatalogError::Other(format!(
+                "create-table request names table {:?} but the call names {:?}",
+                request.name,
+                ident.name()
+            )));
+        }
+        let namespace = ident.namespace().clone();
+        let creation = TableCreation::builder()
+            .name(request.name)
+            .schema(request.schema)
+            .partition_spec_opt(request.partition_spec)
+            .properties(request.properties)
+            .build();
+        runtime().block_on(async {
+            if !self.sql.namespace_exists(&namespace).await.map_err(other)? {
+                // Another job may create it at the same moment: that is fine.
+                if let Err(e) = self.sql.create_namespace(&namespace, HashMap::new()).await
+                    && !self.sql.namespace_exists(&namespace).await.map_err(other)?
+                {
+                    return Err(other(e));
+                }
+            }
+            match self.sql.create_table(&namespace, creation).await {
+                Ok(table) => loaded(&table),
+                Err(e) if e.kind() == ErrorKind::TableAlreadyExists => Err(CatalogError::Conflict(e.to_string())),
+                // Lost a creation race: the insert hit the primary key.
+                Err(e) if self.sql.table_exists(ident).await.unwrap_or(false) => {
+                    Err(CatalogError::Conflict(format!("table {ident} was created concurrently: {e}")))
+                }
+                Err(e) => Err(other(e)),
+            }
+        })
+    }
+
+    /// Commits; the flag asks the caller to crash now (an injected fault).
+    fn commit_table(
+        &self,
+        ident: &TableIdent,
+        requirements: &str,
+        updates: &str,
+    ) -> (Result<LoadedTable, CatalogError>, bool) {
+        let call = self.stats.commit_calls.fetch_add(1, Ordering::Relaxed) + 1;
+        let requirements: Vec<TableRequirement> = match serde_json::from_str(requirements) {
+            Ok(r) => r,
+            Err(e) => {
+                return (
+                    Err(CatalogError::Other(format!("commit requirements are not valid REST-spec JSON: {e}"))),
+                    false,
+                );
+            }
+        };
+        let updates: Vec<TableUpdate> = match serde_json::from_str(updates) {
+            Ok(u) => u,
+            Err(e) => {
+                return (Err(CatalogError::Other(format!("commit updates are not valid REST-spec JSON: {e}"))), false);
+            }
+        };
+        let fault = self.faults.faults.iter().find(|(n, _)| *n == call).map(|(_, f)| *f);
+        let result = runtime().block_on(self.commit_sql(ident, requirements, updates, fault));
+        match &result {
+            Ok(_) => {
+                self.stats.committed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(CatalogError::Conflict(_)) => {
+                self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }
+        if fault == Some(CommitFault::LoseReply) && result.is_ok() {
+            tracing::warn!(table = %ident, call, "injected fault: commit applied, reply dropped");
+            return (
+                Err(CatalogError::UnknownOutcome("the catalog's reply was lost (injected fault)".to_string())),
+                false,
+            );
+        }
+        let crash = fault == Some(CommitFault::CrashAfterApply) && result.is_ok();
+        if crash {
+            tracing::warn!(table = %ident, call, "injected fault: crash right after the commit was applied");
+        }
+        (result, crash)
+    }
+
+    async fn commit_sql(
+        &self,
+        ident: &TableIdent,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+        fault: Option<CommitFault>,
+    ) -> Result<LoadedTable, CatalogError> {
+        let table = self.sql.load_table(ident).await.map_err(load_error)?;
+        let current = table.metadata_location_result().map_err(other)?.to_string();
+        for requirement in &requirements {
+            requirement.check(Some(table.metadata())).map_err(|e| CatalogError::Conflict(e.to_string()))?;
+        }
+        if fault == Some(CommitFault::Conflict) {
+            tracing::warn!(table = %ident, "injected fault: commit refused as a conflict");
+            return Err(CatalogError::Conflict("another writer committed first (injected fault)".to_string()));
+        }
+        let mut builder = table.metadata().clone().into_builder(Some(current.clone()));
+        for update in updates {
+            builder =
+                update.apply(builder).map_err(|e| CatalogError::Other(format!("update cannot be applied: {e}")))?;
+        }
+        let metadata: TableMetadata =
+            builder.build().map_err(|e| CatalogError::Other(format!("updated metadata is not valid: {e}")))?.metadata;
+        let location =
+            MetadataLocation::from_str(&current).map_err(other)?.with_next_version().with_new_metadata(&metadata);
+        metadata.write_to(table.file_io(), &location).await.map_err(other)?;
+        if !self.faults.commit_delay.is_zero() {
+            tokio::time::sleep(self.faults.commit_delay).await;
+        }
+        let new_location = location.to_string();
+        let swapped = {
+            let _one_at_a_time = self.cas.lock().await;
+            sqlx::query(
+                "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
+                 WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
+                 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?",
+            )
+            .bind(&new_location)
+            .bind(&current)
+            .bind(&self.catalog_name)
+            .bind(ident.namespace().join("."))
+            .bind(ident.name())
+            .bind(&current)
+            .execute(&self.pool)
+            .await
+        };
+        match swapped {
+            Ok(done) if done.rows_affected() == 1 => {
+                let json = serde_json::to_string(&metadata).map_err(|e| {
+                    CatalogError::UnknownOutcome(format!("committed, but the reply cannot be built: {e}"))
+                })?;
+                Ok(LoadedTable { metadata_location: new_location, metadata_json: json })
+            }
+            Ok(_) => {
+                Err(CatalogError::Conflict(format!("table {ident} changed since its metadata {current} was loaded")))
+            }
+            // SQLITE_BUSY / SQLITE_LOCKED: the statement did not run.
+            Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("5") | Some("6")) => {
+                Err(CatalogError::Conflict(format!("the catalog database is busy: {e}")))
+            }
+            Err(e) => Err(CatalogError::UnknownOutcome(format!("updating the catalog failed: {e}"))),
+        }
+    }
+}
+
+fn other(e: impl std::fmt::Display) -> CatalogError {
+    CatalogError::Other(e.to_string())
+}
+
+fn load_error(e: iceberg::Error) -> CatalogError {
+    match e.kind() {
+        ErrorKind::TableNotFound | ErrorKind::NamespaceNotFound => CatalogError::NotFound(e.to_string()),
+        _ => CatalogError::Other(e.to_string()),
+    }
+}
+
+fn loaded(table: &Table) -> Result<LoadedTable, CatalogError> {
+    let metadata_location = table.metadata_location_result().map_err(other)?.to_string();
+    let metadata_json = serde_json::to_string(table.metadata()).map_err(other)?;
+    Ok(LoadedTable { metadata_location, metadata_json })
+}
+
+fn ident(wit: &wit::TableIdent) -> Result<TableIdent, CatalogError> {
+    let namespace = NamespaceIdent::from_vec(wit.namespace.clone())
+        .map_err(|e| CatalogError::Other(format!("table namespace {:?} is not valid: {e}", wit.namespace)))?;
+    if wit.name.is_empty() {
+        return Err(CatalogError::Other("table name is empty".to_string()));
+    }
+    Ok(TableIdent::new(namespace, wit.name.clone()))
+}
+
+fn no_catalog() -> CatalogError {
+    CatalogError::Other("this sink has no catalog: configure one in the job file's [sink.catalog]".to_string())
+}
+
+impl wit::Host for HostState {
+    fn load_table(&mut self, table: wit::TableIdent) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
+        let Some(catalog) = self.catalog.clone() else { return Ok(Err(no_catalog())) };
+        Ok(ident(&table).and_then(|ident| catalog.load_table(&ident)))
+    }
+
+    fn create_table(
+        &mut self,
+        table: wit::TableIdent,
+        request_json: String,
+    ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
+        let Some(catalog) = self.catalog.clone() else { return Ok(Err(no_catalog())) };
+        let result = ident(&table).and_then(|ident| catalog.create_table(&ident, &request_json));
+        if result.is_ok() {
+            self.fault.after_side_effect()?;
+        }
+        Ok(result)
+    }
+
+    fn commit_table(
+        &mut self,
+        table: wit::TableIdent,
+        requirements_json: String,
+        updates_json: String,
+    ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
+        let Some(catalog) = self.catalog.clone() else { return Ok(Err(no_catalog())) };
+        let (result, crash) = match ident(&table) {
+            Ok(ident) => catalog.commit_table(&ident, &requirements_json, &updates_json),
+            Err(e) => (Err(e), false),
+        };
+        if crash {
+            return Err(wasmtime::Error::new(InjectedCrash));
+        }
+        if !matches!(result, Err(CatalogError::Conflict(_))) {
+            // A crash "during commit" happens right after the commit's effect.
+            self.fault.after_side_effect()?;
+        }
+        Ok(result)
+    }
+}
