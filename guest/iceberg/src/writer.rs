@@ -36,7 +36,7 @@ type UnpartitionedWriter = DataFileWriter<ParquetWriterBuilder, DefaultLocationG
 
 enum OpenFiles {
     Unpartitioned(Box<UnpartitionedWriter>),
-    Partitioned(FanoutWriter<FileBuilder>),
+    Partitioned(Box<FanoutWriter<FileBuilder>>),
 }
 
 /// What a writer reports for one checkpoint: its data files, as Iceberg's
@@ -128,7 +128,7 @@ impl Inner {
         );
         let builder = DataFileWriterBuilder::new(rolling);
         if self.splitter.is_some() {
-            Ok(OpenFiles::Partitioned(FanoutWriter::new(builder)))
+            Ok(OpenFiles::Partitioned(Box::new(FanoutWriter::new(builder))))
         } else {
             let writer = block_on(builder.build(None)).map_err(|e| iceberg_error("opening a data file writer", e))?;
             Ok(OpenFiles::Unpartitioned(Box::new(writer)))
