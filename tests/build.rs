@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// (package, library name) of every component the tests need.
-const PLUGINS: &[(&str, &str)] =
-    &[("sluice-sink-files", "sluice_sink_files"), ("sluice-test-chaos", "sluice_test_chaos")];
+const PLUGINS: &[(&str, &str)] = &[
+    ("sluice-sink-files", "sluice_sink_files"),
+    ("sluice-sink-iceberg", "sluice_sink_iceberg"),
+    ("sluice-test-chaos", "sluice_test_chaos"),
+];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));

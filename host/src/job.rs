@@ -100,9 +100,13 @@ impl Default for CommitSpec {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum SourceSpec {
-    /// Deterministic rows `0..rows`, split into contiguous ranges per subtask.
+    /// Deterministic rows with ids `first_id..first_id + rows`, split into
+    /// contiguous ranges per subtask.
     Generator {
         rows: u64,
+        /// The first id (so that several jobs can write disjoint ids).
+        #[serde(default)]
+        first_id: u64,
         /// Total rows per second over all subtasks (unlimited when absent).
         rate: Option<f64>,
         #[serde(default = "default_batch_rows")]

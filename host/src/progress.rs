@@ -53,6 +53,11 @@ impl Progress {
         self.rows.load(Ordering::Relaxed)
     }
 
+    /// Time since the run started moving rows.
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.start.elapsed()
+    }
+
     pub fn rows_per_sec(&self) -> f64 {
         let secs = self.start.elapsed().as_secs_f64();
         if secs > 0.0 { self.rows() as f64 / secs } else { 0.0 }

@@ -18,6 +18,8 @@ use sluice::source::generator::Generator;
 
 /// The files sink component, built by this crate's build script.
 pub const FILES_PLUGIN: &str = env!("SLUICE_PLUGIN_SINK_FILES");
+/// The Iceberg sink component.
+pub const ICEBERG_PLUGIN: &str = env!("SLUICE_PLUGIN_SINK_ICEBERG");
 /// The test-only chaos component.
 pub const CHAOS_PLUGIN: &str = env!("SLUICE_PLUGIN_TEST_CHAOS");
 
@@ -79,6 +81,47 @@ path = "out/files"
 target_file_mb = 1
 [sink.grants]
 locations = ["out"]
+"#
+        );
+        Self { dir, toml }
+    }
+
+    /// A generator → Iceberg job writing `table` in the warehouse `warehouse`
+    /// (catalog `warehouse/catalog.db`); ids start at `first_id`.
+    pub fn iceberg(
+        id: &str,
+        warehouse: &Path,
+        table: &str,
+        rows: u64,
+        first_id: u64,
+        parallelism: u32,
+        every_rows: u64,
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let warehouse = warehouse.display();
+        let toml = format!(
+            r#"
+[job]
+id = "{id}"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every_rows}
+[source]
+kind = "generator"
+rows = {rows}
+first_id = {first_id}
+batch_rows = 700
+[sink]
+id = "lake"
+plugin = "{ICEBERG_PLUGIN}"
+[sink.options]
+table = "{table}"
+[sink.catalog]
+database = "{warehouse}/catalog.db"
+warehouse = "{warehouse}"
+[sink.sandbox]
+memory_mb = 512
 "#
         );
         Self { dir, toml }
@@ -146,8 +189,13 @@ memory_mb = 64
     }
 
     pub fn run_with(&self, sets: &[&str], fault: Option<Fault>) -> Result<RunSummary, EngineError> {
+        self.run_opts(sets, RunOptions { fault, ..RunOptions::default() })
+    }
+
+    /// Runs with full control over the options (catalog faults, ...).
+    pub fn run_opts(&self, sets: &[&str], opts: RunOptions) -> Result<RunSummary, EngineError> {
         let job = self.load(sets)?;
-        engine::run(&job, host(), &RunOptions { progress: ProgressMode::Quiet, fault })
+        engine::run(&job, host(), &RunOptions { progress: ProgressMode::Quiet, ..opts })
     }
 
     /// The visible output directory of a files job.
@@ -206,29 +254,7 @@ pub fn ids(batch: &RecordBatch) -> Vec<i64> {
 /// with the exact values the generator produces. Reports lost and duplicated
 /// ids by name.
 pub fn assert_exactly_once(visible: &RecordBatch, rows: u64) {
-    let got = ids(visible);
-    let mut seen = std::collections::BTreeMap::<i64, u32>::new();
-    for id in &got {
-        *seen.entry(*id).or_default() += 1;
-    }
-    let duplicated: Vec<i64> = seen.iter().filter(|(_, n)| **n > 1).map(|(id, _)| *id).take(10).collect();
-    let lost: Vec<i64> = (0..rows as i64).filter(|id| !seen.contains_key(id)).take(10).collect();
-    let foreign: Vec<i64> = seen.keys().filter(|id| **id < 0 || **id >= rows as i64).copied().take(10).collect();
-    assert!(
-        duplicated.is_empty() && lost.is_empty() && foreign.is_empty(),
-        "not exactly once: {} rows visible for {rows} source rows; duplicated ids {duplicated:?}, lost ids {lost:?}, unknown ids {foreign:?}",
-        got.len()
-    );
-    let expected = Generator::batch_for(0, rows);
-    for (i, field) in expected.schema().fields().iter().enumerate() {
-        let col = visible.column_by_name(field.name()).unwrap_or_else(|| panic!("column {} missing", field.name()));
-        assert_eq!(
-            col.as_ref(),
-            expected.column(i).as_ref(),
-            "values of column {} differ from the source rows",
-            field.name()
-        );
-    }
+    assert_exactly_once_range(visible, 0, rows);
 }
 
 /// The real `sluice` binary, built by cargo (up to date with this checkout).
@@ -283,5 +309,111 @@ pub fn python(script: &str, args: &[&str]) -> Result<String, String> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A table as the tests read it back through iceberg-rust.
+pub struct IcebergTable {
+    /// Every visible row, conformed to the generator's schema, sorted by id.
+    pub rows: RecordBatch,
+    /// `(job, checkpoint)` of every snapshot in the current ancestry, oldest first.
+    pub commits: Vec<(String, u64)>,
+    pub table: iceberg::table::Table,
+}
+
+impl IcebergTable {
+    /// Snapshots committed by `job`.
+    pub fn snapshots_of(&self, job: &str) -> usize {
+        self.commits.iter().filter(|(j, _)| j == job).count()
+    }
+
+    /// Asserts that no (job, checkpoint) was committed twice.
+    pub fn assert_no_checkpoint_twice(&self) {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in &self.commits {
+            assert!(seen.insert(c.clone()), "checkpoint {c:?} was committed twice: {:?}", self.commits);
+        }
+    }
+}
+
+/// Opens the SQLite catalog of `warehouse` as the sink's host does.
+pub fn catalog(warehouse: &Path) -> sluice::capability::catalog::CatalogGrant {
+    sluice::capability::catalog::CatalogGrant::open_sql(
+        "sluice",
+        &warehouse.join("catalog.db"),
+        warehouse,
+        Default::default(),
+    )
+    .expect("opening the test catalog")
+}
+
+/// Reads `table` ("ns.name") of the warehouse: rows and snapshot ancestry.
+pub fn read_iceberg(warehouse: &Path, table: &str) -> IcebergTable {
+    use futures::TryStreamExt;
+    let ident = iceberg::TableIdent::from_strs(table.split('.')).expect("table name");
+    let table = catalog(warehouse).load(&ident).unwrap_or_else(|e| panic!("loading {ident}: {e:?}"));
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let batches: Vec<RecordBatch> = rt.block_on(async {
+        let scan = table.scan().select_all().build().expect("scan");
+        scan.to_arrow().await.expect("scan to arrow").try_collect().await.expect("reading the table")
+    });
+    let schema = Generator::schema_ref();
+    let conformed: Vec<RecordBatch> = batches.iter().map(|b| conform(b, &schema)).collect();
+    let all = arrow_select::concat::concat_batches(&schema, &conformed).expect("concat");
+    let metadata = table.metadata();
+    let mut commits = Vec::new();
+    let mut next = metadata.current_snapshot_id();
+    while let Some(id) = next {
+        let snapshot = metadata.snapshot_by_id(id).expect("ancestor snapshot exists");
+        let props = &snapshot.summary().additional_properties;
+        let job = props.get("sluice.job-id").cloned().unwrap_or_default();
+        let checkpoint = props.get("sluice.checkpoint-id").and_then(|c| c.parse().ok()).unwrap_or(u64::MAX);
+        commits.push((job, checkpoint));
+        next = snapshot.parent_snapshot_id();
+    }
+    commits.reverse();
+    IcebergTable { rows: sort_by_id(&all), commits, table }
+}
+
+/// Casts a batch read from a table to `schema` (Iceberg spells the UTC zone
+/// `+00:00` and carries field ids; the values are what is compared).
+pub fn conform(batch: &RecordBatch, schema: &arrow_schema::SchemaRef) -> RecordBatch {
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let col = batch.column_by_name(f.name()).unwrap_or_else(|| panic!("column {} missing", f.name()));
+            arrow_cast::cast(col, f.data_type()).expect("cast to the generator's type")
+        })
+        .collect();
+    RecordBatch::try_new(schema.clone(), columns).expect("conformed batch")
+}
+
+/// Asserts that `visible` holds every generator row with ids
+/// `first..first + rows` exactly once, with the generator's values.
+pub fn assert_exactly_once_range(visible: &RecordBatch, first: u64, rows: u64) {
+    let got = ids(visible);
+    let mut seen = std::collections::BTreeMap::<i64, u32>::new();
+    for id in &got {
+        *seen.entry(*id).or_default() += 1;
+    }
+    let (lo, hi) = (first as i64, (first + rows) as i64);
+    let duplicated: Vec<i64> = seen.iter().filter(|(_, n)| **n > 1).map(|(id, _)| *id).take(10).collect();
+    let lost: Vec<i64> = (lo..hi).filter(|id| !seen.contains_key(id)).take(10).collect();
+    let foreign: Vec<i64> = seen.keys().filter(|id| **id < lo || **id >= hi).copied().take(10).collect();
+    assert!(
+        duplicated.is_empty() && lost.is_empty() && foreign.is_empty(),
+        "not exactly once: {} rows visible for {rows} source rows; duplicated ids {duplicated:?}, lost ids {lost:?}, unknown ids {foreign:?}",
+        got.len()
+    );
+    let expected = Generator::batch_for(first, first + rows);
+    for (i, field) in expected.schema().fields().iter().enumerate() {
+        let col = visible.column_by_name(field.name()).unwrap_or_else(|| panic!("column {} missing", field.name()));
+        assert_eq!(
+            col.as_ref(),
+            expected.column(i).as_ref(),
+            "values of column {} differ from the source rows",
+            field.name()
+        );
     }
 }

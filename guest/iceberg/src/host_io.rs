@@ -76,7 +76,9 @@ impl Storage for HostStorage {
     async fn writer(&self, path: &str) -> Result<Box<dyn FileWrite>> {
         // Data, manifest and manifest-list names are unique per attempt, so an
         // existing file means a bug: never overwrite.
-        let out = OutputWriter::create(path, false).map_err(|e| io_err("creating", path, e))?;
+        // Deferred: a fan-out writer may hold hundreds of small partition
+        // files open; none of them costs a host file handle until it has data.
+        let out = OutputWriter::deferred(path, false);
         Ok(Box::new(HostWrite { out: SingleThreaded(Some(out)), path: path.to_string() }))
     }
 

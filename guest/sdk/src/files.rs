@@ -30,9 +30,12 @@ pub fn join(base: &str, name: &str) -> String {
 }
 
 /// A `std::io::Write` over an `output-file`, buffering so that each
-/// boundary crossing carries a large chunk.
+/// boundary crossing carries a large chunk (up to 1 MiB). The buffer grows
+/// with what is written, so many small open files stay cheap.
 pub struct OutputWriter {
     file: Option<OutputFile>,
+    /// `Some(overwrite)` until the host file is created (deferred writers).
+    deferred: Option<bool>,
     location: String,
     buf: Vec<u8>,
     written: u64,
@@ -41,9 +44,24 @@ pub struct OutputWriter {
 const CHUNK: usize = 1 << 20;
 
 impl OutputWriter {
+    /// Creates the file now.
     pub fn create(location: &str, overwrite: bool) -> Result<Self, IoError> {
         let file = OutputFile::create(location, overwrite)?;
-        Ok(Self { file: Some(file), location: location.to_string(), buf: Vec::with_capacity(CHUNK), written: 0 })
+        Ok(Self { file: Some(file), deferred: None, location: location.to_string(), buf: Vec::new(), written: 0 })
+    }
+
+    /// Creates the file only when the first chunk is flushed (or at
+    /// `finish`), so a writer holding many small files open holds no host
+    /// file handles for them.
+    pub fn deferred(location: &str, overwrite: bool) -> Self {
+        Self { file: None, deferred: Some(overwrite), location: location.to_string(), buf: Vec::new(), written: 0 }
+    }
+
+    fn open_if_deferred(&mut self) -> Result<(), IoError> {
+        if let Some(overwrite) = self.deferred.take() {
+            self.file = Some(OutputFile::create(&self.location, overwrite)?);
+        }
+        Ok(())
     }
 
     pub fn location(&self) -> &str {
@@ -59,6 +77,7 @@ impl OutputWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
+        self.open_if_deferred()?;
         let file =
             self.file.as_ref().ok_or_else(|| IoError::Other(format!("{} is already finished", self.location)))?;
         file.write(&self.buf)?;
@@ -68,6 +87,7 @@ impl OutputWriter {
 
     /// Flushes, syncs and closes the file.
     pub fn finish(mut self) -> Result<(), IoError> {
+        self.open_if_deferred()?;
         self.flush_buf()?;
         match self.file.take() {
             Some(file) => file.finish(),

@@ -180,7 +180,7 @@ impl CatalogGrant {
         loaded(&table)
     }
 
-    fn create_table(&self, ident: &TableIdent, request: &str) -> Result<LoadedTable, CatalogError> {
+    pub fn create_table(&self, ident: &TableIdent, request: &str) -> Result<LoadedTable, CatalogError> {
         #[derive(Deserialize)]
         #[serde(rename_all = "kebab-case")]
         struct CreateTableRequest {

@@ -1,6 +1,7 @@
 //! The checkpoint coordinator: gathers rounds, persists, then commits.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::checkpoint::{Blob, CheckpointRecord, CheckpointStore, PendingCommit, SubtaskRecord};
@@ -31,6 +32,12 @@ pub struct RunSummary {
     pub checkpoints_this_run: u64,
     pub last_committed: Option<u64>,
     pub elapsed: Duration,
+    /// Time spent moving rows (from the first read to the end), without
+    /// loading the plugin and recovering.
+    pub data_elapsed: Duration,
+    /// `commit-table` calls and conflicts the catalog saw (Iceberg sinks).
+    pub catalog_commits: u64,
+    pub catalog_conflicts: u64,
     /// The job had already finished before this run; nothing was read.
     pub already_complete: bool,
 }
@@ -38,7 +45,8 @@ pub struct RunSummary {
 impl std::fmt::Display for RunSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let secs = self.elapsed.as_secs_f64();
-        let rate = if secs > 0.0 { self.rows_this_run as f64 / secs } else { 0.0 };
+        let data_secs = self.data_elapsed.as_secs_f64();
+        let rate = if data_secs > 0.0 { self.rows_this_run as f64 / data_secs } else { 0.0 };
         let committed = self.last_committed.map_or("none".to_string(), |c| c.to_string());
         if self.already_complete {
             return write!(
@@ -55,7 +63,7 @@ impl std::fmt::Display for RunSummary {
         }
         write!(
             f,
-            "job {} finished: {} rows in {secs:.1}s ({rate:.0} rows/s), {} checkpoint(s), last committed checkpoint {committed}, {} rows in total{}{}",
+            "job {} finished: {} rows in {secs:.1}s ({rate:.0} rows/s over {data_secs:.1}s of data movement), {} checkpoint(s), last committed checkpoint {committed}, {} rows in total{}{}",
             self.job_id,
             self.rows_this_run,
             self.checkpoints_this_run,
@@ -284,6 +292,9 @@ pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary
             checkpoints_this_run: 0,
             last_committed: co.last_committed,
             elapsed: started.elapsed(),
+            data_elapsed: Duration::ZERO,
+            catalog_commits: grants.catalog.as_ref().map_or(0, |c| c.stats.commit_calls.load(Ordering::Relaxed)),
+            catalog_conflicts: grants.catalog.as_ref().map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
             already_complete: true,
         });
     }
@@ -411,6 +422,9 @@ pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary
         checkpoints_this_run: c + 1 - first,
         last_committed: co.last_committed,
         elapsed: started.elapsed(),
+        data_elapsed: progress.elapsed(),
+        catalog_commits: grants.catalog.as_ref().map_or(0, |c| c.stats.commit_calls.load(Ordering::Relaxed)),
+        catalog_conflicts: grants.catalog.as_ref().map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
         already_complete: false,
     })
 }

@@ -25,6 +25,7 @@ pub const DAYS: u64 = 30;
 
 pub struct Generator {
     rows: u64,
+    first_id: u64,
     rate: Option<f64>,
     batch_rows: usize,
     parallelism: u32,
@@ -41,7 +42,13 @@ fn mix(id: u64) -> u64 {
 
 impl Generator {
     pub fn new(rows: u64, rate: Option<f64>, batch_rows: usize, parallelism: u32) -> Self {
-        Self { rows, rate, batch_rows, parallelism, schema: Self::schema_ref() }
+        Self { rows, first_id: 0, rate, batch_rows, parallelism, schema: Self::schema_ref() }
+    }
+
+    /// Starts the ids at `first_id` instead of 0.
+    pub fn starting_at(mut self, first_id: u64) -> Self {
+        self.first_id = first_id;
+        self
     }
 
     pub fn schema_ref() -> SchemaRef {
@@ -75,7 +82,7 @@ impl Generator {
         let p = u128::from(self.parallelism.max(1));
         let n = u128::from(self.rows);
         let s = u128::from(subtask);
-        ((s * n / p) as u64, ((s + 1) * n / p) as u64)
+        (self.first_id + (s * n / p) as u64, self.first_id + ((s + 1) * n / p) as u64)
     }
 
     /// The rows with ids `start..end`, exactly as every run produces them.

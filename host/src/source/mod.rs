@@ -44,9 +44,9 @@ pub enum Source {
 impl Source {
     pub fn open(spec: &SourceSpec, parallelism: u32) -> Result<Self, SourceError> {
         match spec {
-            SourceSpec::Generator { rows, rate, batch_rows } => {
-                Ok(Source::Generator(generator::Generator::new(*rows, *rate, *batch_rows, parallelism)))
-            }
+            SourceSpec::Generator { rows, first_id, rate, batch_rows } => Ok(Source::Generator(
+                generator::Generator::new(*rows, *rate, *batch_rows, parallelism).starting_at(*first_id),
+            )),
             SourceSpec::File { path, format, batch_rows, csv_header } => {
                 Ok(Source::File(file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism)?))
             }

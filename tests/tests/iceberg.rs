@@ -1,0 +1,246 @@
+//! The Iceberg sink, exactly once: the crash matrix, lost commit replies,
+//! injected conflicts, exhausted attempts, three jobs writing one table at
+//! the same time, partitioned tables and schema checks. Tables are read back
+//! through iceberg-rust's own scan, compared by id and value.
+
+use std::path::Path;
+
+use sluice::capability::catalog::CommitFault;
+use sluice::engine::{CrashPoint, Fault, RunOptions};
+use sluice::plugin::bindings::CommitOutcome;
+use sluice_tests::{TestJob, assert_exactly_once_range, read_iceberg};
+
+const ROWS: u64 = 6000;
+const PARALLELISM: u32 = 3;
+/// Per subtask: 2000 rows in rounds of 500 → checkpoints 1..=4 hold rows, 5 is empty.
+const EVERY: u64 = 500;
+const TABLE: &str = "db.events";
+
+fn job(id: &str, warehouse: &Path) -> TestJob {
+    TestJob::iceberg(id, warehouse, TABLE, ROWS, 0, PARALLELISM, EVERY)
+}
+
+/// Exactly once by id and value, one snapshot per non-empty checkpoint, and
+/// no checkpoint committed twice.
+fn assert_landed_once(warehouse: &Path, id: &str) {
+    let table = read_iceberg(warehouse, TABLE);
+    assert_exactly_once_range(&table.rows, 0, ROWS);
+    table.assert_no_checkpoint_twice();
+    assert_eq!(table.snapshots_of(id), 4, "one snapshot per non-empty checkpoint: {:?}", table.commits);
+    let checkpoints: Vec<u64> = table.commits.iter().filter(|(j, _)| j == id).map(|(_, c)| *c).collect();
+    assert_eq!(checkpoints, vec![1, 2, 3, 4]);
+}
+
+fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let id = format!("ice-{point}-{checkpoint}");
+    let job = job(&id, warehouse.path());
+    let fault = Fault { point, checkpoint, subtask: 1 };
+    let err = job.run(Some(fault)).expect_err("the injected crash stops the run");
+    assert!(err.is_injected_crash(), "expected the injected crash, got: {err}");
+
+    let summary = job.run(None).expect("the recovery run completes");
+    assert_landed_once(warehouse.path(), &id);
+    assert_eq!(summary.rows_total, ROWS);
+    let recovered = summary.recovered.clone();
+    match point {
+        // The crash hit after the snapshot's first manifest was written, before the catalog commit.
+        CrashPoint::AfterPersist | CrashPoint::DuringCommit => {
+            assert_eq!(recovered, vec![(checkpoint, CommitOutcome::Committed)])
+        }
+        CrashPoint::AfterCommit => assert_eq!(recovered, vec![(checkpoint, CommitOutcome::AlreadyCommitted)]),
+        _ if checkpoint == 1 => assert!(recovered.is_empty(), "nothing was pending: {recovered:?}"),
+        _ => assert_eq!(recovered, vec![(checkpoint - 1, CommitOutcome::AlreadyCommitted)]),
+    }
+}
+
+macro_rules! crash_tests {
+    ($($name:ident: $point:expr, $c:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            crash_then_recover($point, $c);
+        }
+    )*};
+}
+
+crash_tests! {
+    crash_after_write: CrashPoint::AfterWrite, 2;
+    crash_after_prepare_commit: CrashPoint::AfterPrepareCommit, 1;
+    crash_after_snapshot_state: CrashPoint::AfterSnapshotState, 3;
+    crash_after_persist: CrashPoint::AfterPersist, 2;
+    crash_during_commit: CrashPoint::DuringCommit, 3;
+    crash_after_commit: CrashPoint::AfterCommit, 4;
+}
+
+fn with_catalog_faults(faults: Vec<(u64, CommitFault)>) -> RunOptions {
+    RunOptions { catalog_faults: faults, ..RunOptions::default() }
+}
+
+/// The catalog applies commit 2 and crashes the engine before the plugin
+/// hears of it: the restart finds the snapshot and does not re-apply it.
+#[test]
+fn crash_right_after_the_catalog_applied_the_commit() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let job = job("ice-applied-crash", warehouse.path());
+    let err = job
+        .run_opts(&[], with_catalog_faults(vec![(2, CommitFault::CrashAfterApply)]))
+        .expect_err("the injected crash stops the run");
+    assert!(err.is_injected_crash(), "{err}");
+    let summary = job.run(None).expect("recovers");
+    assert_eq!(summary.recovered, vec![(2, CommitOutcome::AlreadyCommitted)]);
+    assert_landed_once(warehouse.path(), "ice-applied-crash");
+}
+
+/// A commit whose reply is lost (`unknown-outcome` after it was applied) is
+/// checked, not re-applied, and the run goes on.
+#[test]
+fn lost_commit_replies_are_checked_not_reapplied() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let job = job("ice-lost-reply", warehouse.path());
+    let summary = job
+        .run_opts(&[], with_catalog_faults(vec![(1, CommitFault::LoseReply), (3, CommitFault::LoseReply)]))
+        .expect("the run completes despite lost replies");
+    assert_eq!(summary.rows_total, ROWS);
+    // Four snapshots, and no more commit calls than checkpoints: nothing was re-applied.
+    assert_eq!(summary.catalog_commits, 4, "{summary:?}");
+    assert_landed_once(warehouse.path(), "ice-lost-reply");
+}
+
+/// Injected conflicts are retried after reloading the table.
+#[test]
+fn conflicts_are_retried_with_a_fresh_table() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let job = job("ice-conflicts", warehouse.path());
+    let faults = vec![(1, CommitFault::Conflict), (2, CommitFault::Conflict), (4, CommitFault::Conflict)];
+    let summary = job.run_opts(&[], with_catalog_faults(faults)).expect("the run completes");
+    assert_eq!(summary.catalog_conflicts, 3, "{summary:?}");
+    assert_eq!(summary.catalog_commits, 7, "{summary:?}");
+    assert_landed_once(warehouse.path(), "ice-conflicts");
+}
+
+/// When every attempt conflicts the job stops with a clear error; the
+/// checkpoint stays pending and the next run commits it.
+#[test]
+fn exhausted_attempts_leave_the_checkpoint_pending() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let job = job("ice-exhausted", warehouse.path());
+    let faults = (1..=20).map(|n| (n, CommitFault::Conflict)).collect();
+    let err = job
+        .run_opts(&["sink.options.commit_attempts=3", "job.commit.max_attempts=1"], with_catalog_faults(faults))
+        .expect_err("the commit gives up");
+    let message = err.to_string();
+    assert!(message.contains("after 3 attempts") && message.contains("stays pending"), "{message}");
+    assert!(read_iceberg(warehouse.path(), TABLE).commits.is_empty(), "nothing may be committed");
+    let summary = job.run(None).expect("the next run commits");
+    assert_eq!(summary.recovered.first(), Some(&(1, CommitOutcome::Committed)), "{summary:?}");
+    assert!(summary.recovered.iter().all(|(_, o)| *o == CommitOutcome::Committed), "{summary:?}");
+    assert_landed_once(warehouse.path(), "ice-exhausted");
+}
+
+/// Three jobs, three writers each, commit to one table at the same time
+/// (with a slow catalog, so their commits overlap). Every row lands exactly
+/// once and each job has one snapshot per non-empty checkpoint.
+#[test]
+fn three_jobs_write_one_table_at_the_same_time() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    const JOB_ROWS: u64 = 4500;
+    let jobs: Vec<(String, TestJob)> = (0..3u64)
+        .map(|k| {
+            let id = format!("ice-concurrent-{k}");
+            let job = TestJob::iceberg(&id, warehouse.path(), TABLE, JOB_ROWS, k * JOB_ROWS, 3, 300);
+            (id, job)
+        })
+        .collect();
+    let summaries: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|(_, job)| {
+                scope.spawn(move || {
+                    job.run_with(&["sink.catalog.commit_delay_ms=15", "sink.options.commit_attempts=50"], None)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("job thread")).collect()
+    });
+    let mut conflicts = 0;
+    for ((id, _), summary) in jobs.iter().zip(summaries) {
+        let summary = summary.unwrap_or_else(|e| panic!("job {id} failed: {e}"));
+        assert_eq!(summary.rows_total, JOB_ROWS);
+        conflicts += summary.catalog_conflicts;
+    }
+    let table = read_iceberg(warehouse.path(), TABLE);
+    assert_exactly_once_range(&table.rows, 0, 3 * JOB_ROWS);
+    table.assert_no_checkpoint_twice();
+    for (id, _) in &jobs {
+        // 1500 rows per writer in rounds of 300: 5 non-empty checkpoints.
+        assert_eq!(table.snapshots_of(id), 5, "{id}: {:?}", table.commits);
+    }
+    eprintln!("three concurrent jobs: {conflicts} commit conflicts resolved by retry");
+}
+
+/// Partitioned tables (identity, day and hour transforms) land the same rows.
+#[test]
+fn partitioned_tables() {
+    for spec in ["day(day), identity(note)", "hour(ts)"] {
+        let warehouse = tempfile::tempdir().expect("warehouse");
+        let job = job("ice-partitioned", warehouse.path());
+        let set = format!("sink.options.partition_by={spec:?}");
+        job.run_with(&[&set], None).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        assert_landed_once(warehouse.path(), "ice-partitioned");
+        let table = read_iceberg(warehouse.path(), TABLE);
+        let fields: Vec<String> = table
+            .table
+            .metadata()
+            .default_partition_spec()
+            .fields()
+            .iter()
+            .map(|f| format!("{}:{}", f.name, f.transform))
+            .collect();
+        let expected = match spec {
+            "hour(ts)" => vec!["ts_hour:hour".to_string()],
+            _ => vec!["day_day:day".to_string(), "note:identity".to_string()],
+        };
+        assert_eq!(fields, expected);
+    }
+}
+
+/// A table whose schema does not fit the source is refused before any row is
+/// written, by `check` and by `run`, naming the column.
+#[test]
+fn schema_mismatch_is_a_clear_error_before_any_write() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let catalog = sluice_tests::catalog(warehouse.path());
+    let ident = iceberg::TableIdent::from_strs(["db", "events"]).expect("ident");
+    let request = r#"{"name":"events","schema":{"type":"struct","schema-id":0,"fields":[
+        {"id":1,"name":"id","required":true,"type":"string"},
+        {"id":2,"name":"qty","required":true,"type":"int"}]}}"#;
+    catalog.create_table(&ident, request).expect("creating the mismatched table");
+
+    let job = job("ice-mismatch", warehouse.path());
+    let loaded = job.load(&[]).expect("job file");
+    let report = sluice::engine::check(&loaded, sluice_tests::host());
+    let problems = report.problems.join("\n");
+    assert!(problems.contains("column `id` is long in the source but string in the table"), "{problems}");
+    assert!(problems.contains("source column `price` is not in the table"), "{problems}");
+
+    let err = job.run(None).expect_err("the run refuses the table");
+    assert!(err.to_string().contains("column `id` is long in the source but string in the table"), "{err}");
+    let table = read_iceberg_raw_snapshots(warehouse.path());
+    assert_eq!(table, 0, "nothing may be committed");
+}
+
+fn read_iceberg_raw_snapshots(warehouse: &Path) -> usize {
+    let ident = iceberg::TableIdent::from_strs(["db", "events"]).expect("ident");
+    let table = sluice_tests::catalog(warehouse).load(&ident).expect("table");
+    table.metadata().snapshots().count()
+}
+
+/// Without `create_table` a missing table is a config error naming the option.
+#[test]
+fn missing_table_without_create_is_a_config_error() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let job = job("ice-missing", warehouse.path());
+    let err = job.run_with(&["sink.options.create_table=false"], None).expect_err("refused");
+    let message = err.to_string();
+    assert!(message.contains("db.events does not exist") && message.contains("create_table"), "{message}");
+}
