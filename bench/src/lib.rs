@@ -4,6 +4,9 @@
 //! its table carries its ratio to a baseline measured in the same run on the
 //! same rows, because absolute times are noisy on shared machines.
 
+pub mod contention;
+pub mod report;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
