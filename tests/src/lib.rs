@@ -265,7 +265,10 @@ pub fn sluice_bin() -> PathBuf {
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf();
         let out = Command::new(cargo)
             .current_dir(&workspace)
-            .args(["build", "-p", "sluice", "--bin", "sluice", "--message-format=json-render-diagnostics"])
+            // `--workspace` resolves features as the outer `cargo test --workspace`
+            // does, so most crates are already built (`-p sluice` alone would
+            // rebuild every crate whose features differ).
+            .args(["build", "--workspace", "--bin", "sluice", "--message-format=json-render-diagnostics"])
             .output()
             .expect("running cargo build for the sluice binary");
         assert!(out.status.success(), "building sluice failed: {}", String::from_utf8_lossy(&out.stderr));
