@@ -100,12 +100,14 @@ pub fn chart(cells: &[Cell], writers: &[u32], path: &Path) -> Result<()> {
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(strategies.len())
+            // Ticks every half unit; only the group centres (i + 0.5) are named.
+            .x_labels(strategies.len() * 2 + 1)
             .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                strategies.get(i).map_or(String::new(), |s| s.name().to_string())
+                if (x.fract() - 0.5).abs() > 0.01 {
+                    return String::new();
+                }
+                strategies.get(x.floor() as usize).map_or(String::new(), |s| s.name().to_string())
             })
-            .x_label_offset(30)
             .draw()
             .map_err(|e| anyhow!("{e}"))?;
         let width = 0.8 / writers.len().max(1) as f64;
