@@ -361,7 +361,9 @@ pub fn read_iceberg(warehouse: &Path, table: &str) -> IcebergTable {
         scan.to_arrow().await.expect("scan to arrow").try_collect().await.expect("reading the table")
     });
     let schema = Generator::schema_ref();
-    let conformed: Vec<RecordBatch> = batches.iter().map(|b| conform(b, &schema)).collect();
+    // Iceberg spells the UTC zone `+00:00` and carries field ids; the values are what is compared.
+    let conformed: Vec<RecordBatch> =
+        batches.iter().map(|b| sluice_bench::conform(b, &schema).expect("cast to the generator's types")).collect();
     let all = arrow_select::concat::concat_batches(&schema, &conformed).expect("concat");
     let metadata = table.metadata();
     let mut commits = Vec::new();
@@ -376,20 +378,6 @@ pub fn read_iceberg(warehouse: &Path, table: &str) -> IcebergTable {
     }
     commits.reverse();
     IcebergTable { rows: sort_by_id(&all), commits, table }
-}
-
-/// Casts a batch read from a table to `schema` (Iceberg spells the UTC zone
-/// `+00:00` and carries field ids; the values are what is compared).
-pub fn conform(batch: &RecordBatch, schema: &arrow_schema::SchemaRef) -> RecordBatch {
-    let columns = schema
-        .fields()
-        .iter()
-        .map(|f| {
-            let col = batch.column_by_name(f.name()).unwrap_or_else(|| panic!("column {} missing", f.name()));
-            arrow_cast::cast(col, f.data_type()).expect("cast to the generator's type")
-        })
-        .collect();
-    RecordBatch::try_new(schema.clone(), columns).expect("conformed batch")
 }
 
 /// Asserts that `visible` holds every generator row with ids

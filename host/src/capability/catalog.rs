@@ -77,7 +77,6 @@ pub struct CatalogFaults {
 #[derive(Debug, Default)]
 pub struct CatalogStats {
     pub commit_calls: AtomicU64,
-    pub committed: AtomicU64,
     pub conflicts: AtomicU64,
 }
 
@@ -252,14 +251,8 @@ impl CatalogGrant {
         };
         let fault = self.faults.faults.iter().find(|(n, _)| *n == call).map(|(_, f)| *f);
         let result = runtime().block_on(self.commit_sql(ident, requirements, updates, fault));
-        match &result {
-            Ok(_) => {
-                self.stats.committed.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(CatalogError::Conflict(_)) => {
-                self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(_) => {}
+        if matches!(result, Err(CatalogError::Conflict(_))) {
+            self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
         }
         if fault == Some(CommitFault::LoseReply) && result.is_ok() {
             tracing::warn!(table = %ident, call, "injected fault: commit applied, reply dropped");
