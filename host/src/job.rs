@@ -8,6 +8,7 @@
 //!   behaves the same from any working directory;
 //! - after [`Job::load`] every path is absolute and every value in range.
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -161,6 +162,10 @@ pub struct SinkSpec {
     /// The Iceberg catalog the plugin may use (`iceberg-catalog` capability).
     #[serde(default)]
     pub catalog: Option<CatalogSpec>,
+    /// gRPC endpoints the plugin may call, by name (`grpc` capability):
+    /// `[sink.grpc.bigquery] address = "https://bigquerystorage.googleapis.com"`.
+    #[serde(default)]
+    pub grpc: BTreeMap<String, EndpointSpec>,
     #[serde(default)]
     pub sandbox: SandboxSpec,
 }
@@ -196,6 +201,27 @@ pub enum CatalogKind {
 
 fn default_catalog_name() -> String {
     "sluice".to_string()
+}
+
+/// One gRPC endpoint a plugin may call by name. Its credentials stay in the host.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointSpec {
+    /// `http://host:port` (plaintext) or `https://host[:port]` (TLS, system roots).
+    pub address: String,
+    /// Environment variable holding a bearer token (sent as `authorization: Bearer ...`).
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// File holding a bearer token (relative to the job file).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// How long to wait for a connection.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    5_000
 }
 
 /// What the plugin may touch. Nothing else is reachable.

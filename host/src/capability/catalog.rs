@@ -24,8 +24,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use iceberg::io::LocalFsStorageFactory;
@@ -99,20 +99,6 @@ impl std::fmt::Debug for CatalogGrant {
     }
 }
 
-/// The host's runtime for catalog I/O; plugin calls block on it from their
-/// own threads.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sluice-catalog")
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("cannot start the catalog runtime: {e}"))
-    })
-}
-
 fn to_file_uri(path: &Path) -> String {
     format!("file://{}", path.display())
 }
@@ -132,7 +118,7 @@ impl CatalogGrant {
         }
         let uri = format!("sqlite:{}?mode=rwc", database.display());
         let open_err = |message: String| CatalogSetupError::Open { uri: uri.clone(), message };
-        let rt = runtime();
+        let rt = super::runtime();
         let sql = rt
             .block_on(
                 SqlCatalogBuilder::default()
@@ -171,7 +157,7 @@ impl CatalogGrant {
 
     /// Loads a table (for the host's own checks and for tests).
     pub fn load(&self, ident: &TableIdent) -> Result<Table, CatalogError> {
-        runtime().block_on(self.sql.load_table(ident)).map_err(load_error)
+        super::runtime().block_on(self.sql.load_table(ident)).map_err(load_error)
     }
 
     fn load_table(&self, ident: &TableIdent) -> Result<LoadedTable, CatalogError> {
@@ -205,7 +191,7 @@ impl CatalogGrant {
             .partition_spec_opt(request.partition_spec)
             .properties(request.properties)
             .build();
-        runtime().block_on(async {
+        super::runtime().block_on(async {
             if !self.sql.namespace_exists(&namespace).await.map_err(other)? {
                 // Another job may create it at the same moment: that is fine.
                 if let Err(e) = self.sql.create_namespace(&namespace, HashMap::new()).await
@@ -250,7 +236,7 @@ impl CatalogGrant {
             }
         };
         let fault = self.faults.faults.iter().find(|(n, _)| *n == call).map(|(_, f)| *f);
-        let result = runtime().block_on(self.commit_sql(ident, requirements, updates, fault));
+        let result = super::runtime().block_on(self.commit_sql(ident, requirements, updates, fault));
         if matches!(result, Err(CatalogError::Conflict(_))) {
             self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
         }

@@ -10,6 +10,7 @@ use super::{CrashPoint, EngineError, Fault, RunOptions, backoff};
 use crate::capability::Granted;
 use crate::capability::catalog::{CatalogFaults, CatalogGrant, CommitFault};
 use crate::capability::file_io::{FileGrants, MemoryStore};
+use crate::capability::grpc::GrpcGrant;
 use crate::ipc;
 use crate::job::CatalogKind;
 use crate::job::{Job, JobError};
@@ -125,7 +126,8 @@ fn grants(job: &Job, faults: &[(u64, CommitFault)]) -> Result<Granted, EngineErr
         }
     };
     let files = FileGrants::new(&job.base_dir, &locations, &g.read_locations, Arc::new(MemoryStore::default()))?;
-    Ok(Granted { files: Arc::new(files), catalog })
+    let grpc = GrpcGrant::open(&job.spec.sink.grpc, &job.base_dir).map_err(|e| EngineError::Grpc(e.to_string()))?;
+    Ok(Granted { files: Arc::new(files), catalog, grpc: Arc::new(grpc) })
 }
 
 /// Result of `sluice check`.

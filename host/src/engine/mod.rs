@@ -97,6 +97,8 @@ pub enum EngineError {
     Source(#[from] SourceError),
     #[error("job file: key `sink.catalog`: {0}")]
     Catalog(String),
+    #[error("job file: {0}")]
+    Grpc(String),
     #[error("job file: key `sink.grants`: {0}")]
     Grant(#[from] GrantError),
     #[error(

@@ -11,6 +11,8 @@ wasmtime::component::bindgen!({
         // an injected crash is a trap.
         "sluice:connector/file-io": trappable,
         "sluice:connector/iceberg-catalog": trappable,
+        // A successful unary call is a side effect an injected crash may follow.
+        "sluice:connector/grpc": trappable,
         default: tracing,
     },
     // Calls into the plugin borrow their arguments: a batch is not copied
@@ -18,6 +20,7 @@ wasmtime::component::bindgen!({
     ownership: Borrowing { duplicate_if_necessary: true },
     with: {
         "sluice:connector/file-io.output-file": crate::capability::file_io::OutputFileHandle,
+        "sluice:connector/grpc.bidi-stream": crate::capability::grpc::BidiStream,
     },
 });
 

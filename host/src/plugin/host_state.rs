@@ -9,6 +9,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use crate::capability::catalog::CatalogGrant;
 use crate::capability::fault::SideEffectFault;
 use crate::capability::file_io::FileIo;
+use crate::capability::grpc::GrpcGrant;
 use crate::plugin::sandbox::GuestOutput;
 
 /// Names an instance in logs and errors: `files` / `writer[2]`.
@@ -25,6 +26,7 @@ pub struct HostState {
     pub(crate) tag: InstanceTag,
     pub(crate) file_io: FileIo,
     pub(crate) catalog: Option<Arc<CatalogGrant>>,
+    pub(crate) grpc: Arc<GrpcGrant>,
     pub(crate) fault: SideEffectFault,
     pub(crate) stderr: GuestOutput,
 }

@@ -203,6 +203,7 @@ impl PluginHost {
                     .map_err(|e| PluginError::Setup(e.to_string()))?,
             ),
             catalog: None,
+            grpc: Arc::default(),
         };
         let mut probe = plugin.instantiate("describe", &no_grants, limits)?;
         let info = probe.describe()?;
@@ -258,6 +259,7 @@ impl Plugin {
             tag: tag.clone(),
             file_io: FileIo { grants: grants.files.clone() },
             catalog: grants.catalog.clone(),
+            grpc: grants.grpc.clone(),
             fault: SideEffectFault::default(),
             stderr,
         };

@@ -1,0 +1,395 @@
+//! The `grpc` capability: unary and bidirectional-streaming gRPC calls to the
+//! endpoints the job file names (`[sink.grpc.<name>]`), over tonic.
+//!
+//! Invariants:
+//! - a plugin names an endpoint, never an address; a name the job file does
+//!   not map is `denied`, and nothing else is reachable;
+//! - credentials (a bearer token from an environment variable or a file)
+//!   are read by the host and added as the `authorization` header; they never
+//!   cross into the guest;
+//! - `https` addresses use TLS with the system roots;
+//! - messages cross as raw protobuf bytes ([`RawCodec`]): the host never
+//!   decodes them, so any protobuf API works without rebuilding the engine;
+//! - every non-OK status reaches the guest with its code, message and the
+//!   `grpc-status-details-bin` bytes (a serialized `google.rpc.Status`);
+//! - no call blocks forever: unary calls and `receive` carry a deadline.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Status};
+
+use crate::job::EndpointSpec;
+use crate::plugin::bindings::sluice::connector::grpc::{self as wit, GrpcError};
+use crate::plugin::host_state::HostState;
+
+/// Largest message accepted from a server (BigQuery's own limit on a request
+/// is 10 MB; replies are far smaller).
+const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+/// Longest a single call may wait, whatever the plugin asks.
+const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// An endpoint that cannot be set up, named by its key in `[sink.grpc]`.
+#[derive(Debug, Error)]
+pub enum GrpcSetupError {
+    #[error("sink.grpc.{name}: address {address:?} is not a valid http:// or https:// URI: {message}")]
+    Address { name: String, address: String, message: String },
+    #[error("sink.grpc.{name}: the token environment variable {var} is not set")]
+    TokenEnv { name: String, var: String },
+    #[error("sink.grpc.{name}: cannot read the token file {path}: {source}")]
+    TokenFile { name: String, path: String, source: std::io::Error },
+    #[error("sink.grpc.{name}: the token is empty or not a valid header value")]
+    TokenValue { name: String },
+    #[error("sink.grpc.{name}: set at most one of token_env and token_file")]
+    TwoTokens { name: String },
+    #[error("sink.grpc.{name}: TLS setup failed: {message}")]
+    Tls { name: String, message: String },
+}
+
+struct GrantedEndpoint {
+    address: String,
+    channel: Channel,
+    authorization: Option<AsciiMetadataValue>,
+}
+
+/// The endpoints one plugin may call, shared by its instances.
+#[derive(Default)]
+pub struct GrpcGrant {
+    endpoints: BTreeMap<String, GrantedEndpoint>,
+}
+
+impl std::fmt::Debug for GrpcGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never prints the credentials.
+        f.debug_struct("GrpcGrant").field("endpoints", &self.describe()).finish()
+    }
+}
+
+impl GrpcGrant {
+    /// Resolves the job file's endpoints: addresses, credentials, TLS.
+    /// Channels connect lazily, so an unreachable address surfaces on the
+    /// first call, as UNAVAILABLE naming the endpoint.
+    pub fn open(specs: &BTreeMap<String, EndpointSpec>, base_dir: &Path) -> Result<Self, GrpcSetupError> {
+        let mut endpoints = BTreeMap::new();
+        for (name, spec) in specs {
+            let authorization = token(name, spec, base_dir)?;
+            let address_error = |message: String| GrpcSetupError::Address {
+                name: name.clone(),
+                address: spec.address.clone(),
+                message,
+            };
+            let uri: tonic::transport::Uri = spec.address.parse().map_err(|e| address_error(format!("{e}")))?;
+            let scheme = uri.scheme_str().unwrap_or_default().to_string();
+            if scheme != "http" && scheme != "https" {
+                return Err(address_error("the scheme must be http or https".into()));
+            }
+            let mut endpoint =
+                Endpoint::from(uri).connect_timeout(Duration::from_millis(spec.connect_timeout_ms)).tcp_nodelay(true);
+            if scheme == "https" {
+                endpoint = endpoint
+                    .tls_config(ClientTlsConfig::new().with_native_roots())
+                    .map_err(|e| GrpcSetupError::Tls { name: name.clone(), message: e.to_string() })?;
+            }
+            // `connect_lazy` spawns the channel's worker: it needs the runtime.
+            let _guard = super::runtime().enter();
+            let channel = endpoint.connect_lazy();
+            endpoints.insert(name.clone(), GrantedEndpoint { address: spec.address.clone(), channel, authorization });
+        }
+        Ok(Self { endpoints })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    /// `grpc: bigquery → http://127.0.0.1:9060 (bearer token)`.
+    pub fn describe(&self) -> String {
+        let list: Vec<String> = self
+            .endpoints
+            .iter()
+            .map(|(name, e)| {
+                let auth = if e.authorization.is_some() { " (bearer token)" } else { "" };
+                format!("{name} → {}{auth}", e.address)
+            })
+            .collect();
+        format!("grpc: {}", list.join(", "))
+    }
+
+    fn endpoint(
+        &self,
+        name: &str,
+        method: &str,
+    ) -> Result<(&GrantedEndpoint, tonic::codegen::http::uri::PathAndQuery), GrpcError> {
+        let Some(endpoint) = self.endpoints.get(name) else {
+            let known: Vec<&str> = self.endpoints.keys().map(String::as_str).collect();
+            return Err(GrpcError::Denied(format!(
+                "endpoint `{name}` is not granted: the job file's [sink.grpc] names {}",
+                if known.is_empty() { "no endpoint".to_string() } else { known.join(", ") }
+            )));
+        };
+        let path = match tonic::codegen::http::uri::PathAndQuery::from_str(method) {
+            Ok(p) if method.starts_with('/') && method.len() > 1 => p,
+            _ => {
+                return Err(GrpcError::Denied(format!(
+                    "method {method:?} is not a gRPC method path like /package.Service/Method"
+                )));
+            }
+        };
+        Ok((endpoint, path))
+    }
+
+    /// One unary call, bounded by `timeout`.
+    pub fn unary(&self, name: &str, method: &str, request: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, GrpcError> {
+        let (endpoint, path) = self.endpoint(name, method)?;
+        let timeout = timeout.min(MAX_TIMEOUT);
+        let mut grpc = tonic::client::Grpc::new(endpoint.channel.clone()).max_decoding_message_size(MAX_MESSAGE);
+        let mut req = tonic::Request::new(request);
+        req.set_timeout(timeout);
+        if let Some(auth) = &endpoint.authorization {
+            req.metadata_mut().insert("authorization", auth.clone());
+        }
+        let call = async move {
+            grpc.ready().await.map_err(|e| Status::unavailable(format!("endpoint not ready: {e}")))?;
+            grpc.unary(req, path, RawCodec).await
+        };
+        let result = super::runtime().block_on(async {
+            match tokio::time::timeout(timeout, call).await {
+                Ok(r) => r,
+                Err(_) => Err(Status::deadline_exceeded(format!("no reply within {} ms", timeout.as_millis()))),
+            }
+        });
+        result.map(tonic::Response::into_inner).map_err(|s| status(name, s))
+    }
+
+    /// Starts a bidirectional streaming call.
+    pub fn open_stream(&self, name: &str, method: &str) -> Result<BidiStream, GrpcError> {
+        let (endpoint, path) = self.endpoint(name, method)?;
+        let (req_tx, req_rx) = mpsc::channel::<Vec<u8>>(8);
+        let (resp_tx, resp_rx) = mpsc::channel::<Result<Vec<u8>, Status>>(64);
+        let mut grpc = tonic::client::Grpc::new(endpoint.channel.clone()).max_decoding_message_size(MAX_MESSAGE);
+        let mut req = tonic::Request::new(ReceiverStream::new(req_rx));
+        if let Some(auth) = &endpoint.authorization {
+            req.metadata_mut().insert("authorization", auth.clone());
+        }
+        // The call runs on the host runtime; the guest talks to it through the
+        // two queues. A server may withhold its response headers until it has
+        // read a request, so the call must not be awaited before the first send.
+        super::runtime().spawn(async move {
+            if let Err(e) = grpc.ready().await {
+                let _ = resp_tx.send(Err(Status::unavailable(format!("endpoint not ready: {e}")))).await;
+                return;
+            }
+            match grpc.streaming(req, path, RawCodec).await {
+                Err(status) => {
+                    let _ = resp_tx.send(Err(status)).await;
+                }
+                Ok(response) => {
+                    let mut messages = response.into_inner();
+                    loop {
+                        match messages.message().await {
+                            Ok(Some(m)) => {
+                                if resp_tx.send(Ok(m)).await.is_err() {
+                                    break;
+                                }
+                            }
+                            // Dropping `resp_tx` tells the guest the call ended with OK.
+                            Ok(None) => break,
+                            Err(status) => {
+                                let _ = resp_tx.send(Err(status)).await;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(BidiStream { endpoint: name.to_string(), requests: Some(req_tx), replies: resp_rx })
+    }
+}
+
+fn token(name: &str, spec: &EndpointSpec, base_dir: &Path) -> Result<Option<AsciiMetadataValue>, GrpcSetupError> {
+    let raw = match (&spec.token_env, &spec.token_file) {
+        (Some(_), Some(_)) => return Err(GrpcSetupError::TwoTokens { name: name.to_string() }),
+        (None, None) => return Ok(None),
+        (Some(var), None) => {
+            std::env::var(var).map_err(|_| GrpcSetupError::TokenEnv { name: name.to_string(), var: var.clone() })?
+        }
+        (None, Some(file)) => {
+            let path = base_dir.join(file);
+            std::fs::read_to_string(&path).map_err(|source| GrpcSetupError::TokenFile {
+                name: name.to_string(),
+                path: path.display().to_string(),
+                source,
+            })?
+        }
+    };
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Err(GrpcSetupError::TokenValue { name: name.to_string() });
+    }
+    let mut value: AsciiMetadataValue = MetadataValue::try_from(format!("Bearer {raw}"))
+        .map_err(|_| GrpcSetupError::TokenValue { name: name.to_string() })?;
+    value.set_sensitive(true);
+    Ok(Some(value))
+}
+
+fn status(endpoint: &str, s: Status) -> GrpcError {
+    let code = s.code();
+    let mut message = s.message().to_string();
+    if matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown) {
+        // Transport errors arrive without naming where they went.
+        message = format!("endpoint `{endpoint}`: {message}");
+    }
+    GrpcError::Status(wit::Status { code: code as i32 as u32, message, details: s.details().to_vec() })
+}
+
+/// One streaming call of a plugin instance (the `bidi-stream` resource).
+pub struct BidiStream {
+    endpoint: String,
+    requests: Option<mpsc::Sender<Vec<u8>>>,
+    replies: mpsc::Receiver<Result<Vec<u8>, Status>>,
+}
+
+impl BidiStream {
+    fn send(&mut self, message: Vec<u8>) -> Result<(), GrpcError> {
+        let Some(tx) = &self.requests else {
+            return Err(status(&self.endpoint, Status::failed_precondition("the stream has already ended")));
+        };
+        if super::runtime().block_on(tx.send(message)).is_ok() {
+            return Ok(());
+        }
+        // The call is over: report how it ended.
+        self.requests = None;
+        match self.replies.try_recv() {
+            Ok(Err(s)) => Err(status(&self.endpoint, s)),
+            _ => Err(status(&self.endpoint, Status::unavailable("the stream ended before the message was sent"))),
+        }
+    }
+
+    fn receive(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, GrpcError> {
+        let timeout = timeout.min(MAX_TIMEOUT);
+        let replies = &mut self.replies;
+        // The timer must be made inside the runtime.
+        match super::runtime().block_on(async move { tokio::time::timeout(timeout, replies.recv()).await }) {
+            Err(_) => Err(status(
+                &self.endpoint,
+                Status::deadline_exceeded(format!("no reply on the stream within {} ms", timeout.as_millis())),
+            )),
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(m))) => Ok(Some(m)),
+            Ok(Some(Err(s))) => {
+                self.requests = None;
+                Err(status(&self.endpoint, s))
+            }
+        }
+    }
+}
+
+/// Passes message bytes through untouched: the plugin owns the encoding.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+        let mut out = vec![0; src.remaining()];
+        src.copy_to_slice(&mut out);
+        Ok(Some(out))
+    }
+}
+
+fn no_grpc() -> GrpcError {
+    GrpcError::Denied("this sink has no gRPC endpoints: name them in the job file's [sink.grpc.<name>]".to_string())
+}
+
+impl wit::Host for HostState {
+    fn unary(
+        &mut self,
+        endpoint: String,
+        method: String,
+        request: Vec<u8>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Vec<u8>, GrpcError>> {
+        if self.grpc.is_empty() {
+            return Ok(Err(no_grpc()));
+        }
+        let result = self.grpc.unary(&endpoint, &method, request, Duration::from_millis(u64::from(timeout_ms)));
+        if result.is_ok() {
+            // A crash "during commit" happens right after the call's effect.
+            self.fault.after_side_effect()?;
+        }
+        Ok(result)
+    }
+}
+
+impl wit::HostBidiStream for HostState {
+    fn open(
+        &mut self,
+        endpoint: String,
+        method: String,
+    ) -> wasmtime::Result<Result<wasmtime::component::Resource<BidiStream>, GrpcError>> {
+        if self.grpc.is_empty() {
+            return Ok(Err(no_grpc()));
+        }
+        match self.grpc.open_stream(&endpoint, &method) {
+            Ok(stream) => Ok(Ok(self.table.push(stream)?)),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    fn send(
+        &mut self,
+        stream: wasmtime::component::Resource<BidiStream>,
+        message: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), GrpcError>> {
+        Ok(self.table.get_mut(&stream)?.send(message))
+    }
+
+    fn receive(
+        &mut self,
+        stream: wasmtime::component::Resource<BidiStream>,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, GrpcError>> {
+        Ok(self.table.get_mut(&stream)?.receive(Duration::from_millis(u64::from(timeout_ms))))
+    }
+
+    fn drop(&mut self, stream: wasmtime::component::Resource<BidiStream>) -> wasmtime::Result<()> {
+        self.table.delete(stream)?;
+        Ok(())
+    }
+}
