@@ -1,0 +1,256 @@
+//! A test double of the BigQuery Storage Write API (`BigQueryWrite`), served
+//! by tonic over loopback, faithful to the documented semantics it covers:
+//! CreateWriteStream (COMMITTED, PENDING, BUFFERED), AppendRows with strict
+//! offsets and in-band errors carrying `StorageError` details, FlushRows
+//! (inclusive, cumulative), FinalizeWriteStream, GetWriteStream,
+//! BatchCommitWriteStreams, and a way to read back the **visible** rows.
+//!
+//! Invariants:
+//! - rows become visible only as the stream type says (see [`state`]);
+//! - an append is applied whole or not at all;
+//! - injected faults ([`Fault`]) act at a precise point: before applying, or
+//!   after applying and instead of the reply.
+//!
+//! Quotes in the code come from the API reference,
+//! https://cloud.google.com/bigquery/docs/reference/storage/rpc/google.cloud.bigquery.storage.v1.
+
+pub mod schema;
+mod service;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+pub use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1 as proto;
+use proto::table_field_schema::{Mode, Type};
+use proto::{TableFieldSchema, TableSchema};
+use thiserror::Error;
+
+/// The RPCs a fault can target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rpc {
+    /// One AppendRows *request* (a message on the stream).
+    Append,
+    FlushRows,
+    CreateWriteStream,
+}
+
+/// What an injected fault does to the nth call of an [`Rpc`] (counted from 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Apply the call, then lose the reply: the connection breaks with
+    /// UNAVAILABLE instead (the stream ends, for AppendRows).
+    ApplyThenDropReply,
+    /// Fail without applying, with an in-band INTERNAL error ("INTERNAL:
+    /// Indicates server side error(s) that can be retried"); the stream stays open.
+    FailBeforeApply,
+    /// Fail without applying, the connection breaking with UNAVAILABLE.
+    Unavailable,
+    /// Answer OUT_OF_RANGE / OFFSET_OUT_OF_RANGE without applying, as when
+    /// the client's offset and the stream disagree.
+    OutOfRange,
+    /// Wait this long, then proceed normally.
+    Delay(Duration),
+}
+
+#[derive(Debug, Error)]
+pub enum DoubleError {
+    #[error("cannot bind the test double to {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("cannot start the test double's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Counters of what the double saw.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub streams_created: u64,
+    pub append_requests: u64,
+    pub rows_appended: u64,
+    pub already_exists: u64,
+    pub flush_calls: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub(crate) inner: Mutex<state::Inner>,
+    pub(crate) faults: Mutex<Vec<(Rpc, u64, Fault)>>,
+    pub(crate) calls: Mutex<std::collections::HashMap<Rpc, u64>>,
+    pub(crate) stats: Mutex<Stats>,
+    /// When set, every call must carry `authorization: Bearer <token>`.
+    pub(crate) token: Mutex<Option<String>>,
+}
+
+impl Shared {
+    pub(crate) fn inner(&self) -> MutexGuard<'_, state::Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    pub(crate) fn stats(&self) -> MutexGuard<'_, Stats> {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Counts a call and returns the fault aimed at it, if any.
+    pub(crate) fn next_call(&self, rpc: Rpc) -> Option<Fault> {
+        let n = {
+            let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+            let n = calls.entry(rpc).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        faults.iter().find(|(r, nth, _)| *r == rpc && *nth == n).map(|(_, _, f)| *f)
+    }
+}
+
+/// A running double. Dropping it stops the server.
+pub struct BigQueryDouble {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BigQueryDouble {
+    /// Starts on 127.0.0.1 with a port the OS picks.
+    pub fn start() -> Result<Self, DoubleError> {
+        Self::start_on("127.0.0.1:0")
+    }
+
+    /// Starts on `addr`, serving from its own runtime thread.
+    pub fn start_on(addr: &str) -> Result<Self, DoubleError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("bigquery-double")
+            .enable_all()
+            .build()
+            .map_err(DoubleError::Runtime)?;
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .map_err(|source| DoubleError::Bind { addr: addr.to_string(), source })?;
+        let local = listener.local_addr().map_err(|source| DoubleError::Bind { addr: addr.to_string(), source })?;
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let svc = service::BigQueryWriteService { shared: shared.clone() };
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let served = tonic::transport::Server::builder()
+                    .tcp_nodelay(true)
+                    .add_service(svc)
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = rx.await;
+                    })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!("bigquery double stopped: {e}");
+                }
+            });
+        });
+        Ok(Self { shared, addr: local, shutdown: Some(tx), thread: Some(thread) })
+    }
+
+    /// `http://127.0.0.1:PORT`, for a job's `[sink.grpc.<name>] address`.
+    pub fn address(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn socket_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Creates (or replaces) a table: `projects/{p}/datasets/{d}/tables/{t}`.
+    pub fn create_table(&self, table: &str, schema: TableSchema) {
+        self.shared.inner().tables.insert(table.to_string(), state::Table { schema });
+    }
+
+    /// Requires `authorization: Bearer <token>` on every call; others get
+    /// UNAUTHENTICATED ("The request does not have valid authentication
+    /// credentials for the operation").
+    pub fn require_token(&self, token: &str) {
+        *self.shared.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.to_string());
+    }
+
+    /// Aims `fault` at the `nth` call of `rpc` (counted from 1 since start).
+    pub fn inject(&self, rpc: Rpc, nth: u64, fault: Fault) {
+        self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()).push((rpc, nth, fault));
+    }
+
+    /// How many calls of `rpc` the double has seen.
+    pub fn calls(&self, rpc: Rpc) -> u64 {
+        self.shared.calls.lock().unwrap_or_else(|p| p.into_inner()).get(&rpc).copied().unwrap_or(0)
+    }
+
+    pub fn stats(&self) -> Stats {
+        *self.shared.stats()
+    }
+
+    /// The rows readers of `table` see now, decoded with the writer schema
+    /// they were appended with.
+    pub fn visible_rows(&self, table: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        let batches = self.visible_batches(table);
+        batches.iter().flat_map(|b| b.rows.iter().map(move |r| schema::to_json(&b.descriptor, r))).collect()
+    }
+
+    /// Number of visible rows of `table` (cheap: nothing is decoded).
+    pub fn visible_count(&self, table: &str) -> u64 {
+        self.visible_batches(table).iter().map(|b| b.rows.len() as u64).sum()
+    }
+
+    fn visible_batches(&self, table: &str) -> Vec<state::StoredRows> {
+        let inner = self.shared.inner();
+        let mut out = Vec::new();
+        for stream in inner.streams.values().filter(|s| s.table == table) {
+            let mut left = stream.visible();
+            for b in &stream.batches {
+                if left <= 0 {
+                    break;
+                }
+                let take = (b.rows.len() as i64).min(left);
+                left -= take;
+                out.push(state::StoredRows {
+                    descriptor: b.descriptor.clone(),
+                    rows: b.rows[..take as usize].to_vec(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Rows appended to `table`'s streams but not visible (never flushed).
+    pub fn invisible_count(&self, table: &str) -> u64 {
+        let inner = self.shared.inner();
+        inner.streams.values().filter(|s| s.table == table).map(|s| (s.len - s.visible()) as u64).sum()
+    }
+}
+
+impl Drop for BigQueryDouble {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A column of a table schema.
+pub fn column(name: &str, ty: Type, mode: Mode) -> TableFieldSchema {
+    TableFieldSchema { name: name.to_string(), r#type: ty as i32, mode: mode as i32, ..Default::default() }
+}
+
+/// The schema of the rows Sluice's `generator` source produces.
+pub fn generator_schema() -> TableSchema {
+    TableSchema {
+        fields: vec![
+            column("id", Type::Int64, Mode::Required),
+            column("qty", Type::Int64, Mode::Required),
+            column("price", Type::Double, Mode::Required),
+            TableFieldSchema { precision: 18, scale: 2, ..column("amount", Type::Numeric, Mode::Required) },
+            column("name", Type::String, Mode::Required),
+            column("note", Type::String, Mode::Nullable),
+            column("day", Type::Date, Mode::Required),
+            column("ts", Type::Timestamp, Mode::Required),
+        ],
+    }
+}

@@ -1,0 +1,99 @@
+//! Tables and write streams, with the semantics the Storage Write API
+//! documents (google.cloud.bigquery.storage.v1, `storage.proto` and
+//! `stream.proto`; https://cloud.google.com/bigquery/docs/reference/storage/rpc).
+//!
+//! - A stream's rows have offsets 0, 1, 2, ... in append order.
+//! - BUFFERED: "Data is only visible up to the offset to which it was
+//!   flushed" (WriteStream.Type.BUFFERED). FlushRows "flushes up to any
+//!   previously flushed offset in a BUFFERED stream, to the offset specified
+//!   in the request" and the response's offset means "the rows before this
+//!   offset (including this offset) are flushed": inclusive and cumulative.
+//! - COMMITTED and the `_default` stream: rows are visible as soon as the
+//!   append is acknowledged. PENDING: visible after BatchCommitWriteStreams,
+//!   which needs the streams finalized.
+//! - A finalized stream takes no more appends (`STREAM_FINALIZED`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
+    TableSchema, write_stream::Type as StreamType,
+};
+use prost_reflect::MessageDescriptor;
+
+/// Rows of one acknowledged append, with the descriptor that decodes them.
+#[derive(Clone)]
+pub struct StoredRows {
+    pub descriptor: Arc<MessageDescriptor>,
+    pub rows: Vec<Vec<u8>>,
+}
+
+pub struct Stream {
+    pub table: String,
+    pub kind: StreamType,
+    pub batches: Vec<StoredRows>,
+    /// Number of rows appended (the next offset).
+    pub len: i64,
+    /// Rows visible in a BUFFERED stream: offsets `< flushed`.
+    pub flushed: i64,
+    pub finalized: bool,
+    pub committed: bool,
+}
+
+impl Stream {
+    pub fn new(table: &str, kind: StreamType) -> Self {
+        Self {
+            table: table.to_string(),
+            kind,
+            batches: Vec::new(),
+            len: 0,
+            flushed: 0,
+            finalized: false,
+            committed: false,
+        }
+    }
+
+    /// How many leading rows readers see.
+    pub fn visible(&self) -> i64 {
+        match self.kind {
+            StreamType::Committed | StreamType::Unspecified => self.len,
+            StreamType::Buffered => self.flushed,
+            StreamType::Pending => {
+                if self.committed {
+                    self.len
+                } else {
+                    0
+                }
+            }
+        }
+    }
+}
+
+pub struct Table {
+    pub schema: TableSchema,
+}
+
+#[derive(Default)]
+pub struct Inner {
+    pub tables: HashMap<String, Table>,
+    pub streams: HashMap<String, Stream>,
+    pub next_stream: u64,
+}
+
+impl Inner {
+    /// The table a stream name belongs to, and whether it names `_default`.
+    pub fn default_stream_table(name: &str) -> Option<&str> {
+        name.strip_suffix("/streams/_default")
+    }
+
+    /// Resolves `_default` streams lazily (they always exist for a table).
+    pub fn stream_mut(&mut self, name: &str) -> Option<&mut Stream> {
+        if !self.streams.contains_key(name)
+            && let Some(table) = Self::default_stream_table(name)
+            && self.tables.contains_key(table)
+        {
+            self.streams.insert(name.to_string(), Stream::new(table, StreamType::Committed));
+        }
+        self.streams.get_mut(name)
+    }
+}
