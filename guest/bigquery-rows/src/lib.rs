@@ -1,0 +1,540 @@
+//! Arrow record batches to BigQuery Storage Write `ProtoRows`.
+//!
+//! [`RowEncoder::new`] maps each Arrow column to a BigQuery column type and
+//! builds the proto2 `writer_schema` (a self-contained `DescriptorProto`,
+//! nested types for STRUCT columns). [`RowEncoder::encode`] turns a batch
+//! into serialized rows of that message.
+//!
+//! The mapping follows the Storage Write API's data type conversions
+//! (https://cloud.google.com/bigquery/docs/write-api#data_type_conversions):
+//!
+//! | Arrow                                   | BigQuery    | proto field            |
+//! |-----------------------------------------|-------------|------------------------|
+//! | Int8/16/32/64, UInt8/16/32              | INT64       | int64                  |
+//! | Float16/32/64                           | FLOAT64     | double                 |
+//! | Decimal128 (scale ≤ 9, ≤ 29 int digits) | NUMERIC     | string ("-12.34")      |
+//! | Decimal128, Decimal256                  | BIGNUMERIC  | string                 |
+//! | Boolean                                 | BOOL        | bool                   |
+//! | Utf8, LargeUtf8, Utf8View               | STRING/JSON | string                 |
+//! | Binary, LargeBinary, FixedSizeBinary    | BYTES       | bytes                  |
+//! | Date32, Date64                          | DATE        | int32 (days)           |
+//! | Timestamp with a time zone              | TIMESTAMP   | int64 (µs since epoch) |
+//! | Timestamp without a time zone           | DATETIME    | string (civil time)    |
+//! | List/LargeList of one of the above      | REPEATED    | repeated field         |
+//! | Struct                                  | STRUCT      | nested message         |
+//!
+//! Invariants:
+//! - every mismatch or unsupported type is found by `new`, before any row is
+//!   written, and named by its column path;
+//! - a null value is an absent field; a null list is an empty REPEATED field
+//!   (BigQuery stores no NULL arrays).
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Date32Type, Date64Type, Decimal128Type, Decimal256Type, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type,
+    Int32Type, Int64Type, TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+    TimestampSecondType, UInt8Type, UInt16Type, UInt32Type,
+};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
+    ProtoSchema, TableFieldSchema, TableSchema,
+    table_field_schema::{Mode, Type},
+};
+use prost::encoding::{WireType, encode_key, encode_varint};
+use prost_types::field_descriptor_proto::{Label, Type as ProtoType};
+use prost_types::{DescriptorProto, FieldDescriptorProto};
+use thiserror::Error;
+
+/// Name of the writer schema's top-level message.
+pub const ROW_MESSAGE: &str = "sluice_row";
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SchemaError {
+    #[error("column `{column}`: Arrow type {arrow} is not supported by the BigQuery sink ({hint})")]
+    Unsupported { column: String, arrow: String, hint: String },
+    #[error("column `{column}` is not in the BigQuery table (its columns: {columns})")]
+    NotInTable { column: String, columns: String },
+    #[error("column `{column}`: Arrow type {arrow} cannot land in the BigQuery column of type {bigquery}")]
+    Mismatch { column: String, arrow: String, bigquery: String },
+    #[error("column `{column}` may hold nulls, but the BigQuery table declares it REQUIRED")]
+    NullableIntoRequired { column: String },
+    #[error("column `{column}`: the table declares it {table_mode}, the rows give {source_mode}")]
+    Mode { column: String, table_mode: String, source_mode: String },
+    #[error("the BigQuery table has a REQUIRED column `{column}` the rows do not have")]
+    MissingRequired { column: String },
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum EncodeError {
+    #[error("batch column {index} (`{name}`) has type {found}, but the writer was opened for {expected}")]
+    Schema { index: usize, name: String, found: String, expected: String },
+    #[error("batch has {found} columns, the writer was opened for {expected}")]
+    Columns { found: usize, expected: usize },
+}
+
+/// How one column's values become a proto field.
+#[derive(Debug, Clone)]
+enum Conv {
+    Int64,
+    Double,
+    Bool,
+    String,
+    Bytes,
+    Date,
+    /// TIMESTAMP: µs since the epoch, from this unit.
+    Timestamp(TimeUnit),
+    /// DATETIME: civil time as text, from this unit.
+    Datetime(TimeUnit),
+    /// NUMERIC / BIGNUMERIC text with this scale.
+    Decimal(i8),
+    Struct(Vec<Plan>),
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    tag: u32,
+    repeated: bool,
+    conv: Conv,
+}
+
+/// Encodes batches of one Arrow schema as rows of one writer schema.
+#[derive(Debug, Clone)]
+pub struct RowEncoder {
+    arrow: Arc<Schema>,
+    plans: Vec<Plan>,
+    descriptor: DescriptorProto,
+}
+
+fn bq_type_name(t: i32) -> String {
+    Type::try_from(t).map(|t| t.as_str_name().to_string()).unwrap_or_else(|_| format!("type {t}"))
+}
+
+impl RowEncoder {
+    /// Plans the encoding of `arrow`. With `table`, checks every column
+    /// against the table's schema first.
+    pub fn new(arrow: Arc<Schema>, table: Option<&TableSchema>) -> Result<Self, SchemaError> {
+        let columns = table.map(|t| t.fields.as_slice());
+        let (plans, descriptor) = plan_fields(arrow.fields(), columns, ROW_MESSAGE, "", &format!(".{ROW_MESSAGE}"))?;
+        Ok(Self { arrow, plans, descriptor })
+    }
+
+    /// The `writer_schema` for AppendRows.
+    pub fn writer_schema(&self) -> ProtoSchema {
+        ProtoSchema { proto_descriptor: Some(self.descriptor.clone()) }
+    }
+
+    /// The BigQuery table schema these rows would create (for tests and tools).
+    pub fn table_schema(arrow: &Schema) -> Result<TableSchema, SchemaError> {
+        Ok(TableSchema { fields: arrow.fields().iter().map(|f| table_field(f, "")).collect::<Result<_, _>>()? })
+    }
+
+    /// Serializes every row of `batch`, appending to `out`.
+    pub fn encode(&self, batch: &RecordBatch, out: &mut Vec<Vec<u8>>) -> Result<(), EncodeError> {
+        if batch.num_columns() != self.arrow.fields().len() {
+            return Err(EncodeError::Columns { found: batch.num_columns(), expected: self.arrow.fields().len() });
+        }
+        for (i, (col, field)) in batch.columns().iter().zip(self.arrow.fields()).enumerate() {
+            if col.data_type() != field.data_type() {
+                return Err(EncodeError::Schema {
+                    index: i,
+                    name: field.name().clone(),
+                    found: col.data_type().to_string(),
+                    expected: field.data_type().to_string(),
+                });
+            }
+        }
+        let cols: Vec<&ArrayRef> = batch.columns().iter().collect();
+        out.reserve(batch.num_rows());
+        let mut scratch = Vec::new();
+        for row in 0..batch.num_rows() {
+            let mut buf = Vec::with_capacity(96);
+            encode_row(&self.plans, &cols, row, &mut buf, &mut scratch);
+            out.push(buf);
+        }
+        Ok(())
+    }
+}
+
+fn unsupported(column: &str, dt: &DataType, hint: &str) -> SchemaError {
+    SchemaError::Unsupported { column: column.to_string(), arrow: dt.to_string(), hint: hint.to_string() }
+}
+
+/// The BigQuery type an Arrow type maps to (see the module table).
+fn natural_type(path: &str, dt: &DataType) -> Result<(Type, Conv), SchemaError> {
+    Ok(match dt {
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32 => (Type::Int64, Conv::Int64),
+        DataType::UInt64 => {
+            return Err(unsupported(path, dt, "INT64 cannot hold every UInt64; cast it to Int64 or Decimal"));
+        }
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => (Type::Double, Conv::Double),
+        DataType::Boolean => (Type::Bool, Conv::Bool),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => (Type::String, Conv::String),
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView | DataType::FixedSizeBinary(_) => {
+            (Type::Bytes, Conv::Bytes)
+        }
+        DataType::Date32 | DataType::Date64 => (Type::Date, Conv::Date),
+        DataType::Timestamp(unit, Some(_)) => (Type::Timestamp, Conv::Timestamp(*unit)),
+        DataType::Timestamp(unit, None) => (Type::Datetime, Conv::Datetime(*unit)),
+        DataType::Decimal128(p, s) => {
+            if *s < 0 {
+                return Err(unsupported(path, dt, "negative scales have no BigQuery type"));
+            }
+            let numeric = *s <= 9 && (i16::from(*p) - i16::from(*s)) <= 29;
+            (if numeric { Type::Numeric } else { Type::Bignumeric }, Conv::Decimal(*s))
+        }
+        DataType::Decimal256(p, s) => {
+            if *s < 0 || *s > 38 || *p > 76 {
+                return Err(unsupported(path, dt, "BIGNUMERIC holds at most 38 fractional digits"));
+            }
+            (Type::Bignumeric, Conv::Decimal(*s))
+        }
+        DataType::Struct(_) => (Type::Struct, Conv::Struct(Vec::new())),
+        other => {
+            return Err(unsupported(
+                path,
+                other,
+                "supported: integers, floats, decimals, bool, strings, binary, dates, timestamps, lists and structs",
+            ));
+        }
+    })
+}
+
+/// Whether a value of the Arrow type may land in a column of `column`'s type.
+fn compatible(natural: Type, column: Type, dt: &DataType) -> bool {
+    natural == column
+        || matches!((natural, column), (Type::String, Type::Json))
+        || matches!((natural, column, dt), (Type::Numeric, Type::Bignumeric, _))
+        || matches!((natural, column, dt), (Type::Bignumeric, Type::Numeric, DataType::Decimal128(_, s)) if *s <= 9)
+}
+
+fn element(field: &Field) -> (bool, &Field) {
+    match field.data_type() {
+        DataType::List(inner) | DataType::LargeList(inner) => (true, inner.as_ref()),
+        _ => (false, field),
+    }
+}
+
+fn plan_fields(
+    fields: &Fields,
+    columns: Option<&[TableFieldSchema]>,
+    message_name: &str,
+    prefix: &str,
+    full_name: &str,
+) -> Result<(Vec<Plan>, DescriptorProto), SchemaError> {
+    let mut plans = Vec::new();
+    let mut descriptor = DescriptorProto { name: Some(message_name.to_string()), ..Default::default() };
+    for (i, field) in fields.iter().enumerate() {
+        let path = format!("{prefix}{}", field.name());
+        let tag = u32::try_from(i + 1).unwrap_or(u32::MAX);
+        let (repeated, value_field) = element(field);
+        if repeated && matches!(value_field.data_type(), DataType::List(_) | DataType::LargeList(_)) {
+            return Err(unsupported(&path, field.data_type(), "BigQuery has no arrays of arrays"));
+        }
+        let (natural, mut conv) = natural_type(&path, value_field.data_type())?;
+        let column = match columns {
+            None => None,
+            Some(cols) => Some(cols.iter().find(|c| c.name.eq_ignore_ascii_case(field.name())).ok_or_else(|| {
+                SchemaError::NotInTable {
+                    column: path.clone(),
+                    columns: cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+                }
+            })?),
+        };
+        if let Some(col) = column {
+            let col_type = Type::try_from(col.r#type).unwrap_or(Type::Unspecified);
+            if !compatible(natural, col_type, value_field.data_type()) {
+                return Err(SchemaError::Mismatch {
+                    column: path,
+                    arrow: field.data_type().to_string(),
+                    bigquery: bq_type_name(col.r#type),
+                });
+            }
+            let col_repeated = col.mode == Mode::Repeated as i32;
+            if col_repeated != repeated {
+                return Err(SchemaError::Mode {
+                    column: path,
+                    table_mode: Mode::try_from(col.mode).map(|m| m.as_str_name()).unwrap_or("NULLABLE").to_string(),
+                    source_mode: if repeated { "a list".into() } else { "single values".into() },
+                });
+            }
+            if col.mode == Mode::Required as i32 && field.is_nullable() {
+                return Err(SchemaError::NullableIntoRequired { column: path });
+            }
+        }
+        let mut type_name = None;
+        if let DataType::Struct(children) = value_field.data_type() {
+            let nested_name = format!("f{}_{}", tag, field.name());
+            let nested_full = format!("{full_name}.{nested_name}");
+            let child_columns = column.map(|c| c.fields.as_slice());
+            let (child_plans, child_desc) =
+                plan_fields(children, child_columns, &nested_name, &format!("{path}."), &nested_full)?;
+            conv = Conv::Struct(child_plans);
+            descriptor.nested_type.push(child_desc);
+            type_name = Some(nested_full);
+        }
+        let proto_type = match &conv {
+            Conv::Int64 | Conv::Timestamp(_) => ProtoType::Int64,
+            Conv::Double => ProtoType::Double,
+            Conv::Bool => ProtoType::Bool,
+            Conv::String | Conv::Datetime(_) | Conv::Decimal(_) => ProtoType::String,
+            Conv::Bytes => ProtoType::Bytes,
+            Conv::Date => ProtoType::Int32,
+            Conv::Struct(_) => ProtoType::Message,
+        };
+        descriptor.field.push(FieldDescriptorProto {
+            name: Some(field.name().clone()),
+            number: Some(tag as i32),
+            label: Some(if repeated { Label::Repeated } else { Label::Optional } as i32),
+            r#type: Some(proto_type as i32),
+            type_name,
+            ..Default::default()
+        });
+        plans.push(Plan { tag, repeated, conv });
+    }
+    // A table's REQUIRED columns must all be given.
+    if let Some(cols) = columns {
+        for col in cols {
+            if col.mode == Mode::Required as i32 && !fields.iter().any(|f| f.name().eq_ignore_ascii_case(&col.name)) {
+                return Err(SchemaError::MissingRequired { column: format!("{prefix}{}", col.name) });
+            }
+        }
+    }
+    Ok((plans, descriptor))
+}
+
+fn table_field(field: &Field, prefix: &str) -> Result<TableFieldSchema, SchemaError> {
+    let path = format!("{prefix}{}", field.name());
+    let (repeated, value_field) = element(field);
+    let (ty, _) = natural_type(&path, value_field.data_type())?;
+    let mut out = TableFieldSchema {
+        name: field.name().clone(),
+        r#type: ty as i32,
+        mode: if repeated {
+            Mode::Repeated
+        } else if field.is_nullable() {
+            Mode::Nullable
+        } else {
+            Mode::Required
+        } as i32,
+        ..Default::default()
+    };
+    if let DataType::Struct(children) = value_field.data_type() {
+        out.fields = children.iter().map(|c| table_field(c, &format!("{path}."))).collect::<Result<_, _>>()?;
+    }
+    Ok(out)
+}
+
+fn encode_row(plans: &[Plan], cols: &[&ArrayRef], row: usize, buf: &mut Vec<u8>, scratch: &mut Vec<u8>) {
+    for (plan, col) in plans.iter().zip(cols) {
+        if col.is_null(row) {
+            continue;
+        }
+        if plan.repeated {
+            let (values, start, end) = match col.data_type() {
+                DataType::List(_) => {
+                    let l = col.as_list::<i32>();
+                    let o = l.value_offsets();
+                    (l.values(), o[row] as usize, o[row + 1] as usize)
+                }
+                _ => {
+                    let l = col.as_list::<i64>();
+                    let o = l.value_offsets();
+                    (l.values(), o[row] as usize, o[row + 1] as usize)
+                }
+            };
+            for i in start..end {
+                if !values.is_null(i) {
+                    encode_value(plan, values, i, buf, scratch);
+                }
+            }
+        } else {
+            encode_value(plan, col, row, buf, scratch);
+        }
+    }
+}
+
+fn put_len_delimited(tag: u32, bytes: &[u8], buf: &mut Vec<u8>) {
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(bytes.len() as u64, buf);
+    buf.extend_from_slice(bytes);
+}
+
+fn put_varint(tag: u32, v: u64, buf: &mut Vec<u8>) {
+    encode_key(tag, WireType::Varint, buf);
+    encode_varint(v, buf);
+}
+
+fn to_micros(unit: TimeUnit, v: i64) -> i64 {
+    match unit {
+        TimeUnit::Second => v.saturating_mul(1_000_000),
+        TimeUnit::Millisecond => v.saturating_mul(1_000),
+        TimeUnit::Microsecond => v,
+        TimeUnit::Nanosecond => v.div_euclid(1_000),
+    }
+}
+
+fn timestamp_value(col: &ArrayRef, i: usize) -> i64 {
+    match col.data_type() {
+        DataType::Timestamp(TimeUnit::Second, _) => col.as_primitive::<TimestampSecondType>().value(i),
+        DataType::Timestamp(TimeUnit::Millisecond, _) => col.as_primitive::<TimestampMillisecondType>().value(i),
+        DataType::Timestamp(TimeUnit::Microsecond, _) => col.as_primitive::<TimestampMicrosecondType>().value(i),
+        _ => col.as_primitive::<TimestampNanosecondType>().value(i),
+    }
+}
+
+/// (year, month, day) of a day count since 1970-01-01 (proleptic Gregorian).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// DATETIME text, `YYYY-MM-DD HH:MM:SS.ffffff`, the canonical civil format.
+pub fn datetime_text(micros: i64) -> String {
+    let days = micros.div_euclid(86_400_000_000);
+    let rem = micros.rem_euclid(86_400_000_000);
+    let (y, m, d) = civil_from_days(days);
+    let secs = rem / 1_000_000;
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:06}", secs / 3600, (secs / 60) % 60, secs % 60, rem % 1_000_000)
+}
+
+/// Decimal text of an unscaled integer (given as its decimal digits) and a scale.
+pub fn decimal_text(unscaled: &str, scale: i8) -> String {
+    let (neg, digits) = match unscaled.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, unscaled),
+    };
+    let scale = scale.max(0) as usize;
+    let mut out = String::with_capacity(digits.len() + 3);
+    if neg {
+        out.push('-');
+    }
+    if scale == 0 {
+        out.push_str(digits);
+    } else if digits.len() > scale {
+        let (int, frac) = digits.split_at(digits.len() - scale);
+        out.push_str(int);
+        out.push('.');
+        out.push_str(frac);
+    } else {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n('0', scale - digits.len()));
+        out.push_str(digits);
+    }
+    out
+}
+
+fn encode_value(plan: &Plan, col: &ArrayRef, i: usize, buf: &mut Vec<u8>, scratch: &mut Vec<u8>) {
+    let tag = plan.tag;
+    match &plan.conv {
+        Conv::Int64 => {
+            let v: i64 = match col.data_type() {
+                DataType::Int8 => col.as_primitive::<Int8Type>().value(i).into(),
+                DataType::Int16 => col.as_primitive::<Int16Type>().value(i).into(),
+                DataType::Int32 => col.as_primitive::<Int32Type>().value(i).into(),
+                DataType::UInt8 => col.as_primitive::<UInt8Type>().value(i).into(),
+                DataType::UInt16 => col.as_primitive::<UInt16Type>().value(i).into(),
+                DataType::UInt32 => col.as_primitive::<UInt32Type>().value(i).into(),
+                _ => col.as_primitive::<Int64Type>().value(i),
+            };
+            put_varint(tag, v as u64, buf);
+        }
+        Conv::Double => {
+            let v: f64 = match col.data_type() {
+                DataType::Float16 => col.as_primitive::<Float16Type>().value(i).to_f64(),
+                DataType::Float32 => col.as_primitive::<Float32Type>().value(i).into(),
+                _ => col.as_primitive::<Float64Type>().value(i),
+            };
+            encode_key(tag, WireType::SixtyFourBit, buf);
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        Conv::Bool => put_varint(tag, u64::from(col.as_boolean().value(i)), buf),
+        Conv::String => {
+            let s: &str = match col.data_type() {
+                DataType::LargeUtf8 => col.as_string::<i64>().value(i),
+                DataType::Utf8View => col.as_string_view().value(i),
+                _ => col.as_string::<i32>().value(i),
+            };
+            put_len_delimited(tag, s.as_bytes(), buf);
+        }
+        Conv::Bytes => {
+            let b: &[u8] = match col.data_type() {
+                DataType::LargeBinary => col.as_binary::<i64>().value(i),
+                DataType::BinaryView => col.as_binary_view().value(i),
+                DataType::FixedSizeBinary(_) => col.as_fixed_size_binary().value(i),
+                _ => col.as_binary::<i32>().value(i),
+            };
+            put_len_delimited(tag, b, buf);
+        }
+        Conv::Date => {
+            let days: i64 = match col.data_type() {
+                DataType::Date64 => col.as_primitive::<Date64Type>().value(i).div_euclid(86_400_000),
+                _ => col.as_primitive::<Date32Type>().value(i).into(),
+            };
+            // int32 fields carry negative values sign-extended to 64 bits.
+            put_varint(tag, days as u64, buf);
+        }
+        Conv::Timestamp(unit) => put_varint(tag, to_micros(*unit, timestamp_value(col, i)) as u64, buf),
+        Conv::Datetime(unit) => {
+            put_len_delimited(tag, datetime_text(to_micros(*unit, timestamp_value(col, i))).as_bytes(), buf)
+        }
+        Conv::Decimal(scale) => {
+            let unscaled = match col.data_type() {
+                DataType::Decimal256(_, _) => col.as_primitive::<Decimal256Type>().value(i).to_string(),
+                _ => col.as_primitive::<Decimal128Type>().value(i).to_string(),
+            };
+            put_len_delimited(tag, decimal_text(&unscaled, *scale).as_bytes(), buf);
+        }
+        Conv::Struct(children) => {
+            let s = col.as_struct();
+            let child_cols: Vec<&ArrayRef> = s.columns().iter().collect();
+            let mut inner = std::mem::take(scratch);
+            inner.clear();
+            let mut nested_scratch = Vec::new();
+            encode_row(children, &child_cols, i, &mut inner, &mut nested_scratch);
+            put_len_delimited(tag, &inner, buf);
+            *scratch = inner;
+        }
+    }
+}
+
+/// Splits `rows` into consecutive runs whose ProtoRows stay under
+/// `max_bytes` (each run has at least one row).
+pub fn split_by_size(rows: &[Vec<u8>], max_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut size = 0usize;
+    for (i, r) in rows.iter().enumerate() {
+        // Each row costs its bytes plus a tag and a length prefix.
+        let cost = r.len() + 1 + prost::length_delimiter_len(r.len());
+        if i > start && size + cost > max_bytes {
+            out.push(start..i);
+            start = i;
+            size = 0;
+        }
+        size += cost;
+    }
+    if start < rows.len() {
+        out.push(start..rows.len());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

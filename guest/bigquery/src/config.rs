@@ -1,0 +1,85 @@
+//! The sink's options (`[sink.options]`).
+
+use sluice_guest_sdk::options::Options;
+use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
+
+pub(crate) fn option_specs() -> Vec<OptionSpec> {
+    vec![
+        option_spec("table", "Destination table: projects/PROJECT/datasets/DATASET/tables/TABLE", true, None),
+        option_spec(
+            "endpoint",
+            "Name of the gRPC endpoint in the job's [sink.grpc] that serves the Storage Write API",
+            false,
+            Some("bigquery"),
+        ),
+        option_spec(
+            "max_request_bytes",
+            "Largest AppendRows request to send; batches are split to stay under it (the API's limit is 10 MB)",
+            false,
+            Some("9000000"),
+        ),
+        option_spec("rpc_timeout_ms", "How long to wait for a reply to one request", false, Some("60000")),
+        option_spec(
+            "attempts",
+            "Tries of one append or flush on transient errors (UNAVAILABLE, INTERNAL, timeouts)",
+            false,
+            Some("6"),
+        ),
+        option_spec("backoff_ms", "First wait between tries; doubles each time", false, Some("100")),
+    ]
+}
+
+/// The API's own limit on one AppendRows request.
+const API_LIMIT: u64 = 10 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub table: String,
+    pub endpoint: String,
+    pub max_request_bytes: usize,
+    pub rpc_timeout_ms: u32,
+    pub attempts: u32,
+    pub backoff_ms: u64,
+}
+
+impl Config {
+    pub fn parse(raw: Vec<(String, String)>) -> Result<Self, SinkError> {
+        let o = Options::parse(raw, &option_specs())?;
+        let table = o.required("table")?.trim().to_string();
+        let parts: Vec<&str> = table.split('/').collect();
+        let shaped = parts.len() == 6
+            && parts[0] == "projects"
+            && parts[2] == "datasets"
+            && parts[4] == "tables"
+            && [parts[1], parts[3], parts[5]].iter().all(|p| !p.is_empty());
+        if !shaped {
+            return Err(error::config(format!(
+                "option `table` = {table:?} must look like projects/PROJECT/datasets/DATASET/tables/TABLE"
+            )));
+        }
+        let max_request_bytes: u64 = o.parsed("max_request_bytes")?.unwrap_or(9_000_000);
+        if !(1024..=API_LIMIT - 64 * 1024).contains(&max_request_bytes) {
+            return Err(error::config(format!(
+                "option `max_request_bytes` = {max_request_bytes} must be between 1024 and {} (the API rejects requests over 10 MB)",
+                API_LIMIT - 64 * 1024
+            )));
+        }
+        let attempts: u32 = o.parsed("attempts")?.unwrap_or(6);
+        if attempts == 0 {
+            return Err(error::config("option `attempts` must be at least 1"));
+        }
+        Ok(Self {
+            table,
+            endpoint: o.required("endpoint")?.to_string(),
+            max_request_bytes: max_request_bytes as usize,
+            rpc_timeout_ms: o.parsed("rpc_timeout_ms")?.unwrap_or(60_000),
+            attempts,
+            backoff_ms: o.parsed("backoff_ms")?.unwrap_or(100),
+        })
+    }
+
+    /// The table's `_default` stream, used to read the table's schema.
+    pub fn default_stream(&self) -> String {
+        format!("{}/streams/_default", self.table)
+    }
+}

@@ -1,0 +1,151 @@
+//! Storage Write API calls over the host's `grpc` capability, and the reading
+//! of their errors.
+//!
+//! An error is judged by the gRPC status code **and** the `StorageError` in
+//! the status details (`google.rpc.Status.details`), never by a client
+//! library's exception type: `ALREADY_EXISTS` or `OFFSET_ALREADY_EXISTS`
+//! means the rows at that offset are already in the stream; `OUT_OF_RANGE`
+//! or `OFFSET_OUT_OF_RANGE` means the writer and the stream disagree.
+
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
+    StorageError, storage_error::StorageErrorCode,
+};
+use googleapis_tonic_google_rpc::google::rpc::Status as RpcStatus;
+use prost::Message;
+use sluice_guest_sdk::bindings::sluice::connector::grpc::{self, GrpcError};
+
+pub(crate) const SERVICE: &str = "/google.cloud.bigquery.storage.v1.BigQueryWrite/";
+
+/// gRPC status codes this sink acts on.
+pub(crate) mod code {
+    pub const CANCELLED: u32 = 1;
+    pub const UNKNOWN: u32 = 2;
+    pub const DEADLINE_EXCEEDED: u32 = 4;
+    pub const ALREADY_EXISTS: u32 = 6;
+    pub const RESOURCE_EXHAUSTED: u32 = 8;
+    pub const ABORTED: u32 = 10;
+    pub const OUT_OF_RANGE: u32 = 11;
+    pub const INTERNAL: u32 = 13;
+    pub const UNAVAILABLE: u32 = 14;
+}
+
+/// What a failed call means for the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The rows at this offset are already in the stream.
+    AlreadyExists(String),
+    /// The offset is past the end of the stream: state and stream disagree.
+    OutOfRange(String),
+    /// Transient: the same request may be sent again.
+    Transient(String),
+    /// Anything else (bad request, missing table, denied, ...).
+    Permanent(String),
+}
+
+impl Failure {
+    pub fn message(&self) -> &str {
+        match self {
+            Self::AlreadyExists(m) | Self::OutOfRange(m) | Self::Transient(m) | Self::Permanent(m) => m,
+        }
+    }
+}
+
+fn code_name(code: u32) -> &'static str {
+    match code {
+        0 => "OK",
+        1 => "CANCELLED",
+        2 => "UNKNOWN",
+        3 => "INVALID_ARGUMENT",
+        4 => "DEADLINE_EXCEEDED",
+        5 => "NOT_FOUND",
+        6 => "ALREADY_EXISTS",
+        7 => "PERMISSION_DENIED",
+        8 => "RESOURCE_EXHAUSTED",
+        9 => "FAILED_PRECONDITION",
+        10 => "ABORTED",
+        11 => "OUT_OF_RANGE",
+        12 => "UNIMPLEMENTED",
+        13 => "INTERNAL",
+        14 => "UNAVAILABLE",
+        15 => "DATA_LOSS",
+        16 => "UNAUTHENTICATED",
+        _ => "UNRECOGNIZED",
+    }
+}
+
+/// The `StorageError` among a status's details, if any.
+pub(crate) fn storage_error(status: &RpcStatus) -> Option<StorageError> {
+    status
+        .details
+        .iter()
+        .find(|d| d.type_url.ends_with("google.cloud.bigquery.storage.v1.StorageError"))
+        .and_then(|d| StorageError::decode(d.value.as_slice()).ok())
+}
+
+/// Classifies a status by its code and its `StorageError` detail.
+pub(crate) fn classify(code: u32, message: &str, detail: Option<&StorageError>) -> Failure {
+    let storage = detail.and_then(|s| StorageErrorCode::try_from(s.code).ok());
+    let text = match (storage, detail) {
+        (Some(c), Some(d)) if c != StorageErrorCode::Unspecified => {
+            format!(
+                "{} ({}{}): {message}",
+                code_name(code),
+                c.as_str_name(),
+                if d.entity.is_empty() { String::new() } else { format!(" on {}", d.entity) }
+            )
+        }
+        _ => format!("{}: {message}", code_name(code)),
+    };
+    if code == code::ALREADY_EXISTS || storage == Some(StorageErrorCode::OffsetAlreadyExists) {
+        return Failure::AlreadyExists(text);
+    }
+    if code == code::OUT_OF_RANGE || storage == Some(StorageErrorCode::OffsetOutOfRange) {
+        return Failure::OutOfRange(text);
+    }
+    match code {
+        code::UNAVAILABLE
+        | code::INTERNAL
+        | code::DEADLINE_EXCEEDED
+        | code::RESOURCE_EXHAUSTED
+        | code::ABORTED
+        | code::UNKNOWN
+        | code::CANCELLED => Failure::Transient(text),
+        _ => Failure::Permanent(text),
+    }
+}
+
+/// Classifies a failed host call.
+pub(crate) fn from_grpc(e: GrpcError) -> Failure {
+    match e {
+        GrpcError::Denied(m) => Failure::Permanent(format!("denied by the host: {m}")),
+        GrpcError::Status(s) => {
+            let rpc = RpcStatus::decode(s.details.as_slice()).ok();
+            let detail = rpc.as_ref().and_then(storage_error);
+            classify(s.code, &s.message, detail.as_ref())
+        }
+    }
+}
+
+/// Classifies an in-band `google.rpc.Status` (AppendRowsResponse.error).
+pub(crate) fn from_rpc_status(s: &RpcStatus) -> Failure {
+    classify(s.code as u32, &s.message, storage_error(s).as_ref())
+}
+
+/// A unary call with prost messages.
+pub(crate) fn unary<Req: Message, Resp: Message + Default>(
+    endpoint: &str,
+    method: &str,
+    request: &Req,
+    timeout_ms: u32,
+) -> Result<Resp, Failure> {
+    let bytes = grpc::unary(endpoint, &format!("{SERVICE}{method}"), &request.encode_to_vec(), timeout_ms)
+        .map_err(from_grpc)?;
+    Resp::decode(bytes.as_slice())
+        .map_err(|e| Failure::Permanent(format!("{method}: the reply is not a valid message: {e}")))
+}
+
+/// Waits before try `attempt` (2, 3, ...): `base * 2^(attempt-2)`, at most 10 s.
+pub(crate) fn backoff(base_ms: u64, attempt: u32) {
+    let ms = base_ms.saturating_mul(1u64 << (attempt.saturating_sub(2)).min(16)).min(10_000);
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+}
