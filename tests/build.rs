@@ -15,6 +15,7 @@ use std::process::Command;
 const PLUGINS: &[(&str, &str)] = &[
     ("sluice-sink-files", "sluice_sink_files"),
     ("sluice-sink-iceberg", "sluice_sink_iceberg"),
+    ("sluice-sink-bigquery", "sluice_sink_bigquery"),
     ("sluice-test-chaos", "sluice_test_chaos"),
 ];
 

@@ -20,6 +20,8 @@ use sluice::source::generator::Generator;
 pub const FILES_PLUGIN: &str = env!("SLUICE_PLUGIN_SINK_FILES");
 /// The Iceberg sink component.
 pub const ICEBERG_PLUGIN: &str = env!("SLUICE_PLUGIN_SINK_ICEBERG");
+/// The BigQuery sink component.
+pub const BIGQUERY_PLUGIN: &str = env!("SLUICE_PLUGIN_SINK_BIGQUERY");
 /// The test-only chaos component.
 pub const CHAOS_PLUGIN: &str = env!("SLUICE_PLUGIN_TEST_CHAOS");
 
@@ -120,6 +122,38 @@ table = "{table}"
 [sink.catalog]
 database = "{warehouse}/catalog.db"
 warehouse = "{warehouse}"
+[sink.sandbox]
+memory_mb = 512
+"#
+        );
+        Self { dir, toml }
+    }
+
+    /// A generator → BigQuery job appending to `table` through the Storage
+    /// Write API served at `address` (a test double); ids start at `first_id`.
+    pub fn bigquery(id: &str, address: &str, table: &str, rows: u64, parallelism: u32, every_rows: u64) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let toml = format!(
+            r#"
+[job]
+id = "{id}"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every_rows}
+[source]
+kind = "generator"
+rows = {rows}
+batch_rows = 700
+[sink]
+id = "bq"
+plugin = "{BIGQUERY_PLUGIN}"
+[sink.options]
+table = "{table}"
+rpc_timeout_ms = 10000
+backoff_ms = 10
+[sink.grpc.bigquery]
+address = "{address}"
 [sink.sandbox]
 memory_mb = 512
 "#
@@ -407,4 +441,55 @@ pub fn assert_exactly_once_range(visible: &RecordBatch, first: u64, rows: u64) {
             field.name()
         );
     }
+}
+
+/// The rows a BigQuery table shows readers, as a batch of the generator's
+/// schema (INT64 → the generator's integer types, NUMERIC text → Decimal128,
+/// DATE days, TIMESTAMP µs), sorted by id, so that
+/// [`assert_exactly_once_range`] compares ids and values.
+pub fn bigquery_rows(rows: &[serde_json::Map<String, serde_json::Value>]) -> RecordBatch {
+    use arrow_array::builder::{
+        Date32Builder, Decimal128Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder,
+        TimestampMicrosecondBuilder,
+    };
+    let schema = Generator::schema_ref();
+    let int = |r: &serde_json::Map<String, serde_json::Value>, k: &str| {
+        r.get(k).and_then(serde_json::Value::as_i64).unwrap_or_else(|| panic!("column {k} missing in {r:?}"))
+    };
+    let text =
+        |r: &serde_json::Map<String, serde_json::Value>, k: &str| r.get(k).and_then(|v| v.as_str().map(str::to_string));
+    let mut id = Int64Builder::new();
+    let mut qty = Int32Builder::new();
+    let mut price = Float64Builder::new();
+    let mut amount = Decimal128Builder::new();
+    let mut name = StringBuilder::new();
+    let mut note = StringBuilder::new();
+    let mut day = Date32Builder::new();
+    let mut ts = TimestampMicrosecondBuilder::new();
+    for r in rows {
+        id.append_value(int(r, "id"));
+        qty.append_value(i32::try_from(int(r, "qty")).expect("qty fits i32"));
+        price.append_value(r.get("price").and_then(serde_json::Value::as_f64).expect("price"));
+        let a = text(r, "amount").expect("amount");
+        let (whole, frac) = a.split_once('.').unwrap_or((&a, "00"));
+        let negative = whole.starts_with('-');
+        let unscaled = whole.trim_start_matches('-').parse::<i128>().expect("amount") * 100
+            + format!("{frac:0<2}").parse::<i128>().expect("amount fraction");
+        amount.append_value(if negative { -unscaled } else { unscaled });
+        name.append_value(text(r, "name").expect("name"));
+        note.append_option(text(r, "note"));
+        day.append_value(i32::try_from(int(r, "day")).expect("day fits i32"));
+        ts.append_value(int(r, "ts"));
+    }
+    let cols: Vec<arrow_array::ArrayRef> = vec![
+        std::sync::Arc::new(id.finish()),
+        std::sync::Arc::new(qty.finish()),
+        std::sync::Arc::new(price.finish()),
+        std::sync::Arc::new(amount.finish().with_precision_and_scale(18, 2).expect("decimal(18,2)")),
+        std::sync::Arc::new(name.finish()),
+        std::sync::Arc::new(note.finish()),
+        std::sync::Arc::new(day.finish()),
+        std::sync::Arc::new(ts.finish().with_timezone("UTC")),
+    ];
+    sort_by_id(&RecordBatch::try_new(schema, cols).expect("generator-shaped batch"))
 }
