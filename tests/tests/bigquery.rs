@@ -8,7 +8,7 @@ use sluice::engine::{CrashPoint, Fault};
 use sluice_bigquery_double::proto::table_field_schema::{Mode, Type};
 use sluice_bigquery_double::proto::{TableFieldSchema, TableSchema};
 use sluice_bigquery_double::{BigQueryDouble, Fault as BqFault, Rpc, generator_schema};
-use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows, ids};
+use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows, ids, run_cli};
 
 const ROWS: u64 = 6000;
 const PARALLELISM: u32 = 3;
@@ -263,4 +263,52 @@ fn sluice_bigquery_rows_schema() -> TableSchema {
         f.scale = 0;
     }
     s
+}
+
+/// `sluice check` on a BigQuery job: an unreachable endpoint, a missing table
+/// and a schema mismatch are one clear error line each; a good job passes.
+#[test]
+fn check_reports_each_problem_in_one_line() {
+    let d = BigQueryDouble::start().expect("double");
+    d.create_table(TABLE, generator_schema());
+    let mut wrong = generator_schema();
+    wrong.fields[0].r#type = Type::String as i32; // id: INT64 -> STRING
+    d.create_table("projects/p/datasets/d/tables/wrong", wrong);
+    let job = job("bq-check", &d);
+    job.load(&[]).expect("valid job file");
+    let cases: &[(&[&str], Option<&str>)] = &[
+        (&[], None),
+        (
+            &["--set", "sink.grpc.bigquery.address=http://127.0.0.1:9"],
+            Some("the Storage Write API is unreachable (UNAVAILABLE: endpoint `bigquery` (http://127.0.0.1:9)"),
+        ),
+        (
+            &["--set", "sink.options.table=projects/p/datasets/d/tables/nope"],
+            Some("table projects/p/datasets/d/tables/nope does not exist"),
+        ),
+        (
+            &["--set", "sink.options.table=projects/p/datasets/d/tables/wrong"],
+            Some("column `id`: Arrow type Int64 cannot land in the BigQuery column of type STRING"),
+        ),
+    ];
+    for (sets, expected) in cases {
+        let mut args = vec!["check", "job.toml"];
+        args.extend_from_slice(sets);
+        let (code, out, err) = run_cli(&args, job.dir.path());
+        let all = format!("{out}{err}");
+        match expected {
+            None => {
+                assert_eq!(code, 0, "{all}");
+                assert!(out.contains("job bq-check is ready to run"), "{all}");
+            }
+            Some(expected) => {
+                assert_eq!(code, 1, "{sets:?}: {all}");
+                let errors: Vec<&str> = all.lines().filter(|l| l.starts_with("error:")).collect();
+                assert_eq!(errors.len(), 1, "one error line: {all}");
+                assert!(errors[0].contains(expected), "{sets:?}: expected {expected:?} in:\n{all}");
+            }
+        }
+    }
+    assert_eq!(d.stats().rows_appended, 0, "check writes nothing");
+    assert_eq!(d.stats().streams_created, 0, "check creates no stream");
 }

@@ -47,9 +47,9 @@ impl Guest for BigQuerySink {
         let ws: WriteStream = rpc::unary(&cfg.endpoint, "GetWriteStream", &req, cfg.rpc_timeout_ms).map_err(|f| {
             let m = f.message();
             if m.starts_with("NOT_FOUND") {
-                error::config(format!("table {} does not exist: {m}", cfg.table))
+                error::config(format!("table {} does not exist ({m})", cfg.table))
             } else if matches!(f, rpc::Failure::Transient(_)) {
-                error::config(format!("endpoint `{}` is unreachable: {m}", cfg.endpoint))
+                error::config(format!("the Storage Write API is unreachable ({m})"))
             } else {
                 error::config(format!("cannot read table {}: {m}", cfg.table))
             }

@@ -167,7 +167,7 @@ impl GrpcGrant {
                 Err(_) => Err(Status::deadline_exceeded(format!("no reply within {} ms", timeout.as_millis()))),
             }
         });
-        result.map(tonic::Response::into_inner).map_err(|s| status(name, s))
+        result.map(tonic::Response::into_inner).map_err(|s| status(name, &endpoint.address, s))
     }
 
     /// Starts a bidirectional streaming call.
@@ -212,7 +212,12 @@ impl GrpcGrant {
                 }
             }
         });
-        Ok(BidiStream { endpoint: name.to_string(), requests: Some(req_tx), replies: resp_rx })
+        Ok(BidiStream {
+            endpoint: name.to_string(),
+            address: endpoint.address.clone(),
+            requests: Some(req_tx),
+            replies: resp_rx,
+        })
     }
 }
 
@@ -242,12 +247,21 @@ fn token(name: &str, spec: &EndpointSpec, base_dir: &Path) -> Result<Option<Asci
     Ok(Some(value))
 }
 
-fn status(endpoint: &str, s: Status) -> GrpcError {
+fn status(endpoint: &str, address: &str, s: Status) -> GrpcError {
     let code = s.code();
     let mut message = s.message().to_string();
-    if matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown) {
+    // Transport errors keep their cause (refused, reset, DNS) in the source chain.
+    let mut source = std::error::Error::source(&s);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+        source = e.source();
+    }
+    if matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Unknown) && !message.contains("endpoint `") {
         // Transport errors arrive without naming where they went.
-        message = format!("endpoint `{endpoint}`: {message}");
+        message = format!("endpoint `{endpoint}` ({address}): {message}");
     }
     GrpcError::Status(wit::Status { code: code as i32 as u32, message, details: s.details().to_vec() })
 }
@@ -255,6 +269,7 @@ fn status(endpoint: &str, s: Status) -> GrpcError {
 /// One streaming call of a plugin instance (the `bidi-stream` resource).
 pub struct BidiStream {
     endpoint: String,
+    address: String,
     requests: Option<mpsc::Sender<Vec<u8>>>,
     replies: mpsc::Receiver<Result<Vec<u8>, Status>>,
 }
@@ -262,7 +277,11 @@ pub struct BidiStream {
 impl BidiStream {
     fn send(&mut self, message: Vec<u8>) -> Result<(), GrpcError> {
         let Some(tx) = &self.requests else {
-            return Err(status(&self.endpoint, Status::failed_precondition("the stream has already ended")));
+            return Err(status(
+                &self.endpoint,
+                &self.address,
+                Status::failed_precondition("the stream has already ended"),
+            ));
         };
         if super::runtime().block_on(tx.send(message)).is_ok() {
             return Ok(());
@@ -270,8 +289,12 @@ impl BidiStream {
         // The call is over: report how it ended.
         self.requests = None;
         match self.replies.try_recv() {
-            Ok(Err(s)) => Err(status(&self.endpoint, s)),
-            _ => Err(status(&self.endpoint, Status::unavailable("the stream ended before the message was sent"))),
+            Ok(Err(s)) => Err(status(&self.endpoint, &self.address, s)),
+            _ => Err(status(
+                &self.endpoint,
+                &self.address,
+                Status::unavailable("the stream ended before the message was sent"),
+            )),
         }
     }
 
@@ -282,13 +305,14 @@ impl BidiStream {
         match super::runtime().block_on(async move { tokio::time::timeout(timeout, replies.recv()).await }) {
             Err(_) => Err(status(
                 &self.endpoint,
+                &self.address,
                 Status::deadline_exceeded(format!("no reply on the stream within {} ms", timeout.as_millis())),
             )),
             Ok(None) => Ok(None),
             Ok(Some(Ok(m))) => Ok(Some(m)),
             Ok(Some(Err(s))) => {
                 self.requests = None;
-                Err(status(&self.endpoint, s))
+                Err(status(&self.endpoint, &self.address, s))
             }
         }
     }

@@ -184,7 +184,7 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
     {
         let result =
             ipc::encode_schema(&source.schema()).map_err(|e| EngineError::Ipc(e.to_string())).and_then(|schema| {
-                let mut inst = plugin.instantiate("validate", &grants, limits(job))?;
+                let mut inst = plugin.instantiate("check", &grants, limits(job))?;
                 inst.validate(&job.sink_options(), &schema).map_err(EngineError::from)
             });
         match result {

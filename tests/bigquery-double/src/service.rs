@@ -122,6 +122,11 @@ impl BigQueryWriteService {
     fn get_write_stream(&self, req: GetWriteStreamRequest) -> Result<WriteStream, Status> {
         let mut inner = self.shared.inner();
         let full = req.view == WriteStreamView::Full as i32;
+        if let Some(table) = Inner::default_stream_table(&req.name)
+            && !inner.tables.contains_key(table)
+        {
+            return Err(table_not_found(table));
+        }
         let Some(stream) = inner.stream_mut(&req.name) else { return Err(stream_not_found(&req.name)) };
         let (table, kind) = (stream.table.clone(), stream.kind);
         let schema = inner.tables.get(&table).map(|t| t.schema.clone());
