@@ -110,7 +110,10 @@ fn lost_append_replies_are_counted_not_resent() {
     let job = job("bq-lost-append", &d);
     job.run(None).expect("the writers retry through lost replies");
     assert_landed_once(&d);
-    assert_eq!(d.stats().already_exists, 2, "each lost reply is answered ALREADY_EXISTS on the retry");
+    // Each lost reply is answered ALREADY_EXISTS when its request is resent. (A
+    // fault may land on a resend, which then fails differently: hence 1..=2.)
+    let already = d.stats().already_exists;
+    assert!((1..=2).contains(&already), "{already} ALREADY_EXISTS answers");
     assert_eq!(d.invisible_count(TABLE), 0);
 }
 
@@ -311,4 +314,29 @@ fn check_reports_each_problem_in_one_line() {
     }
     assert_eq!(d.stats().rows_appended, 0, "check writes nothing");
     assert_eq!(d.stats().streams_created, 0, "check creates no stream");
+}
+
+/// `examples/bigquery.toml`, as the README runs it, against the double.
+#[test]
+fn example_job_lands_every_row_once() {
+    let d = BigQueryDouble::start().expect("double");
+    let table = "projects/demo/datasets/sluice/tables/events";
+    d.create_table(table, generator_schema());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/bigquery.toml");
+    let sets = [
+        format!("sink.plugin={}", sluice_tests::BIGQUERY_PLUGIN),
+        format!("job.state_dir={}", dir.path().join("state").display()),
+        format!("sink.grpc.bigquery.address={}", d.address()),
+    ];
+    let mut args = vec!["run".to_string(), example.display().to_string(), "--progress".into(), "plain".into()];
+    for s in &sets {
+        args.push("--set".into());
+        args.push(s.clone());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stdout, err) = run_cli(&args, dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("job bigquery-demo finished: 200000 rows"), "{stdout}");
+    assert_exactly_once_range(&bigquery_rows(&d.visible_rows(table)), 0, 200_000);
 }

@@ -497,7 +497,14 @@ fn encode_value(plan: &Plan, col: &ArrayRef, i: usize, buf: &mut Vec<u8>, scratc
         Conv::Decimal(scale) => {
             let unscaled = match col.data_type() {
                 DataType::Decimal256(_, _) => col.as_primitive::<Decimal256Type>().value(i).to_string(),
-                _ => col.as_primitive::<Decimal128Type>().value(i).to_string(),
+                _ => {
+                    let v = col.as_primitive::<Decimal128Type>().value(i);
+                    // 128-bit division is slow (and emulated on wasm32): most values fit 64 bits.
+                    match i64::try_from(v) {
+                        Ok(small) => small.to_string(),
+                        Err(_) => v.to_string(),
+                    }
+                }
             };
             put_len_delimited(tag, decimal_text(&unscaled, *scale).as_bytes(), buf);
         }

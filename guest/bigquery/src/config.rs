@@ -18,6 +18,12 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("9000000"),
         ),
+        option_spec(
+            "max_inflight",
+            "AppendRows requests a writer keeps in flight on its connection before waiting for a reply",
+            false,
+            Some("4"),
+        ),
         option_spec("rpc_timeout_ms", "How long to wait for a reply to one request", false, Some("60000")),
         option_spec(
             "attempts",
@@ -37,6 +43,7 @@ pub(crate) struct Config {
     pub table: String,
     pub endpoint: String,
     pub max_request_bytes: usize,
+    pub max_inflight: usize,
     pub rpc_timeout_ms: u32,
     pub attempts: u32,
     pub backoff_ms: u64,
@@ -68,7 +75,12 @@ impl Config {
         if attempts == 0 {
             return Err(error::config("option `attempts` must be at least 1"));
         }
+        let max_inflight: usize = o.parsed("max_inflight")?.unwrap_or(4);
+        if !(1..=64).contains(&max_inflight) {
+            return Err(error::config(format!("option `max_inflight` = {max_inflight} must be between 1 and 64")));
+        }
         Ok(Self {
+            max_inflight,
             table,
             endpoint: o.required("endpoint")?.to_string(),
             max_request_bytes: max_request_bytes as usize,

@@ -9,11 +9,16 @@
 //!   or answered `ALREADY_EXISTS` for the very request being retried (its
 //!   earlier try landed and the reply was lost); those rows are never sent
 //!   again at another offset;
+//! - up to `max_inflight` requests are in flight on one connection, each
+//!   with its own offset; replies come in order. When a connection fails,
+//!   every unacknowledged request is sent again, in order, at the same
+//!   offsets, on a new connection;
 //! - `OUT_OF_RANGE` fails the writer: the stream and the writer disagree;
 //! - the commit info of checkpoint `c` is `(stream, next_offset - 1)`;
 //!   nothing is flushed here, so nothing is visible before the committer.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow_schema::Schema;
@@ -26,7 +31,7 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sluice_bigquery_rows::{RowEncoder, split_by_size};
-use sluice_guest_sdk::bindings::sluice::connector::grpc::BidiStream;
+use sluice_guest_sdk::bindings::sluice::connector::grpc::{BidiStream, Received};
 use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, error, ipc, log};
 
 use crate::config::Config;
@@ -48,17 +53,39 @@ pub(crate) struct CommitInfo {
     pub offset: i64,
 }
 
+/// One AppendRows request sent on the current connection and not yet acknowledged.
+struct InFlight {
+    offset: i64,
+    rows: i64,
+    /// Index of its first row in this writer's input (for row errors).
+    first_row: u64,
+    /// The encoded request, kept to resend it after a broken connection.
+    request: Vec<u8>,
+    /// Whether an earlier try may have reached the service: only then may
+    /// `ALREADY_EXISTS` mean "it landed and the reply was lost".
+    sent_before: bool,
+    /// Transient failures of this request so far.
+    failures: u32,
+}
+
 struct Inner {
     cfg: Config,
     ctx: SinkContext,
     encoder: RowEncoder,
     writer_schema: ProtoSchema,
     stream: String,
+    /// Every row below this offset is acknowledged.
     next_offset: i64,
+    /// Offset of the next request to send (`next_offset` + rows in flight).
+    send_offset: i64,
     /// `next_offset` at the last `prepare-commit`.
     prepared_offset: i64,
     checkpoint: u64,
+    /// Rows handed to `write` since the writer opened.
+    rows_in: u64,
     conn: Option<BidiStream>,
+    /// Requests in flight on `conn`, in offset order (replies come in order).
+    in_flight: VecDeque<InFlight>,
 }
 
 pub struct BigQueryWriter {
@@ -92,31 +119,212 @@ pub(crate) fn create_stream(cfg: &Config) -> Result<WriteStream, SinkError> {
     }
 }
 
+/// A failure of the oldest request in flight, or of the connection.
+enum Trouble {
+    Failure(Failure),
+    RowErrors(String),
+}
+
 impl Inner {
     fn label(&self) -> String {
         format!("writer {} stream {}", self.ctx.subtask, self.stream)
     }
 
-    /// Sends one request and waits for its reply on the open connection.
-    fn try_append(&mut self, request: &[u8]) -> Result<AppendRowsResponse, Failure> {
+    fn connection(&mut self) -> Result<&BidiStream, Failure> {
         if self.conn.is_none() {
             let conn =
                 BidiStream::open(&self.cfg.endpoint, &format!("{}AppendRows", rpc::SERVICE)).map_err(rpc::from_grpc)?;
             self.conn = Some(conn);
         }
-        let Some(conn) = &self.conn else { return Err(Failure::Transient("no connection".into())) };
-        conn.send(request).map_err(rpc::from_grpc)?;
-        match conn.receive(self.cfg.rpc_timeout_ms).map_err(rpc::from_grpc)? {
-            Some(bytes) => AppendRowsResponse::decode(bytes.as_slice())
-                .map_err(|e| Failure::Permanent(format!("AppendRows reply is not a valid message: {e}"))),
-            None => Err(Failure::Transient("the service ended the AppendRows call without a reply".into())),
+        self.conn.as_ref().ok_or_else(|| Failure::Transient("no connection".into()))
+    }
+
+    /// Sends an encoded request on the current connection.
+    fn send(&mut self, request: &[u8]) -> Result<(), Failure> {
+        self.connection()?.send(request).map_err(rpc::from_grpc)
+    }
+
+    /// Reads the reply to the oldest request in flight, waiting at most
+    /// `timeout_ms`. `Ok(false)`: nothing arrived yet.
+    fn take_reply(&mut self, timeout_ms: u32) -> Result<bool, Trouble> {
+        let Some(conn) = &self.conn else {
+            return Err(Trouble::Failure(Failure::Transient("the connection was lost".into())));
+        };
+        let reply = match conn.receive(timeout_ms).map_err(|e| Trouble::Failure(rpc::from_grpc(e)))? {
+            Received::Message(bytes) => AppendRowsResponse::decode(bytes.as_slice()).map_err(|e| {
+                Trouble::Failure(Failure::Permanent(format!("AppendRows reply is not a valid message: {e}")))
+            })?,
+            Received::Pending if timeout_ms == 0 => return Ok(false),
+            Received::Pending => {
+                return Err(Trouble::Failure(Failure::Transient(format!(
+                    "no AppendRows reply within {timeout_ms} ms"
+                ))));
+            }
+            Received::Ended => {
+                return Err(Trouble::Failure(Failure::Transient(
+                    "the service ended the AppendRows call before replying".into(),
+                )));
+            }
+        };
+        let Some(front) = self.in_flight.front() else {
+            return Err(Trouble::Failure(Failure::Permanent(
+                "an AppendRows reply arrived with nothing in flight".into(),
+            )));
+        };
+        match &reply.response {
+            Some(Response::AppendResult(r)) => {
+                if let Some(at) = r.offset
+                    && at != front.offset
+                {
+                    return Err(Trouble::Failure(Failure::Permanent(format!(
+                        "the service appended at offset {at}, the writer asked for {}",
+                        front.offset
+                    ))));
+                }
+                self.acknowledge();
+                Ok(true)
+            }
+            Some(Response::Error(status)) => {
+                if let Some(first) = reply.row_errors.first() {
+                    let more = reply.row_errors.len() - 1;
+                    return Err(Trouble::RowErrors(format!(
+                        "BigQuery rejected row {} of the request at offset {} (row {} of this writer's input): {}{}",
+                        first.index,
+                        front.offset,
+                        front.first_row + first.index as u64,
+                        first.message,
+                        if more > 0 { format!(" (and {more} more rows)") } else { String::new() }
+                    )));
+                }
+                Err(Trouble::Failure(rpc::from_rpc_status(status)))
+            }
+            None => {
+                Err(Trouble::Failure(Failure::Permanent("AppendRows reply has neither a result nor an error".into())))
+            }
         }
     }
 
-    /// Appends `rows` at `next_offset`, retrying transient failures.
-    fn append(&mut self, rows: Vec<Vec<u8>>, first_row: u64) -> Result<(), SinkError> {
+    /// The oldest request in flight is in the stream.
+    fn acknowledge(&mut self) {
+        if let Some(done) = self.in_flight.pop_front() {
+            self.next_offset = done.offset + done.rows;
+        }
+    }
+
+    /// Handles a failure of the oldest request in flight. Returns once the
+    /// writer may go on (the request landed, or was resent with the ones
+    /// after it), or with the error that stops the job.
+    fn recover(&mut self, trouble: Trouble) -> Result<(), SinkError> {
+        let failure = match trouble {
+            Trouble::RowErrors(m) => return Err(error::invalid_data(format!("{}: {m}", self.label()))),
+            Trouble::Failure(f) => f,
+        };
+        let Some(front) = self.in_flight.front_mut() else {
+            // The connection failed with nothing in flight: open another next time.
+            self.conn = None;
+            return Ok(());
+        };
+        let offset = front.offset;
+        match failure {
+            Failure::AlreadyExists(m) => {
+                // Only a request that may have reached the service before can find its offset taken.
+                if !front.sent_before {
+                    return Err(error::fatal(format!(
+                        "{}: offset {offset} already holds rows this writer never sent ({m}); \
+                         another writer is using the stream",
+                        self.label()
+                    )));
+                }
+                log::info(&format!(
+                    "{}: rows at offset {offset} were already appended (the earlier reply was lost); counted, not resent",
+                    self.label()
+                ));
+                self.acknowledge();
+                Ok(())
+            }
+            Failure::OutOfRange(m) => Err(error::fatal(format!(
+                "{}: the stream rejects offset {offset} as out of range ({m}); the writer and the stream disagree, \
+                 so the job stops rather than risk duplicates",
+                self.label()
+            ))),
+            Failure::Permanent(m) => {
+                Err(error::fatal(format!("{}: append at offset {offset} failed: {m}", self.label())))
+            }
+            Failure::Transient(m) => {
+                front.failures += 1;
+                let failures = front.failures;
+                if failures >= self.cfg.attempts {
+                    return Err(error::fatal(format!(
+                        "{}: append at offset {offset} failed {failures} times, last: {m}",
+                        self.label()
+                    )));
+                }
+                log::warn(&format!(
+                    "{}: append at offset {offset} failed ({m}); resending it and the {} request(s) after it",
+                    self.label(),
+                    self.in_flight.len() - 1
+                ));
+                // Replies still due on the old connection are dropped with it;
+                // every request in flight is sent again, in order, on a new one.
+                self.conn = None;
+                rpc::backoff(self.cfg.backoff_ms, failures + 1);
+                self.resend_all()
+            }
+        }
+    }
+
+    /// Sends every request in flight again on a fresh connection.
+    fn resend_all(&mut self) -> Result<(), SinkError> {
+        for f in self.in_flight.iter_mut() {
+            f.sent_before = true;
+        }
+        for i in 0..self.in_flight.len() {
+            let request = std::mem::take(&mut self.in_flight[i].request);
+            let sent = self.send(&request);
+            self.in_flight[i].request = request;
+            if let Err(f) = sent {
+                return self.recover(Trouble::Failure(f));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the oldest request in flight, recovering from failures.
+    fn settle_one(&mut self) -> Result<(), SinkError> {
+        match self.take_reply(self.cfg.rpc_timeout_ms) {
+            Ok(_) => Ok(()),
+            Err(t) => self.recover(t),
+        }
+    }
+
+    /// Takes the replies that already arrived, without waiting.
+    fn settle_ready(&mut self) -> Result<(), SinkError> {
+        while !self.in_flight.is_empty() {
+            match self.take_reply(0) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(t) => self.recover(t)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every request sent is acknowledged.
+    fn drain(&mut self) -> Result<(), SinkError> {
+        while !self.in_flight.is_empty() {
+            self.settle_one()?;
+        }
+        Ok(())
+    }
+
+    /// Appends `rows` at the next offset, keeping at most `max_inflight`
+    /// requests unacknowledged.
+    fn append(&mut self, rows: Vec<Vec<u8>>) -> Result<(), SinkError> {
+        while self.in_flight.len() >= self.cfg.max_inflight {
+            self.settle_one()?;
+        }
         let n = rows.len() as i64;
-        let offset = self.next_offset;
+        let offset = self.send_offset;
         let request = AppendRowsRequest {
             write_stream: self.stream.clone(),
             offset: Some(offset),
@@ -129,83 +337,22 @@ impl Inner {
             ..Default::default()
         }
         .encode_to_vec();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let failure = match self.try_append(&request) {
-                Ok(reply) => match &reply.response {
-                    Some(Response::AppendResult(r)) => {
-                        if let Some(at) = r.offset
-                            && at != offset
-                        {
-                            return Err(error::fatal(format!(
-                                "{}: the service appended at offset {at}, the writer asked for {offset}",
-                                self.label()
-                            )));
-                        }
-                        self.next_offset += n;
-                        return Ok(());
-                    }
-                    Some(Response::Error(status)) => {
-                        if let Some(first) = reply.row_errors.first() {
-                            let more = reply.row_errors.len() - 1;
-                            return Err(error::invalid_data(format!(
-                                "BigQuery rejected row {} of the batch (row {} of this writer's input since it opened): {}{}",
-                                first.index,
-                                first_row + first.index as u64,
-                                first.message,
-                                if more > 0 { format!(" (and {more} more rows)") } else { String::new() }
-                            )));
-                        }
-                        rpc::from_rpc_status(status)
-                    }
-                    None => Failure::Permanent("AppendRows reply has neither a result nor an error".into()),
-                },
-                Err(f) => {
-                    // The connection is gone or unusable; the next try opens another.
-                    self.conn = None;
-                    f
-                }
-            };
-            match failure {
-                Failure::AlreadyExists(m) => {
-                    // Only a retry of this very request can find its offset taken.
-                    if attempt == 1 {
-                        return Err(error::fatal(format!(
-                            "{}: offset {offset} already holds rows this writer never sent ({m}); \
-                             another writer is using the stream",
-                            self.label()
-                        )));
-                    }
-                    log::info(&format!(
-                        "{}: rows at offset {offset} were already appended (the earlier reply was lost); counted, not resent",
-                        self.label()
-                    ));
-                    self.next_offset += n;
-                    return Ok(());
-                }
-                Failure::OutOfRange(m) => {
-                    return Err(error::fatal(format!(
-                        "{}: the stream rejects offset {offset} as out of range ({m}); the writer and the stream disagree, \
-                         so the job stops rather than risk duplicates",
-                        self.label()
-                    )));
-                }
-                Failure::Transient(m) if attempt < self.cfg.attempts => {
-                    log::warn(&format!("{}: append at offset {offset} failed ({m}); retrying", self.label()));
-                    rpc::backoff(self.cfg.backoff_ms, attempt + 1);
-                }
-                Failure::Transient(m) => {
-                    return Err(error::fatal(format!(
-                        "{}: append at offset {offset} failed {attempt} times, last: {m}",
-                        self.label()
-                    )));
-                }
-                Failure::Permanent(m) => {
-                    return Err(error::fatal(format!("{}: append at offset {offset} failed: {m}", self.label())));
-                }
+        let first_row = self.rows_in;
+        self.rows_in += n as u64;
+        self.send_offset += n;
+        let sent = self.send(&request);
+        self.in_flight.push_back(InFlight { offset, rows: n, first_row, request, sent_before: false, failures: 0 });
+        if let Err(f) = sent {
+            // The connection broke while sending: whatever is in flight goes again.
+            self.conn = None;
+            log::warn(&format!("{}: sending the append at offset {offset} failed ({})", self.label(), f.message()));
+            if let Some(last) = self.in_flight.back_mut() {
+                // It may have left before the connection broke.
+                last.sent_before = true;
             }
+            self.resend_all()?;
         }
+        self.settle_ready()
     }
 }
 
@@ -242,9 +389,12 @@ impl GuestWriter for BigQueryWriter {
             writer_schema,
             stream: ws.name,
             next_offset: 0,
+            send_offset: 0,
             prepared_offset: 0,
             checkpoint: restored.map(|r| r.checkpoint).unwrap_or(0),
+            rows_in: 0,
             conn: None,
+            in_flight: VecDeque::new(),
         };
         Ok(sluice_guest_sdk::Writer::new(BigQueryWriter { inner: RefCell::new(inner) }))
     }
@@ -262,14 +412,15 @@ impl GuestWriter for BigQueryWriter {
         let mut encoded = encoded.into_iter();
         for run in runs {
             let chunk: Vec<Vec<u8>> = encoded.by_ref().take(run.len()).collect();
-            let first_row = inner.next_offset as u64;
-            inner.append(chunk, first_row)?;
+            inner.append(chunk)?;
         }
         Ok(())
     }
 
     fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
         let mut inner = self.inner.borrow_mut();
+        // Everything sent so far must be in the stream before its offset is handed over.
+        inner.drain()?;
         inner.checkpoint = c;
         if inner.next_offset == inner.prepared_offset {
             return Ok(None);
@@ -293,7 +444,9 @@ impl GuestWriter for BigQueryWriter {
 
     fn close(&self) -> Result<(), SinkError> {
         // Appends nothing. Rows no checkpoint covers stay unflushed, so invisible.
-        self.inner.borrow_mut().conn = None;
+        let mut inner = self.inner.borrow_mut();
+        inner.in_flight.clear();
+        inner.conn = None;
         Ok(())
     }
 }

@@ -29,7 +29,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 use crate::job::EndpointSpec;
-use crate::plugin::bindings::sluice::connector::grpc::{self as wit, GrpcError};
+use crate::plugin::bindings::sluice::connector::grpc::{self as wit, GrpcError, Received};
 use crate::plugin::host_state::HostState;
 
 /// Largest message accepted from a server (BigQuery's own limit on a request
@@ -298,18 +298,14 @@ impl BidiStream {
         }
     }
 
-    fn receive(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, GrpcError> {
+    fn receive(&mut self, timeout: Duration) -> Result<Received, GrpcError> {
         let timeout = timeout.min(MAX_TIMEOUT);
         let replies = &mut self.replies;
         // The timer must be made inside the runtime.
         match super::runtime().block_on(async move { tokio::time::timeout(timeout, replies.recv()).await }) {
-            Err(_) => Err(status(
-                &self.endpoint,
-                &self.address,
-                Status::deadline_exceeded(format!("no reply on the stream within {} ms", timeout.as_millis())),
-            )),
-            Ok(None) => Ok(None),
-            Ok(Some(Ok(m))) => Ok(Some(m)),
+            Err(_) => Ok(Received::Pending),
+            Ok(None) => Ok(Received::Ended),
+            Ok(Some(Ok(m))) => Ok(Received::Message(m)),
             Ok(Some(Err(s))) => {
                 self.requests = None;
                 Err(status(&self.endpoint, &self.address, s))
@@ -408,7 +404,7 @@ impl wit::HostBidiStream for HostState {
         &mut self,
         stream: wasmtime::component::Resource<BidiStream>,
         timeout_ms: u32,
-    ) -> wasmtime::Result<Result<Option<Vec<u8>>, GrpcError>> {
+    ) -> wasmtime::Result<Result<Received, GrpcError>> {
         Ok(self.table.get_mut(&stream)?.receive(Duration::from_millis(u64::from(timeout_ms))))
     }
 

@@ -68,6 +68,8 @@ pub struct Stats {
     pub streams_created: u64,
     pub append_requests: u64,
     pub rows_appended: u64,
+    /// Serialized row bytes of the applied appends.
+    pub bytes_appended: u64,
     pub already_exists: u64,
     pub flush_calls: u64,
 }

@@ -447,6 +447,7 @@ impl BigQueryWriteService {
             });
         }
         let n = rows.len() as i64;
+        let bytes: u64 = rows.iter().map(|r| r.len() as u64).sum();
         let start = {
             let mut inner = self.shared.inner();
             let Some(stream) = inner.stream_mut(&name) else {
@@ -471,7 +472,11 @@ impl BigQueryWriteService {
             stream.batches.push(StoredRows { descriptor, rows });
             start
         };
-        self.shared.stats().rows_appended += n as u64;
+        {
+            let mut stats = self.shared.stats();
+            stats.rows_appended += n as u64;
+            stats.bytes_appended += bytes;
+        }
         if fault == Some(Fault::ApplyThenDropReply) {
             return Outcome::End(Status::unavailable("injected: connection reset after the append was applied"));
         }

@@ -1,0 +1,232 @@
+//! BigQuery sink throughput, measured in one run against the same in-process
+//! Storage Write API test double (real gRPC over loopback):
+//!
+//! - the Sluice plugin, through the engine (checkpoints, FlushRows per
+//!   checkpoint, the wasm boundary, the host's grpc capability);
+//! - a native Rust writer doing the same protocol with tonic's generated
+//!   client: the same rows (generated inside the timed loop, as Sluice's
+//!   source does), the same row encoder, one BUFFERED stream per writer,
+//!   the same number of requests in flight per stream, FlushRows at the same
+//!   checkpoints.
+//!
+//! Both share the test double, whose work (decoding and checking every row)
+//! is part of both times.
+//!
+//! `cargo build-plugins && cargo run --release -p sluice-bench --bin bigquery-bench`
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
+    AppendRowsRequest, CreateWriteStreamRequest, FlushRowsRequest, ProtoRows, WriteStream,
+    append_rows_request::{ProtoData, Rows},
+    append_rows_response::Response as AppendReply,
+    big_query_write_client::BigQueryWriteClient,
+    write_stream::Type as StreamType,
+};
+use sluice::engine::{self, RunOptions};
+use sluice::job::Job;
+use sluice::plugin::PluginHost;
+use sluice::progress::ProgressMode;
+use sluice::source::generator::Generator;
+use sluice_bench::{Measured, plugin, print_ratio_table};
+use sluice_bigquery_double::{BigQueryDouble, generator_schema};
+use sluice_bigquery_rows::{RowEncoder, split_by_size};
+
+#[derive(Parser)]
+struct Args {
+    /// Rows per measured run.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: u64,
+    /// Rows per checkpoint, over all writers.
+    #[arg(long, default_value_t = 250_000)]
+    checkpoint_rows: u64,
+    /// Repetitions of each path (the table shows the median).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Writer counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    writers: Vec<u32>,
+}
+
+const BATCH_ROWS: u64 = 8192;
+const MAX_REQUEST: usize = 9_000_000;
+/// Requests in flight per stream, for both paths (the plugin's default).
+const MAX_INFLIGHT: usize = 4;
+const TABLE: &str = "projects/bench/datasets/d/tables/events";
+
+fn run_plugin(host: &PluginHost, wasm: &Path, address: &str, args: &Args, writers: u32) -> Result<Duration> {
+    let dir = tempfile::tempdir()?;
+    let toml = format!(
+        r#"
+[job]
+id = "bench"
+parallelism = {writers}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every}
+[source]
+kind = "generator"
+rows = {rows}
+batch_rows = {BATCH_ROWS}
+[sink]
+plugin = "{wasm}"
+[sink.options]
+table = "{TABLE}"
+max_request_bytes = {MAX_REQUEST}
+max_inflight = {MAX_INFLIGHT}
+[sink.grpc.bigquery]
+address = "{address}"
+[sink.sandbox]
+memory_mb = 2048
+"#,
+        every = args.checkpoint_rows / u64::from(writers),
+        rows = args.rows,
+        wasm = wasm.display(),
+    );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, toml)?;
+    let job = Job::load(&path, &[])?;
+    let summary = engine::run(&job, host, &RunOptions { progress: ProgressMode::Quiet, ..RunOptions::default() })?;
+    anyhow::ensure!(summary.rows_total == args.rows, "the plugin landed {} rows", summary.rows_total);
+    Ok(summary.data_elapsed)
+}
+
+/// One native writer: ids `[first, end)`, a flush every `every` rows.
+async fn native_writer(address: String, first: u64, end: u64, every: u64) -> Result<()> {
+    let channel = tonic::transport::Endpoint::from_shared(address)?.tcp_nodelay(true).connect().await?;
+    let mut client = BigQueryWriteClient::new(channel).max_decoding_message_size(64 << 20);
+    let stream = client
+        .create_write_stream(CreateWriteStreamRequest {
+            parent: TABLE.to_string(),
+            write_stream: Some(WriteStream { r#type: StreamType::Buffered as i32, ..Default::default() }),
+        })
+        .await?
+        .into_inner();
+    let encoder = RowEncoder::new(Generator::schema_ref(), stream.table_schema.as_ref())?;
+    let writer_schema = encoder.writer_schema();
+    let (tx, rx) = tokio::sync::mpsc::channel::<AppendRowsRequest>(MAX_INFLIGHT);
+    let mut replies = client.append_rows(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    let mut in_flight = 0usize;
+    let mut offset: i64 = 0;
+    let mut next = first;
+    let mut since_flush = 0;
+    while next < end {
+        let stop = end.min(next + BATCH_ROWS);
+        let batch = Generator::batch_for(next, stop);
+        let mut rows = Vec::new();
+        encoder.encode(&batch, &mut rows)?;
+        let runs = split_by_size(&rows, MAX_REQUEST);
+        let mut rows = rows.into_iter();
+        for run in runs {
+            let chunk: Vec<Vec<u8>> = rows.by_ref().take(run.len()).collect();
+            let n = chunk.len() as i64;
+            // The same window as the plugin: at most MAX_INFLIGHT unacknowledged requests.
+            while in_flight >= MAX_INFLIGHT {
+                check(replies.message().await?)?;
+                in_flight -= 1;
+            }
+            tx.send(AppendRowsRequest {
+                write_stream: stream.name.clone(),
+                offset: Some(offset),
+                rows: Some(Rows::ProtoRows(ProtoData {
+                    writer_schema: Some(writer_schema.clone()),
+                    rows: Some(ProtoRows { serialized_rows: chunk }),
+                })),
+                ..Default::default()
+            })
+            .await?;
+            in_flight += 1;
+            offset += n;
+        }
+        since_flush += stop - next;
+        next = stop;
+        if since_flush >= every || next == end {
+            while in_flight > 0 {
+                check(replies.message().await?)?;
+                in_flight -= 1;
+            }
+            client.flush_rows(FlushRowsRequest { write_stream: stream.name.clone(), offset: Some(offset - 1) }).await?;
+            since_flush = 0;
+        }
+    }
+    Ok(())
+}
+
+fn check(
+    reply: Option<
+        googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::AppendRowsResponse,
+    >,
+) -> Result<()> {
+    match reply.context("the stream ended")?.response {
+        Some(AppendReply::Error(e)) => bail!("append failed: {e:?}"),
+        _ => Ok(()),
+    }
+}
+
+fn run_native(rt: &tokio::runtime::Runtime, address: &str, args: &Args, writers: u32) -> Result<Duration> {
+    let started = Instant::now();
+    rt.block_on(async {
+        let p = u64::from(writers);
+        let tasks: Vec<_> = (0..p)
+            .map(|s| {
+                let (first, end) = (s * args.rows / p, (s + 1) * args.rows / p);
+                tokio::spawn(native_writer(address.to_string(), first, end, args.checkpoint_rows / p))
+            })
+            .collect();
+        for t in tasks {
+            t.await??;
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(started.elapsed())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let wasm = plugin("sluice_sink_bigquery.wasm")?;
+    let cache = sluice_bench::workspace().join("target/bench-component-cache");
+    let host = PluginHost::new(Some(cache))?;
+    host.load(&wasm)?; // compile (or load the cached compilation) before timing
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+
+    let mut bytes_per_row = 0.0;
+    for &w in &args.writers {
+        let mut native =
+            Measured { name: format!("native tonic writer, {w} stream(s)"), rows: args.rows, times: vec![] };
+        let mut plugin =
+            Measured { name: format!("sluice bigquery plugin, {w} writer(s)"), rows: args.rows, times: vec![] };
+        for rep in 0..args.reps {
+            eprintln!("{w} writer(s): repetition {}/{}", rep + 1, args.reps);
+            // A fresh double per run, so no run pays for another's stored rows.
+            let d = BigQueryDouble::start()?;
+            d.create_table(TABLE, generator_schema());
+            native.times.push(run_native(&rt, &d.address(), &args, w)?);
+            let stats = d.stats();
+            anyhow::ensure!(d.visible_count(TABLE) == args.rows, "native landed {} rows", d.visible_count(TABLE));
+            bytes_per_row = stats.bytes_appended as f64 / stats.rows_appended.max(1) as f64;
+            drop(d);
+            let d = BigQueryDouble::start()?;
+            d.create_table(TABLE, generator_schema());
+            plugin.times.push(run_plugin(&host, &wasm, &d.address(), &args, w)?);
+            anyhow::ensure!(d.visible_count(TABLE) == args.rows, "the plugin landed {} rows", d.visible_count(TABLE));
+        }
+        let baseline = native.name.clone();
+        let pair = [native, plugin];
+        print_ratio_table(
+            &format!(
+                "BigQuery sink, {w} writer(s): {} rows, {} rows per checkpoint, median of {}",
+                args.rows, args.checkpoint_rows, args.reps
+            ),
+            &pair,
+            &baseline,
+        );
+        for m in &pair {
+            println!("{}: {:.1} MB/s of serialized rows", m.name, m.rows_per_sec() * bytes_per_row / 1e6);
+        }
+        println!();
+    }
+    Ok(())
+}
