@@ -1,0 +1,223 @@
+//! The double answers as the Storage Write API documents, through tonic's
+//! generated client over loopback: strict offsets with `StorageError`
+//! details, inclusive and cumulative FlushRows, stream types and their
+//! visibility, finalize, schema checks and the request size limit.
+
+use googleapis_tonic_google_rpc::google::rpc::Status as RpcStatus;
+use prost::Message;
+use prost_types::field_descriptor_proto::{Label, Type as ProtoType};
+use prost_types::{DescriptorProto, FieldDescriptorProto};
+use sluice_bigquery_double::proto::append_rows_request::{ProtoData, Rows};
+use sluice_bigquery_double::proto::append_rows_response::Response as Reply;
+use sluice_bigquery_double::proto::big_query_write_client::BigQueryWriteClient;
+use sluice_bigquery_double::proto::storage_error::StorageErrorCode;
+use sluice_bigquery_double::proto::table_field_schema::{Mode, Type};
+use sluice_bigquery_double::proto::write_stream::Type as StreamType;
+use sluice_bigquery_double::proto::{
+    AppendRowsRequest, AppendRowsResponse, BatchCommitWriteStreamsRequest, CreateWriteStreamRequest,
+    FinalizeWriteStreamRequest, FlushRowsRequest, GetWriteStreamRequest, ProtoRows, ProtoSchema, StorageError,
+    TableSchema, WriteStream, WriteStreamView,
+};
+use sluice_bigquery_double::{BigQueryDouble, column};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const TABLE: &str = "projects/p/datasets/d/tables/t";
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Row {
+    #[prost(int64, optional, tag = "1")]
+    id: Option<i64>,
+    #[prost(string, optional, tag = "2")]
+    extra: Option<String>,
+}
+
+fn descriptor(with_extra: bool) -> ProtoSchema {
+    let field = |name: &str, n: i32, t: ProtoType| FieldDescriptorProto {
+        name: Some(name.into()),
+        number: Some(n),
+        label: Some(Label::Optional as i32),
+        r#type: Some(t as i32),
+        ..Default::default()
+    };
+    let mut fields = vec![field("id", 1, ProtoType::Int64)];
+    if with_extra {
+        fields.push(field("extra", 2, ProtoType::String));
+    }
+    ProtoSchema {
+        proto_descriptor: Some(DescriptorProto { name: Some("row".into()), field: fields, ..Default::default() }),
+    }
+}
+
+struct Api {
+    rt: tokio::runtime::Runtime,
+    client: BigQueryWriteClient<Channel>,
+    double: BigQueryDouble,
+}
+
+impl Api {
+    fn new() -> Self {
+        let double = BigQueryDouble::start().expect("double");
+        double.create_table(TABLE, TableSchema { fields: vec![column("id", Type::Int64, Mode::Required)] });
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let client = rt.block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(double.address())
+                .expect("uri")
+                .connect()
+                .await
+                .expect("connect");
+            BigQueryWriteClient::new(channel)
+        });
+        Self { rt, client, double }
+    }
+
+    fn create(&mut self, kind: StreamType) -> String {
+        let req = CreateWriteStreamRequest {
+            parent: TABLE.into(),
+            write_stream: Some(WriteStream { r#type: kind as i32, ..Default::default() }),
+        };
+        self.rt.block_on(self.client.create_write_stream(req)).expect("create").into_inner().name
+    }
+
+    /// Sends one AppendRows request per `(offset, ids)` on one connection.
+    fn append(&mut self, stream: &str, requests: &[(Option<i64>, Vec<i64>)], extra: bool) -> Vec<AppendRowsResponse> {
+        let reqs: Vec<AppendRowsRequest> = requests
+            .iter()
+            .map(|(offset, ids)| AppendRowsRequest {
+                write_stream: stream.into(),
+                offset: *offset,
+                rows: Some(Rows::ProtoRows(ProtoData {
+                    writer_schema: Some(descriptor(extra)),
+                    rows: Some(ProtoRows {
+                        serialized_rows: ids
+                            .iter()
+                            .map(|id| Row { id: Some(*id), extra: extra.then(|| "x".into()) }.encode_to_vec())
+                            .collect(),
+                    }),
+                })),
+                ..Default::default()
+            })
+            .collect();
+        let n = reqs.len();
+        self.rt.block_on(async {
+            let mut replies = self.client.append_rows(tokio_stream::iter(reqs)).await.expect("append").into_inner();
+            let mut out = Vec::new();
+            for _ in 0..n {
+                out.push(replies.message().await.expect("reply").expect("a reply per request"));
+            }
+            out
+        })
+    }
+
+    fn flush(&mut self, stream: &str, offset: i64) -> Result<i64, tonic::Status> {
+        let req = FlushRowsRequest { write_stream: stream.into(), offset: Some(offset) };
+        self.rt.block_on(self.client.flush_rows(req)).map(|r| r.into_inner().offset)
+    }
+
+    fn visible(&self) -> Vec<i64> {
+        let mut ids: Vec<i64> = self.double.visible_rows(TABLE).iter().map(|r| r["id"].as_i64().expect("id")).collect();
+        ids.sort();
+        ids
+    }
+}
+
+fn storage_code(status: &RpcStatus) -> Option<StorageErrorCode> {
+    status
+        .details
+        .iter()
+        .find(|d| d.type_url.ends_with("StorageError"))
+        .and_then(|d| StorageError::decode(d.value.as_slice()).ok())
+        .and_then(|e| StorageErrorCode::try_from(e.code).ok())
+}
+
+fn in_band(reply: &AppendRowsResponse) -> (Code, Option<StorageErrorCode>) {
+    match &reply.response {
+        Some(Reply::Error(s)) => (Code::from_i32(s.code), storage_code(s)),
+        other => panic!("expected an in-band error, got {other:?}"),
+    }
+}
+
+#[test]
+fn offsets_are_strict_and_errors_carry_storage_error_details() {
+    let mut api = Api::new();
+    let s = api.create(StreamType::Buffered);
+    let replies =
+        api.append(&s, &[(Some(0), vec![1, 2]), (Some(0), vec![1, 2]), (Some(5), vec![3]), (Some(2), vec![3])], false);
+    assert!(matches!(replies[0].response, Some(Reply::AppendResult(ref r)) if r.offset == Some(0)));
+    assert_eq!(in_band(&replies[1]), (Code::AlreadyExists, Some(StorageErrorCode::OffsetAlreadyExists)));
+    assert_eq!(in_band(&replies[2]), (Code::OutOfRange, Some(StorageErrorCode::OffsetOutOfRange)));
+    assert!(
+        matches!(replies[3].response, Some(Reply::AppendResult(ref r)) if r.offset == Some(2)),
+        "the connection survives in-band errors"
+    );
+}
+
+#[test]
+fn buffered_rows_become_visible_by_inclusive_cumulative_flushes() {
+    let mut api = Api::new();
+    let s = api.create(StreamType::Buffered);
+    api.append(&s, &[(Some(0), vec![10, 11, 12, 13])], false);
+    assert!(api.visible().is_empty(), "BUFFERED rows are invisible before a flush");
+    assert_eq!(api.flush(&s, 1).ok(), Some(1));
+    assert_eq!(api.visible(), vec![10, 11], "flush is inclusive");
+    assert_eq!(api.flush(&s, 0).ok(), Some(0), "flushing an already flushed offset succeeds");
+    assert_eq!(api.visible(), vec![10, 11], "and changes nothing");
+    assert_eq!(api.flush(&s, 3).ok(), Some(3));
+    assert_eq!(api.visible(), vec![10, 11, 12, 13]);
+    let e = api.flush(&s, 4).expect_err("beyond the end");
+    assert_eq!(e.code(), Code::OutOfRange);
+    let details = RpcStatus::decode(e.details()).expect("grpc-status-details-bin is a google.rpc.Status");
+    assert_eq!(storage_code(&details), Some(StorageErrorCode::OffsetOutOfRange));
+}
+
+#[test]
+fn committed_pending_and_finalized_streams_follow_their_types() {
+    let mut api = Api::new();
+    let committed = api.create(StreamType::Committed);
+    api.append(&committed, &[(None, vec![1])], false);
+    assert_eq!(api.visible(), vec![1], "COMMITTED rows are visible at once");
+    let e = api.flush(&committed, 0).expect_err("flush needs BUFFERED");
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    let pending = api.create(StreamType::Pending);
+    api.append(&pending, &[(Some(0), vec![2])], false);
+    let commit = |api: &mut Api| {
+        let req = BatchCommitWriteStreamsRequest { parent: TABLE.into(), write_streams: vec![pending.clone()] };
+        api.rt.block_on(api.client.batch_commit_write_streams(req)).expect("batch commit").into_inner()
+    };
+    let early = commit(&mut api);
+    assert_eq!(early.stream_errors.len(), 1, "a PENDING stream must be finalized first");
+    assert_eq!(api.visible(), vec![1]);
+    let fin = api.rt.block_on(api.client.finalize_write_stream(FinalizeWriteStreamRequest { name: pending.clone() }));
+    assert_eq!(fin.expect("finalize").into_inner().row_count, 1);
+    let replies = api.append(&pending, &[(Some(1), vec![3])], false);
+    assert_eq!(in_band(&replies[0]).1, Some(StorageErrorCode::StreamFinalized));
+    assert!(commit(&mut api).stream_errors.is_empty());
+    assert_eq!(api.visible(), vec![1, 2]);
+}
+
+#[test]
+fn schemas_tables_and_the_size_limit_are_checked() {
+    let mut api = Api::new();
+    let full = api.rt.block_on(api.client.get_write_stream(GetWriteStreamRequest {
+        name: format!("{TABLE}/streams/_default"),
+        view: WriteStreamView::Full as i32,
+    }));
+    assert_eq!(full.expect("get").into_inner().table_schema.map(|s| s.fields.len()), Some(1));
+    let missing = api.rt.block_on(api.client.get_write_stream(GetWriteStreamRequest {
+        name: "projects/p/datasets/d/tables/nope/streams/_default".into(),
+        view: WriteStreamView::Full as i32,
+    }));
+    let e = missing.expect_err("no such table");
+    assert_eq!(e.code(), Code::NotFound);
+    assert_eq!(storage_code(&RpcStatus::decode(e.details()).expect("details")), Some(StorageErrorCode::TableNotFound));
+
+    let s = api.create(StreamType::Buffered);
+    let replies = api.append(&s, &[(Some(0), vec![1])], true);
+    assert_eq!(in_band(&replies[0]), (Code::InvalidArgument, Some(StorageErrorCode::SchemaMismatchExtraFields)));
+
+    let big: Vec<i64> = (0..2_000_000).collect(); // about 12 MB
+    let replies = api.append(&s, &[(Some(0), big)], false);
+    assert_eq!(in_band(&replies[0]).0, Code::InvalidArgument, "requests over 10 MB are refused");
+    assert_eq!(api.double.stats().rows_appended, 0);
+}
