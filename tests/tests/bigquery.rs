@@ -279,11 +279,18 @@ fn check_reports_each_problem_in_one_line() {
     d.create_table("projects/p/datasets/d/tables/wrong", wrong);
     let job = job("bq-check", &d);
     job.load(&[]).expect("valid job file");
+    let https = format!("sink.grpc.bigquery.address={}", d.address().replace("http://", "https://"));
     let cases: &[(&[&str], Option<&str>)] = &[
         (&[], None),
         (
             &["--set", "sink.grpc.bigquery.address=http://127.0.0.1:9"],
             Some("the Storage Write API is unreachable (UNAVAILABLE: endpoint `bigquery` (http://127.0.0.1:9)"),
+        ),
+        // https means TLS (rustls, system roots): the plaintext double fails the handshake.
+        (&["--set", &https], Some("received corrupt message of type InvalidContentType")),
+        (
+            &["--set", "sink.grpc.bigquery.token_env=SLUICE_TEST_NO_SUCH_VAR"],
+            Some("sink.grpc.bigquery: the token environment variable SLUICE_TEST_NO_SUCH_VAR is not set"),
         ),
         (
             &["--set", "sink.options.table=projects/p/datasets/d/tables/nope"],
@@ -339,4 +346,19 @@ fn example_job_lands_every_row_once() {
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("job bigquery-demo finished: 200000 rows"), "{stdout}");
     assert_exactly_once_range(&bigquery_rows(&d.visible_rows(table)), 0, 200_000);
+}
+
+/// When the stream returns no table schema, the `table_schema` option (BigQuery
+/// JSON, as `bq show --schema` prints it) is what the rows are checked against.
+#[test]
+fn the_table_schema_option_stands_in_for_a_stream_without_one() {
+    let d = double();
+    d.hide_table_schema();
+    let schema = r#"[{"name":"id","type":"INTEGER","mode":"REQUIRED"},{"name":"qty","type":"INTEGER"},{"name":"price","type":"FLOAT"},{"name":"amount","type":"NUMERIC"},{"name":"name","type":"STRING"},{"name":"note","type":"STRING"},{"name":"day","type":"DATE"},{"name":"ts","type":"TIMESTAMP"}]"#;
+    let job = TestJob::bigquery("bq-schema-opt", &d.address(), TABLE, 1000, 1, 500);
+    let wrong = schema.replace(r#""name":"day","type":"DATE""#, r#""name":"day","type":"STRING""#);
+    let err = job.run_with(&[&format!("sink.options.table_schema='{wrong}'")], None).expect_err("mismatch").to_string();
+    assert!(err.contains("column `day`") && err.contains("STRING"), "{err}");
+    job.run_with(&[&format!("sink.options.table_schema='{schema}'")], None).expect("run");
+    assert_exactly_once_range(&bigquery_rows(&d.visible_rows(TABLE)), 0, 1000);
 }

@@ -67,6 +67,57 @@ pub enum SchemaError {
     MissingRequired { column: String },
 }
 
+/// Reads a table schema in BigQuery's JSON form, as `bq show --schema`
+/// prints it: `[{"name": "id", "type": "INTEGER", "mode": "REQUIRED"},
+/// {"name": "p", "type": "RECORD", "fields": [...]}]` (legacy and standard
+/// type names both work; the mode defaults to NULLABLE).
+pub fn parse_table_schema(json: &str) -> Result<TableSchema, String> {
+    #[derive(serde::Deserialize)]
+    struct JsonField {
+        name: String,
+        #[serde(rename = "type")]
+        ty: String,
+        #[serde(default)]
+        mode: Option<String>,
+        #[serde(default)]
+        fields: Vec<JsonField>,
+    }
+    fn convert(f: JsonField) -> Result<TableFieldSchema, String> {
+        let ty = match f.ty.to_ascii_uppercase().as_str() {
+            "INTEGER" | "INT64" => Type::Int64,
+            "FLOAT" | "FLOAT64" => Type::Double,
+            "NUMERIC" => Type::Numeric,
+            "BIGNUMERIC" => Type::Bignumeric,
+            "BOOLEAN" | "BOOL" => Type::Bool,
+            "STRING" => Type::String,
+            "BYTES" => Type::Bytes,
+            "DATE" => Type::Date,
+            "DATETIME" => Type::Datetime,
+            "TIME" => Type::Time,
+            "TIMESTAMP" => Type::Timestamp,
+            "RECORD" | "STRUCT" => Type::Struct,
+            "JSON" => Type::Json,
+            "GEOGRAPHY" => Type::Geography,
+            other => return Err(format!("column `{}`: unknown type {other:?}", f.name)),
+        };
+        let mode = match f.mode.as_deref().map(str::to_ascii_uppercase).as_deref() {
+            None | Some("NULLABLE") => Mode::Nullable,
+            Some("REQUIRED") => Mode::Required,
+            Some("REPEATED") => Mode::Repeated,
+            Some(other) => return Err(format!("column `{}`: unknown mode {other:?}", f.name)),
+        };
+        Ok(TableFieldSchema {
+            name: f.name,
+            r#type: ty as i32,
+            mode: mode as i32,
+            fields: f.fields.into_iter().map(convert).collect::<Result<_, _>>()?,
+            ..Default::default()
+        })
+    }
+    let fields: Vec<JsonField> = serde_json::from_str(json).map_err(|e| format!("not a BigQuery JSON schema: {e}"))?;
+    Ok(TableSchema { fields: fields.into_iter().map(convert).collect::<Result<_, _>>()? })
+}
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum EncodeError {
     #[error("batch column {index} (`{name}`) has type {found}, but the writer was opened for {expected}")]

@@ -182,3 +182,17 @@ fn split_keeps_every_request_under_the_limit() {
         assert!(size <= 1000 || r.len() == 1, "{r:?} has {size} bytes");
     }
 }
+
+#[test]
+fn json_schemas_as_bq_prints_them_parse() {
+    let t = parse_table_schema(
+        r#"[{"name":"id","type":"INTEGER","mode":"REQUIRED"},{"name":"p","type":"RECORD","mode":"REPEATED","fields":[{"name":"x","type":"FLOAT"}]}]"#,
+    )
+    .unwrap();
+    assert_eq!(t.fields[0].r#type, Type::Int64 as i32);
+    assert_eq!(t.fields[0].mode, Mode::Required as i32);
+    assert_eq!(t.fields[1].mode, Mode::Repeated as i32);
+    assert_eq!(t.fields[1].fields[0].r#type, Type::Double as i32);
+    assert_eq!(t.fields[1].fields[0].mode, Mode::Nullable as i32);
+    assert!(parse_table_schema(r#"[{"name":"a","type":"DECIMAL"}]"#).unwrap_err().contains("column `a`"));
+}

@@ -1,5 +1,6 @@
 //! The sink's options (`[sink.options]`).
 
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::TableSchema;
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
 
@@ -24,6 +25,12 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("4"),
         ),
+        option_spec(
+            "table_schema",
+            "The table's schema as BigQuery JSON (`bq show --schema`), used when the write stream does not return it",
+            false,
+            None,
+        ),
         option_spec("rpc_timeout_ms", "How long to wait for a reply to one request", false, Some("60000")),
         option_spec(
             "attempts",
@@ -44,6 +51,7 @@ pub(crate) struct Config {
     pub endpoint: String,
     pub max_request_bytes: usize,
     pub max_inflight: usize,
+    pub table_schema: Option<TableSchema>,
     pub rpc_timeout_ms: u32,
     pub attempts: u32,
     pub backoff_ms: u64,
@@ -79,7 +87,15 @@ impl Config {
         if !(1..=64).contains(&max_inflight) {
             return Err(error::config(format!("option `max_inflight` = {max_inflight} must be between 1 and 64")));
         }
+        let table_schema = match o.get("table_schema") {
+            None => None,
+            Some(json) => Some(
+                sluice_bigquery_rows::parse_table_schema(json)
+                    .map_err(|e| error::config(format!("option `table_schema`: {e}")))?,
+            ),
+        };
         Ok(Self {
+            table_schema,
             max_inflight,
             table,
             endpoint: o.required("endpoint")?.to_string(),

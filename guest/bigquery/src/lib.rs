@@ -54,7 +54,7 @@ impl Guest for BigQuerySink {
                 error::config(format!("cannot read table {}: {m}", cfg.table))
             }
         })?;
-        let Some(table) = ws.table_schema else {
+        let Some(table) = ws.table_schema.or(cfg.table_schema) else {
             return Err(error::config(format!("the service returned no schema for table {}", cfg.table)));
         };
         RowEncoder::new(arrow, Some(&table)).map_err(|e| error::config(format!("{}: {e}", cfg.table)))?;

@@ -373,7 +373,8 @@ impl GuestWriter for BigQueryWriter {
             None => None,
         };
         let ws = create_stream(&cfg)?;
-        let encoder = RowEncoder::new(arrow, ws.table_schema.as_ref())
+        // The stream's schema is the table's own; the option stands in when it is absent.
+        let encoder = RowEncoder::new(arrow, ws.table_schema.as_ref().or(cfg.table_schema.as_ref()))
             .map_err(|e| error::config(format!("{}: {e}", cfg.table)))?;
         if let Some(old) = &restored {
             log::info(&format!(

@@ -82,6 +82,8 @@ pub(crate) struct Shared {
     pub(crate) stats: Mutex<Stats>,
     /// When set, every call must carry `authorization: Bearer <token>`.
     pub(crate) token: Mutex<Option<String>>,
+    /// Answer CreateWriteStream and GetWriteStream without `table_schema`.
+    pub(crate) hide_schema: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -170,6 +172,12 @@ impl BigQueryDouble {
     /// credentials for the operation").
     pub fn require_token(&self, token: &str) {
         *self.shared.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.to_string());
+    }
+
+    /// Leaves `table_schema` out of stream replies, as API versions before
+    /// the field existed did, so a client must be given the schema.
+    pub fn hide_table_schema(&self) {
+        self.shared.hide_schema.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Aims `fault` at the `nth` call of `rpc` (counted from 1 since start).

@@ -99,6 +99,7 @@ impl BigQueryWriteService {
         let mut inner = self.shared.inner();
         let Some(table) = inner.tables.get(&req.parent) else { return Err(table_not_found(&req.parent)) };
         let table_schema = table.schema.clone();
+        let hide = self.shared.hide_schema.load(std::sync::atomic::Ordering::Relaxed);
         inner.next_stream += 1;
         let name = format!("{}/streams/s{:06}", req.parent, inner.next_stream);
         inner.streams.insert(name.clone(), Stream::new(&req.parent, kind));
@@ -110,7 +111,7 @@ impl BigQueryWriteService {
             // "table_schema: ... It is only returned in CreateWriteStream
             // response. Caller should generate data that's compatible with
             // this schema to send in initial AppendRowsRequest."
-            table_schema: Some(table_schema),
+            table_schema: if hide { None } else { Some(table_schema) },
             ..Default::default()
         };
         if fault == Some(Fault::ApplyThenDropReply) {
@@ -121,7 +122,8 @@ impl BigQueryWriteService {
 
     fn get_write_stream(&self, req: GetWriteStreamRequest) -> Result<WriteStream, Status> {
         let mut inner = self.shared.inner();
-        let full = req.view == WriteStreamView::Full as i32;
+        let full = req.view == WriteStreamView::Full as i32
+            && !self.shared.hide_schema.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(table) = Inner::default_stream_table(&req.name)
             && !inner.tables.contains_key(table)
         {
