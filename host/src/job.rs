@@ -176,15 +176,24 @@ pub struct SinkSpec {
 #[serde(deny_unknown_fields)]
 pub struct CatalogSpec {
     /// `sql`: iceberg-rust's `SqlCatalog` on a SQLite file (the embedded
-    /// default; PyIceberg's `SqlCatalog` reads the same file).
+    /// default; PyIceberg's `SqlCatalog` reads the same file). `rest`: an
+    /// Iceberg REST catalog at `uri`.
     #[serde(default)]
     pub kind: CatalogKind,
     /// Catalog name, as readers must name it too (PyIceberg's `SqlCatalog(name, ...)`).
     #[serde(default = "default_catalog_name")]
     pub name: String,
     /// The SQLite database file (`kind = "sql"`).
-    pub database: PathBuf,
-    /// Directory under which new tables are placed.
+    #[serde(default)]
+    pub database: Option<PathBuf>,
+    /// The REST catalog's base URI, e.g. `http://localhost:8181` (`kind = "rest"`).
+    #[serde(default)]
+    pub uri: Option<String>,
+    /// Environment variable holding a bearer token for the REST catalog.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Directory under which new tables are placed (for `rest`: the
+    /// warehouse asked of the catalog); granted to the plugin read-write.
     pub warehouse: PathBuf,
     /// Latency added to every commit before its compare-and-swap, to stand in
     /// for a remote catalog (benchmarks).
@@ -197,6 +206,7 @@ pub struct CatalogSpec {
 pub enum CatalogKind {
     #[default]
     Sql,
+    Rest,
 }
 
 fn default_catalog_name() -> String {

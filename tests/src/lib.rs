@@ -4,6 +4,8 @@
 //! Invariants of every exactly-once assertion here: rows are compared by id
 //! *and* by value against the generator's deterministic rows, never by count.
 
+pub mod rest_catalog;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -386,9 +388,22 @@ pub fn catalog(warehouse: &Path) -> sluice::capability::catalog::CatalogGrant {
 
 /// Reads `table` ("ns.name") of the warehouse: rows and snapshot ancestry.
 pub fn read_iceberg(warehouse: &Path, table: &str) -> IcebergTable {
+    read_iceberg_from(&catalog(warehouse), table)
+}
+
+/// Reads `table` through the REST catalog at `uri`.
+pub fn read_iceberg_rest(uri: &str, warehouse: &Path, table: &str) -> IcebergTable {
+    let catalog =
+        sluice::capability::catalog::CatalogGrant::open_rest("sluice", uri, warehouse, None, Default::default())
+            .expect("opening the REST catalog");
+    read_iceberg_from(&catalog, table)
+}
+
+/// Reads `table` ("ns.name") through `catalog`: rows and snapshot ancestry.
+pub fn read_iceberg_from(catalog: &sluice::capability::catalog::CatalogGrant, table: &str) -> IcebergTable {
     use futures::TryStreamExt;
     let ident = iceberg::TableIdent::from_strs(table.split('.')).expect("table name");
-    let table = catalog(warehouse).load(&ident).unwrap_or_else(|e| panic!("loading {ident}: {e:?}"));
+    let table = catalog.load(&ident).unwrap_or_else(|e| panic!("loading {ident}: {e:?}"));
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     let batches: Vec<RecordBatch> = rt.block_on(async {
         let scan = table.scan().select_all().build().expect("scan");

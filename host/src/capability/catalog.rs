@@ -1,5 +1,6 @@
 //! The `iceberg-catalog` capability: the one catalog the job file configures
-//! for the sink (`[sink.catalog]`), served with iceberg-rust's `SqlCatalog`.
+//! for the sink (`[sink.catalog]`), served with iceberg-rust's `SqlCatalog`
+//! (the embedded default) or `RestCatalog` (`kind = "rest"`).
 //!
 //! Invariants:
 //! - a plugin reaches only this catalog; its address and credentials never
@@ -19,7 +20,9 @@
 //! applies it with iceberg's public `TableRequirement::check`,
 //! `TableUpdate::apply` and `TableMetadata::write_to`, and performs the same
 //! compare-and-swap `SqlCatalog::update_table` does, on the same table of the
-//! same database (schema shared with PyIceberg's `SqlCatalog`).
+//! same database (schema shared with PyIceberg's `SqlCatalog`). For the same
+//! reason a REST commit is the spec's `updateTable` call made here
+//! ([`RestCommitter`]), which is what `RestCatalog::update_table` sends.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -35,11 +38,13 @@ use iceberg::{
     Catalog, CatalogBuilder, ErrorKind, MetadataLocation, NamespaceIdent, TableCreation, TableIdent, TableRequirement,
     TableUpdate,
 };
-use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+use iceberg_catalog_rest::{REST_CATALOG_PROP_URI, REST_CATALOG_PROP_WAREHOUSE, RestCatalogBuilder};
+use iceberg_catalog_sql::{SqlBindStyle, SqlCatalogBuilder};
 use serde::Deserialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use thiserror::Error;
 
+use crate::capability::catalog_rest::RestCommitter;
 use crate::capability::fault::InjectedCrash;
 use crate::plugin::bindings::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
 use crate::plugin::host_state::HostState;
@@ -49,7 +54,7 @@ use crate::plugin::host_state::HostState;
 pub enum CatalogSetupError {
     #[error("cannot create {path}: {source}")]
     Dir { path: PathBuf, source: std::io::Error },
-    #[error("cannot open the SQLite catalog {uri}: {message}")]
+    #[error("cannot open the catalog {uri}: {message}")]
     Open { uri: String, message: String },
 }
 
@@ -80,17 +85,28 @@ pub struct CatalogStats {
     pub conflicts: AtomicU64,
 }
 
+/// How commits reach the catalog.
+enum Backend {
+    /// `SqlCatalog`'s own table, updated with a compare-and-swap.
+    Sql {
+        pool: SqlitePool,
+        /// Serialises this process's compare-and-swaps, so SQLite's writer lock
+        /// is taken by one of them at a time (other processes wait on it).
+        cas: tokio::sync::Mutex<()>,
+    },
+    /// A REST catalog's `updateTable` endpoint.
+    Rest(RestCommitter),
+}
+
 /// The sink's catalog, shared by the instances of a run.
 pub struct CatalogGrant {
     catalog_name: String,
-    sql: SqlCatalog,
-    pool: SqlitePool,
+    /// Loads and creates tables: iceberg-rust's `SqlCatalog` or `RestCatalog`.
+    catalog: Box<dyn Catalog>,
+    backend: Backend,
     uri: String,
     faults: CatalogFaults,
     pub stats: CatalogStats,
-    /// Serialises this process's compare-and-swaps, so SQLite's writer lock
-    /// is taken by one of them at a time (other processes wait on it).
-    cas: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for CatalogGrant {
@@ -142,12 +158,52 @@ impl CatalogGrant {
             .map_err(|e| open_err(e.to_string()))?;
         Ok(Self {
             catalog_name: name.to_string(),
-            sql,
-            pool,
+            catalog: Box::new(sql),
+            backend: Backend::Sql { pool, cas: tokio::sync::Mutex::new(()) },
             uri,
             faults,
             stats: CatalogStats::default(),
-            cas: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Connects to the REST catalog at `uri` (its `/v1/config` must answer).
+    /// `warehouse` is passed to the catalog as the warehouse it should use,
+    /// and `token` is sent as a bearer token.
+    pub fn open_rest(
+        name: &str,
+        uri: &str,
+        warehouse: &Path,
+        token: Option<String>,
+        faults: CatalogFaults,
+    ) -> Result<Self, CatalogSetupError> {
+        std::fs::create_dir_all(warehouse)
+            .map_err(|source| CatalogSetupError::Dir { path: warehouse.to_path_buf(), source })?;
+        let open_err = |message: String| CatalogSetupError::Open { uri: uri.to_string(), message };
+        let rt = super::runtime();
+        let committer =
+            rt.block_on(RestCommitter::connect(uri, &to_file_uri(warehouse), token.clone())).map_err(open_err)?;
+        let mut props = HashMap::from([
+            (REST_CATALOG_PROP_URI.to_string(), uri.trim_end_matches('/').to_string()),
+            (REST_CATALOG_PROP_WAREHOUSE.to_string(), to_file_uri(warehouse)),
+        ]);
+        if let Some(token) = token {
+            props.insert("token".to_string(), token);
+        }
+        let rest = rt
+            .block_on(
+                RestCatalogBuilder::default()
+                    .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                    .with_runtime(iceberg::Runtime::new(rt))
+                    .load(name, props),
+            )
+            .map_err(|e| open_err(e.to_string()))?;
+        Ok(Self {
+            catalog_name: name.to_string(),
+            catalog: Box::new(rest),
+            backend: Backend::Rest(committer),
+            uri: uri.to_string(),
+            faults,
+            stats: CatalogStats::default(),
         })
     }
 
@@ -157,7 +213,7 @@ impl CatalogGrant {
 
     /// Loads a table (for the host's own checks and for tests).
     pub fn load(&self, ident: &TableIdent) -> Result<Table, CatalogError> {
-        super::runtime().block_on(self.sql.load_table(ident)).map_err(load_error)
+        super::runtime().block_on(self.catalog.load_table(ident)).map_err(load_error)
     }
 
     fn load_table(&self, ident: &TableIdent) -> Result<LoadedTable, CatalogError> {
@@ -192,19 +248,19 @@ impl CatalogGrant {
             .properties(request.properties)
             .build();
         super::runtime().block_on(async {
-            if !self.sql.namespace_exists(&namespace).await.map_err(other)? {
+            if !self.catalog.namespace_exists(&namespace).await.map_err(other)? {
                 // Another job may create it at the same moment: that is fine.
-                if let Err(e) = self.sql.create_namespace(&namespace, HashMap::new()).await
-                    && !self.sql.namespace_exists(&namespace).await.map_err(other)?
+                if let Err(e) = self.catalog.create_namespace(&namespace, HashMap::new()).await
+                    && !self.catalog.namespace_exists(&namespace).await.map_err(other)?
                 {
                     return Err(other(e));
                 }
             }
-            match self.sql.create_table(&namespace, creation).await {
+            match self.catalog.create_table(&namespace, creation).await {
                 Ok(table) => loaded(&table),
                 Err(e) if e.kind() == ErrorKind::TableAlreadyExists => Err(CatalogError::Conflict(e.to_string())),
                 // Lost a creation race: the insert hit the primary key.
-                Err(e) if self.sql.table_exists(ident).await.unwrap_or(false) => {
+                Err(e) if self.catalog.table_exists(ident).await.unwrap_or(false) => {
                     Err(CatalogError::Conflict(format!("table {ident} was created concurrently: {e}")))
                 }
                 Err(e) => Err(other(e)),
@@ -236,7 +292,7 @@ impl CatalogGrant {
             }
         };
         let fault = self.faults.faults.iter().find(|(n, _)| *n == call).map(|(_, f)| *f);
-        let result = super::runtime().block_on(self.commit_sql(ident, requirements, updates, fault));
+        let result = super::runtime().block_on(self.commit(ident, requirements, updates, fault));
         if matches!(result, Err(CatalogError::Conflict(_))) {
             self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
         }
@@ -254,14 +310,27 @@ impl CatalogGrant {
         (result, crash)
     }
 
-    async fn commit_sql(
+    async fn commit(
         &self,
         ident: &TableIdent,
         requirements: Vec<TableRequirement>,
         updates: Vec<TableUpdate>,
         fault: Option<CommitFault>,
     ) -> Result<LoadedTable, CatalogError> {
-        let table = self.sql.load_table(ident).await.map_err(load_error)?;
+        let (pool, cas) = match &self.backend {
+            Backend::Sql { pool, cas } => (pool, cas),
+            Backend::Rest(rest) => {
+                if fault == Some(CommitFault::Conflict) {
+                    tracing::warn!(table = %ident, "injected fault: commit refused as a conflict");
+                    return Err(CatalogError::Conflict("another writer committed first (injected fault)".to_string()));
+                }
+                if !self.faults.commit_delay.is_zero() {
+                    tokio::time::sleep(self.faults.commit_delay).await;
+                }
+                return rest.commit(ident, &requirements, &updates).await;
+            }
+        };
+        let table = self.catalog.load_table(ident).await.map_err(load_error)?;
         let current = table.metadata_location_result().map_err(other)?.to_string();
         for requirement in &requirements {
             requirement.check(Some(table.metadata())).map_err(|e| CatalogError::Conflict(e.to_string()))?;
@@ -285,7 +354,7 @@ impl CatalogGrant {
         }
         let new_location = location.to_string();
         let swapped = {
-            let _one_at_a_time = self.cas.lock().await;
+            let _one_at_a_time = cas.lock().await;
             sqlx::query(
                 "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
                  WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
@@ -297,7 +366,7 @@ impl CatalogGrant {
             .bind(ident.namespace().join("."))
             .bind(ident.name())
             .bind(&current)
-            .execute(&self.pool)
+            .execute(pool)
             .await
         };
         match swapped {

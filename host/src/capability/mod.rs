@@ -7,6 +7,7 @@
 //! `grpc`, to the endpoint names the job maps to addresses.
 
 pub mod catalog;
+mod catalog_rest;
 pub mod fault;
 pub mod file_io;
 pub mod grpc;

@@ -118,7 +118,30 @@ fn grants(job: &Job, faults: &[(u64, CommitFault)]) -> Result<Granted, EngineErr
                 CatalogFaults { faults: faults.to_vec(), commit_delay: Duration::from_millis(spec.commit_delay_ms) };
             let catalog = match spec.kind {
                 CatalogKind::Sql => {
-                    CatalogGrant::open_sql(&spec.name, &job.resolve(&spec.database), &warehouse, faults)
+                    let Some(database) = &spec.database else {
+                        return Err(EngineError::Catalog("kind = \"sql\" needs `database` (the SQLite file)".into()));
+                    };
+                    CatalogGrant::open_sql(&spec.name, &job.resolve(database), &warehouse, faults)
+                        .map_err(|e| EngineError::Catalog(e.to_string()))?
+                }
+                CatalogKind::Rest => {
+                    if spec.database.is_some() {
+                        return Err(EngineError::Catalog(
+                            "kind = \"rest\" takes no `database` (that is the SQLite catalog's file)".into(),
+                        ));
+                    }
+                    let Some(uri) = &spec.uri else {
+                        return Err(EngineError::Catalog(
+                            "kind = \"rest\" needs `uri` (the catalog's base URI)".into(),
+                        ));
+                    };
+                    let token = match &spec.token_env {
+                        None => None,
+                        Some(var) => Some(std::env::var(var).map_err(|_| {
+                            EngineError::Catalog(format!("token_env: the environment variable {var} is not set"))
+                        })?),
+                    };
+                    CatalogGrant::open_rest(&spec.name, uri, &warehouse, token, faults)
                         .map_err(|e| EngineError::Catalog(e.to_string()))?
                 }
             };
