@@ -18,6 +18,18 @@ use sluice::plugin::PluginHost;
 use sluice::progress::ProgressMode;
 use sluice::source::generator::Generator;
 
+/// One `#[test]` per `name: CrashPoint, checkpoint;` line, each calling the
+/// test file's own `crash_then_recover(point, checkpoint)`.
+#[macro_export]
+macro_rules! crash_tests {
+    ($($name:ident: $point:expr, $c:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            crash_then_recover($point, $c);
+        }
+    )*};
+}
+
 /// The files sink component, built by this crate's build script.
 pub const FILES_PLUGIN: &str = env!("SLUICE_PLUGIN_SINK_FILES");
 /// The Iceberg sink component.

@@ -80,16 +80,7 @@ fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
     }
 }
 
-macro_rules! crash_tests {
-    ($($name:ident: $point:expr, $c:expr;)*) => {$(
-        #[test]
-        fn $name() {
-            crash_then_recover($point, $c);
-        }
-    )*};
-}
-
-crash_tests! {
+sluice_tests::crash_tests! {
     crash_after_write_first: CrashPoint::AfterWrite, 1;
     crash_after_write: CrashPoint::AfterWrite, 3;
     crash_after_prepare_commit: CrashPoint::AfterPrepareCommit, 2;

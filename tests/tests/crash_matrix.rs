@@ -44,16 +44,7 @@ fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
     }
 }
 
-macro_rules! crash_tests {
-    ($($name:ident: $point:expr, $c:expr;)*) => {$(
-        #[test]
-        fn $name() {
-            crash_then_recover($point, $c);
-        }
-    )*};
-}
-
-crash_tests! {
+sluice_tests::crash_tests! {
     after_write_first: CrashPoint::AfterWrite, 1;
     after_write_middle: CrashPoint::AfterWrite, 3;
     after_prepare_commit_first: CrashPoint::AfterPrepareCommit, 1;

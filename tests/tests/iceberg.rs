@@ -54,16 +54,7 @@ fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
     }
 }
 
-macro_rules! crash_tests {
-    ($($name:ident: $point:expr, $c:expr;)*) => {$(
-        #[test]
-        fn $name() {
-            crash_then_recover($point, $c);
-        }
-    )*};
-}
-
-crash_tests! {
+sluice_tests::crash_tests! {
     crash_after_write: CrashPoint::AfterWrite, 2;
     crash_after_prepare_commit: CrashPoint::AfterPrepareCommit, 1;
     crash_after_snapshot_state: CrashPoint::AfterSnapshotState, 3;

@@ -28,7 +28,7 @@ use crate::proto::{
     FlushRowsResponse, GetWriteStreamRequest, RowError, StorageError, WriteStream, WriteStreamView,
     row_error::RowErrorCode,
 };
-use crate::state::{StoredRows, Stream};
+use crate::state::{Inner, StoredRows, Stream};
 use crate::{Fault, Rpc, Shared, schema};
 
 /// "The size of a single AppendRowsRequest must be less than 10 MB in size.
@@ -237,13 +237,6 @@ impl BigQueryWriteService {
             });
         }
         Ok(BatchCommitWriteStreamsResponse { commit_time: None, stream_errors: errors })
-    }
-}
-
-use crate::state::Inner;
-impl Inner {
-    fn is_default(name: &str) -> bool {
-        Inner::default_stream_table(name).is_some()
     }
 }
 

@@ -86,6 +86,11 @@ impl Inner {
         name.strip_suffix("/streams/_default")
     }
 
+    /// Whether `name` is a table's `_default` stream.
+    pub fn is_default(name: &str) -> bool {
+        Self::default_stream_table(name).is_some()
+    }
+
     /// Resolves `_default` streams lazily (they always exist for a table).
     pub fn stream_mut(&mut self, name: &str) -> Option<&mut Stream> {
         if !self.streams.contains_key(name)
