@@ -93,11 +93,12 @@ sluice_tests::crash_tests! {
 #[test]
 fn lost_append_replies_are_counted_not_resent() {
     let d = double();
-    // Applied but the reply lost, twice; refused before applying, twice.
+    // Applied but the reply lost, twice; refused before applying, twice; a slow reply.
     d.inject(Rpc::Append, 2, BqFault::ApplyThenDropReply);
     d.inject(Rpc::Append, 5, BqFault::Unavailable);
     d.inject(Rpc::Append, 9, BqFault::ApplyThenDropReply);
     d.inject(Rpc::Append, 12, BqFault::FailBeforeApply);
+    d.inject(Rpc::Append, 15, BqFault::Delay(std::time::Duration::from_millis(300)));
     let job = job("bq-lost-append", &d);
     job.run(None).expect("the writers retry through lost replies");
     assert_landed_once(&d);
