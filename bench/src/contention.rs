@@ -34,10 +34,7 @@ use iceberg_catalog_sql::SqlCatalog;
 use parquet::file::properties::WriterProperties;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sluice::engine::{self, RunOptions};
-use sluice::job::Job;
 use sluice::plugin::PluginHost;
-use sluice::progress::ProgressMode;
 use sluice::source::generator::{DAYS, Generator};
 
 use crate::{conform, create_generator_table, sql_catalog};
@@ -390,19 +387,8 @@ pub fn run_once(
 fn run_sluice(host: &PluginHost, plugin: &Path, cfg: &Config, dir: &Path) -> Result<Outcome> {
     // The same ids as the native runs (0..W·K·30·R), and each checkpoint is
     // one window: every writer's 30·R rows, committed as one snapshot.
-    let toml = format!(
-        r#"
-[job]
-id = "study-d"
-parallelism = {writers}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {per_window}
-[source]
-kind = "generator"
-rows = {rows}
-batch_rows = {per_window}
-[sink]
+    let sink = format!(
+        r#"[sink]
 plugin = "{plugin}"
 [sink.options]
 table = "study.events"
@@ -416,17 +402,14 @@ commit_delay_ms = {delay}
 [sink.sandbox]
 memory_mb = 1024
 "#,
-        writers = cfg.writers,
-        per_window = cfg.rows_per_window(),
-        rows = cfg.expected_rows(),
         plugin = plugin.display(),
         attempts = cfg.max_attempts,
         delay = cfg.commit_delay.as_millis(),
     );
-    let path = dir.join("job.toml");
-    std::fs::write(&path, toml)?;
-    let job = Job::load(&path, &[])?;
-    match engine::run(&job, host, &RunOptions { progress: ProgressMode::Quiet, ..RunOptions::default() }) {
+    let per_window = cfg.rows_per_window();
+    let toml = crate::generator_job_toml("study-d", cfg.writers, per_window, cfg.expected_rows(), 0, per_window, &sink);
+    let job = crate::write_job(dir, &toml)?;
+    match crate::run_quiet(&job, host) {
         Ok(summary) => Ok(Outcome {
             wall: summary.data_elapsed,
             attempts: summary.catalog_commits,

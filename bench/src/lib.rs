@@ -27,7 +27,53 @@ use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, TableCreation, TableIdent};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 use parquet::file::properties::WriterProperties;
+use sluice::engine::{self, EngineError, RunOptions, RunSummary};
+use sluice::job::Job;
+use sluice::plugin::PluginHost;
+use sluice::progress::ProgressMode;
 use sluice::source::generator::Generator;
+
+/// A job file: generator source of `rows` rows with ids from `first_id`, in
+/// batches of `batch_rows`, `parallelism` writers, a checkpoint every
+/// `every_rows` rows per writer, state in `state/`; then `sink`, the job's
+/// `[sink]` tables as text.
+pub fn generator_job_toml(
+    id: &str,
+    parallelism: u32,
+    every_rows: u64,
+    rows: u64,
+    first_id: u64,
+    batch_rows: u64,
+    sink: &str,
+) -> String {
+    format!(
+        r#"
+[job]
+id = "{id}"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every_rows}
+[source]
+kind = "generator"
+rows = {rows}
+first_id = {first_id}
+batch_rows = {batch_rows}
+{sink}"#
+    )
+}
+
+/// Writes `toml` as `dir/job.toml` and loads it.
+pub fn write_job(dir: &Path, toml: &str) -> Result<Job> {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, toml).with_context(|| format!("writing {}", path.display()))?;
+    Ok(Job::load(&path, &[])?)
+}
+
+/// Runs `job` to the end without progress output.
+pub fn run_quiet(job: &Job, host: &PluginHost) -> Result<RunSummary, EngineError> {
+    engine::run(job, host, &RunOptions { progress: ProgressMode::Quiet, ..RunOptions::default() })
+}
 
 /// The workspace root (this crate lives in `bench/`).
 pub fn workspace() -> PathBuf {

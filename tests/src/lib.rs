@@ -73,23 +73,27 @@ pub struct TestJob {
 }
 
 impl TestJob {
+    /// A generator job (see [`sluice_bench::generator_job_toml`]) with `sink`
+    /// as its `[sink]` tables, in a fresh temporary directory.
+    fn generator(
+        id: &str,
+        parallelism: u32,
+        every_rows: u64,
+        rows: u64,
+        first_id: u64,
+        batch_rows: u64,
+        sink: &str,
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let toml = sluice_bench::generator_job_toml(id, parallelism, every_rows, rows, first_id, batch_rows, sink);
+        Self { dir, toml }
+    }
+
     /// A generator → files job with `rows` rows, checkpoints every
     /// `every_rows` rows per subtask, and `parallelism` writers.
     pub fn files(id: &str, rows: u64, parallelism: u32, every_rows: u64) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let toml = format!(
-            r#"
-[job]
-id = "{id}"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every_rows}
-[source]
-kind = "generator"
-rows = {rows}
-batch_rows = 700
-[sink]
+        let sink = format!(
+            r#"[sink]
 id = "out"
 plugin = "{FILES_PLUGIN}"
 [sink.options]
@@ -99,7 +103,7 @@ target_file_mb = 1
 locations = ["out"]
 "#
         );
-        Self { dir, toml }
+        Self::generator(id, parallelism, every_rows, rows, 0, 700, &sink)
     }
 
     /// A generator → Iceberg job writing `table` in the warehouse `warehouse`
@@ -113,22 +117,9 @@ locations = ["out"]
         parallelism: u32,
         every_rows: u64,
     ) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
         let warehouse = warehouse.display();
-        let toml = format!(
-            r#"
-[job]
-id = "{id}"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every_rows}
-[source]
-kind = "generator"
-rows = {rows}
-first_id = {first_id}
-batch_rows = 700
-[sink]
+        let sink = format!(
+            r#"[sink]
 id = "lake"
 plugin = "{ICEBERG_PLUGIN}"
 [sink.options]
@@ -140,26 +131,14 @@ warehouse = "{warehouse}"
 memory_mb = 512
 "#
         );
-        Self { dir, toml }
+        Self::generator(id, parallelism, every_rows, rows, first_id, 700, &sink)
     }
 
     /// A generator → BigQuery job appending to `table` through the Storage
     /// Write API served at `address` (a test double); ids start at `first_id`.
     pub fn bigquery(id: &str, address: &str, table: &str, rows: u64, parallelism: u32, every_rows: u64) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let toml = format!(
-            r#"
-[job]
-id = "{id}"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every_rows}
-[source]
-kind = "generator"
-rows = {rows}
-batch_rows = 700
-[sink]
+        let sink = format!(
+            r#"[sink]
 id = "bq"
 plugin = "{BIGQUERY_PLUGIN}"
 [sink.options]
@@ -172,26 +151,14 @@ address = "{address}"
 memory_mb = 512
 "#
         );
-        Self { dir, toml }
+        Self::generator(id, parallelism, every_rows, rows, 0, 700, &sink)
     }
 
     /// A generator → chaos job: the chaos plugin journals every call into
     /// `journal/` and misbehaves as told (see `tests/plugins/chaos`).
     pub fn chaos(id: &str, rows: u64, parallelism: u32, every_rows: u64, misbehave: &str, at: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let toml = format!(
-            r#"
-[job]
-id = "{id}"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every_rows}
-[source]
-kind = "generator"
-rows = {rows}
-batch_rows = 100
-[sink]
+        let sink = format!(
+            r#"[sink]
 plugin = "{CHAOS_PLUGIN}"
 [sink.options]
 journal = "journal"
@@ -206,8 +173,9 @@ call_timeout_secs = 2
 memory_mb = 64
 "#
         );
-        std::fs::create_dir_all(dir.path().join("state")).expect("state dir");
-        Self { dir, toml }
+        let job = Self::generator(id, parallelism, every_rows, rows, 0, 100, &sink);
+        std::fs::create_dir_all(job.dir.path().join("state")).expect("state dir");
+        job
     }
 
     /// The chaos plugin's journal of one instance: `(wall-clock ns, entry)`.
@@ -346,6 +314,17 @@ pub fn run_cli(args: &[&str], cwd: &Path) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Runs `examples/<file>` with `sluice run --progress plain`, each of `sets`
+/// passed as `--set`, in `cwd`.
+pub fn run_example(file: &str, sets: &[String], cwd: &Path) -> (i32, String, String) {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(file).display().to_string();
+    let mut args = vec!["run", example.as_str(), "--progress", "plain"];
+    for s in sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    run_cli(&args, cwd)
 }
 
 /// Runs a Python snippet; `None` with the reason when Python or a module is missing.

@@ -8,7 +8,7 @@ use sluice::engine::{CrashPoint, Fault};
 use sluice_bigquery_double::proto::table_field_schema::{Mode, Type};
 use sluice_bigquery_double::proto::{TableFieldSchema, TableSchema};
 use sluice_bigquery_double::{BigQueryDouble, Fault as BqFault, Rpc, generator_schema};
-use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows, ids, run_cli};
+use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows, ids, run_cli, run_example};
 
 const ROWS: u64 = 6000;
 const PARALLELISM: u32 = 3;
@@ -322,19 +322,12 @@ fn example_job_lands_every_row_once() {
     let table = "projects/demo/datasets/sluice/tables/events";
     d.create_table(table, generator_schema());
     let dir = tempfile::tempdir().expect("temp dir");
-    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/bigquery.toml");
     let sets = [
         format!("sink.plugin={}", sluice_tests::BIGQUERY_PLUGIN),
         format!("job.state_dir={}", dir.path().join("state").display()),
         format!("sink.grpc.bigquery.address={}", d.address()),
     ];
-    let mut args = vec!["run".to_string(), example.display().to_string(), "--progress".into(), "plain".into()];
-    for s in &sets {
-        args.push("--set".into());
-        args.push(s.clone());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, stdout, err) = run_cli(&args, dir.path());
+    let (code, stdout, err) = run_example("bigquery.toml", &sets, dir.path());
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("job bigquery-demo finished: 200000 rows"), "{stdout}");
     assert_exactly_once_range(&bigquery_rows(&d.visible_rows(table)), 0, 200_000);

@@ -1,7 +1,7 @@
 //! The `sluice` binary: inspect, check, run, the compiled-plugin cache, and
 //! clear errors for bad job files.
 
-use sluice_tests::{FILES_PLUGIN, TestJob, assert_exactly_once, read_visible, run_cli};
+use sluice_tests::{FILES_PLUGIN, TestJob, assert_exactly_once, read_visible, run_cli, run_example};
 
 #[test]
 fn plugin_inspect_shows_world_options_and_imports() {
@@ -78,20 +78,13 @@ fn bad_job_files_name_the_offending_key() {
 fn example_job_runs_to_an_exact_result() {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("files");
-    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/files.toml");
     let sets = [
         format!("sink.plugin={FILES_PLUGIN}"),
         format!("job.state_dir={}", dir.path().join("state").display()),
         format!("sink.options.path={}", out.display()),
         format!("sink.grants.locations=[\"{}\"]", dir.path().display()),
     ];
-    let mut args = vec!["run".to_string(), example.display().to_string(), "--progress".into(), "plain".into()];
-    for s in &sets {
-        args.push("--set".into());
-        args.push(s.clone());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, stdout, err) = run_cli(&args, dir.path());
+    let (code, stdout, err) = run_example("files.toml", &sets, dir.path());
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("job files-demo finished: 200000 rows"), "{stdout}");
     assert!(err.contains("checkpoint committed"), "plain progress logs each commit:\n{err}");

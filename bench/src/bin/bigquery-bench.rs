@@ -26,12 +26,9 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
     big_query_write_client::BigQueryWriteClient,
     write_stream::Type as StreamType,
 };
-use sluice::engine::{self, RunOptions};
-use sluice::job::Job;
 use sluice::plugin::PluginHost;
-use sluice::progress::ProgressMode;
 use sluice::source::generator::Generator;
-use sluice_bench::{Measured, plugin, print_ratio_table};
+use sluice_bench::{Measured, generator_job_toml, plugin, print_ratio_table, run_quiet, write_job};
 use sluice_bigquery_double::{BigQueryDouble, generator_schema};
 use sluice_bigquery_rows::{RowEncoder, split_by_size};
 
@@ -59,19 +56,8 @@ const TABLE: &str = "projects/bench/datasets/d/tables/events";
 
 fn run_plugin(host: &PluginHost, wasm: &Path, address: &str, args: &Args, writers: u32) -> Result<Duration> {
     let dir = tempfile::tempdir()?;
-    let toml = format!(
-        r#"
-[job]
-id = "bench"
-parallelism = {writers}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every}
-[source]
-kind = "generator"
-rows = {rows}
-batch_rows = {BATCH_ROWS}
-[sink]
+    let sink = format!(
+        r#"[sink]
 plugin = "{wasm}"
 [sink.options]
 table = "{TABLE}"
@@ -82,14 +68,11 @@ address = "{address}"
 [sink.sandbox]
 memory_mb = 2048
 "#,
-        every = args.checkpoint_rows / u64::from(writers),
-        rows = args.rows,
         wasm = wasm.display(),
     );
-    let path = dir.path().join("job.toml");
-    std::fs::write(&path, toml)?;
-    let job = Job::load(&path, &[])?;
-    let summary = engine::run(&job, host, &RunOptions { progress: ProgressMode::Quiet, ..RunOptions::default() })?;
+    let every = args.checkpoint_rows / u64::from(writers);
+    let job = write_job(dir.path(), &generator_job_toml("bench", writers, every, args.rows, 0, BATCH_ROWS, &sink))?;
+    let summary = run_quiet(&job, host)?;
     anyhow::ensure!(summary.rows_total == args.rows, "the plugin landed {} rows", summary.rows_total);
     Ok(summary.data_elapsed)
 }

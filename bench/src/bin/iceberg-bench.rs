@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use sluice::engine::{self, RunOptions};
-use sluice::job::Job;
 use sluice::plugin::PluginHost;
-use sluice::progress::ProgressMode;
 use sluice::source::generator::Generator;
-use sluice_bench::{Measured, create_generator_table, native_iceberg_write, plugin, print_ratio_table, sql_catalog};
+use sluice_bench::{
+    Measured, create_generator_table, generator_job_toml, native_iceberg_write, plugin, print_ratio_table, run_quiet,
+    sql_catalog, write_job,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -38,19 +38,8 @@ const BATCH_ROWS: u64 = 8192;
 
 fn run_plugin(host: &PluginHost, wasm: &Path, args: &Args, parallelism: u32) -> Result<Duration> {
     let dir = tempfile::tempdir()?;
-    let toml = format!(
-        r#"
-[job]
-id = "bench"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every}
-[source]
-kind = "generator"
-rows = {rows}
-batch_rows = {BATCH_ROWS}
-[sink]
+    let sink = format!(
+        r#"[sink]
 plugin = "{wasm}"
 [sink.options]
 table = "bench.plugin"
@@ -60,14 +49,11 @@ warehouse = "warehouse"
 [sink.sandbox]
 memory_mb = 2048
 "#,
-        every = args.checkpoint_rows / u64::from(parallelism),
-        rows = args.rows,
         wasm = wasm.display(),
     );
-    let path = dir.path().join("job.toml");
-    std::fs::write(&path, toml)?;
-    let job = Job::load(&path, &[])?;
-    let summary = engine::run(&job, host, &RunOptions { progress: ProgressMode::Quiet, ..RunOptions::default() })?;
+    let every = args.checkpoint_rows / u64::from(parallelism);
+    let job = write_job(dir.path(), &generator_job_toml("bench", parallelism, every, args.rows, 0, BATCH_ROWS, &sink))?;
+    let summary = run_quiet(&job, host)?;
     anyhow::ensure!(summary.rows_total == args.rows, "the plugin landed {} rows", summary.rows_total);
     Ok(summary.data_elapsed)
 }

@@ -365,13 +365,7 @@ impl GuestWriter for BigQueryWriter {
     ) -> Result<sluice_guest_sdk::Writer, SinkError> {
         let cfg = Config::parse(options)?;
         let arrow: Arc<Schema> = ipc::decode_schema(&schema)?;
-        let restored: Option<WriterState> = match restored_state {
-            Some(bytes) => Some(
-                serde_json::from_slice(&bytes)
-                    .map_err(|e| error::fatal(format!("restored writer state is not valid: {e}")))?,
-            ),
-            None => None,
-        };
+        let restored: Option<WriterState> = sluice_guest_sdk::restored_state(restored_state)?;
         let ws = create_stream(&cfg)?;
         // The stream's schema is the table's own; the option stands in when it is absent.
         let encoder = RowEncoder::new(arrow, ws.table_schema.as_ref().or(cfg.table_schema.as_ref()))

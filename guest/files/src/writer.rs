@@ -128,11 +128,7 @@ impl GuestWriter for FilesWriter {
         let cfg = Config::parse(options)?;
         let schema = ipc::decode_schema(&schema)?;
         check_schema(&schema)?;
-        let state = match restored_state {
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| error::fatal(format!("restored writer state is not valid: {e}")))?,
-            None => State::default(),
-        };
+        let state: State = sluice_guest_sdk::restored_state(restored_state)?.unwrap_or_default();
         let props = WriterProperties::builder()
             .set_compression(cfg.compression)
             .set_created_by(format!("sluice files sink {}", env!("CARGO_PKG_VERSION")))

@@ -180,11 +180,7 @@ impl GuestWriter for IcebergWriter {
     ) -> Result<sluice_guest_sdk::Writer, SinkError> {
         let cfg = Config::parse(options)?;
         let source = ipc::decode_schema(&schema)?;
-        let state = match restored_state {
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| error::fatal(format!("restored writer state is not valid: {e}")))?,
-            None => State::default(),
-        };
+        let state: State = sluice_guest_sdk::restored_state(restored_state)?.unwrap_or_default();
         let table = ensure_table(&cfg, &source)?;
         let table_schema = table.metadata().current_schema().clone();
         schema::check_compatible(&source, &table_schema)?;

@@ -57,6 +57,14 @@ pub mod error {
     }
 }
 
+/// Decodes the JSON writer state handed back to `writer.open` on restore.
+pub fn restored_state<T: serde::de::DeserializeOwned>(state: Option<Vec<u8>>) -> Result<Option<T>, SinkError> {
+    state
+        .map(|bytes| serde_json::from_slice(&bytes))
+        .transpose()
+        .map_err(|e| SinkError::Fatal(format!("restored writer state is not valid: {e}")))
+}
+
 /// Builds an [`OptionSpec`] in one line.
 pub fn option_spec(name: &str, description: &str, required: bool, default: Option<&str>) -> OptionSpec {
     OptionSpec {
