@@ -34,6 +34,7 @@ use iceberg_catalog_sql::SqlCatalog;
 use parquet::file::properties::WriterProperties;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sluice::engine::RunOptions;
 use sluice::plugin::PluginHost;
 use sluice::source::generator::{DAYS, Generator};
 
@@ -394,22 +395,23 @@ plugin = "{plugin}"
 table = "study.events"
 partition_by = "day(day)"
 compression = "snappy"
-commit_attempts = {attempts}
 [sink.catalog]
 database = "warehouse/catalog.db"
 warehouse = "warehouse"
-commit_delay_ms = {delay}
 [sink.sandbox]
 memory_mb = 1024
+[job.commit]
+max_attempts = {attempts}
 "#,
         plugin = plugin.display(),
         attempts = cfg.max_attempts,
-        delay = cfg.commit_delay.as_millis(),
     );
     let per_window = cfg.rows_per_window();
     let toml = crate::generator_job_toml("study-d", cfg.writers, per_window, cfg.expected_rows(), 0, per_window, &sink);
     let job = crate::write_job(dir, &toml)?;
-    match crate::run_quiet(&job, host) {
+    // The same catalog latency as the native strategies' commits.
+    let slow_catalog = RunOptions { catalog_latency: cfg.commit_delay, ..RunOptions::default() };
+    match crate::run_quiet_with(&job, host, slow_catalog) {
         Ok(summary) => Ok(Outcome {
             wall: summary.data_elapsed,
             attempts: summary.catalog_commits,

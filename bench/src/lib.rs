@@ -72,7 +72,12 @@ pub fn write_job(dir: &Path, toml: &str) -> Result<Job> {
 
 /// Runs `job` to the end without progress output.
 pub fn run_quiet(job: &Job, host: &PluginHost) -> Result<RunSummary, EngineError> {
-    engine::run(job, host, &RunOptions { progress: ProgressMode::Quiet, ..RunOptions::default() })
+    run_quiet_with(job, host, RunOptions::default())
+}
+
+/// Runs `job` to the end without progress output, with `opts` (faults, latency).
+pub fn run_quiet_with(job: &Job, host: &PluginHost, opts: RunOptions) -> Result<RunSummary, EngineError> {
+    engine::run(job, host, &RunOptions { progress: ProgressMode::Quiet, ..opts })
 }
 
 /// The workspace root (this crate lives in `bench/`).

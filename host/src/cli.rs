@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::engine::{self, RunOptions};
 use crate::job::Job;
-use crate::plugin::{ComponentCache, PluginHost, WORLD};
+use crate::plugin::{ComponentCache, PluginHost, WORLD, reserved};
 use crate::progress::{ProgressMode, StatusAwareStderr};
 
 #[derive(Debug, Parser)]
@@ -41,6 +41,23 @@ enum Command {
         /// How to show progress.
         #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
         progress: ProgressArg,
+        /// Start a new incarnation of the job in a fresh state directory even
+        /// when the target already holds checkpoints of an earlier one. The
+        /// source is landed again beside them; nothing earlier is replaced.
+        #[arg(long)]
+        new_incarnation: bool,
+    },
+    /// Shows a job's state directory: incarnation, last committed checkpoint
+    /// and the pending checkpoints with what they will commit.
+    State {
+        job: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Drops pending checkpoint N for good, after you decided its commit
+        /// will never be made (its rows are visible already, or given up). The
+        /// next run does not commit it. Never done automatically.
+        #[arg(long, value_name = "N")]
+        drop_pending: Option<u64>,
     },
     /// Validates a job file, the plugin's options and the grants without moving data.
     Check {
@@ -107,7 +124,7 @@ fn host(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {
 
 fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run { job, sets, progress } => {
+        Command::Run { job, sets, progress, new_incarnation } => {
             let job = Job::load(&job, &sets)?;
             let host = host(cli.cache_dir)?;
             let progress = match (cli.quiet, progress) {
@@ -115,8 +132,20 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 (_, ProgressArg::Plain) => ProgressMode::Plain,
                 (_, ProgressArg::Auto) => ProgressMode::Auto,
             };
-            let summary = engine::run(&job, &host, &RunOptions { progress, ..RunOptions::default() })?;
+            let summary = engine::run(&job, &host, &RunOptions::new(progress, new_incarnation))?;
             println!("{summary}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::State { job, sets, drop_pending } => {
+            let job = Job::load(&job, &sets)?;
+            if let Some(c) = drop_pending {
+                let dropped = engine::state::drop_pending(&job, c)?;
+                println!(
+                    "dropped pending checkpoint {} of job {} ({} rows): the next run will not commit it",
+                    dropped.checkpoint, job.spec.job.id, dropped.rows
+                );
+            }
+            print!("{}", engine::state::inspect(&job)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { job, sets } => {
@@ -146,10 +175,15 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("plugin:      {} {}", info.name, info.version);
                 println!("description: {}", info.description);
                 println!("options:");
-                for o in &info.options {
+                for o in info.options.iter().filter(|o| !reserved::is_reserved(&o.name)) {
                     let req = if o.required { "required" } else { "optional" };
                     let default = o.default_value.as_ref().map(|d| format!(" [default: {d}]")).unwrap_or_default();
                     println!("  {:<16} {req}{default}  {}", o.name, o.description);
+                }
+                let host_options: Vec<&str> =
+                    info.options.iter().map(|o| o.name.as_str()).filter(|n| reserved::is_reserved(n)).collect();
+                if !host_options.is_empty() {
+                    println!("from the host: {}", host_options.join(", "));
                 }
                 println!("needs:");
                 for c in &info.capabilities {

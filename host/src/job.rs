@@ -75,6 +75,9 @@ impl Default for CheckpointSpec {
     }
 }
 
+/// How the host retries a commit the plugin answers `retryable` (a conflict,
+/// an unknown outcome, a transient failure). The host alone retries commits:
+/// a plugin's `commit` makes one attempt and says whether another may follow.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CommitSpec {
@@ -195,10 +198,6 @@ pub struct CatalogSpec {
     /// Directory under which new tables are placed (for `rest`: the
     /// warehouse asked of the catalog); granted to the plugin read-write.
     pub warehouse: PathBuf,
-    /// Latency added to every commit before its compare-and-swap, to stand in
-    /// for a remote catalog (benchmarks).
-    #[serde(default)]
-    pub commit_delay_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -276,13 +275,13 @@ fn default_retain() -> usize {
     3
 }
 fn default_commit_attempts() -> u32 {
-    5
+    10
 }
 fn default_initial_backoff_ms() -> u64 {
-    200
+    100
 }
 fn default_max_backoff_ms() -> u64 {
-    10_000
+    5_000
 }
 fn default_batch_rows() -> usize {
     8192
@@ -639,6 +638,10 @@ mod tests {
         assert!(err.contains("not valid TOML"), "{err}");
         let err = load(MINIMAL, &["novalue"]).unwrap_err().to_string();
         assert!(err.contains("expected key=value"), "{err}");
+        // Catalog latency is a test fault (feature `fault-injection`), not a job key.
+        let err =
+            load(MINIMAL, &["sink.catalog.warehouse=wh", "sink.catalog.commit_delay_ms=5"]).unwrap_err().to_string();
+        assert!(err.contains("unknown field `commit_delay_ms`"), "{err}");
     }
 
     #[test]

@@ -8,6 +8,8 @@
 pub mod capability;
 pub mod cli;
 pub mod engine;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod ipc;
 pub mod job;
 pub mod plugin;

@@ -7,8 +7,9 @@
 pub mod rest_catalog;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use arrow_array::{Array, Int64Array, RecordBatch};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -227,12 +228,17 @@ memory_mb = 64
 /// Every row under `dir/*/*.parquet` (one level of checkpoint directories),
 /// as one batch sorted by `id`.
 pub fn read_visible(dir: &Path) -> RecordBatch {
+    read_visible_where(dir, |_| true)
+}
+
+/// The rows of the checkpoint directories under `dir` whose name passes `keep`.
+pub fn read_visible_where(dir: &Path, keep: impl Fn(&str) -> bool) -> RecordBatch {
     let mut batches = Vec::new();
     let mut files = Vec::new();
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             let sub = entry.path();
-            if sub.is_dir() {
+            if sub.is_dir() && keep(&entry.file_name().to_string_lossy()) {
                 for f in std::fs::read_dir(&sub).expect("read checkpoint dir").flatten() {
                     if f.path().extension().is_some_and(|e| e == "parquet") {
                         files.push(f.path());
@@ -300,6 +306,76 @@ pub fn sluice_bin() -> PathBuf {
     .clone()
 }
 
+/// `sluice run job.toml --progress plain` in the job's directory, with `sets`.
+pub fn sluice_run(job: &TestJob, sets: &[String]) -> Command {
+    let mut cmd = Command::new(sluice_bin());
+    cmd.args(["run", "job.toml", "--progress", "plain"])
+        .current_dir(job.dir.path())
+        .env("SLUICE_CACHE_DIR", cache_dir())
+        .env("NO_COLOR", "1");
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd
+}
+
+/// Starts `sluice run` and SIGKILLs it once `progress()` reaches `at_least`.
+pub fn run_and_kill(job: &TestJob, progress: impl Fn() -> u64, at_least: u64) {
+    let mut child = sluice_run(job, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("starting sluice");
+    let start = Instant::now();
+    while progress() < at_least {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("sluice ended ({status}) before it could be killed; slow the source down");
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "no progress within 2 minutes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    let status = child.wait().expect("reaping sluice");
+    assert!(!status.success(), "killed process reported success");
+}
+
+/// What became of a run killed after a while.
+#[derive(Debug)]
+pub struct Killed {
+    /// The process was still running and was SIGKILLed (else it had ended).
+    pub killed: bool,
+    /// What it logged before it died.
+    pub stderr: String,
+}
+
+/// Starts `sluice run` with `sets`, and SIGKILLs it after `after` unless it
+/// ended before.
+pub fn run_then_kill(job: &TestJob, sets: &[String], after: Duration) -> Killed {
+    let mut child =
+        sluice_run(job, sets).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("starting sluice");
+    let deadline = Instant::now() + after;
+    let mut killed = false;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            child.kill().expect("SIGKILL");
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5).min(deadline.saturating_duration_since(Instant::now())));
+    }
+    let out = child.wait_with_output().expect("reaping sluice");
+    if !killed && !out.status.success() {
+        panic!("sluice failed on its own: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Killed { killed, stderr: String::from_utf8_lossy(&out.stderr).into_owned() }
+}
+
+/// Runs the job to its end with `sets`; returns what it printed.
+pub fn rerun_to_end(job: &TestJob, sets: &[String]) -> String {
+    let out = sluice_run(job, sets).output().expect("running sluice");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs `sluice` with `args`; returns (status code, stdout, stderr).
 pub fn run_cli(args: &[&str], cwd: &Path) -> (i32, String, String) {
     let out = Command::new(sluice_bin())
@@ -346,7 +422,8 @@ pub fn python(script: &str, args: &[&str]) -> Result<String, String> {
 pub struct IcebergTable {
     /// Every visible row, conformed to the generator's schema, sorted by id.
     pub rows: RecordBatch,
-    /// `(job, checkpoint)` of every snapshot in the current ancestry, oldest first.
+    /// `(job, checkpoint)` of every snapshot in the current ancestry (as far
+    /// as it was not expired), oldest first.
     pub commits: Vec<(String, u64)>,
     pub table: iceberg::table::Table,
 }
@@ -368,13 +445,8 @@ impl IcebergTable {
 
 /// Opens the SQLite catalog of `warehouse` as the sink's host does.
 pub fn catalog(warehouse: &Path) -> sluice::capability::catalog::CatalogGrant {
-    sluice::capability::catalog::CatalogGrant::open_sql(
-        "sluice",
-        &warehouse.join("catalog.db"),
-        warehouse,
-        Default::default(),
-    )
-    .expect("opening the test catalog")
+    sluice::capability::catalog::CatalogGrant::open_sql("sluice", &warehouse.join("catalog.db"), warehouse)
+        .expect("opening the test catalog")
 }
 
 /// Reads `table` ("ns.name") of the warehouse: rows and snapshot ancestry.
@@ -384,9 +456,8 @@ pub fn read_iceberg(warehouse: &Path, table: &str) -> IcebergTable {
 
 /// Reads `table` through the REST catalog at `uri`.
 pub fn read_iceberg_rest(uri: &str, warehouse: &Path, table: &str) -> IcebergTable {
-    let catalog =
-        sluice::capability::catalog::CatalogGrant::open_rest("sluice", uri, warehouse, None, Default::default())
-            .expect("opening the REST catalog");
+    let catalog = sluice::capability::catalog::CatalogGrant::open_rest("sluice", uri, warehouse, None)
+        .expect("opening the REST catalog");
     read_iceberg_from(&catalog, table)
 }
 
@@ -409,7 +480,8 @@ pub fn read_iceberg_from(catalog: &sluice::capability::catalog::CatalogGrant, ta
     let mut commits = Vec::new();
     let mut next = metadata.current_snapshot_id();
     while let Some(id) = next {
-        let snapshot = metadata.snapshot_by_id(id).expect("ancestor snapshot exists");
+        // The history ends where snapshot expiry removed the older ancestors.
+        let Some(snapshot) = metadata.snapshot_by_id(id) else { break };
         let props = &snapshot.summary().additional_properties;
         let job = props.get("sluice.job-id").cloned().unwrap_or_default();
         let checkpoint = props.get("sluice.checkpoint-id").and_then(|c| c.parse().ok()).unwrap_or(u64::MAX);

@@ -7,7 +7,7 @@
 use sluice::engine::{CrashPoint, Fault};
 use sluice_bigquery_double::proto::table_field_schema::{Mode, Type};
 use sluice_bigquery_double::proto::{TableFieldSchema, TableSchema};
-use sluice_bigquery_double::{BigQueryDouble, Fault as BqFault, Rpc, generator_schema};
+use sluice_bigquery_double::{BigQueryDouble, Fault as BqFault, Reflush, Rpc, generator_schema};
 use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows, ids, run_cli, run_example};
 
 const ROWS: u64 = 6000;
@@ -55,8 +55,17 @@ fn parallel_writers_land_every_row_once_each_on_its_own_stream() {
     assert_eq!(d.calls(Rpc::FlushRows), 4 * u64::from(PARALLELISM));
 }
 
+/// The crash matrix runs once for each way a service may answer a repeated
+/// flush: recovery flushes the checkpoint named in the last record again.
 fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+    for reflush in Reflush::ALL {
+        crash_then_recover_with(point, checkpoint, reflush);
+    }
+}
+
+fn crash_then_recover_with(point: CrashPoint, checkpoint: u64, reflush: Reflush) {
     let d = double();
+    d.answer_reflush(reflush);
     let job = job(&format!("bq-{point}-{checkpoint}"), &d);
     let fault = Fault { point, checkpoint, subtask: 1 };
     let err = job.run(Some(fault)).expect_err("the injected crash stops the run");
@@ -109,15 +118,61 @@ fn lost_append_replies_are_counted_not_resent() {
     assert_eq!(d.invisible_count(TABLE), 0);
 }
 
+/// A flush applied whose reply was lost is flushed again: that repeated
+/// flush is answered each way a service may, and counts as done.
 #[test]
 fn lost_flush_replies_are_flushed_again_safely() {
-    let d = double();
-    d.inject(Rpc::FlushRows, 1, BqFault::ApplyThenDropReply);
-    d.inject(Rpc::FlushRows, 4, BqFault::Unavailable);
-    d.inject(Rpc::FlushRows, 6, BqFault::Delay(std::time::Duration::from_millis(300)));
-    let job = job("bq-lost-flush", &d);
-    job.run(None).expect("the committer retries flushes");
-    assert_landed_once(&d);
+    for reflush in Reflush::ALL {
+        let d = double();
+        d.answer_reflush(reflush);
+        d.inject(Rpc::FlushRows, 1, BqFault::ApplyThenDropReply);
+        d.inject(Rpc::FlushRows, 4, BqFault::Unavailable);
+        d.inject(Rpc::FlushRows, 6, BqFault::Delay(std::time::Duration::from_millis(300)));
+        let job = job("bq-lost-flush", &d);
+        job.run_with(&["job.commit.initial_backoff_ms=1"], None).expect("the engine retries the commit");
+        assert_landed_once(&d);
+    }
+}
+
+/// A pending checkpoint whose stream is gone (deleted, or finalized where the
+/// service refuses to flush a finalized stream) stops every run with an error
+/// naming the checkpoint and the stream and the way out. Once an operator
+/// drops it, the job goes on; only that checkpoint's rows are missing.
+#[test]
+fn a_pending_checkpoint_whose_stream_is_gone_waits_for_the_operator() {
+    for finalized in [false, true] {
+        let d = double();
+        let job = job(&format!("bq-gone-{finalized}"), &d);
+        let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 2, subtask: 0 };
+        job.run(Some(crash)).expect_err("crash");
+        let loaded = job.load(&[]).expect("job");
+        let before = sluice::engine::state::inspect(&loaded).expect("state");
+        let pending = &before.latest.as_ref().expect("a record").pending;
+        assert_eq!(pending.iter().map(|p| p.checkpoint).collect::<Vec<_>>(), vec![2]);
+        let combined: serde_json::Value = serde_json::from_slice(&pending[0].combined.0).expect("JSON");
+        let gone = combined["flushes"][0]["stream"].as_str().expect("a stream").to_string();
+        assert!(before.to_string().contains(&gone), "`sluice state` shows the streams: {before}");
+        if finalized {
+            d.refuse_flush_when_finalized();
+            assert!(d.finalize_stream(&gone));
+        } else {
+            assert!(d.delete_stream(&gone));
+        }
+        for _ in 0..2 {
+            let err = job.run(None).expect_err("the stream is gone").to_string();
+            for part in ["checkpoint 2: stream", gone.as_str(), "can no longer be flushed", "--drop-pending 2"] {
+                assert!(err.contains(part), "{part:?} in {err}");
+            }
+        }
+        sluice::engine::state::drop_pending(&loaded, 2).expect("dropped");
+        let summary = job.run(None).expect("the job goes on");
+        assert!(summary.recovered.is_empty(), "{summary:?}");
+        // Checkpoint 2 held rows 500..1000 of each writer's 2000.
+        let lost = |id: i64| (500..1000).contains(&(id % 2000));
+        let visible = visible_ids(&d);
+        let expected: Vec<i64> = (0..ROWS as i64).filter(|id| !lost(*id)).collect();
+        assert_eq!(visible, expected, "every row but those of the dropped checkpoint, once");
+    }
 }
 
 #[test]
@@ -154,7 +209,8 @@ fn flush_out_of_range_fails_the_commit_and_keeps_it_pending() {
     d.inject(Rpc::FlushRows, 2, BqFault::OutOfRange);
     let job = job("bq-flush-oor", &d);
     let err = job.run(None).expect_err("OUT_OF_RANGE on flush stops the job").to_string();
-    assert!(err.contains("out of range"), "{err}");
+    assert!(err.contains("checkpoint 1: FlushRows(") && err.contains("lies beyond the end of the stream"), "{err}");
+    assert!(err.contains("--drop-pending 1"), "the error says how to settle it: {err}");
     assert_no_duplicates(&d);
     let summary = job.run(None).expect("the next run re-flushes the pending checkpoint");
     assert!(!summary.recovered.is_empty());

@@ -90,3 +90,44 @@ fn example_job_runs_to_an_exact_result() {
     assert!(err.contains("checkpoint committed"), "plain progress logs each commit:\n{err}");
     assert_exactly_once(&read_visible(&out), 200_000);
 }
+
+/// `sluice state` shows the incarnation, what is committed and what each
+/// pending checkpoint will commit; `--drop-pending` drops one on request and
+/// says so, and only then does the next run skip it.
+#[test]
+fn state_shows_pending_checkpoints_and_drops_one_on_request() {
+    use sluice::engine::{CrashPoint, Fault};
+    let job = TestJob::files("state-cli", 3000, 2, 500);
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 2, subtask: 0 };
+    assert!(job.run(Some(crash)).expect_err("crash").is_injected_crash());
+
+    let (code, out, err) = run_cli(&["state", "job.toml"], job.dir.path());
+    assert_eq!(code, 0, "{err}");
+    for part in [
+        "job:          state-cli (sink out)",
+        "incarnation:  ",
+        "last record:  checkpoint 2",
+        "committed:    up to checkpoint 1",
+        "pending:      1 checkpoint(s)",
+        "checkpoint 2: 1000 rows; commits:",
+        "visible_dir: ",
+        "files: 2 item(s)",
+    ] {
+        assert!(out.contains(part), "{part:?} in:\n{out}");
+    }
+
+    let (code, _, err) = run_cli(&["state", "job.toml", "--drop-pending", "9"], job.dir.path());
+    assert_eq!(code, 1);
+    assert!(err.contains("checkpoint 9 is not pending (pending: 2)"), "{err}");
+
+    let (code, out, err) = run_cli(&["state", "job.toml", "--drop-pending", "2"], job.dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("dropped pending checkpoint 2 of job state-cli (1000 rows)"), "{out}");
+    assert!(out.contains("pending:      none") && out.contains("dropped:      checkpoint 2 (1000 rows)"), "{out}");
+
+    let summary = job.run(None).expect("the job goes on");
+    assert!(summary.recovered.is_empty(), "the dropped checkpoint is not committed: {summary:?}");
+    let visible = sluice_tests::ids(&read_visible(&job.out()));
+    let expected: Vec<i64> = (0..3000).filter(|id| !(500..1000).contains(&(id % 1500))).collect();
+    assert_eq!(visible, expected, "every row but the dropped checkpoint's, once");
+}

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use sluice::capability::catalog::CommitFault;
 use sluice::engine::{CrashPoint, Fault, RunOptions};
+use sluice::fault::CommitFault;
 use sluice::plugin::bindings::CommitOutcome;
 use sluice_tests::{TestJob, assert_exactly_once_range, read_iceberg};
 
@@ -117,7 +117,7 @@ fn exhausted_attempts_leave_the_checkpoint_pending() {
     let job = job("ice-exhausted", warehouse.path());
     let faults = (1..=20).map(|n| (n, CommitFault::Conflict)).collect();
     let err = job
-        .run_opts(&["sink.options.commit_attempts=3", "job.commit.max_attempts=1"], with_catalog_faults(faults))
+        .run_opts(&["job.commit.max_attempts=3", "job.commit.initial_backoff_ms=1"], with_catalog_faults(faults))
         .expect_err("the commit gives up");
     let message = err.to_string();
     assert!(message.contains("after 3 attempts") && message.contains("stays pending"), "{message}");
@@ -147,7 +147,9 @@ fn three_jobs_write_one_table_at_the_same_time() {
             .iter()
             .map(|(_, job)| {
                 scope.spawn(move || {
-                    job.run_with(&["sink.catalog.commit_delay_ms=15", "sink.options.commit_attempts=50"], None)
+                    let slow_catalog =
+                        RunOptions { catalog_latency: std::time::Duration::from_millis(15), ..RunOptions::default() };
+                    job.run_opts(&["job.commit.max_attempts=50", "job.commit.max_backoff_ms=500"], slow_catalog)
                 })
             })
             .collect();
@@ -234,4 +236,39 @@ fn missing_table_without_create_is_a_config_error() {
     let err = job.run_with(&["sink.options.create_table=false"], None).expect_err("refused");
     let message = err.to_string();
     assert!(message.contains("db.events does not exist") && message.contains("create_table"), "{message}");
+}
+
+/// Idempotence does not depend on snapshot history: job A crashes right
+/// after committing checkpoint 2 (its record still lists 2 as pending), job
+/// B commits to the same table, and iceberg-rust's snapshot expiry removes
+/// every snapshot but the current one, A's among them. A's recovery finds
+/// checkpoint 2 committed by the table's watermark and applies nothing again.
+#[test]
+fn expired_snapshots_do_not_make_a_recovery_commit_twice() {
+    use iceberg::transaction::{ApplyTransactionAction, Transaction};
+    use iceberg::{Catalog, TableIdent};
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let a = job("ice-expire-a", warehouse.path());
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(a.run(Some(crash)).expect_err("crash").is_injected_crash());
+    let b = TestJob::iceberg("ice-expire-b", warehouse.path(), TABLE, ROWS, ROWS, PARALLELISM, EVERY);
+    b.run(None).expect("job B");
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let catalog = sluice_bench::sql_catalog(warehouse.path()).await.expect("catalog");
+        let table = catalog.load_table(&TableIdent::from_strs(["db", "events"]).expect("ident")).await.expect("load");
+        let now = table.metadata().last_updated_ms() + 1;
+        let tx = Transaction::new(&table);
+        let tx = tx.expire_snapshots().expire_older_than_ms(now).retain_last(1).apply(tx).expect("expire action");
+        tx.commit(&catalog).await.expect("snapshot expiry commits");
+    });
+    let expired = read_iceberg(warehouse.path(), TABLE);
+    assert_eq!(expired.table.metadata().snapshots().count(), 1, "only the current snapshot is left");
+    assert_eq!(expired.snapshots_of("ice-expire-a"), 0, "A's snapshots are gone from the history");
+
+    let summary = a.run(None).expect("A recovers");
+    assert_eq!(summary.recovered, vec![(2, CommitOutcome::AlreadyCommitted)]);
+    let table = read_iceberg(warehouse.path(), TABLE);
+    assert_exactly_once_range(&table.rows, 0, 2 * ROWS);
 }

@@ -1,48 +1,16 @@
 //! SIGKILL the real `sluice run` process mid-job, twice, and run it again:
 //! the final output is the source, exactly once (files and BigQuery sinks).
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
+use sluice_bigquery_double::Reflush;
 use sluice_tests::{
-    TestJob, assert_exactly_once, assert_exactly_once_range, bigquery_rows, cache_dir, ids, read_visible, sluice_bin,
+    TestJob, assert_exactly_once, assert_exactly_once_range, bigquery_rows, ids, read_visible, rerun_to_end,
+    run_and_kill,
 };
 
 const ROWS: u64 = 40_000;
 
 fn committed_dirs(job: &TestJob) -> u64 {
     std::fs::read_dir(job.out()).map(|d| d.count() as u64).unwrap_or(0)
-}
-
-fn sluice_run(job: &TestJob) -> Command {
-    let mut cmd = Command::new(sluice_bin());
-    cmd.args(["run", "job.toml", "--progress", "plain"])
-        .current_dir(job.dir.path())
-        .env("SLUICE_CACHE_DIR", cache_dir());
-    cmd
-}
-
-/// Starts `sluice run` and SIGKILLs it once `progress()` reaches `at_least`.
-fn run_and_kill(job: &TestJob, progress: impl Fn() -> u64, at_least: u64) {
-    let mut child = sluice_run(job).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("starting sluice");
-    let start = Instant::now();
-    while progress() < at_least {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("sluice ended ({status}) before it could be killed; slow the source down");
-        }
-        assert!(start.elapsed() < Duration::from_secs(120), "no progress within 2 minutes");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().expect("SIGKILL");
-    let status = child.wait().expect("reaping sluice");
-    assert!(!status.success(), "killed process reported success");
-}
-
-/// Runs the job to its end; returns what it printed.
-fn rerun_to_end(job: &TestJob) -> String {
-    let out = sluice_run(job).output().expect("running sluice");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn assert_no_duplicates(sorted_ids: Vec<i64>) {
@@ -68,18 +36,20 @@ fn sigkill_mid_job_then_rerun() {
 
     run_and_kill(&job, || committed_dirs(&job), first + 4);
 
-    let stdout = rerun_to_end(&job);
+    let stdout = rerun_to_end(&job, &[]);
     assert!(stdout.contains(&format!("{ROWS} rows in total")) && stdout.contains("attempt 3"), "{stdout}");
     assert_exactly_once(&read_visible(&job.out()), ROWS);
 }
 
 /// The same against the BigQuery sink: the real process is killed twice while
 /// it appends and flushes over gRPC; the rerun leaves every row visible once.
-#[test]
-fn sigkill_mid_bigquery_job_then_rerun() {
+/// A restart flushes the last checkpoint again, so this runs once for each
+/// way a service may answer a repeated flush.
+fn sigkill_mid_bigquery_job_then_rerun(reflush: Reflush) {
     use sluice_bigquery_double::{BigQueryDouble, generator_schema};
     let table = "projects/p/datasets/d/tables/killed";
     let double = BigQueryDouble::start().expect("double");
+    double.answer_reflush(reflush);
     double.create_table(table, generator_schema());
     let job = slowed(TestJob::bigquery("sigkill-bq", &double.address(), table, ROWS, 2, 1000));
     let visible = || double.visible_count(table);
@@ -88,6 +58,21 @@ fn sigkill_mid_bigquery_job_then_rerun() {
     assert_no_duplicates(ids(&bigquery_rows(&double.visible_rows(table))));
     run_and_kill(&job, visible, visible() + 6000);
 
-    rerun_to_end(&job);
+    rerun_to_end(&job, &[]);
     assert_exactly_once_range(&bigquery_rows(&double.visible_rows(table)), 0, ROWS);
+}
+
+#[test]
+fn sigkill_mid_bigquery_job_reflush_ok() {
+    sigkill_mid_bigquery_job_then_rerun(Reflush::Ok);
+}
+
+#[test]
+fn sigkill_mid_bigquery_job_reflush_already_exists() {
+    sigkill_mid_bigquery_job_then_rerun(Reflush::AlreadyExists);
+}
+
+#[test]
+fn sigkill_mid_bigquery_job_reflush_out_of_range() {
+    sigkill_mid_bigquery_job_then_rerun(Reflush::OutOfRange);
 }

@@ -6,12 +6,16 @@
 //!   flushed offset ... to the offset specified"), so flushing a checkpoint
 //!   again after a crash or a lost reply changes nothing: commit is
 //!   idempotent;
-//! - an already-flushed answer (`ALREADY_EXISTS` / `OFFSET_ALREADY_EXISTS`)
-//!   is success;
-//! - `OUT_OF_RANGE` means the checkpoint names rows the stream does not
-//!   hold: the job fails loudly and the checkpoint stays pending;
-//! - transient failures are retried here, then handed to the host as
-//!   `retryable` (the checkpoint stays pending until a flush succeeds).
+//! - a flush at or below the flushed offset counts as done however the
+//!   service words it: OK, `ALREADY_EXISTS` (`OFFSET_ALREADY_EXISTS`), or
+//!   `OUT_OF_RANGE` saying "already flushed" (see `rpc::classify_flush`).
+//!   Recovery flushes the last checkpoint again after nearly every restart,
+//!   so this is what keeps a restart from wedging;
+//! - an offset beyond the end of the stream, or a stream that is gone
+//!   (deleted, finalized), fails the job loudly, naming the checkpoint and
+//!   the stream; the checkpoint stays pending until an operator drops it;
+//! - a transient failure is answered `retryable`: the host owns the retries
+//!   (job.commit) and calls `commit` again, which flushes every stream again.
 //!
 //! Streams are flushed one by one: BigQuery has no atomic flush across
 //! streams, so a crash between two flushes shows part of a checkpoint until
@@ -24,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, error, log};
 
 use crate::config::Config;
-use crate::rpc::{self, Failure};
+use crate::rpc::{self, FlushFailure};
 use crate::writer::CommitInfo;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -42,37 +46,37 @@ fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
 
 impl BigQueryCommitter {
     fn flush(&self, c: u64, info: &CommitInfo) -> Result<(), SinkError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let req = FlushRowsRequest { write_stream: info.stream.clone(), offset: Some(info.offset) };
-            match rpc::unary::<_, FlushRowsResponse>(&self.cfg.endpoint, "FlushRows", &req, self.cfg.rpc_timeout_ms) {
-                Ok(_) => return Ok(()),
-                Err(Failure::AlreadyExists(m)) => {
+        let req = FlushRowsRequest { write_stream: info.stream.clone(), offset: Some(info.offset) };
+        let way_out = format!(
+            "The checkpoint stays pending and every run stops here until it is settled: if its rows are visible in \
+             {table}, or you give them up, drop it with `sluice state JOB.toml --drop-pending {c}` and run the job \
+             again (`sluice state JOB.toml` shows what it holds)",
+            table = self.cfg.table
+        );
+        match rpc::unary_raw::<_, FlushRowsResponse>(&self.cfg.endpoint, "FlushRows", &req, self.cfg.rpc_timeout_ms) {
+            Ok(_) => Ok(()),
+            Err(e) => match rpc::classify_flush(e) {
+                FlushFailure::AlreadyFlushed(m) => {
                     log::info(&format!("checkpoint {c}: {} already flushed to {} ({m})", info.stream, info.offset));
-                    return Ok(());
+                    Ok(())
                 }
-                Err(Failure::OutOfRange(m)) => {
-                    return Err(error::fatal(format!(
-                        "checkpoint {c}: FlushRows({}, offset {}) is out of range ({m}): the checkpoint names rows the stream \
-                         does not hold; the job stops and the checkpoint stays pending",
-                        info.stream, info.offset
-                    )));
+                FlushFailure::BeyondEnd(m) => Err(error::fatal(format!(
+                    "checkpoint {c}: FlushRows({}, offset {}) lies beyond the end of the stream ({m}): the checkpoint \
+                     names rows the stream does not hold. {way_out}",
+                    info.stream, info.offset
+                ))),
+                FlushFailure::StreamGone(m) => Err(error::fatal(format!(
+                    "checkpoint {c}: stream {} can no longer be flushed ({m}); it was deleted or finalized, so Sluice \
+                     cannot make the checkpoint's rows up to offset {} visible. {way_out}",
+                    info.stream, info.offset
+                ))),
+                FlushFailure::Transient(m) => {
+                    Err(error::retryable(format!("checkpoint {c}: FlushRows on {} failed: {m}", info.stream)))
                 }
-                Err(Failure::Transient(m)) if attempt < self.cfg.attempts => {
-                    log::warn(&format!("checkpoint {c}: FlushRows on {} failed ({m}); retrying", info.stream));
-                    rpc::backoff(self.cfg.backoff_ms, attempt + 1);
+                FlushFailure::Permanent(m) => {
+                    Err(error::fatal(format!("checkpoint {c}: FlushRows on {} failed: {m}", info.stream)))
                 }
-                Err(Failure::Transient(m)) => {
-                    return Err(error::retryable(format!(
-                        "checkpoint {c}: FlushRows on {} failed {attempt} times, last: {m}",
-                        info.stream
-                    )));
-                }
-                Err(Failure::Permanent(m)) => {
-                    return Err(error::fatal(format!("checkpoint {c}: FlushRows on {} failed: {m}", info.stream)));
-                }
-            }
+            },
         }
     }
 }

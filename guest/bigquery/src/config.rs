@@ -1,6 +1,7 @@
 //! The sink's options (`[sink.options]`).
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::TableSchema;
+use sluice_guest_sdk::incarnation::{self, Incarnation};
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
 
@@ -34,11 +35,16 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
         option_spec("rpc_timeout_ms", "How long to wait for a reply to one request", false, Some("60000")),
         option_spec(
             "attempts",
-            "Tries of one append or flush on transient errors (UNAVAILABLE, INTERNAL, timeouts)",
+            "Tries of one append or stream creation on transient errors (UNAVAILABLE, INTERNAL, timeouts); commits are retried by the engine (job.commit)",
             false,
             Some("6"),
         ),
         option_spec("backoff_ms", "First wait between tries; doubles each time", false, Some("100")),
+        // Only the id: write streams are the sink's idempotence keys, and the
+        // service names a new one for every writer that opens, so keys never
+        // repeat across incarnations; a table keeps no record of checkpoints
+        // that an earlier incarnation could be recognised by.
+        incarnation::id_spec(),
     ]
 }
 
@@ -55,6 +61,7 @@ pub(crate) struct Config {
     pub rpc_timeout_ms: u32,
     pub attempts: u32,
     pub backoff_ms: u64,
+    pub incarnation: Incarnation,
 }
 
 impl Config {
@@ -95,6 +102,7 @@ impl Config {
             ),
         };
         Ok(Self {
+            incarnation: Incarnation::from_options(&o)?,
             table_schema,
             max_inflight,
             table,

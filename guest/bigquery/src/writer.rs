@@ -370,11 +370,19 @@ impl GuestWriter for BigQueryWriter {
         // The stream's schema is the table's own; the option stands in when it is absent.
         let encoder = RowEncoder::new(arrow, ws.table_schema.as_ref().or(cfg.table_schema.as_ref()))
             .map_err(|e| error::config(format!("{}: {e}", cfg.table)))?;
-        if let Some(old) = &restored {
-            log::info(&format!(
-                "writer {} restored after checkpoint {}: stream {} stays at offset {}, new rows go to {}",
-                ctx.subtask, old.checkpoint, old.stream, old.next_offset, ws.name
-            ));
+        match &restored {
+            Some(old) => log::info(&format!(
+                "writer {} of {} restored after checkpoint {}: stream {} stays at offset {}, new rows go to {}",
+                ctx.subtask,
+                cfg.incarnation.key(&ctx),
+                old.checkpoint,
+                old.stream,
+                old.next_offset,
+                ws.name
+            )),
+            None => {
+                log::debug(&format!("writer {} of {} appends to {}", ctx.subtask, cfg.incarnation.key(&ctx), ws.name))
+            }
         }
         let writer_schema = encoder.writer_schema();
         let inner = Inner {

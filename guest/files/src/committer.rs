@@ -28,6 +28,7 @@ fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
 impl GuestCommitter for FilesCommitter {
     fn open(ctx: SinkContext, options: Vec<(String, String)>, _schema: Vec<u8>) -> Result<Committer, SinkError> {
         let cfg = Config::parse(options)?;
+        layout::refuse_other_incarnations(&cfg, &ctx)?;
         files::create_dir_all(&cfg.path)
             .map_err(|e| files::to_sink_error(&format!("creating output directory {}", cfg.path), e))?;
         Ok(Committer::new(FilesCommitter { cfg, ctx }))

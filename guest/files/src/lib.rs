@@ -1,17 +1,22 @@
 //! `files`: the reference Sluice sink. Lands Parquet files exactly once.
 //!
 //! Layout (all through the `file-io` capability, inside the granted locations):
-//! - a writer streams rows into `<staging>/<job>.<sink>/attempt-<a>/inprogress/part-<subtask>-<seq>.parquet`;
+//! - a writer streams rows into `<staging>/<key>/attempt-<a>/inprogress/part-<subtask>-<seq>.parquet`,
+//!   where `<key>` is `<job>.<sink>.<incarnation>`;
 //! - `prepare-commit(c)` closes the open file and moves the writer's finished
-//!   files into `<staging>/<job>.<sink>/attempt-<a>/c<c>/` (still invisible);
+//!   files into `<staging>/<key>/attempt-<a>/c<c>/` (still invisible);
 //! - the committer makes checkpoint `c` visible with **one** atomic directory
-//!   rename to `<path>/<job>.<sink>.c<c>/`.
+//!   rename to `<path>/<key>.c<c>/`.
 //!
 //! Invariants:
 //! - nothing under `<path>` is ever written except by that single rename, so
 //!   a reader of `<path>/*/*.parquet` sees whole checkpoints or nothing;
-//! - the visible directory name is derived from job, sink and checkpoint only,
-//!   so a repeated commit finds it and answers `already-committed`;
+//! - the visible directory name is derived from job, sink, incarnation and
+//!   checkpoint only, so a repeated commit finds it and answers
+//!   `already-committed`, and a job started over in a fresh state directory
+//!   (a new incarnation) never finds an earlier incarnation's directory;
+//! - a fresh state directory's first run refuses a `<path>` that holds
+//!   another incarnation's checkpoints of this job and sink, before writing;
 //! - staging names carry the run attempt, so a restarted run never mixes its
 //!   files with what a crashed run left behind;
 //! - `close` publishes nothing: rows no checkpoint covers stay in staging.
@@ -20,6 +25,7 @@ mod committer;
 mod layout;
 mod writer;
 
+use sluice_guest_sdk::incarnation::{self, Incarnation};
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{Guest, OptionSpec, PluginInfo, SinkError, error, files, ipc, option_spec};
 
@@ -46,6 +52,8 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             Some("128"),
         ),
         option_spec("compression", "Parquet compression codec: `snappy` or `none`", false, Some("snappy")),
+        incarnation::id_spec(),
+        incarnation::check_spec(),
     ]
 }
 
@@ -56,6 +64,7 @@ pub(crate) struct Config {
     pub staging: String,
     pub target_file_bytes: u64,
     pub compression: parquet::basic::Compression,
+    pub incarnation: Incarnation,
 }
 
 impl Config {
@@ -82,7 +91,8 @@ impl Config {
                 )));
             }
         };
-        Ok(Self { path, staging, target_file_bytes: target_mb * 1024 * 1024, compression })
+        let incarnation = Incarnation::from_options(&opts)?;
+        Ok(Self { path, staging, target_file_bytes: target_mb * 1024 * 1024, compression, incarnation })
     }
 }
 

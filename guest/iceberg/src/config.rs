@@ -2,6 +2,7 @@
 
 use iceberg::spec::Transform;
 use iceberg::{NamespaceIdent, TableIdent};
+use sluice_guest_sdk::incarnation::{self, Incarnation};
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
 
@@ -27,19 +28,8 @@ pub fn option_specs() -> Vec<OptionSpec> {
             Some("128"),
         ),
         option_spec("compression", "Parquet compression codec: `zstd`, `snappy` or `none`", false, Some("zstd")),
-        option_spec(
-            "commit_attempts",
-            "commit attempts per checkpoint before the committer gives up (the checkpoint stays pending for the next run)",
-            false,
-            Some("10"),
-        ),
-        option_spec(
-            "commit_backoff_ms",
-            "first back-off after a commit conflict; it doubles per attempt, with full jitter",
-            false,
-            Some("50"),
-        ),
-        option_spec("commit_max_backoff_ms", "longest back-off between commit attempts", false, Some("2000")),
+        incarnation::id_spec(),
+        incarnation::check_spec(),
     ]
 }
 
@@ -57,9 +47,7 @@ pub struct Config {
     pub partition_by: Option<Vec<PartitionField>>,
     pub target_file_bytes: usize,
     pub compression: parquet::basic::Compression,
-    pub commit_attempts: u32,
-    pub commit_backoff_ms: u64,
-    pub commit_max_backoff_ms: u64,
+    pub incarnation: Incarnation,
 }
 
 impl Config {
@@ -82,21 +70,13 @@ impl Config {
                 )));
             }
         };
-        let commit_attempts: u32 = opts.parsed("commit_attempts")?.unwrap_or(10);
-        if commit_attempts == 0 {
-            return Err(error::config("option `commit_attempts` must be at least 1"));
-        }
-        let commit_backoff_ms = opts.parsed("commit_backoff_ms")?.unwrap_or(50);
-        let commit_max_backoff_ms = opts.parsed("commit_max_backoff_ms")?.unwrap_or(2000);
         Ok(Self {
             table,
             create_table,
             partition_by,
             target_file_bytes: target_mb * 1024 * 1024,
             compression,
-            commit_attempts,
-            commit_backoff_ms,
-            commit_max_backoff_ms,
+            incarnation: Incarnation::from_options(&opts)?,
         })
     }
 }

@@ -3,17 +3,22 @@
 //!
 //! - Writers write Parquet data files through the `iceberg` crate's writer
 //!   stack (fan-out per partition, rolling files). File names carry job,
-//!   sink, subtask, run attempt and a per-writer sequence, so no restart ever
-//!   reuses a name. A writer's commit info is the list of its data files;
-//!   nothing is visible until the committer commits.
+//!   sink, incarnation, subtask, run attempt and a per-writer sequence, so no
+//!   restart ever reuses a name. A writer's commit info is the list of its
+//!   data files; nothing is visible until the committer commits.
 //! - The committer fans in every writer's files of checkpoint `c` and
 //!   commits them as **one** snapshot whose summary carries
-//!   `sluice.job-id`, `sluice.sink-id` and `sluice.checkpoint-id`.
+//!   `sluice.job-id`, `sluice.sink-id`, `sluice.incarnation` and
+//!   `sluice.checkpoint-id`, and which moves the table property
+//!   `sluice.committed.<job>.<sink>.<incarnation>` to `c` in the same commit.
 //!
 //! Invariants:
 //! - a commit is decided by the table itself: before every attempt the table
-//!   is reloaded, and when its snapshot ancestry already holds this job, sink
-//!   and checkpoint the answer is `already-committed`;
+//!   is reloaded, and when its watermark for this job, sink and incarnation is
+//!   at or past `c` the answer is `already-committed` (snapshot expiry cannot
+//!   erase it);
+//! - a fresh state directory's first run refuses a table that holds another
+//!   incarnation's checkpoints of this job and sink, before writing;
 //! - a commit carries an `assert-ref-snapshot-id` requirement on the snapshot
 //!   it was built on; the host applies it or answers `conflict` and never
 //!   rebases it, and iceberg-rust's own retry is never used (errors reaching
@@ -36,6 +41,7 @@ pub(crate) const NAME: &str = "iceberg";
 pub(crate) const SUMMARY_JOB: &str = "sluice.job-id";
 pub(crate) const SUMMARY_SINK: &str = "sluice.sink-id";
 pub(crate) const SUMMARY_CHECKPOINT: &str = "sluice.checkpoint-id";
+pub(crate) const SUMMARY_INCARNATION: &str = "sluice.incarnation";
 
 pub struct IcebergSink;
 

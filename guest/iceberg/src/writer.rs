@@ -1,9 +1,10 @@
 //! Writers: rows → Parquet data files through iceberg's writer stack.
 //!
 //! Invariants:
-//! - data files are named `<job>-<sink>-s<subtask>-a<attempt>-w<seq>-<n>.parquet`:
-//!   unique per job, sink, subtask, run attempt and writer generation, so a
-//!   restarted run never overwrites or reuses a file of an earlier one;
+//! - data files are named `<job>.<sink>.<incarnation>-s<subtask>-a<attempt>-w<seq>-<n>.parquet`:
+//!   unique per job, sink, incarnation, subtask, run attempt and writer
+//!   generation, so a restarted run (or a job started over in a fresh state
+//!   directory) never overwrites or reuses a file of an earlier one;
 //! - `prepare-commit(c)` closes the open files and reports them; it makes
 //!   nothing visible (only the committer's snapshot does);
 //! - `close` reports nothing: rows no checkpoint covers stay invisible (their
@@ -112,8 +113,11 @@ impl Inner {
         self.seq += 1;
         let metadata = self.table.metadata();
         let prefix = format!(
-            "{}-{}-s{}-a{}-w{}",
-            self.ctx.job_id, self.ctx.sink_id, self.ctx.subtask, self.ctx.attempt, self.seq
+            "{}-s{}-a{}-w{}",
+            self.cfg.incarnation.key(&self.ctx),
+            self.ctx.subtask,
+            self.ctx.attempt,
+            self.seq
         );
         let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
         let locations =

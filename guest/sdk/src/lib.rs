@@ -19,6 +19,7 @@ pub mod bindings {
 }
 
 pub mod files;
+pub mod incarnation;
 pub mod ipc;
 pub mod log;
 pub mod options;

@@ -45,7 +45,6 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use thiserror::Error;
 
 use crate::capability::catalog_rest::RestCommitter;
-use crate::capability::fault::InjectedCrash;
 use crate::plugin::bindings::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
 use crate::plugin::host_state::HostState;
 
@@ -53,29 +52,13 @@ use crate::plugin::host_state::HostState;
 #[derive(Debug, Error)]
 pub enum CatalogSetupError {
     #[error("cannot create {path}: {source}")]
-    Dir { path: PathBuf, source: std::io::Error },
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot open the catalog {uri}: {message}")]
     Open { uri: String, message: String },
-}
-
-/// A fault the tests inject into `commit-table` calls (counted from 1 per run).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommitFault {
-    /// Apply the commit, then answer `unknown-outcome` (the reply is lost).
-    LoseReply,
-    /// Answer `conflict` without applying (another writer won the race).
-    Conflict,
-    /// Apply the commit, then crash the engine before the plugin hears of it.
-    CrashAfterApply,
-}
-
-/// Faults and latency for `commit-table`, for tests and benchmarks.
-#[derive(Debug, Default)]
-pub struct CatalogFaults {
-    /// (nth commit-table call, fault)
-    pub faults: Vec<(u64, CommitFault)>,
-    /// Added before the compare-and-swap, to stand in for a remote catalog.
-    pub commit_delay: Duration,
 }
 
 /// What the catalog saw, for reports and benchmarks.
@@ -85,27 +68,132 @@ pub struct CatalogStats {
     pub conflicts: AtomicU64,
 }
 
-/// How commits reach the catalog.
-enum Backend {
-    /// `SqlCatalog`'s own table, updated with a compare-and-swap.
-    Sql {
-        pool: SqlitePool,
-        /// Serialises this process's compare-and-swaps, so SQLite's writer lock
-        /// is taken by one of them at a time (other processes wait on it).
-        cas: tokio::sync::Mutex<()>,
-    },
-    /// A REST catalog's `updateTable` endpoint.
-    Rest(RestCommitter),
+/// Why a commit did not happen, as a backend reports it.
+#[derive(Debug)]
+pub(crate) enum CommitError {
+    /// The catalog's answer, for the plugin.
+    Catalog(CatalogError),
+    /// A test asked the engine to die right after the commit was applied.
+    #[cfg(feature = "fault-injection")]
+    InjectedCrash,
+}
+
+impl From<CatalogError> for CommitError {
+    fn from(e: CatalogError) -> Self {
+        CommitError::Catalog(e)
+    }
+}
+
+/// Where commits go. A commit applies every update with every requirement
+/// holding, or nothing; it is never rebased or retried here.
+pub(crate) trait CommitBackend: Send + Sync {
+    fn commit(
+        &self,
+        ident: &TableIdent,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<LoadedTable, CommitError>;
+}
+
+/// Commits to `SqlCatalog`'s own table with a compare-and-swap on the
+/// previous metadata location, as `SqlCatalog::update_table` does.
+struct SqlCommits {
+    catalog_name: String,
+    /// Loads the table the commit applies to.
+    catalog: Arc<dyn Catalog>,
+    pool: SqlitePool,
+    /// Serialises this process's compare-and-swaps, so SQLite's writer lock
+    /// is taken by one of them at a time (other processes wait on it).
+    cas: tokio::sync::Mutex<()>,
+}
+
+impl CommitBackend for SqlCommits {
+    fn commit(
+        &self,
+        ident: &TableIdent,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<LoadedTable, CommitError> {
+        super::runtime().block_on(self.commit_async(ident, requirements, updates)).map_err(CommitError::Catalog)
+    }
+}
+
+impl SqlCommits {
+    async fn commit_async(
+        &self,
+        ident: &TableIdent,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<LoadedTable, CatalogError> {
+        let table = self.catalog.load_table(ident).await.map_err(load_error)?;
+        let current = table.metadata_location_result().map_err(other)?.to_string();
+        for requirement in &requirements {
+            requirement.check(Some(table.metadata())).map_err(|e| CatalogError::Conflict(e.to_string()))?;
+        }
+        let mut builder = table.metadata().clone().into_builder(Some(current.clone()));
+        for update in updates {
+            builder =
+                update.apply(builder).map_err(|e| CatalogError::Other(format!("update cannot be applied: {e}")))?;
+        }
+        let metadata: TableMetadata =
+            builder.build().map_err(|e| CatalogError::Other(format!("updated metadata is not valid: {e}")))?.metadata;
+        let location =
+            MetadataLocation::from_str(&current).map_err(other)?.with_next_version().with_new_metadata(&metadata);
+        metadata.write_to(table.file_io(), &location).await.map_err(other)?;
+        let new_location = location.to_string();
+        let swapped = {
+            let _one_at_a_time = self.cas.lock().await;
+            sqlx::query(
+                "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
+                 WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
+                 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?",
+            )
+            .bind(&new_location)
+            .bind(&current)
+            .bind(&self.catalog_name)
+            .bind(ident.namespace().join("."))
+            .bind(ident.name())
+            .bind(&current)
+            .execute(&self.pool)
+            .await
+        };
+        match swapped {
+            Ok(done) if done.rows_affected() == 1 => {
+                let json = serde_json::to_string(&metadata).map_err(|e| {
+                    CatalogError::UnknownOutcome(format!("committed, but the reply cannot be built: {e}"))
+                })?;
+                Ok(LoadedTable { metadata_location: new_location, metadata_json: json })
+            }
+            Ok(_) => {
+                Err(CatalogError::Conflict(format!("table {ident} changed since its metadata {current} was loaded")))
+            }
+            // SQLITE_BUSY / SQLITE_LOCKED: the statement did not run.
+            Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("5") | Some("6")) => {
+                Err(CatalogError::Conflict(format!("the catalog database is busy: {e}")))
+            }
+            Err(e) => Err(CatalogError::UnknownOutcome(format!("updating the catalog failed: {e}"))),
+        }
+    }
+}
+
+impl CommitBackend for RestCommitter {
+    fn commit(
+        &self,
+        ident: &TableIdent,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<LoadedTable, CommitError> {
+        super::runtime().block_on(self.post(ident, &requirements, &updates)).map_err(CommitError::Catalog)
+    }
 }
 
 /// The sink's catalog, shared by the instances of a run.
 pub struct CatalogGrant {
     catalog_name: String,
     /// Loads and creates tables: iceberg-rust's `SqlCatalog` or `RestCatalog`.
-    catalog: Box<dyn Catalog>,
-    backend: Backend,
+    catalog: Arc<dyn Catalog>,
+    backend: Box<dyn CommitBackend>,
     uri: String,
-    faults: CatalogFaults,
     pub stats: CatalogStats,
 }
 
@@ -122,12 +210,7 @@ fn to_file_uri(path: &Path) -> String {
 impl CatalogGrant {
     /// Opens (creating when missing) the SQLite catalog `database` with its
     /// warehouse directory `warehouse`.
-    pub fn open_sql(
-        name: &str,
-        database: &Path,
-        warehouse: &Path,
-        faults: CatalogFaults,
-    ) -> Result<Self, CatalogSetupError> {
+    pub fn open_sql(name: &str, database: &Path, warehouse: &Path) -> Result<Self, CatalogSetupError> {
         for dir in [database.parent().unwrap_or(Path::new("/")), warehouse] {
             std::fs::create_dir_all(dir)
                 .map_err(|source| CatalogSetupError::Dir { path: dir.to_path_buf(), source })?;
@@ -156,12 +239,18 @@ impl CatalogGrant {
         let pool = rt
             .block_on(SqlitePoolOptions::new().max_connections(2).connect_with(options))
             .map_err(|e| open_err(e.to_string()))?;
+        let catalog: Arc<dyn Catalog> = Arc::new(sql);
+        let backend = SqlCommits {
+            catalog_name: name.to_string(),
+            catalog: catalog.clone(),
+            pool,
+            cas: tokio::sync::Mutex::new(()),
+        };
         Ok(Self {
             catalog_name: name.to_string(),
-            catalog: Box::new(sql),
-            backend: Backend::Sql { pool, cas: tokio::sync::Mutex::new(()) },
+            catalog,
+            backend: Box::new(backend),
             uri,
-            faults,
             stats: CatalogStats::default(),
         })
     }
@@ -174,7 +263,6 @@ impl CatalogGrant {
         uri: &str,
         warehouse: &Path,
         token: Option<String>,
-        faults: CatalogFaults,
     ) -> Result<Self, CatalogSetupError> {
         std::fs::create_dir_all(warehouse)
             .map_err(|source| CatalogSetupError::Dir { path: warehouse.to_path_buf(), source })?;
@@ -199,12 +287,20 @@ impl CatalogGrant {
             .map_err(|e| open_err(e.to_string()))?;
         Ok(Self {
             catalog_name: name.to_string(),
-            catalog: Box::new(rest),
-            backend: Backend::Rest(committer),
+            catalog: Arc::new(rest),
+            backend: Box::new(committer),
             uri: uri.to_string(),
-            faults,
             stats: CatalogStats::default(),
         })
+    }
+
+    /// Wraps the commit backend in the test faults and latency of a run.
+    #[cfg(feature = "fault-injection")]
+    pub fn with_faults(mut self, faults: crate::fault::CatalogFaults) -> Self {
+        if !faults.is_empty() {
+            self.backend = Box::new(super::catalog_faults::FaultyCommits::new(self.backend, faults));
+        }
+        self
     }
 
     pub fn describe(&self) -> String {
@@ -268,123 +364,23 @@ impl CatalogGrant {
         })
     }
 
-    /// Commits; the flag asks the caller to crash now (an injected fault).
-    fn commit_table(
+    /// Commits the plugin's REST-spec requirements and updates (JSON).
+    pub(crate) fn commit_table(
         &self,
         ident: &TableIdent,
         requirements: &str,
         updates: &str,
-    ) -> (Result<LoadedTable, CatalogError>, bool) {
-        let call = self.stats.commit_calls.fetch_add(1, Ordering::Relaxed) + 1;
-        let requirements: Vec<TableRequirement> = match serde_json::from_str(requirements) {
-            Ok(r) => r,
-            Err(e) => {
-                return (
-                    Err(CatalogError::Other(format!("commit requirements are not valid REST-spec JSON: {e}"))),
-                    false,
-                );
-            }
-        };
-        let updates: Vec<TableUpdate> = match serde_json::from_str(updates) {
-            Ok(u) => u,
-            Err(e) => {
-                return (Err(CatalogError::Other(format!("commit updates are not valid REST-spec JSON: {e}"))), false);
-            }
-        };
-        let fault = self.faults.faults.iter().find(|(n, _)| *n == call).map(|(_, f)| *f);
-        let result = super::runtime().block_on(self.commit(ident, requirements, updates, fault));
-        if matches!(result, Err(CatalogError::Conflict(_))) {
+    ) -> Result<LoadedTable, CommitError> {
+        self.stats.commit_calls.fetch_add(1, Ordering::Relaxed);
+        let requirements: Vec<TableRequirement> = serde_json::from_str(requirements)
+            .map_err(|e| CatalogError::Other(format!("commit requirements are not valid REST-spec JSON: {e}")))?;
+        let updates: Vec<TableUpdate> = serde_json::from_str(updates)
+            .map_err(|e| CatalogError::Other(format!("commit updates are not valid REST-spec JSON: {e}")))?;
+        let result = self.backend.commit(ident, requirements, updates);
+        if matches!(result, Err(CommitError::Catalog(CatalogError::Conflict(_)))) {
             self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
         }
-        if fault == Some(CommitFault::LoseReply) && result.is_ok() {
-            tracing::warn!(table = %ident, call, "injected fault: commit applied, reply dropped");
-            return (
-                Err(CatalogError::UnknownOutcome("the catalog's reply was lost (injected fault)".to_string())),
-                false,
-            );
-        }
-        let crash = fault == Some(CommitFault::CrashAfterApply) && result.is_ok();
-        if crash {
-            tracing::warn!(table = %ident, call, "injected fault: crash right after the commit was applied");
-        }
-        (result, crash)
-    }
-
-    async fn commit(
-        &self,
-        ident: &TableIdent,
-        requirements: Vec<TableRequirement>,
-        updates: Vec<TableUpdate>,
-        fault: Option<CommitFault>,
-    ) -> Result<LoadedTable, CatalogError> {
-        let (pool, cas) = match &self.backend {
-            Backend::Sql { pool, cas } => (pool, cas),
-            Backend::Rest(rest) => {
-                if fault == Some(CommitFault::Conflict) {
-                    tracing::warn!(table = %ident, "injected fault: commit refused as a conflict");
-                    return Err(CatalogError::Conflict("another writer committed first (injected fault)".to_string()));
-                }
-                if !self.faults.commit_delay.is_zero() {
-                    tokio::time::sleep(self.faults.commit_delay).await;
-                }
-                return rest.commit(ident, &requirements, &updates).await;
-            }
-        };
-        let table = self.catalog.load_table(ident).await.map_err(load_error)?;
-        let current = table.metadata_location_result().map_err(other)?.to_string();
-        for requirement in &requirements {
-            requirement.check(Some(table.metadata())).map_err(|e| CatalogError::Conflict(e.to_string()))?;
-        }
-        if fault == Some(CommitFault::Conflict) {
-            tracing::warn!(table = %ident, "injected fault: commit refused as a conflict");
-            return Err(CatalogError::Conflict("another writer committed first (injected fault)".to_string()));
-        }
-        let mut builder = table.metadata().clone().into_builder(Some(current.clone()));
-        for update in updates {
-            builder =
-                update.apply(builder).map_err(|e| CatalogError::Other(format!("update cannot be applied: {e}")))?;
-        }
-        let metadata: TableMetadata =
-            builder.build().map_err(|e| CatalogError::Other(format!("updated metadata is not valid: {e}")))?.metadata;
-        let location =
-            MetadataLocation::from_str(&current).map_err(other)?.with_next_version().with_new_metadata(&metadata);
-        metadata.write_to(table.file_io(), &location).await.map_err(other)?;
-        if !self.faults.commit_delay.is_zero() {
-            tokio::time::sleep(self.faults.commit_delay).await;
-        }
-        let new_location = location.to_string();
-        let swapped = {
-            let _one_at_a_time = cas.lock().await;
-            sqlx::query(
-                "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
-                 WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
-                 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?",
-            )
-            .bind(&new_location)
-            .bind(&current)
-            .bind(&self.catalog_name)
-            .bind(ident.namespace().join("."))
-            .bind(ident.name())
-            .bind(&current)
-            .execute(pool)
-            .await
-        };
-        match swapped {
-            Ok(done) if done.rows_affected() == 1 => {
-                let json = serde_json::to_string(&metadata).map_err(|e| {
-                    CatalogError::UnknownOutcome(format!("committed, but the reply cannot be built: {e}"))
-                })?;
-                Ok(LoadedTable { metadata_location: new_location, metadata_json: json })
-            }
-            Ok(_) => {
-                Err(CatalogError::Conflict(format!("table {ident} changed since its metadata {current} was loaded")))
-            }
-            // SQLITE_BUSY / SQLITE_LOCKED: the statement did not run.
-            Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("5") | Some("6")) => {
-                Err(CatalogError::Conflict(format!("the catalog database is busy: {e}")))
-            }
-            Err(e) => Err(CatalogError::UnknownOutcome(format!("updating the catalog failed: {e}"))),
-        }
+        result
     }
 }
 
@@ -432,7 +428,7 @@ impl wit::Host for HostState {
         let Some(catalog) = self.catalog.clone() else { return Ok(Err(no_catalog())) };
         let result = ident(&table).and_then(|ident| catalog.create_table(&ident, &request_json));
         if result.is_ok() {
-            self.fault.after_side_effect()?;
+            self.side_effect_done()?;
         }
         Ok(result)
     }
@@ -444,16 +440,18 @@ impl wit::Host for HostState {
         updates_json: String,
     ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
         let Some(catalog) = self.catalog.clone() else { return Ok(Err(no_catalog())) };
-        let (result, crash) = match ident(&table) {
-            Ok(ident) => catalog.commit_table(&ident, &requirements_json, &updates_json),
-            Err(e) => (Err(e), false),
+        let result = ident(&table)
+            .map_err(CommitError::Catalog)
+            .and_then(|ident| catalog.commit_table(&ident, &requirements_json, &updates_json));
+        let result = match result {
+            Ok(loaded) => Ok(loaded),
+            Err(CommitError::Catalog(e)) => Err(e),
+            #[cfg(feature = "fault-injection")]
+            Err(CommitError::InjectedCrash) => return Err(wasmtime::Error::new(crate::fault::InjectedCrash)),
         };
-        if crash {
-            return Err(wasmtime::Error::new(InjectedCrash));
-        }
         if !matches!(result, Err(CatalogError::Conflict(_))) {
             // A crash "during commit" happens right after the commit's effect.
-            self.fault.after_side_effect()?;
+            self.side_effect_done()?;
         }
         Ok(result)
     }

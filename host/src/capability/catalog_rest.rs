@@ -113,7 +113,8 @@ impl RestCommitter {
         Ok(Self { http, base, token })
     }
 
-    pub(crate) async fn commit(
+    /// The spec's `updateTable` call.
+    pub(crate) async fn post(
         &self,
         ident: &TableIdent,
         requirements: &[TableRequirement],

@@ -562,7 +562,7 @@ impl Host for HostState {
     ) -> wasmtime::Result<Result<(), IoError>> {
         let result = self.file_io.grants.write_file(&location, &contents, overwrite);
         if result.is_ok() {
-            self.fault.after_side_effect()?;
+            self.side_effect_done()?;
         }
         Ok(result)
     }
@@ -570,7 +570,7 @@ impl Host for HostState {
     fn rename(&mut self, from: String, to: String) -> wasmtime::Result<Result<(), IoError>> {
         let result = self.file_io.grants.rename(&from, &to);
         if result.is_ok() {
-            self.fault.after_side_effect()?;
+            self.side_effect_done()?;
         }
         Ok(result)
     }
@@ -578,7 +578,7 @@ impl Host for HostState {
     fn delete(&mut self, location: String) -> wasmtime::Result<Result<(), IoError>> {
         let result = self.file_io.grants.delete(&location);
         if result.is_ok() {
-            self.fault.after_side_effect()?;
+            self.side_effect_done()?;
         }
         Ok(result)
     }
@@ -603,7 +603,7 @@ impl HostOutputFile for HostState {
     fn finish(&mut self, this: Resource<OutputFileHandle>) -> wasmtime::Result<Result<(), IoError>> {
         let result = self.table.get_mut(&this)?.finish();
         if result.is_ok() {
-            self.fault.after_side_effect()?;
+            self.side_effect_done()?;
         }
         Ok(result)
     }

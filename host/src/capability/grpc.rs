@@ -371,7 +371,7 @@ impl wit::Host for HostState {
         let result = self.grpc.unary(&endpoint, &method, request, Duration::from_millis(u64::from(timeout_ms)));
         if result.is_ok() {
             // A crash "during commit" happens right after the call's effect.
-            self.fault.after_side_effect()?;
+            self.side_effect_done()?;
         }
         Ok(result)
     }

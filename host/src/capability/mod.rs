@@ -7,8 +7,9 @@
 //! `grpc`, to the endpoint names the job maps to addresses.
 
 pub mod catalog;
+#[cfg(feature = "fault-injection")]
+mod catalog_faults;
 mod catalog_rest;
-pub mod fault;
 pub mod file_io;
 pub mod grpc;
 pub mod log;

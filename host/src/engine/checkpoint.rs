@@ -9,7 +9,14 @@
 //!   substituted for it (that could replay rows already committed);
 //! - only one run holds a job's state directory at a time (an OS file lock,
 //!   released by the kernel even on SIGKILL);
-//! - the attempt counter is bumped durably before a run does anything else.
+//! - the attempt counter is bumped durably before a run does anything else;
+//! - a state directory belongs to one *incarnation* of its job, named by a
+//!   random id made when the directory's first run starts (`incarnation`).
+//!   Sinks key everything they write with it, so a job started over in a
+//!   fresh state directory never mistakes an earlier incarnation's
+//!   checkpoints for its own;
+//! - a state directory marked `halted` is never resumed: the marker names a
+//!   failure that resuming would turn into silent loss.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -44,6 +51,18 @@ pub enum CheckpointError {
     Corrupt { path: PathBuf, reason: String, older: String },
     #[error("checkpoint record {path} belongs to job {found:?}, not {expected:?}")]
     WrongJob { path: PathBuf, found: String, expected: String },
+    #[error("cannot encode checkpoint {checkpoint}: {source}")]
+    Encode {
+        checkpoint: u64,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("state file {path} is not valid: {source}")]
+    StateFile {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 /// Bytes stored as base64 in the JSON record.
@@ -81,6 +100,51 @@ pub struct SubtaskRecord {
 pub struct PendingCommit {
     pub checkpoint: u64,
     pub combined: Blob,
+    /// Rows the checkpoint covers (0 in records of versions before it was kept).
+    #[serde(default)]
+    pub rows: u64,
+}
+
+/// A pending checkpoint an operator dropped (`sluice state --drop-pending`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DroppedCommit {
+    pub checkpoint: u64,
+    pub rows: u64,
+    /// Milliseconds since the Unix epoch.
+    pub dropped_at_ms: u64,
+}
+
+/// The identity of a state directory's job incarnation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Incarnation {
+    /// 12 lowercase hex digits, random.
+    pub id: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+}
+
+impl Incarnation {
+    /// A new incarnation with a random id.
+    pub fn generate() -> Result<Self, CheckpointError> {
+        let random = getrandom::u64().map_err(|e| CheckpointError::Io {
+            path: PathBuf::from("(random source)"),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok(Self { id: format!("{:012x}", random & 0xffff_ffff_ffff), created_at_ms: now_ms() })
+    }
+}
+
+/// Why a state directory must not be resumed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Halt {
+    pub reason: String,
+    /// Milliseconds since the Unix epoch.
+    pub halted_at_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Everything needed to resume a job after checkpoint `checkpoint`.
@@ -98,6 +162,9 @@ pub struct CheckpointRecord {
     pub pending: Vec<PendingCommit>,
     /// Newest checkpoint known to be committed when the record was written.
     pub last_committed: Option<u64>,
+    /// Pending checkpoints an operator dropped, newest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<DroppedCommit>,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
 }
@@ -119,7 +186,28 @@ pub struct CheckpointStore {
     checkpoints: PathBuf,
     job_id: String,
     retain: usize,
-    _lock: File,
+    /// `None` for a read-only view ([`CheckpointStore::inspect`]).
+    _lock: Option<File>,
+}
+
+const INCARNATION_FILE: &str = "incarnation";
+const HALT_FILE: &str = "halted";
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, CheckpointError> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|source| CheckpointError::StateFile { path: path.to_path_buf(), source }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io(path)(e)),
+    }
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), CheckpointError> {
+    let mut bytes = serde_json::to_vec_pretty(value)
+        .map_err(|source| CheckpointError::StateFile { path: path.to_path_buf(), source })?;
+    bytes.push(b'\n');
+    write_atomic(path, &bytes)
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -165,33 +253,77 @@ impl CheckpointStore {
             Err(fs::TryLockError::WouldBlock) => return Err(CheckpointError::Locked { path: dir.to_path_buf() }),
             Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
         }
-        Ok(Self { dir: dir.to_path_buf(), checkpoints, job_id: job_id.to_string(), retain, _lock: lock })
+        Ok(Self { dir: dir.to_path_buf(), checkpoints, job_id: job_id.to_string(), retain, _lock: Some(lock) })
+    }
+
+    /// A read-only view of a state directory, without taking its lock (a run
+    /// may hold it): for showing the state. `None` when the directory does
+    /// not exist. Records are written atomically, so what it reads is whole.
+    pub fn inspect(dir: &Path, job_id: &str) -> Result<Option<Self>, CheckpointError> {
+        let checkpoints = dir.join("checkpoints");
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            dir: dir.to_path_buf(),
+            checkpoints,
+            job_id: job_id.to_string(),
+            retain: usize::MAX,
+            _lock: None,
+        }))
+    }
+
+    /// Runs started in this state directory so far (without raising it).
+    pub fn attempts(&self) -> Result<u32, CheckpointError> {
+        let path = self.dir.join("attempt");
+        match fs::read_to_string(&path) {
+            Ok(s) => s.trim().parse::<u32>().map_err(|e| CheckpointError::Corrupt {
+                path: path.clone(),
+                reason: format!("not a number: {e}"),
+                older: String::new(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io(&path)(e)),
+        }
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// The incarnation of this state directory, once one was adopted.
+    pub fn incarnation(&self) -> Result<Option<Incarnation>, CheckpointError> {
+        read_json(&self.dir.join(INCARNATION_FILE))
+    }
+
+    /// Adopts `incarnation` for this state directory, durably.
+    pub fn set_incarnation(&self, incarnation: &Incarnation) -> Result<(), CheckpointError> {
+        write_json(&self.dir.join(INCARNATION_FILE), incarnation)
+    }
+
+    /// Why this state directory must not be resumed, if it was halted.
+    pub fn halted(&self) -> Result<Option<Halt>, CheckpointError> {
+        read_json(&self.dir.join(HALT_FILE))
+    }
+
+    /// Marks this state directory as never to be resumed, durably.
+    pub fn halt(&self, reason: &str) -> Result<(), CheckpointError> {
+        write_json(&self.dir.join(HALT_FILE), &Halt { reason: reason.to_string(), halted_at_ms: now_ms() })
+    }
+
     /// Raises and returns the run attempt (1 for the first run).
     pub fn next_attempt(&self) -> Result<u32, CheckpointError> {
-        let path = self.dir.join("attempt");
-        let current = match fs::read_to_string(&path) {
-            Ok(s) => s.trim().parse::<u32>().map_err(|e| CheckpointError::Corrupt {
-                path: path.clone(),
-                reason: format!("not a number: {e}"),
-                older: String::new(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => return Err(io(&path)(e)),
-        };
-        let next = current.saturating_add(1);
-        write_atomic(&path, format!("{next}\n").as_bytes())?;
+        let next = self.attempts()?.saturating_add(1);
+        write_atomic(&self.dir.join("attempt"), format!("{next}\n").as_bytes())?;
         Ok(next)
     }
 
     /// Checkpoint ids present on disk, newest first.
     fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
         let mut ids = Vec::new();
+        if !self.checkpoints.is_dir() {
+            return Ok(ids);
+        }
         for entry in fs::read_dir(&self.checkpoints).map_err(io(&self.checkpoints))? {
             let entry = entry.map_err(io(&self.checkpoints))?;
             if let Some(c) = entry.file_name().to_str().and_then(parse_name) {
@@ -233,7 +365,7 @@ impl CheckpointStore {
     /// Persists a record atomically and durably, then prunes old ones.
     pub fn persist(&self, record: &CheckpointRecord) -> Result<PathBuf, CheckpointError> {
         let path = self.checkpoints.join(file_name(record.checkpoint));
-        write_atomic(&path, &encode(record))?;
+        write_atomic(&path, &encode(record)?)?;
         for old in self.ids()?.into_iter().skip(self.retain) {
             let p = self.checkpoints.join(file_name(old));
             if let Err(e) = fs::remove_file(&p) {
@@ -257,13 +389,13 @@ fn older_hint(ids: &[u64]) -> String {
 }
 
 /// Header line, then the JSON body. The header holds the body's length and SHA-256.
-pub fn encode(record: &CheckpointRecord) -> Vec<u8> {
-    // Serializing plain data structures to JSON cannot fail.
-    let body = serde_json::to_vec_pretty(record).unwrap_or_default();
+pub fn encode(record: &CheckpointRecord) -> Result<Vec<u8>, CheckpointError> {
+    let body = serde_json::to_vec_pretty(record)
+        .map_err(|source| CheckpointError::Encode { checkpoint: record.checkpoint, source })?;
     let digest = hex(&Sha256::digest(&body));
     let mut out = format!("{MAGIC} v{FORMAT_VERSION} len={} sha256={digest}\n", body.len()).into_bytes();
     out.extend_from_slice(&body);
-    out
+    Ok(out)
 }
 
 pub fn decode(bytes: &[u8]) -> Result<CheckpointRecord, String> {
@@ -311,8 +443,9 @@ mod tests {
                 rows: 5,
                 finished: false,
             }],
-            pending: vec![PendingCommit { checkpoint: c, combined: Blob(b"files".to_vec()) }],
+            pending: vec![PendingCommit { checkpoint: c, combined: Blob(b"files".to_vec()), rows: 5 }],
             last_committed: None,
+            dropped: Vec::new(),
             created_at_ms: 0,
         }
     }
@@ -346,6 +479,37 @@ mod tests {
         fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
         let err = store.latest().unwrap_err().to_string();
         assert!(err.contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn incarnation_and_halt_markers_are_durable_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), "j", 3).unwrap();
+        assert_eq!(store.incarnation().unwrap(), None);
+        let inc = Incarnation::generate().unwrap();
+        assert_eq!(inc.id.len(), 12);
+        assert_ne!(inc, Incarnation::generate().unwrap());
+        store.set_incarnation(&inc).unwrap();
+        assert_eq!(store.incarnation().unwrap(), Some(inc));
+        assert_eq!(store.halted().unwrap(), None);
+        store.halt("because").unwrap();
+        assert_eq!(store.halted().unwrap().map(|h| h.reason), Some("because".to_string()));
+        fs::write(dir.path().join(INCARNATION_FILE), b"{").unwrap();
+        assert!(matches!(store.incarnation(), Err(CheckpointError::StateFile { .. })));
+    }
+
+    #[test]
+    fn records_without_newer_fields_still_decode() {
+        let mut old = serde_json::to_value(record(1)).unwrap();
+        old.as_object_mut().unwrap().remove("dropped");
+        old["pending"][0].as_object_mut().unwrap().remove("rows");
+        let body = serde_json::to_vec(&old).unwrap();
+        let digest = hex(&Sha256::digest(&body));
+        let mut bytes = format!("{MAGIC} v{FORMAT_VERSION} len={} sha256={digest}\n", body.len()).into_bytes();
+        bytes.extend_from_slice(&body);
+        let decoded = decode(&bytes).unwrap();
+        assert_eq!(decoded.pending[0].rows, 0);
+        assert!(decoded.dropped.is_empty());
     }
 
     #[test]

@@ -1,21 +1,37 @@
-//! The checkpoint coordinator: gathers rounds, persists, then commits.
+//! The checkpoint coordinator: sets a run up, recovers, then runs one
+//! checkpoint after another: gather, combine, persist, commit.
+//!
+//! Invariants of the protocol (the crash matrix in `tests/` proves each):
+//! - nothing is committed before the record naming it is durable, and a
+//!   record is written only after every writer prepared its part;
+//! - pending checkpoints are committed oldest first, each until the plugin
+//!   answers `committed` or `already-committed`; the host alone retries a
+//!   `retryable` answer (job.commit), so retries never multiply;
+//! - a checkpoint this run prepared that the plugin reports as
+//!   `already-committed` on its first commit proves that its idempotence key
+//!   was taken before: the run fails, reports nothing delivered, and halts
+//!   the state directory;
+//! - a failure at any point leaves the job resumable with nothing lost and
+//!   nothing committed twice.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::checkpoint::{Blob, CheckpointRecord, CheckpointStore, PendingCommit, SubtaskRecord};
+use super::checkpoint::{
+    Blob, CheckpointRecord, CheckpointStore, DroppedCommit, Incarnation, PendingCommit, SubtaskRecord, now_ms,
+};
 use super::subtask::{Command, Reply, RoundReport, SubtaskHandle, SubtaskSetup};
-use super::{CrashPoint, EngineError, Fault, RunOptions, backoff};
+use super::{EngineError, RunOptions, backoff, crash_point};
 use crate::capability::Granted;
-use crate::capability::catalog::{CatalogFaults, CatalogGrant, CommitFault};
+use crate::capability::catalog::CatalogGrant;
 use crate::capability::file_io::{FileGrants, MemoryStore};
 use crate::capability::grpc::GrpcGrant;
 use crate::ipc;
 use crate::job::CatalogKind;
 use crate::job::{Job, JobError};
 use crate::plugin::bindings::{CommitOutcome, PluginInfo};
-use crate::plugin::{CommitterInstance, Limits, PluginHost, SinkCtx, SinkErrorKind};
+use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost, SinkCtx, SinkErrorKind, reserved};
 use crate::progress::Progress;
 use crate::source::Source;
 
@@ -23,6 +39,10 @@ use crate::source::Source;
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunSummary {
     pub job_id: String,
+    /// The incarnation of the job's state directory.
+    pub incarnation: String,
+    /// This run started the incarnation (its state directory was new).
+    pub new_incarnation: bool,
     pub attempt: u32,
     /// Checkpoint the run resumed after, if any.
     pub resumed_from: Option<u64>,
@@ -52,25 +72,28 @@ impl std::fmt::Display for RunSummary {
         if self.already_complete {
             return write!(
                 f,
-                "job {} was already complete: {} rows delivered, last committed checkpoint {committed}{}",
+                "job {} was already complete: {} rows delivered, last committed checkpoint {committed}{}, incarnation {}",
                 self.job_id,
                 self.rows_total,
                 if self.recovered.is_empty() {
                     String::new()
                 } else {
                     format!(", {} pending commit(s) finished now", self.recovered.len())
-                }
+                },
+                self.incarnation,
             );
         }
         write!(
             f,
-            "job {} finished: {} rows in {secs:.1}s ({rate:.0} rows/s over {data_secs:.1}s of data movement), {} checkpoint(s), last committed checkpoint {committed}, {} rows in total{}{}",
+            "job {} finished: {} rows in {secs:.1}s ({rate:.0} rows/s over {data_secs:.1}s of data movement), {} checkpoint(s), last committed checkpoint {committed}, {} rows in total{}, attempt {}, incarnation {}{}",
             self.job_id,
             self.rows_this_run,
             self.checkpoints_this_run,
             self.rows_total,
             self.resumed_from.map_or(String::new(), |c| format!(", resumed after checkpoint {c}")),
-            format_args!(", attempt {}", self.attempt),
+            self.attempt,
+            self.incarnation,
+            if self.new_incarnation { " (new)" } else { "" },
         )
     }
 }
@@ -79,9 +102,16 @@ impl std::fmt::Display for RunSummary {
 fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
     let mut errors = Vec::new();
     let options = job.sink_options();
-    let known: Vec<&str> = info.options.iter().map(|o| o.name.as_str()).collect();
+    let known: Vec<&str> =
+        info.options.iter().map(|o| o.name.as_str()).filter(|name| !reserved::is_reserved(name)).collect();
     for (key, _) in &options {
-        if !known.contains(&key.as_str()) {
+        if reserved::is_reserved(key) {
+            errors.push(JobError::Invalid {
+                path: job.path.clone(),
+                key: format!("sink.options.{key}"),
+                message: format!("options starting with `{}` are the host's own; remove it", reserved::PREFIX),
+            });
+        } else if !known.contains(&key.as_str()) {
             errors.push(JobError::Invalid {
                 path: job.path.clone(),
                 key: format!("sink.options.{key}"),
@@ -90,7 +120,7 @@ fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
         }
     }
     for spec in info.options.iter().filter(|o| o.required && o.default_value.is_none()) {
-        if !options.iter().any(|(k, _)| k == &spec.name) {
+        if !reserved::is_reserved(&spec.name) && !options.iter().any(|(k, _)| k == &spec.name) {
             errors.push(JobError::Invalid {
                 path: job.path.clone(),
                 key: format!("sink.options.{}", spec.name),
@@ -101,11 +131,41 @@ fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
     errors
 }
 
+/// Whether the plugin declares the host-provided option `name`.
+fn declares(plugin: &Plugin, name: &str) -> bool {
+    plugin.info().is_some_and(|i| i.options.iter().any(|o| o.name == name))
+}
+
+/// The options a plugin receives: the job's, plus the host's own that the
+/// plugin declares (see [`reserved`]).
+fn plugin_options(job: &Job, plugin: &Plugin, incarnation: &str, refuse_others: bool) -> Vec<(String, String)> {
+    let mut options = job.sink_options();
+    if declares(plugin, reserved::INCARNATION) {
+        options.push((reserved::INCARNATION.to_string(), incarnation.to_string()));
+    }
+    if declares(plugin, reserved::OTHER_INCARNATIONS) {
+        let policy = if refuse_others { "refuse" } else { "accept" };
+        options.push((reserved::OTHER_INCARNATIONS.to_string(), policy.to_string()));
+    }
+    options
+}
+
+/// Who an instance is: writer `subtask`, or the committer (0).
+fn sink_ctx(job: &Job, subtask: u32, attempt: u32) -> SinkCtx {
+    SinkCtx {
+        job_id: job.spec.job.id.clone(),
+        sink_id: job.spec.sink.id.clone(),
+        subtask,
+        parallelism: job.spec.job.parallelism,
+        attempt,
+    }
+}
+
 fn limits(job: &Job) -> Limits {
     Limits { call_timeout: job.spec.sink.sandbox.call_timeout(), memory_mb: job.spec.sink.sandbox.memory_mb }
 }
 
-fn grants(job: &Job, faults: &[(u64, CommitFault)]) -> Result<Granted, EngineError> {
+fn grants(job: &Job, #[allow(unused_variables)] opts: &RunOptions) -> Result<Granted, EngineError> {
     let g = &job.spec.sink.grants;
     let mut locations = g.locations.clone();
     let catalog = match &job.spec.sink.catalog {
@@ -114,14 +174,12 @@ fn grants(job: &Job, faults: &[(u64, CommitFault)]) -> Result<Granted, EngineErr
             let warehouse = job.resolve(&spec.warehouse);
             // The tables' files live in the warehouse: the plugin writes them.
             locations.push(warehouse.to_string_lossy().into_owned());
-            let faults =
-                CatalogFaults { faults: faults.to_vec(), commit_delay: Duration::from_millis(spec.commit_delay_ms) };
             let catalog = match spec.kind {
                 CatalogKind::Sql => {
                     let Some(database) = &spec.database else {
                         return Err(EngineError::Catalog("kind = \"sql\" needs `database` (the SQLite file)".into()));
                     };
-                    CatalogGrant::open_sql(&spec.name, &job.resolve(database), &warehouse, faults)
+                    CatalogGrant::open_sql(&spec.name, &job.resolve(database), &warehouse)
                         .map_err(|e| EngineError::Catalog(e.to_string()))?
                 }
                 CatalogKind::Rest => {
@@ -141,10 +199,15 @@ fn grants(job: &Job, faults: &[(u64, CommitFault)]) -> Result<Granted, EngineErr
                             EngineError::Catalog(format!("token_env: the environment variable {var} is not set"))
                         })?),
                     };
-                    CatalogGrant::open_rest(&spec.name, uri, &warehouse, token, faults)
+                    CatalogGrant::open_rest(&spec.name, uri, &warehouse, token)
                         .map_err(|e| EngineError::Catalog(e.to_string()))?
                 }
             };
+            #[cfg(feature = "fault-injection")]
+            let catalog = catalog.with_faults(crate::fault::CatalogFaults {
+                faults: opts.catalog_faults.clone(),
+                latency: opts.catalog_latency,
+            });
             Some(Arc::new(catalog))
         }
     };
@@ -162,8 +225,10 @@ pub struct CheckReport {
     pub problems: Vec<String>,
 }
 
-/// Validates a job without moving data: plugin, options, grants, source, and
-/// the plugin's own `validate` against the source schema.
+/// Validates a job without moving data: plugin, options, grants, source, the
+/// state directory, and the plugin's own `validate` against the source
+/// schema (which, for a new state directory, also looks for checkpoints of
+/// another incarnation in the target).
 pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
     let mut report = CheckReport::default();
     let plugin = match host.load(&job.spec.sink.plugin) {
@@ -173,8 +238,7 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
             return report;
         }
     };
-    let info = plugin.info().cloned();
-    if let Some(info) = &info {
+    if let Some(info) = plugin.info() {
         report.passed.push(format!("plugin {} {} ({})", info.name, info.version, plugin.path.display()));
         let option_errors = check_options(job, info);
         if option_errors.is_empty() {
@@ -182,7 +246,20 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         }
         report.problems.extend(option_errors.iter().map(ToString::to_string));
     }
-    let grants = match grants(job, &[]) {
+    let identity = match super::state::inspect(job) {
+        Ok(state) => {
+            report.passed.push(format!("state: {}", state.one_line()));
+            if let Some(halt) = &state.halted {
+                report.problems.push(format!("the state directory is halted: {}", halt.reason));
+            }
+            state.incarnation.map(|i| (i.id, false))
+        }
+        Err(e) => {
+            report.problems.push(e.to_string());
+            None
+        }
+    };
+    let grants = match grants(job, &RunOptions::default()) {
         Ok(g) => {
             report.passed.push(format!("grants: {}", g.describe()));
             Some(g)
@@ -205,10 +282,16 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
     if let (Some(grants), Some(source)) = (grants, source)
         && report.problems.is_empty()
     {
+        // A new state directory: the first run would refuse another incarnation's checkpoints.
+        let (incarnation, refuse) = match identity {
+            Some(known) => known,
+            None => (Incarnation::generate().map(|i| i.id).unwrap_or_default(), true),
+        };
+        let options = plugin_options(job, &plugin, &incarnation, refuse);
         let result =
             ipc::encode_schema(&source.schema()).map_err(|e| EngineError::Ipc(e.to_string())).and_then(|schema| {
                 let mut inst = plugin.instantiate("check", &grants, limits(job))?;
-                inst.validate(&job.sink_options(), &schema).map_err(EngineError::from)
+                inst.validate(&options, &schema).map_err(EngineError::from)
             });
         match result {
             Ok(()) => report.passed.push("the plugin accepts the options and the source schema".to_string()),
@@ -218,240 +301,54 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
     report
 }
 
+/// Everything a run holds between its checkpoints.
 struct Coordinator<'a> {
     job: &'a Job,
     store: CheckpointStore,
+    plugin: Plugin,
+    grants: Granted,
     committer: CommitterInstance,
+    source: Arc<Source>,
+    /// The options every instance opens with (the job's and the host's own).
+    options: Vec<(String, String)>,
+    schema_ipc: Vec<u8>,
+    restored: Option<CheckpointRecord>,
+    incarnation: Incarnation,
+    new_incarnation: bool,
+    attempt: u32,
+    /// The first checkpoint this run prepares.
+    first: u64,
     pending: Vec<PendingCommit>,
+    dropped: Vec<DroppedCommit>,
     last_committed: Option<u64>,
-    fault: Option<Fault>,
-    progress: Arc<Progress>,
     /// Rows covered by the newest persisted checkpoint.
     rows_total: u64,
+    progress: Arc<Progress>,
+    #[cfg(feature = "fault-injection")]
+    fault: Option<crate::fault::Fault>,
 }
 
 /// Runs a job to the end of its source, resuming from its last checkpoint.
 pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
-    let spec = &job.spec;
-    let parallelism = spec.job.parallelism;
-    let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
-    let attempt = store.next_attempt()?;
-    let restored = store.latest()?;
-    if let Some(r) = &restored {
-        if r.parallelism != parallelism {
-            return Err(EngineError::ParallelismChanged {
-                checkpoint: r.checkpoint,
-                recorded: r.parallelism,
-                now: parallelism,
-            });
-        }
-        if r.sink_id != spec.sink.id {
-            return Err(EngineError::SinkChanged {
-                checkpoint: r.checkpoint,
-                recorded: r.sink_id.clone(),
-                now: spec.sink.id.clone(),
-            });
-        }
-        tracing::info!(
-            job = %spec.job.id,
-            checkpoint = r.checkpoint,
-            pending = r.pending.len(),
-            attempt,
-            "resuming from checkpoint record"
-        );
-    } else {
-        tracing::info!(job = %spec.job.id, attempt, state_dir = %job.state_dir.display(), "starting job from the beginning");
-    }
-
-    let plugin = host.load(&spec.sink.plugin)?;
-    if let Some(info) = plugin.info()
-        && let Some(e) = check_options(job, info).into_iter().next()
-    {
-        return Err(e.into());
-    }
-    let source = Arc::new(Source::open(&spec.source, parallelism)?);
-    let schema_ipc = ipc::encode_schema(&source.schema()).map_err(|e| EngineError::Ipc(e.to_string()))?;
-    let grants = grants(job, &opts.catalog_faults)?;
-    let limits = limits(job);
-    let options = job.sink_options();
-    let ctx = |subtask: u32| SinkCtx {
-        job_id: spec.job.id.clone(),
-        sink_id: spec.sink.id.clone(),
-        subtask,
-        parallelism,
-        attempt,
-    };
     let progress = Progress::new(opts.progress);
     let _status = progress.start_status_line();
-
-    let committer =
-        CommitterInstance::open(plugin.instantiate("committer", &grants, limits)?, &ctx(0), &options, &schema_ipc)?;
-    let mut co = Coordinator {
-        job,
-        store,
-        committer,
-        pending: restored.as_ref().map(|r| r.pending.clone()).unwrap_or_default(),
-        last_committed: restored.as_ref().and_then(|r| r.last_committed),
-        fault: opts.fault,
-        progress: progress.clone(),
-        rows_total: restored.as_ref().map_or(0, |r| r.total_rows()),
-    };
-
-    // Recovery: finish what the last run persisted but may not have committed.
+    let mut co = Coordinator::setup(job, host, opts, progress)?;
     let recovered = co.commit_pending(false)?;
     for (c, outcome) in &recovered {
         tracing::info!(checkpoint = c, outcome = ?outcome, "re-committed pending checkpoint on restore");
     }
-    let restored_rows = restored.as_ref().map_or(0, |r| r.total_rows());
-    if let Some(r) = &restored
-        && r.finished()
-    {
-        return Ok(RunSummary {
-            job_id: spec.job.id.clone(),
-            attempt,
-            resumed_from: Some(r.checkpoint),
-            recovered,
-            rows_this_run: 0,
-            rows_total: restored_rows,
-            checkpoints_this_run: 0,
-            last_committed: co.last_committed,
-            elapsed: started.elapsed(),
-            data_elapsed: Duration::ZERO,
-            catalog_commits: grants.catalog.as_ref().map_or(0, |c| c.stats.commit_calls.load(Ordering::Relaxed)),
-            catalog_conflicts: grants.catalog.as_ref().map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
-            already_complete: true,
-        });
+    if co.restored.as_ref().is_some_and(CheckpointRecord::finished) {
+        return Ok(co.summary(started, recovered, co.first, true));
     }
-
-    let (every_rows, interval) = job.checkpoint_trigger();
-    let mut subtasks = Vec::with_capacity(parallelism as usize);
-    for s in 0..parallelism {
-        subtasks.push(SubtaskHandle::spawn(SubtaskSetup {
-            subtask: s,
-            plugin: plugin.clone(),
-            grants: grants.clone(),
-            limits,
-            ctx: ctx(s),
-            options: options.clone(),
-            schema_ipc: schema_ipc.clone(),
-            restored: restored.as_ref().and_then(|r| r.subtasks.get(s as usize).cloned()),
-            source: source.clone(),
-            every_rows,
-            interval,
-            fault: opts.fault,
-            progress: progress.clone(),
-        })?);
-    }
-    let mut open_error = None;
-    for handle in &subtasks {
-        match handle.recv() {
-            Ok(_) => {}
-            Err(e) => {
-                open_error.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = open_error {
-        return Err(e);
-    }
-
-    let first = restored.as_ref().map_or(1, |r| r.checkpoint + 1);
-    let mut c = first;
-    let mut rows_total;
+    let subtasks = co.spawn_subtasks()?;
+    let mut c = co.first;
     start_round(&subtasks, c)?;
-    loop {
-        let reports = co.gather(&subtasks, c)?;
-        let mut records: Vec<SubtaskRecord> = Vec::with_capacity(reports.len());
-        let mut infos = Vec::new();
-        for report in reports {
-            infos.extend(report.info);
-            records.push(report.record);
-        }
-        let combined = if infos.is_empty() {
-            None
-        } else {
-            match co.committer.combine(c, &infos) {
-                Ok(bytes) => Some(bytes),
-                Err(e) => {
-                    abort_prepare(&subtasks, c);
-                    return Err(e.into());
-                }
-            }
-        };
-        if let Some(bytes) = &combined {
-            co.pending.push(PendingCommit { checkpoint: c, combined: Blob(bytes.clone()) });
-        }
-        let record = CheckpointRecord {
-            job_id: spec.job.id.clone(),
-            sink_id: spec.sink.id.clone(),
-            checkpoint: c,
-            attempt,
-            parallelism,
-            subtasks: records,
-            pending: co.pending.clone(),
-            last_committed: co.last_committed,
-            created_at_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        };
-        if let Err(e) = co.store.persist(&record) {
-            // The checkpoint will never exist: release what it prepared.
-            if let Some(bytes) = &combined {
-                co.pending.pop();
-                if let Err(ae) = co.committer.abort(c, bytes) {
-                    tracing::warn!(checkpoint = c, error = %ae, "abort of an unpersisted checkpoint failed");
-                }
-            }
-            abort_prepare(&subtasks, c);
-            return Err(e.into());
-        }
-        rows_total = record.total_rows();
-        co.rows_total = rows_total;
-        tracing::debug!(checkpoint = c, rows_total, "checkpoint persisted");
-        co.crash_if(CrashPoint::AfterPersist, c)?;
-        let finished = record.finished();
-        if !finished {
-            // The next round runs while this one commits.
-            start_round(&subtasks, c + 1)?;
-        }
-        if let Err(e) = co.commit_pending(true) {
-            if !finished && !e.is_injected_crash() {
-                // Let the running round end, then release what it prepared.
-                if co.gather(&subtasks, c + 1).is_ok() {
-                    abort_prepare(&subtasks, c + 1);
-                }
-            }
-            return Err(e);
-        }
-        if finished {
-            break;
-        }
+    while !co.checkpoint(&subtasks, c)? {
         c += 1;
     }
-
-    for handle in &subtasks {
-        handle.send(Command::Close)?;
-    }
-    for handle in &subtasks {
-        handle.recv()?;
-    }
-    drop(_status);
-    Ok(RunSummary {
-        job_id: spec.job.id.clone(),
-        attempt,
-        resumed_from: restored.as_ref().map(|r| r.checkpoint),
-        recovered,
-        rows_this_run: progress.rows(),
-        rows_total,
-        checkpoints_this_run: c + 1 - first,
-        last_committed: co.last_committed,
-        elapsed: started.elapsed(),
-        data_elapsed: progress.elapsed(),
-        catalog_commits: grants.catalog.as_ref().map_or(0, |c| c.stats.commit_calls.load(Ordering::Relaxed)),
-        catalog_conflicts: grants.catalog.as_ref().map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
-        already_complete: false,
-    })
+    shutdown(&subtasks)?;
+    Ok(co.summary(started, recovered, c + 1, false))
 }
 
 fn start_round(subtasks: &[SubtaskHandle], c: u64) -> Result<(), EngineError> {
@@ -470,14 +367,236 @@ fn abort_prepare(subtasks: &[SubtaskHandle], c: u64) {
     }
 }
 
-impl Coordinator<'_> {
-    fn crash_if(&self, point: CrashPoint, c: u64) -> Result<(), EngineError> {
-        match self.fault {
-            Some(f) if f.point == point && f.checkpoint == c => {
-                Err(EngineError::InjectedCrash { point, checkpoint: c })
-            }
-            _ => Ok(()),
+/// Closes every writer after the last checkpoint.
+fn shutdown(subtasks: &[SubtaskHandle]) -> Result<(), EngineError> {
+    for handle in subtasks {
+        handle.send(Command::Close)?;
+    }
+    for handle in subtasks {
+        handle.recv()?;
+    }
+    Ok(())
+}
+
+impl<'a> Coordinator<'a> {
+    /// Opens the state directory, settles the incarnation, loads the plugin
+    /// and opens the committer. Nothing is written to the target before the
+    /// committer has accepted the incarnation.
+    fn setup(job: &'a Job, host: &PluginHost, opts: &RunOptions, progress: Arc<Progress>) -> Result<Self, EngineError> {
+        let spec = &job.spec;
+        let parallelism = spec.job.parallelism;
+        let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
+        if let Some(halt) = store.halted()? {
+            return Err(EngineError::Halted {
+                job: spec.job.id.clone(),
+                state_dir: job.state_dir.clone(),
+                reason: halt.reason,
+            });
         }
+        let restored = store.latest()?;
+        if let Some(r) = &restored {
+            if r.parallelism != parallelism {
+                return Err(EngineError::ParallelismChanged {
+                    checkpoint: r.checkpoint,
+                    recorded: r.parallelism,
+                    now: parallelism,
+                });
+            }
+            if r.sink_id != spec.sink.id {
+                return Err(EngineError::SinkChanged {
+                    checkpoint: r.checkpoint,
+                    recorded: r.sink_id.clone(),
+                    now: spec.sink.id.clone(),
+                });
+            }
+        }
+        let (incarnation, new_incarnation) = settle_incarnation(job, &store, restored.as_ref(), opts)?;
+        let attempt = store.next_attempt()?;
+        match &restored {
+            Some(r) => tracing::info!(
+                job = %spec.job.id,
+                incarnation = %incarnation.id,
+                checkpoint = r.checkpoint,
+                pending = r.pending.len(),
+                attempt,
+                "resuming from checkpoint record"
+            ),
+            None => tracing::info!(
+                job = %spec.job.id,
+                incarnation = %incarnation.id,
+                attempt,
+                state_dir = %job.state_dir.display(),
+                "starting job from the beginning"
+            ),
+        }
+
+        let plugin = host.load(&spec.sink.plugin)?;
+        if let Some(info) = plugin.info()
+            && let Some(e) = check_options(job, info).into_iter().next()
+        {
+            return Err(e.into());
+        }
+        warn_about_incarnation_support(job, &plugin, &incarnation, new_incarnation && !opts.new_incarnation);
+        let source = Arc::new(Source::open(&spec.source, parallelism)?);
+        let schema_ipc = ipc::encode_schema(&source.schema()).map_err(|e| EngineError::Ipc(e.to_string()))?;
+        let grants = grants(job, opts)?;
+        let options = plugin_options(job, &plugin, &incarnation.id, new_incarnation && !opts.new_incarnation);
+        let ctx = sink_ctx(job, 0, attempt);
+        let instance = plugin.instantiate("committer", &grants, limits(job))?;
+        let committer = CommitterInstance::open(instance, &ctx, &options, &schema_ipc)?;
+        if new_incarnation {
+            // The committer found no other incarnation in the target (or was told to accept one).
+            store.set_incarnation(&incarnation)?;
+            tracing::info!(job = %spec.job.id, incarnation = %incarnation.id, "started a new incarnation of the job");
+        }
+        Ok(Self {
+            job,
+            store,
+            plugin,
+            grants,
+            committer,
+            source,
+            options,
+            schema_ipc,
+            first: restored.as_ref().map_or(1, |r| r.checkpoint + 1),
+            pending: restored.as_ref().map(|r| r.pending.clone()).unwrap_or_default(),
+            dropped: restored.as_ref().map(|r| r.dropped.clone()).unwrap_or_default(),
+            last_committed: restored.as_ref().and_then(|r| r.last_committed),
+            rows_total: restored.as_ref().map_or(0, CheckpointRecord::total_rows),
+            restored,
+            incarnation,
+            new_incarnation,
+            attempt,
+            progress,
+            #[cfg(feature = "fault-injection")]
+            fault: opts.fault,
+        })
+    }
+
+    /// Starts one subtask (source reader and writer) per writer, restored
+    /// from the last checkpoint, and waits until every writer is open.
+    fn spawn_subtasks(&self) -> Result<Vec<SubtaskHandle>, EngineError> {
+        let (every_rows, interval) = self.job.checkpoint_trigger();
+        let mut subtasks = Vec::new();
+        for s in 0..self.job.spec.job.parallelism {
+            subtasks.push(SubtaskHandle::spawn(SubtaskSetup {
+                subtask: s,
+                plugin: self.plugin.clone(),
+                grants: self.grants.clone(),
+                limits: limits(self.job),
+                ctx: sink_ctx(self.job, s, self.attempt),
+                options: self.options.clone(),
+                schema_ipc: self.schema_ipc.clone(),
+                restored: self.restored.as_ref().and_then(|r| r.subtasks.get(s as usize).cloned()),
+                source: self.source.clone(),
+                every_rows,
+                interval,
+                #[cfg(feature = "fault-injection")]
+                fault: self.fault,
+                progress: self.progress.clone(),
+            })?);
+        }
+        let mut open_error = None;
+        for handle in &subtasks {
+            if let Err(e) = handle.recv() {
+                open_error.get_or_insert(e);
+            }
+        }
+        match open_error {
+            Some(e) => Err(e),
+            None => Ok(subtasks),
+        }
+    }
+
+    /// Checkpoint `c`, whose round is running: gather every writer's part,
+    /// combine, persist, then commit, with the next round already running.
+    /// Returns whether the source is exhausted.
+    fn checkpoint(&mut self, subtasks: &[SubtaskHandle], c: u64) -> Result<bool, EngineError> {
+        let reports = self.gather(subtasks, c)?;
+        let (records, infos): (Vec<SubtaskRecord>, Vec<Vec<u8>>) =
+            reports.into_iter().fold((Vec::new(), Vec::new()), |(mut records, mut infos), report| {
+                records.push(report.record);
+                infos.extend(report.info);
+                (records, infos)
+            });
+        let combined = match self.combine(c, &infos) {
+            Ok(combined) => combined,
+            Err(e) => {
+                abort_prepare(subtasks, c);
+                return Err(e);
+            }
+        };
+        let record = self.persist(subtasks, c, records, combined)?;
+        crash_point!(self.fault, AfterPersist, c);
+        let finished = record.finished();
+        if !finished {
+            start_round(subtasks, c + 1)?;
+        }
+        if let Err(e) = self.commit_pending(true) {
+            if !finished && !e.is_injected_crash() {
+                // Let the running round end, then release what it prepared.
+                if self.gather(subtasks, c + 1).is_ok() {
+                    abort_prepare(subtasks, c + 1);
+                }
+            }
+            return Err(e);
+        }
+        Ok(finished)
+    }
+
+    /// The committer's fan-in of checkpoint `c` (none when no writer has rows).
+    fn combine(&mut self, c: u64, infos: &[Vec<u8>]) -> Result<Option<Vec<u8>>, EngineError> {
+        if infos.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.committer.combine(c, infos)?))
+    }
+
+    /// Persists the record of checkpoint `c` durably, with `combined` added
+    /// to the pending commits. When that fails, checkpoint `c` will never
+    /// exist, so what it prepared is released.
+    fn persist(
+        &mut self,
+        subtasks: &[SubtaskHandle],
+        c: u64,
+        subtask_records: Vec<SubtaskRecord>,
+        combined: Option<Vec<u8>>,
+    ) -> Result<CheckpointRecord, EngineError> {
+        let rows: u64 = subtask_records.iter().map(|s| s.rows).sum();
+        let mut pending = self.pending.clone();
+        if let Some(bytes) = &combined {
+            pending.push(PendingCommit {
+                checkpoint: c,
+                combined: Blob(bytes.clone()),
+                rows: rows.saturating_sub(self.rows_total),
+            });
+        }
+        let spec = &self.job.spec;
+        let record = CheckpointRecord {
+            job_id: spec.job.id.clone(),
+            sink_id: spec.sink.id.clone(),
+            checkpoint: c,
+            attempt: self.attempt,
+            parallelism: spec.job.parallelism,
+            subtasks: subtask_records,
+            pending,
+            last_committed: self.last_committed,
+            dropped: self.dropped.clone(),
+            created_at_ms: now_ms(),
+        };
+        if let Err(e) = self.store.persist(&record) {
+            if let Some(bytes) = &combined
+                && let Err(ae) = self.committer.abort(c, bytes)
+            {
+                tracing::warn!(checkpoint = c, error = %ae, "abort of an unpersisted checkpoint failed");
+            }
+            abort_prepare(subtasks, c);
+            return Err(e.into());
+        }
+        self.pending = record.pending.clone();
+        self.rows_total = rows;
+        tracing::debug!(checkpoint = c, rows_total = rows, "checkpoint persisted");
+        Ok(record)
     }
 
     /// Waits for every subtask's report of round `c`. On a failure the other
@@ -518,8 +637,8 @@ impl Coordinator<'_> {
         }
     }
 
-    /// Commits every pending checkpoint, oldest first. `live` marks commits of
-    /// this run's checkpoints (where test faults apply).
+    /// Commits every pending checkpoint, oldest first. `live`: they are this
+    /// run's own checkpoints (not ones recovered from an earlier run).
     fn commit_pending(&mut self, live: bool) -> Result<Vec<(u64, CommitOutcome)>, EngineError> {
         let mut done = Vec::new();
         while let Some(p) = self.pending.first().cloned() {
@@ -529,38 +648,34 @@ impl Coordinator<'_> {
             self.progress.committed(p.checkpoint, self.rows_total);
             done.push((p.checkpoint, outcome));
             if live {
-                self.crash_if(CrashPoint::AfterCommit, p.checkpoint)?;
+                crash_point!(self.fault, AfterCommit, p.checkpoint);
             }
         }
         Ok(done)
     }
 
+    /// Commits one checkpoint, retrying `retryable` answers with backoff
+    /// (job.commit: the host owns commit retries).
     fn commit_one(&mut self, p: &PendingCommit, live: bool) -> Result<CommitOutcome, EngineError> {
         let policy = &self.job.spec.job.commit;
         let initial = Duration::from_millis(policy.initial_backoff_ms);
         let max = Duration::from_millis(policy.max_backoff_ms);
-        let arm =
-            live && self.fault.is_some_and(|f| f.point == CrashPoint::DuringCommit && f.checkpoint == p.checkpoint);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            self.committer.instance_mut().arm_crash_after_side_effect(arm);
-            let result = self.committer.commit(p.checkpoint, &p.combined.0);
-            self.committer.instance_mut().arm_crash_after_side_effect(false);
+            let result = self.commit_call(p, live);
             match result {
+                Ok(CommitOutcome::AlreadyCommitted) if live && attempt == 1 && p.checkpoint >= self.first => {
+                    return Err(self.key_reused(p.checkpoint));
+                }
                 Ok(outcome) => {
                     if outcome == CommitOutcome::AlreadyCommitted {
                         tracing::info!(checkpoint = p.checkpoint, "checkpoint was already committed");
                     }
                     return Ok(outcome);
                 }
-                Err(e) if e.is_injected_crash() => {
-                    return Err(EngineError::InjectedCrash {
-                        point: CrashPoint::DuringCommit,
-                        checkpoint: p.checkpoint,
-                    });
-                }
-                Err(e) if e.sink_kind() == Some(SinkErrorKind::Retryable) => {
+                Err(e) if e.is_injected_crash() => return Err(e),
+                Err(EngineError::Plugin(e)) if e.sink_kind() == Some(SinkErrorKind::Retryable) => {
                     if attempt >= policy.max_attempts {
                         return Err(EngineError::CommitExhausted {
                             checkpoint: p.checkpoint,
@@ -572,8 +687,125 @@ impl Coordinator<'_> {
                     tracing::warn!(checkpoint = p.checkpoint, attempt, wait_ms = wait.as_millis() as u64, error = %e, "commit failed; retrying");
                     std::thread::sleep(wait);
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
+    }
+
+    /// One `commit` call.
+    #[cfg(not(feature = "fault-injection"))]
+    fn commit_call(&mut self, p: &PendingCommit, _live: bool) -> Result<CommitOutcome, EngineError> {
+        self.committer.commit(p.checkpoint, &p.combined.0).map_err(EngineError::from)
+    }
+
+    /// One `commit` call, which a test may crash right after its first side
+    /// effect (a live checkpoint's `DuringCommit` fault).
+    #[cfg(feature = "fault-injection")]
+    fn commit_call(&mut self, p: &PendingCommit, live: bool) -> Result<CommitOutcome, EngineError> {
+        use crate::fault::{CrashPoint, Fault};
+        let arm = live && Fault::due(self.fault, CrashPoint::DuringCommit, p.checkpoint, None);
+        self.committer.instance_mut().arm_crash_after_side_effect(arm);
+        let result = self.committer.commit(p.checkpoint, &p.combined.0);
+        self.committer.instance_mut().arm_crash_after_side_effect(false);
+        match result {
+            Err(e) if e.is_injected_crash() => {
+                Err(EngineError::InjectedCrash { point: CrashPoint::DuringCommit, checkpoint: p.checkpoint })
+            }
+            other => other.map_err(EngineError::from),
+        }
+    }
+
+    /// Halts the state directory after a reused idempotence key.
+    fn key_reused(&self, checkpoint: u64) -> EngineError {
+        let error = EngineError::KeyReused {
+            job: self.job.spec.job.id.clone(),
+            plugin: self.plugin.name.to_string(),
+            checkpoint,
+            state_dir: self.job.state_dir.clone(),
+        };
+        if let Err(e) = self.store.halt(&error.to_string()) {
+            tracing::error!(error = %e, "could not mark the state directory as halted");
+        }
+        error
+    }
+
+    fn summary(&self, started: Instant, recovered: Vec<(u64, CommitOutcome)>, next: u64, already: bool) -> RunSummary {
+        let catalog = self.grants.catalog.as_ref();
+        RunSummary {
+            job_id: self.job.spec.job.id.clone(),
+            incarnation: self.incarnation.id.clone(),
+            new_incarnation: self.new_incarnation,
+            attempt: self.attempt,
+            resumed_from: self.restored.as_ref().map(|r| r.checkpoint),
+            recovered,
+            rows_this_run: if already { 0 } else { self.progress.rows() },
+            rows_total: self.rows_total,
+            checkpoints_this_run: next - self.first,
+            last_committed: self.last_committed,
+            elapsed: started.elapsed(),
+            data_elapsed: if already { Duration::ZERO } else { self.progress.elapsed() },
+            catalog_commits: catalog.map_or(0, |c| c.stats.commit_calls.load(Ordering::Relaxed)),
+            catalog_conflicts: catalog.map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
+            already_complete: already,
+        }
+    }
+}
+
+/// The incarnation this run belongs to, and whether the run starts it.
+///
+/// - A state directory with an incarnation resumes it (`--new-incarnation`
+///   is refused there: it would start over in a directory holding state).
+/// - A state directory of an earlier version (records, no incarnation)
+///   adopts one now; its pending commits keep the keys they were made with.
+/// - A new state directory gets a new id, persisted only once the committer
+///   accepted it.
+fn settle_incarnation(
+    job: &Job,
+    store: &CheckpointStore,
+    restored: Option<&CheckpointRecord>,
+    opts: &RunOptions,
+) -> Result<(Incarnation, bool), EngineError> {
+    let existing = store.incarnation()?;
+    if opts.new_incarnation && (existing.is_some() || restored.is_some()) {
+        return Err(EngineError::IncarnationNotFresh {
+            job: job.spec.job.id.clone(),
+            state_dir: job.state_dir.clone(),
+            incarnation: existing.map_or_else(|| "(from an earlier version)".to_string(), |i| i.id),
+            checkpoint: restored.map_or(String::new(), |r| format!(" (last checkpoint {})", r.checkpoint)),
+        });
+    }
+    match existing {
+        Some(incarnation) => Ok((incarnation, false)),
+        None if restored.is_some() => {
+            let incarnation = Incarnation::generate()?;
+            store.set_incarnation(&incarnation)?;
+            tracing::info!(incarnation = %incarnation.id, "the state directory predates incarnations; adopted one");
+            Ok((incarnation, false))
+        }
+        None => Ok((Incarnation::generate()?, true)),
+    }
+}
+
+/// Says when a plugin cannot keep incarnations apart (it does not declare
+/// the host's options), so an operator knows what protects the job.
+fn warn_about_incarnation_support(job: &Job, plugin: &Plugin, incarnation: &Incarnation, refuse_others: bool) {
+    if !declares(plugin, reserved::INCARNATION) {
+        tracing::warn!(
+            plugin = %plugin.name,
+            "the plugin does not take `{}`: the keys it writes cannot tell incarnation {} of job {} from another; \
+             the engine still stops the job if a commit of this run finds its key already taken",
+            reserved::INCARNATION,
+            incarnation.id,
+            job.spec.job.id
+        );
+    }
+    if refuse_others && !declares(plugin, reserved::OTHER_INCARNATIONS) {
+        tracing::warn!(
+            plugin = %plugin.name,
+            "the plugin cannot tell whether its target already holds rows of an earlier incarnation of job {}; \
+             this new state directory lands the source as incarnation {}",
+            job.spec.job.id,
+            incarnation.id
+        );
     }
 }

@@ -19,6 +19,7 @@
 
 pub mod checkpoint;
 mod coordinator;
+pub mod state;
 mod subtask;
 
 use std::path::PathBuf;
@@ -28,7 +29,6 @@ use thiserror::Error;
 
 pub use coordinator::{CheckReport, RunSummary, check, run};
 
-use crate::capability::catalog::CommitFault;
 use crate::capability::file_io::GrantError;
 use crate::job::JobError;
 use crate::plugin::PluginError;
@@ -36,54 +36,53 @@ use crate::progress::ProgressMode;
 use crate::source::SourceError;
 use checkpoint::CheckpointError;
 
-/// Where a test may make the engine "crash" (stop at once, no cleanup), in
-/// protocol order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum CrashPoint {
-    /// In subtask `s`, right after the first batch of checkpoint `c` was written.
-    AfterWrite,
-    /// In subtask `s`, right after `prepare-commit(c)` returned.
-    AfterPrepareCommit,
-    /// In subtask `s`, right after `snapshot-state(c)` returned.
-    AfterSnapshotState,
-    /// After the record of `c` is durable, before any commit of it.
-    AfterPersist,
-    /// Inside `commit(c)`, right after its first side effect (the reply is lost).
-    DuringCommit,
-    /// After `commit(c)` returned, before any later record notes it.
-    AfterCommit,
-}
-
-impl std::fmt::Display for CrashPoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CrashPoint::AfterWrite => "after-write",
-            CrashPoint::AfterPrepareCommit => "after-prepare-commit",
-            CrashPoint::AfterSnapshotState => "after-snapshot-state",
-            CrashPoint::AfterPersist => "after-persist",
-            CrashPoint::DuringCommit => "during-commit",
-            CrashPoint::AfterCommit => "after-commit",
-        })
-    }
-}
-
-/// A crash to inject (tests only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fault {
-    pub point: CrashPoint,
-    pub checkpoint: u64,
-    /// Subtask for the subtask-side points.
-    pub subtask: u32,
-}
+#[cfg(feature = "fault-injection")]
+pub use crate::fault::{CrashPoint, Fault};
 
 /// How to run a job.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     pub progress: ProgressMode,
+    /// The state directory is new and the run starts a new incarnation of
+    /// the job, even when the target holds checkpoints of another one
+    /// (`sluice run --new-incarnation`).
+    pub new_incarnation: bool,
+    /// A crash to inject.
+    #[cfg(feature = "fault-injection")]
     pub fault: Option<Fault>,
-    /// Faults of the catalog's `commit-table` calls (tests only).
-    pub catalog_faults: Vec<(u64, CommitFault)>,
+    /// Faults of the catalog's `commit-table` calls.
+    #[cfg(feature = "fault-injection")]
+    pub catalog_faults: Vec<(u64, crate::fault::CommitFault)>,
+    /// Latency added to every catalog commit (benchmarks).
+    #[cfg(feature = "fault-injection")]
+    pub catalog_latency: Duration,
 }
+
+impl RunOptions {
+    /// Options of a released run (no faults).
+    // With the `fault-injection` feature the struct has more fields.
+    #[allow(clippy::needless_update)]
+    pub fn new(progress: ProgressMode, new_incarnation: bool) -> Self {
+        Self { progress, new_incarnation, ..Self::default() }
+    }
+}
+
+/// Stops the run here when a test asked for a crash at this point of
+/// checkpoint `c` (in `subtask`, for the subtask-side points). Expands to
+/// nothing without the `fault-injection` feature.
+macro_rules! crash_point {
+    ($fault:expr, $point:ident, $c:expr $(, $subtask:expr)?) => {
+        #[cfg(feature = "fault-injection")]
+        {
+            let point = crate::fault::CrashPoint::$point;
+            let subtask: Option<u32> = None $(.or(Some($subtask)))?;
+            if crate::fault::Fault::due($fault, point, $c, subtask) {
+                return Err(EngineError::InjectedCrash { point, checkpoint: $c });
+            }
+        }
+    };
+}
+pub(crate) use crash_point;
 
 #[derive(Debug, Error)]
 pub enum EngineError {
@@ -116,8 +115,30 @@ pub enum EngineError {
          the checkpoint stays pending and is committed again on the next run"
     )]
     CommitExhausted { checkpoint: u64, attempts: u32, last: PluginError },
+    #[cfg(feature = "fault-injection")]
     #[error("injected crash at {point} of checkpoint {checkpoint}")]
     InjectedCrash { point: CrashPoint, checkpoint: u64 },
+    #[error(
+        "job {job}: the state directory {state_dir} is halted and is not resumed: {reason}. \
+         Start the job over with a new job.state_dir once the cause is dealt with"
+    )]
+    Halted { job: String, state_dir: PathBuf, reason: String },
+    #[error(
+        "job {job}: --new-incarnation starts a job over in a fresh state directory, but {state_dir} already holds \
+         incarnation {incarnation}{checkpoint}. Resume it without the flag, or set job.state_dir to a new directory"
+    )]
+    IncarnationNotFresh { job: String, state_dir: PathBuf, incarnation: String, checkpoint: String },
+    #[error(
+        "job {job}: plugin '{plugin}' answered already-committed the first time this run committed its own \
+         checkpoint {checkpoint}: the target already holds a checkpoint under the same idempotence key, written by \
+         another incarnation of this job (another state directory) or by another job with the same id. This run's \
+         rows of checkpoint {checkpoint} are not visible as its own, so nothing of it counts as delivered, and the \
+         state directory {state_dir} is now halted. Give the job a job.id of its own (or remove the earlier output), \
+         then start over with a new job.state_dir"
+    )]
+    KeyReused { job: String, plugin: String, checkpoint: u64, state_dir: PathBuf },
+    #[error("job {job}: checkpoint {checkpoint} is not pending (pending: {pending})")]
+    NotPending { job: String, checkpoint: u64, pending: String },
     #[error("subtask {0} stopped unexpectedly")]
     SubtaskLost(u32),
     #[error("cannot start a thread: {0}")]
@@ -129,8 +150,11 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// Whether this is a crash injected by a test (always false without the
+    /// `fault-injection` feature).
     pub fn is_injected_crash(&self) -> bool {
         match self {
+            #[cfg(feature = "fault-injection")]
             EngineError::InjectedCrash { .. } => true,
             EngineError::Plugin(p) => p.is_injected_crash(),
             _ => false,

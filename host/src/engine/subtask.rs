@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{CrashPoint, EngineError, Fault};
+use super::{EngineError, crash_point};
 use crate::capability::Granted;
 use crate::engine::checkpoint::SubtaskRecord;
 use crate::ipc;
@@ -55,7 +55,8 @@ pub(crate) struct SubtaskSetup {
     pub source: Arc<Source>,
     pub every_rows: Option<u64>,
     pub interval: Option<Duration>,
-    pub fault: Option<Fault>,
+    #[cfg(feature = "fault-injection")]
+    pub fault: Option<crate::fault::Fault>,
     pub progress: Arc<Progress>,
 }
 
@@ -135,7 +136,7 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
                 return;
             }
         };
-        let crashed = matches!(reply, Err(EngineError::InjectedCrash { .. }));
+        let crashed = matches!(&reply, Err(e) if e.is_injected_crash());
         if replies.send(reply).is_err() || crashed {
             return;
         }
@@ -153,15 +154,6 @@ impl Subtask {
         let finished = setup.restored.as_ref().is_some_and(|r| r.finished);
         let position = reader.position();
         Ok(Self { setup, writer, reader, rows_total, finished, run_start: Instant::now(), rows_this_run: 0, position })
-    }
-
-    fn crash_point(&self, point: CrashPoint, c: u64) -> Result<(), EngineError> {
-        match &self.setup.fault {
-            Some(f) if f.point == point && f.checkpoint == c && f.subtask == self.setup.subtask => {
-                Err(EngineError::InjectedCrash { point, checkpoint: c })
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Rows per batch: the source's preference, smaller when rate-limited so
@@ -206,16 +198,16 @@ impl Subtask {
             self.setup.progress.add_rows(n);
             if !wrote {
                 wrote = true;
-                self.crash_point(CrashPoint::AfterWrite, c)?;
+                crash_point!(self.setup.fault, AfterWrite, c, self.setup.subtask);
             }
             self.throttle(deadline);
         }
         // The cut: rows up to here belong to checkpoint `c`.
         self.position = self.reader.position();
         let info = self.writer.prepare_commit(c)?;
-        self.crash_point(CrashPoint::AfterPrepareCommit, c)?;
+        crash_point!(self.setup.fault, AfterPrepareCommit, c, self.setup.subtask);
         let state = self.writer.snapshot_state(c)?;
-        self.crash_point(CrashPoint::AfterSnapshotState, c)?;
+        crash_point!(self.setup.fault, AfterSnapshotState, c, self.setup.subtask);
         Ok(RoundReport {
             c,
             info,

@@ -7,7 +7,7 @@ wasmtime::component::bindgen!({
     path: "../wit",
     world: "sink-plugin",
     imports: {
-        // File operations may inject a crash in tests (see `capability::fault`);
+        // File operations may inject a crash in tests (see `crate::fault`);
         // an injected crash is a trap.
         "sluice:connector/file-io": trappable,
         "sluice:connector/iceberg-catalog": trappable,

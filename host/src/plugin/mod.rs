@@ -11,6 +11,7 @@
 pub mod bindings;
 pub mod cache;
 pub mod host_state;
+pub mod reserved;
 pub mod sandbox;
 
 use std::path::{Path, PathBuf};
@@ -19,16 +20,15 @@ use std::time::Duration;
 
 use thiserror::Error;
 use wasmtime::component::{Component, Linker, ResourceAny, ResourceTable};
-use wasmtime::{Config, Engine, Store, StoreLimitsBuilder};
+use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::WasiCtx;
 
 use crate::capability::Granted;
-use crate::capability::fault::SideEffectFault;
 use crate::capability::file_io::{FileGrants, FileIo};
 use bindings::{CommitOutcome, PluginInfo, SinkError, SinkPlugin, SinkPluginPre};
 pub use cache::{ComponentCache, LoadedFrom};
 use host_state::{HostState, InstanceTag};
-use sandbox::{EpochTicker, GuestOutput, TrapCause};
+use sandbox::{EpochTicker, GuestOutput, MemoryCap, TrapCause};
 
 /// The world every plugin of contract 0.1 implements.
 pub const WORLD: &str = "sluice:connector/sink-plugin@0.1.0";
@@ -99,9 +99,13 @@ impl PluginError {
         }
     }
 
-    /// Whether this is a crash injected by a test.
+    /// Whether this is a crash injected by a test (always false without
+    /// the `fault-injection` feature).
     pub fn is_injected_crash(&self) -> bool {
-        matches!(self, PluginError::Trap { cause: TrapCause::Injected, .. })
+        #[cfg(feature = "fault-injection")]
+        return matches!(self, PluginError::Trap { cause: TrapCause::Injected, .. });
+        #[cfg(not(feature = "fault-injection"))]
+        false
     }
 }
 
@@ -251,16 +255,16 @@ impl Plugin {
         let stderr = GuestOutput::new(tag.clone(), "stderr");
         let mut wasi = WasiCtx::builder();
         wasi.stdout(stdout).stderr(stderr.clone());
-        let memory_bytes = usize::try_from(limits.memory_mb.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX);
         let state = HostState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new().memory_size(memory_bytes).trap_on_grow_failure(true).build(),
+            limits: MemoryCap::new(limits.memory_mb),
             tag: tag.clone(),
             file_io: FileIo { grants: grants.files.clone() },
             catalog: grants.catalog.clone(),
             grpc: grants.grpc.clone(),
-            fault: SideEffectFault::default(),
+            #[cfg(feature = "fault-injection")]
+            fault: Default::default(),
             stderr,
         };
         let mut store = Store::new(&self.engine, state);
@@ -272,7 +276,13 @@ impl Plugin {
                 plugin: tag.plugin.clone(),
                 instance: tag.instance.clone(),
                 call: "instantiate",
-                cause: sandbox::classify(&e, limits.call_timeout, limits.memory_mb, &output),
+                cause: sandbox::classify(
+                    &e,
+                    limits.call_timeout,
+                    limits.memory_mb,
+                    store.data().limits.exceeded(),
+                    &output,
+                ),
             }
         })?;
         Ok(Instance { store, bindings, tag, limits, dead: None })
@@ -319,7 +329,9 @@ impl Instance {
             }
             Err(trap) => {
                 let output = self.store.data().stderr.tail();
-                let cause = sandbox::classify(&trap, self.limits.call_timeout, self.limits.memory_mb, &output);
+                let exceeded = self.store.data().limits.exceeded();
+                let cause =
+                    sandbox::classify(&trap, self.limits.call_timeout, self.limits.memory_mb, exceeded, &output);
                 tracing::debug!(plugin = &*self.tag.plugin, instance = &*self.tag.instance, call, error = ?trap, "plugin trapped");
                 self.dead = Some(cause.clone());
                 Err(PluginError::Trap {
@@ -342,6 +354,7 @@ impl Instance {
     }
 
     /// Arms the test-only crash after the next side effect of a call.
+    #[cfg(feature = "fault-injection")]
     pub fn arm_crash_after_side_effect(&mut self, armed: bool) {
         self.store.data_mut().fault.arm(armed);
     }

@@ -16,10 +16,9 @@ use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use wasmtime::{Engine, Trap};
+use wasmtime::{Engine, ResourceLimiter, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
-use crate::capability::fault::InjectedCrash;
 use crate::plugin::host_state::InstanceTag;
 
 /// Length of one epoch tick.
@@ -142,6 +141,65 @@ impl tokio::io::AsyncWrite for GuestOutput {
     }
 }
 
+/// The store's resource limiter: wasmtime's [`StoreLimits`] with a memory
+/// cap, plus a flag raised when the plugin asked for more memory than the
+/// cap allows. A trap is then classified by what happened, not by the text
+/// of wasmtime's message.
+pub struct MemoryCap {
+    limits: StoreLimits,
+    exceeded: bool,
+}
+
+impl MemoryCap {
+    pub fn new(memory_mb: u64) -> Self {
+        let bytes = usize::try_from(memory_mb.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX);
+        Self {
+            limits: StoreLimitsBuilder::new().memory_size(bytes).trap_on_grow_failure(true).build(),
+            exceeded: false,
+        }
+    }
+
+    /// Whether a memory growth was refused since the store was made.
+    pub fn exceeded(&self) -> bool {
+        self.exceeded
+    }
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let allowed = self.limits.memory_growing(current, desired, maximum);
+        if !matches!(allowed, Ok(true)) {
+            self.exceeded = true;
+        }
+        allowed
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.exceeded = true;
+        self.limits.memory_grow_failed(error)
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.limits.table_growing(current, desired, maximum)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.limits.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
+    }
+}
+
 /// Why a call trapped, in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TrapCause {
@@ -152,6 +210,7 @@ pub enum TrapCause {
     /// The plugin panicked; the message is its own.
     Panic(String),
     /// A test injected a crash.
+    #[cfg(feature = "fault-injection")]
     Injected,
     Other(String),
 }
@@ -169,31 +228,41 @@ impl std::fmt::Display for TrapCause {
                 "tried to use more than its memory limit of {mb} MiB and was stopped (raise sink.sandbox.memory_mb if the plugin needs more)"
             ),
             TrapCause::Panic(msg) => write!(f, "panicked: {msg}"),
-            TrapCause::Injected => write!(f, "{InjectedCrash}"),
+            #[cfg(feature = "fault-injection")]
+            TrapCause::Injected => write!(f, "{}", crate::fault::InjectedCrash),
             TrapCause::Other(msg) => write!(f, "trapped: {msg}"),
         }
     }
 }
 
-/// Classifies a trap, using the guest's output to quote a panic.
-pub fn classify(err: &wasmtime::Error, timeout: Duration, memory_mb: u64, output: &str) -> TrapCause {
-    if err.downcast_ref::<InjectedCrash>().is_some() {
+/// Classifies a trap: by the limiter's flag (memory), the trap code
+/// (deadline, `unreachable`), and the guest's own output to quote a panic.
+pub fn classify(
+    err: &wasmtime::Error,
+    timeout: Duration,
+    memory_mb: u64,
+    memory_exceeded: bool,
+    output: &str,
+) -> TrapCause {
+    #[cfg(feature = "fault-injection")]
+    if err.downcast_ref::<crate::fault::InjectedCrash>().is_some() {
         return TrapCause::Injected;
     }
+    if memory_exceeded {
+        return TrapCause::Memory(memory_mb);
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => return TrapCause::Deadline(timeout),
+        // A Rust guest's panic prints its message, then aborts with `unreachable`.
+        Some(Trap::UnreachableCodeReached) => {
+            if let Some(start) = output.rfind("panicked at") {
+                let msg: String = output[start..].lines().take(3).collect::<Vec<_>>().join(" ");
+                return TrapCause::Panic(msg);
+            }
+        }
+        _ => {}
+    }
     let text = format!("{err:?}");
-    if matches!(err.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
-        return TrapCause::Deadline(timeout);
-    }
-    if text.contains("forcing trap when growing memory") || text.contains("memory allocation of") {
-        return TrapCause::Memory(memory_mb);
-    }
-    if let Some(start) = output.rfind("panicked at") {
-        let msg: String = output[start..].lines().take(3).collect::<Vec<_>>().join(" ");
-        return TrapCause::Panic(msg);
-    }
-    if output.contains("memory allocation of") {
-        return TrapCause::Memory(memory_mb);
-    }
     let first = text.lines().next().unwrap_or("unknown trap").to_string();
     TrapCause::Other(first)
 }

@@ -54,6 +54,41 @@ pub enum Fault {
     Delay(Duration),
 }
 
+/// How the double answers a `FlushRows` at or below the offset already
+/// flushed. The API reference does not say ("Flushes up to any previously
+/// flushed offset ... to the offset specified"), and services differ, so the
+/// double answers each way a client may meet:
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reflush {
+    /// OK with the requested offset: flushing is cumulative, nothing changes.
+    #[default]
+    Ok,
+    /// `ALREADY_EXISTS` with a `StorageError` `OFFSET_ALREADY_EXISTS`, which
+    /// Apache Beam's Storage API sink reads as "already flushed up to here".
+    AlreadyExists,
+    /// `OUT_OF_RANGE` "Offset N already flushed; next expected > N", as at
+    /// least one independent implementation of the API answers, with a
+    /// `StorageError` `OFFSET_OUT_OF_RANGE`, the same code as an offset
+    /// beyond the end of the stream: only the message tells them apart.
+    OutOfRange,
+}
+
+impl std::str::FromStr for Reflush {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ok" => Ok(Self::Ok),
+            "already-exists" => Ok(Self::AlreadyExists),
+            "out-of-range" => Ok(Self::OutOfRange),
+            other => Err(format!("{other:?}: expected ok, already-exists or out-of-range")),
+        }
+    }
+}
+
+impl Reflush {
+    pub const ALL: [Reflush; 3] = [Reflush::Ok, Reflush::AlreadyExists, Reflush::OutOfRange];
+}
+
 #[derive(Debug, Error)]
 pub enum DoubleError {
     #[error("cannot bind the test double to {addr}: {source}")]
@@ -84,6 +119,10 @@ pub(crate) struct Shared {
     pub(crate) token: Mutex<Option<String>>,
     /// Answer CreateWriteStream and GetWriteStream without `table_schema`.
     pub(crate) hide_schema: std::sync::atomic::AtomicBool,
+    /// How a flush at or below the flushed offset is answered.
+    pub(crate) reflush: Mutex<Reflush>,
+    /// Refuse FlushRows on a finalized stream (`STREAM_FINALIZED`).
+    pub(crate) refuse_flush_when_finalized: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -178,6 +217,52 @@ impl BigQueryDouble {
     /// the field existed did, so a client must be given the schema.
     pub fn hide_table_schema(&self) {
         self.shared.hide_schema.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Chooses how a flush at or below the flushed offset is answered.
+    pub fn answer_reflush(&self, answer: Reflush) {
+        *self.shared.reflush.lock().unwrap_or_else(|p| p.into_inner()) = answer;
+    }
+
+    /// Makes FlushRows on a finalized BUFFERED stream fail with
+    /// `FAILED_PRECONDITION` / `STREAM_FINALIZED`. (The reference does not
+    /// say whether a finalized BUFFERED stream can still be flushed; by
+    /// default the double lets it be.)
+    pub fn refuse_flush_when_finalized(&self) {
+        self.shared.refuse_flush_when_finalized.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Deletes a stream, as the service does with abandoned streams: every
+    /// later call naming it is `NOT_FOUND` / `STREAM_NOT_FOUND`. Rows it
+    /// already made visible stay in the table; the rest are gone.
+    pub fn delete_stream(&self, name: &str) -> bool {
+        match self.shared.inner().streams.get_mut(name) {
+            Some(s) if !s.deleted => {
+                s.deleted = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Finalizes a stream: no more appends (`FinalizeWriteStream`).
+    pub fn finalize_stream(&self, name: &str) -> bool {
+        match self.shared.inner().stream_mut(name) {
+            Some(s) => {
+                s.finalized = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Names of `table`'s streams, in creation order.
+    pub fn streams(&self, table: &str) -> Vec<String> {
+        let inner = self.shared.inner();
+        let mut names: Vec<String> =
+            inner.streams.iter().filter(|(_, s)| s.table == table).map(|(n, _)| n.clone()).collect();
+        names.sort();
+        names
     }
 
     /// Aims `fault` at the `nth` call of `rpc` (counted from 1 since start).

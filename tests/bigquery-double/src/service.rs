@@ -167,7 +167,7 @@ impl BigQueryWriteService {
                 Some((StorageErrorCode::InvalidStreamType, &req.write_stream)),
             ));
         }
-        let Some(stream) = inner.streams.get_mut(&req.write_stream) else {
+        let Some(stream) = inner.stream_mut(&req.write_stream) else {
             return Err(stream_not_found(&req.write_stream));
         };
         if stream.kind != StreamType::Buffered {
@@ -177,15 +177,45 @@ impl BigQueryWriteService {
                 Some((StorageErrorCode::InvalidStreamType, &req.write_stream)),
             ));
         }
+        if stream.finalized && self.shared.refuse_flush_when_finalized.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(status(
+                Code::FailedPrecondition,
+                &format!("Stream {} is finalized", req.write_stream),
+                Some((StorageErrorCode::StreamFinalized, &req.write_stream)),
+            ));
+        }
         let offset = req.offset.unwrap_or(stream.len - 1);
         if offset < 0 || offset >= stream.len {
+            // The wording of the real service, which Apache Beam matches.
             return Err(status(
                 Code::OutOfRange,
                 &format!("Offset {offset} is beyond the end of the stream ({} rows)", stream.len),
                 Some((StorageErrorCode::OffsetOutOfRange, &req.write_stream)),
             ));
         }
-        // Inclusive and cumulative: a flush to an offset already flushed changes nothing.
+        if offset < stream.flushed {
+            // Already flushed up to here: nothing changes, whatever the answer.
+            let answer = *self.shared.reflush.lock().unwrap_or_else(|p| p.into_inner());
+            let flushed = stream.flushed - 1;
+            match answer {
+                crate::Reflush::Ok => {}
+                crate::Reflush::AlreadyExists => {
+                    return Err(status(
+                        Code::AlreadyExists,
+                        &format!("Offset {offset} already flushed (flushed up to {flushed})"),
+                        Some((StorageErrorCode::OffsetAlreadyExists, &req.write_stream)),
+                    ));
+                }
+                crate::Reflush::OutOfRange => {
+                    return Err(status(
+                        Code::OutOfRange,
+                        &format!("Offset {offset} already flushed; next expected > {flushed}"),
+                        Some((StorageErrorCode::OffsetOutOfRange, &req.write_stream)),
+                    ));
+                }
+            }
+        }
+        // Inclusive and cumulative.
         stream.flushed = stream.flushed.max(offset + 1);
         drop(inner);
         if fault == Some(Fault::ApplyThenDropReply) {
@@ -203,7 +233,7 @@ impl BigQueryWriteService {
                 Some((StorageErrorCode::InvalidStreamType, &req.name)),
             ));
         }
-        let Some(stream) = inner.streams.get_mut(&req.name) else { return Err(stream_not_found(&req.name)) };
+        let Some(stream) = inner.stream_mut(&req.name) else { return Err(stream_not_found(&req.name)) };
         stream.finalized = true;
         Ok(FinalizeWriteStreamResponse { row_count: stream.len })
     }
@@ -212,7 +242,7 @@ impl BigQueryWriteService {
         let mut inner = self.shared.inner();
         let mut errors = Vec::new();
         for name in &req.write_streams {
-            let error = match inner.streams.get(name) {
+            let error = match inner.streams.get(name).filter(|s| !s.deleted) {
                 None => Some((StorageErrorCode::StreamNotFound, "stream not found")),
                 Some(s) if s.table != req.parent => Some((StorageErrorCode::StreamNotFound, "stream of another table")),
                 Some(s) if s.kind != StreamType::Pending => Some((StorageErrorCode::InvalidStreamType, "not PENDING")),

@@ -38,6 +38,9 @@ pub struct Stream {
     pub flushed: i64,
     pub finalized: bool,
     pub committed: bool,
+    /// Deleted by the service: every call naming it is NOT_FOUND. Rows it
+    /// made visible stay in the table.
+    pub deleted: bool,
 }
 
 impl Stream {
@@ -50,6 +53,7 @@ impl Stream {
             flushed: 0,
             finalized: false,
             committed: false,
+            deleted: false,
         }
     }
 
@@ -91,7 +95,8 @@ impl Inner {
         Self::default_stream_table(name).is_some()
     }
 
-    /// Resolves `_default` streams lazily (they always exist for a table).
+    /// A stream calls may name (not deleted). Resolves `_default` streams
+    /// lazily (they always exist for a table).
     pub fn stream_mut(&mut self, name: &str) -> Option<&mut Stream> {
         if !self.streams.contains_key(name)
             && let Some(table) = Self::default_stream_table(name)
@@ -99,6 +104,6 @@ impl Inner {
         {
             self.streams.insert(name.to_string(), Stream::new(table, StreamType::Committed));
         }
-        self.streams.get_mut(name)
+        self.streams.get_mut(name).filter(|s| !s.deleted)
     }
 }

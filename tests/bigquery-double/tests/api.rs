@@ -170,6 +170,63 @@ fn buffered_rows_become_visible_by_inclusive_cumulative_flushes() {
     assert_eq!(storage_code(&details), Some(StorageErrorCode::OffsetOutOfRange));
 }
 
+/// A flush at or below the flushed offset changes nothing, and is answered
+/// in whichever of the three ways the double is set to; a flush beyond the
+/// end shares `OFFSET_OUT_OF_RANGE` with the third and differs in words.
+#[test]
+fn a_repeated_flush_is_answered_each_way_a_service_may() {
+    use sluice_bigquery_double::Reflush;
+    for answer in Reflush::ALL {
+        let mut api = Api::new();
+        api.double.answer_reflush(answer);
+        let s = api.create(StreamType::Buffered);
+        api.append(&s, &[(Some(0), vec![10, 11, 12])], false);
+        assert_eq!(api.flush(&s, 1).ok(), Some(1), "{answer:?}: a first flush");
+        let again = api.flush(&s, 1);
+        let below = api.flush(&s, 0);
+        for result in [again, below] {
+            match (answer, result) {
+                (Reflush::Ok, Ok(_)) => {}
+                (Reflush::AlreadyExists, Err(e)) => {
+                    assert_eq!(e.code(), Code::AlreadyExists);
+                    let details = RpcStatus::decode(e.details()).expect("details");
+                    assert_eq!(storage_code(&details), Some(StorageErrorCode::OffsetAlreadyExists));
+                }
+                (Reflush::OutOfRange, Err(e)) => {
+                    assert_eq!(e.code(), Code::OutOfRange);
+                    assert!(e.message().contains("already flushed; next expected > 1"), "{}", e.message());
+                    let details = RpcStatus::decode(e.details()).expect("details");
+                    assert_eq!(storage_code(&details), Some(StorageErrorCode::OffsetOutOfRange));
+                }
+                (answer, other) => panic!("{answer:?}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!(api.visible(), vec![10, 11], "{answer:?}: a repeated flush changes nothing");
+        let beyond = api.flush(&s, 3).expect_err("beyond the end");
+        assert!(beyond.message().contains("is beyond the end of the stream"), "{}", beyond.message());
+        assert_eq!(api.flush(&s, 2).ok(), Some(2), "{answer:?}: flushing further still works");
+    }
+}
+
+/// Deleted and (when so set) finalized streams refuse a flush, naming why.
+#[test]
+fn deleted_and_finalized_streams_refuse_flushes() {
+    let mut api = Api::new();
+    let s = api.create(StreamType::Buffered);
+    api.append(&s, &[(Some(0), vec![1, 2])], false);
+    api.double.refuse_flush_when_finalized();
+    assert!(api.double.finalize_stream(&s));
+    let e = api.flush(&s, 1).expect_err("finalized");
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let details = RpcStatus::decode(e.details()).expect("details");
+    assert_eq!(storage_code(&details), Some(StorageErrorCode::StreamFinalized));
+    assert!(api.double.delete_stream(&s));
+    let e = api.flush(&s, 1).expect_err("deleted");
+    assert_eq!(e.code(), Code::NotFound);
+    let details = RpcStatus::decode(e.details()).expect("details");
+    assert_eq!(storage_code(&details), Some(StorageErrorCode::StreamNotFound));
+}
+
 #[test]
 fn committed_pending_and_finalized_streams_follow_their_types() {
     let mut api = Api::new();

@@ -9,7 +9,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use sluice_bigquery_double::{BigQueryDouble, generator_schema};
+use sluice_bigquery_double::{BigQueryDouble, Reflush, generator_schema};
 
 #[derive(Parser)]
 #[command(about = "A local test double of the BigQuery Storage Write API (BigQueryWrite over gRPC)")]
@@ -20,12 +20,17 @@ struct Args {
     /// Tables to create, `projects/P/datasets/D/tables/T`, with the generator's schema.
     #[arg(long = "table", default_value = "projects/demo/datasets/sluice/tables/events")]
     tables: Vec<String>,
+    /// How to answer a FlushRows at or below the flushed offset: ok,
+    /// already-exists or out-of-range (services differ; see `Reflush`).
+    #[arg(long, default_value = "ok")]
+    reflush: Reflush,
 }
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_writer(std::io::stderr).init();
     let args = Args::parse();
     let double = BigQueryDouble::start_on(&args.listen).context("starting the BigQuery test double")?;
+    double.answer_reflush(args.reflush);
     for table in &args.tables {
         double.create_table(table, generator_schema());
     }

@@ -7,7 +7,9 @@
 //! to reach files outside its grants.
 //!
 //! Options: `journal` (directory location), `misbehave`
-//! (`none|trap|panic|loop|memory-bomb|escape`), `at` (the call to misbehave
+//! (`none|trap|panic|loop|memory-bomb|escape|already-committed`, the last
+//! answering every `commit` `already-committed`, as a plugin whose keys
+//! collide with an earlier incarnation's would), `at` (the call to misbehave
 //! in: `open|write|prepare-commit|commit`), `target` (a location outside the
 //! grants, for `escape`), `state_dir` (the job's state directory: `commit(c)`
 //! fails unless the record of `c` is already on disk).
@@ -25,7 +27,12 @@ use sluice_guest_sdk::{
 fn specs() -> Vec<OptionSpec> {
     vec![
         option_spec("journal", "directory location for the call journals", false, None),
-        option_spec("misbehave", "none, trap, panic, loop, memory-bomb or escape", false, Some("none")),
+        option_spec(
+            "misbehave",
+            "none, trap, panic, loop, memory-bomb, escape or already-committed",
+            false,
+            Some("none"),
+        ),
         option_spec("at", "open, write, prepare-commit or commit", false, Some("write")),
         option_spec("target", "a location outside the grants (for escape)", false, None),
         option_spec("state_dir", "the job's state directory, to check persist-before-commit", false, None),
@@ -76,8 +83,13 @@ impl Cfg {
                 }
             }
             "escape" => self.escape(),
+            "already-committed" => Ok(()),
             other => Err(error::config(format!("unknown misbehaviour {other:?}"))),
         }
+    }
+
+    fn misbehave_is(&self, misbehave: &str, at: &str) -> bool {
+        self.misbehave == misbehave && self.at == at
     }
 
     /// Tries every way out of the sandbox; fails loudly if any works.
@@ -230,7 +242,7 @@ impl GuestCommitter for ChaosCommitter {
             }
         }
         self.cfg.maybe_misbehave("commit")?;
-        let already = self.committed.borrow().contains(&c);
+        let already = self.committed.borrow().contains(&c) || self.cfg.misbehave_is("already-committed", "commit");
         self.committed.borrow_mut().push(c);
         self.journal.borrow_mut().note(format!("commit {c} rows={}", String::from_utf8_lossy(&combined)))?;
         Ok(if already { CommitOutcome::AlreadyCommitted } else { CommitOutcome::Committed })

@@ -1,0 +1,54 @@
+//! Test faults and latency of catalog commits: a decorator around the commit
+//! backend (feature `fault-injection` only). The backend itself has no test
+//! branches; this layer decides, per call, whether the commit reaches it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use iceberg::{TableIdent, TableRequirement, TableUpdate};
+
+use super::catalog::{CommitBackend, CommitError};
+use crate::fault::{CatalogFaults, CommitFault};
+use crate::plugin::bindings::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
+
+pub(crate) struct FaultyCommits {
+    inner: Box<dyn CommitBackend>,
+    faults: CatalogFaults,
+    calls: AtomicU64,
+}
+
+impl FaultyCommits {
+    pub(crate) fn new(inner: Box<dyn CommitBackend>, faults: CatalogFaults) -> Self {
+        Self { inner, faults, calls: AtomicU64::new(0) }
+    }
+}
+
+impl CommitBackend for FaultyCommits {
+    fn commit(
+        &self,
+        ident: &TableIdent,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<LoadedTable, CommitError> {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.faults.latency.is_zero() {
+            std::thread::sleep(self.faults.latency);
+        }
+        let fault = self.faults.faults.iter().find(|(n, _)| *n == call).map(|(_, f)| *f);
+        if fault == Some(CommitFault::Conflict) {
+            tracing::warn!(table = %ident, call, "injected fault: commit refused as a conflict");
+            return Err(CatalogError::Conflict("another writer committed first (injected fault)".to_string()).into());
+        }
+        let applied = self.inner.commit(ident, requirements, updates)?;
+        match fault {
+            Some(CommitFault::LoseReply) => {
+                tracing::warn!(table = %ident, call, "injected fault: commit applied, reply dropped");
+                Err(CatalogError::UnknownOutcome("the catalog's reply was lost (injected fault)".to_string()).into())
+            }
+            Some(CommitFault::CrashAfterApply) => {
+                tracing::warn!(table = %ident, call, "injected fault: crash right after the commit was applied");
+                Err(CommitError::InjectedCrash)
+            }
+            _ => Ok(applied),
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Options the host hands a plugin itself, next to the job's
+//! `[sink.options]`. Contract 0.1 has no field for what they carry, so a
+//! plugin opts in by declaring them in `describe()`; one that does not gets
+//! none of them. Their names start with `sluice.`, which the job file may
+//! not use.
+
+/// The incarnation id of the job's state directory: random, made when the
+/// directory's first run starts. A plugin keys everything it writes with it
+/// (besides job, sink and checkpoint), so a job started over in a fresh state
+/// directory never takes an earlier incarnation's checkpoints for its own.
+pub const INCARNATION: &str = "sluice.incarnation";
+
+/// `refuse` on the first run of a fresh state directory: the plugin must
+/// stop (a `config` error) before writing anything when the target holds
+/// checkpoints of this job and sink from another incarnation, naming the
+/// job, the target and that incarnation. `accept` otherwise (a resumed
+/// incarnation, or `sluice run --new-incarnation`).
+pub const OTHER_INCARNATIONS: &str = "sluice.other-incarnations";
+
+/// Prefix no job-file option may use.
+pub const PREFIX: &str = "sluice.";
+
+pub fn is_reserved(name: &str) -> bool {
+    name.starts_with(PREFIX)
+}
