@@ -1,0 +1,168 @@
+//! Kill soak: the real `sluice` process is SIGKILLed at random moments, again
+//! and again, while it writes (during start-up, recovery, writes, persists
+//! and commits alike); then the job runs to its end and every row is read
+//! back and compared, id and value, with the source: exactly once.
+//!
+//! - Iceberg: two jobs write one table at the same time, each killed
+//!   `SLUICE_SOAK_KILLS` times (default 20);
+//! - files: one job, killed as often;
+//! - BigQuery (the Storage Write API double): one job, killed as often, the
+//!   double answering repeated flushes a different way after every kill.
+//!
+//! `SLUICE_SOAK_KILLS=100 cargo test -p sluice-tests --test soak -- --nocapture`
+//! runs the long soak the README reports; `SLUICE_SOAK_SEED` repeats a
+//! sequence of kill times.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sluice_bigquery_double::{BigQueryDouble, Reflush, generator_schema};
+use sluice_tests::{
+    BIGQUERY_PLUGIN, FILES_PLUGIN, ICEBERG_PLUGIN, TestJob, assert_exactly_once, assert_exactly_once_range,
+    bigquery_rows, read_iceberg, read_visible, rerun_to_end, run_cli, run_then_kill,
+};
+
+/// Longest a run lives before its kill.
+const MAX_LIFE: Duration = Duration::from_millis(1200);
+
+fn kills() -> u32 {
+    std::env::var("SLUICE_SOAK_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(20)
+}
+
+fn seed() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = std::env::var("SLUICE_SOAK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64)
+        });
+        eprintln!("soak seed: {seed} (SLUICE_SOAK_SEED={seed} repeats the kill times)");
+        seed
+    })
+}
+
+/// Rows a job of `rate` rows/s cannot finish before its last kill.
+fn rows_for(rate: u64) -> u64 {
+    rate * u64::from(kills()) * MAX_LIFE.as_millis() as u64 / 1000
+}
+
+/// A source that moves `rate` rows per second over two writers, with a
+/// checkpoint about every 0.2 s.
+fn throttled(mut job: TestJob, rate: u64) -> TestJob {
+    let every = rate / 2 / 5;
+    job.toml = job.toml.replace("batch_rows = 700", &format!("batch_rows = 700\nrate = {rate}.0")).replacen(
+        &format!("every_rows = {}", every_rows_of(&job.toml)),
+        &format!("every_rows = {every}"),
+        1,
+    );
+    job.load(&[]).expect("valid job");
+    job
+}
+
+fn every_rows_of(toml: &str) -> u64 {
+    toml.lines()
+        .find_map(|l| l.trim().strip_prefix("every_rows = ").and_then(|v| v.parse().ok()))
+        .expect("the job sets every_rows")
+}
+
+/// What one job's soak did.
+struct Soak {
+    kills: u32,
+    /// Restarts that found a persisted checkpoint not yet known committed.
+    recoveries_with_pending: u32,
+    checkpoints_committed_before_kills: u32,
+    took: Duration,
+}
+
+/// Kills `job` `kills()` times at random moments, calling `between(k)`
+/// after kill `k`; then runs it to the end at full speed.
+fn soak(job: &TestJob, salt: u64, between: impl Fn(u32)) -> Soak {
+    let mut rng = StdRng::seed_from_u64(seed() ^ salt);
+    let started = Instant::now();
+    let mut soak =
+        Soak { kills: 0, recoveries_with_pending: 0, checkpoints_committed_before_kills: 0, took: Duration::ZERO };
+    while soak.kills < kills() {
+        let life = Duration::from_millis(rng.random_range(0..MAX_LIFE.as_millis() as u64));
+        let run = run_then_kill(job, &[], life);
+        assert!(run.killed, "the job ended before its kills were done; it needs more rows:\n{}", run.stderr);
+        soak.kills += 1;
+        soak.recoveries_with_pending += u32::from(run.stderr.contains("re-committed pending checkpoint on restore"));
+        soak.checkpoints_committed_before_kills += run.stderr.matches("checkpoint committed").count() as u32;
+        between(soak.kills);
+    }
+    let out = rerun_to_end(job, &["source.rate=100000000.0".to_string()]);
+    assert!(out.contains("finished") || out.contains("already complete"), "{out}");
+    soak.took = started.elapsed();
+    soak
+}
+
+fn report(name: &str, s: &Soak) {
+    eprintln!(
+        "soak {name}: {} kills, {} restarts recovered a pending checkpoint, {} checkpoints committed between kills, {:.0}s",
+        s.kills,
+        s.recoveries_with_pending,
+        s.checkpoints_committed_before_kills,
+        s.took.as_secs_f64()
+    );
+}
+
+/// Compiles a plugin into the shared cache first, so that every killed run
+/// starts in milliseconds rather than compiling.
+fn warm(plugin: &str) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (code, _, err) = run_cli(&["plugin", "inspect", plugin], dir.path());
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn soak_two_iceberg_jobs_on_one_table() {
+    warm(ICEBERG_PLUGIN);
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rate = 20_000;
+    let rows = rows_for(rate);
+    let jobs: Vec<(String, TestJob)> = (0..2u64)
+        .map(|k| {
+            let id = format!("soak-ice-{k}");
+            let job = TestJob::iceberg(&id, warehouse.path(), "db.soak", rows, k * rows, 2, 1000);
+            (id, throttled(job, rate))
+        })
+        .collect();
+    let soaks: Vec<Soak> = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            jobs.iter().enumerate().map(|(k, (_, job))| scope.spawn(move || soak(job, k as u64, |_| {}))).collect();
+        handles.into_iter().map(|h| h.join().expect("soak thread")).collect()
+    });
+    for ((id, _), s) in jobs.iter().zip(&soaks) {
+        report(id, s);
+    }
+    let table = read_iceberg(warehouse.path(), "db.soak");
+    table.assert_no_checkpoint_twice();
+    assert_exactly_once_range(&table.rows, 0, 2 * rows);
+}
+
+#[test]
+fn soak_files_job() {
+    warm(FILES_PLUGIN);
+    let rate = 20_000;
+    let rows = rows_for(rate);
+    let job = throttled(TestJob::files("soak-files", rows, 2, 1000), rate);
+    let s = soak(&job, 11, |_| {});
+    report("files", &s);
+    assert_exactly_once(&read_visible(&job.out()), rows);
+}
+
+#[test]
+fn soak_bigquery_job() {
+    warm(BIGQUERY_PLUGIN);
+    let table = "projects/p/datasets/d/tables/soak";
+    let double = BigQueryDouble::start().expect("double");
+    double.create_table(table, generator_schema());
+    let rate = 5_000;
+    let rows = rows_for(rate);
+    let job = throttled(TestJob::bigquery("soak-bq", &double.address(), table, rows, 2, 1000), rate);
+    // Every kill changes how the double answers the repeated flush of the next recovery.
+    let s = soak(&job, 23, |k| double.answer_reflush(Reflush::ALL[k as usize % Reflush::ALL.len()]));
+    report("bigquery", &s);
+    assert_exactly_once_range(&bigquery_rows(&double.visible_rows(table)), 0, rows);
+}
