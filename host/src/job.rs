@@ -275,7 +275,7 @@ fn default_retain() -> usize {
     3
 }
 fn default_commit_attempts() -> u32 {
-    10
+    20
 }
 fn default_initial_backoff_ms() -> u64 {
     100

@@ -340,6 +340,8 @@ pub fn run_and_kill(job: &TestJob, progress: impl Fn() -> u64, at_least: u64) {
 pub struct Killed {
     /// The process was still running and was SIGKILLed (else it had ended).
     pub killed: bool,
+    /// It had ended on its own with an error (see `stderr`).
+    pub failed: bool,
     /// What it logged before it died.
     pub stderr: String,
 }
@@ -363,10 +365,11 @@ pub fn run_then_kill(job: &TestJob, sets: &[String], after: Duration) -> Killed 
         std::thread::sleep(Duration::from_millis(5).min(deadline.saturating_duration_since(Instant::now())));
     }
     let out = child.wait_with_output().expect("reaping sluice");
-    if !killed && !out.status.success() {
-        panic!("sluice failed on its own: {}", String::from_utf8_lossy(&out.stderr));
+    Killed {
+        killed,
+        failed: !killed && !out.status.success(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
-    Killed { killed, stderr: String::from_utf8_lossy(&out.stderr).into_owned() }
 }
 
 /// Runs the job to its end with `sets`; returns what it printed.

@@ -69,6 +69,9 @@ fn every_rows_of(toml: &str) -> u64 {
 /// What one job's soak did.
 struct Soak {
     kills: u32,
+    /// Runs that stopped on their own, resumably (commit attempts used up
+    /// under contention: the checkpoint stays pending for the next run).
+    stopped: u32,
     /// Restarts that found a persisted checkpoint not yet known committed.
     recoveries_with_pending: u32,
     checkpoints_committed_before_kills: u32,
@@ -80,11 +83,21 @@ struct Soak {
 fn soak(job: &TestJob, salt: u64, between: impl Fn(u32)) -> Soak {
     let mut rng = StdRng::seed_from_u64(seed() ^ salt);
     let started = Instant::now();
-    let mut soak =
-        Soak { kills: 0, recoveries_with_pending: 0, checkpoints_committed_before_kills: 0, took: Duration::ZERO };
+    let mut soak = Soak {
+        kills: 0,
+        stopped: 0,
+        recoveries_with_pending: 0,
+        checkpoints_committed_before_kills: 0,
+        took: Duration::ZERO,
+    };
     while soak.kills < kills() {
         let life = Duration::from_millis(rng.random_range(0..MAX_LIFE.as_millis() as u64));
         let run = run_then_kill(job, &[], life);
+        if run.failed {
+            assert!(run.stderr.contains("stays pending"), "a run failed, and not resumably:\n{}", run.stderr);
+            soak.stopped += 1;
+            continue;
+        }
         assert!(run.killed, "the job ended before its kills were done; it needs more rows:\n{}", run.stderr);
         soak.kills += 1;
         soak.recoveries_with_pending += u32::from(run.stderr.contains("re-committed pending checkpoint on restore"));
@@ -99,10 +112,12 @@ fn soak(job: &TestJob, salt: u64, between: impl Fn(u32)) -> Soak {
 
 fn report(name: &str, s: &Soak) {
     eprintln!(
-        "soak {name}: {} kills, {} restarts recovered a pending checkpoint, {} checkpoints committed between kills, {:.0}s",
+        "soak {name}: {} kills, {} restarts recovered a pending checkpoint, {} checkpoints committed between kills, \
+         {} runs stopped resumably on their own, {:.0}s",
         s.kills,
         s.recoveries_with_pending,
         s.checkpoints_committed_before_kills,
+        s.stopped,
         s.took.as_secs_f64()
     );
 }
