@@ -6,7 +6,9 @@
 //!   and the file;
 //! - relative paths are resolved against the job file's directory, so a job
 //!   behaves the same from any working directory;
-//! - after [`Job::load`] every path is absolute and every value in range.
+//! - after [`Job::load`] the job is valid in full: every path is absolute,
+//!   every value in range, the catalog and the endpoints are resolved (their
+//!   tokens read), so the engine never checks a job key again.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -24,8 +26,12 @@ pub enum JobError {
         #[source]
         source: std::io::Error,
     },
-    #[error("job file {path} is not valid TOML: {message}")]
-    Syntax { path: PathBuf, message: String },
+    #[error("job file {path} is not valid TOML: {source}")]
+    Syntax {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
     #[error("job file {path}: key `{key}`: {message}")]
     Invalid { path: PathBuf, key: String, message: String },
     #[error("--set {arg:?}: {message}")]
@@ -302,7 +308,52 @@ fn default_memory_mb() -> u64 {
 /// Default checkpoint interval when the job sets no trigger.
 pub const DEFAULT_INTERVAL_SECS: f64 = 10.0;
 
-/// A loaded, validated job.
+/// A credential read from the environment or a file. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(...)")
+    }
+}
+
+/// The sink's catalog, resolved from `[sink.catalog]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogConfig {
+    /// iceberg-rust's `SqlCatalog` on the SQLite file `database`.
+    Sql { name: String, database: PathBuf, warehouse: PathBuf },
+    /// An Iceberg REST catalog at `uri`.
+    Rest { name: String, uri: String, warehouse: PathBuf, token: Option<Secret> },
+}
+
+impl CatalogConfig {
+    /// The warehouse, granted to the plugin read-write.
+    pub fn warehouse(&self) -> &Path {
+        match self {
+            CatalogConfig::Sql { warehouse, .. } | CatalogConfig::Rest { warehouse, .. } => warehouse,
+        }
+    }
+}
+
+/// A gRPC endpoint, resolved from `[sink.grpc.<name>]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// An `http://` or `https://` URI.
+    pub address: String,
+    pub tls: bool,
+    /// Sent as `authorization: Bearer <token>`.
+    pub token: Option<Secret>,
+    pub connect_timeout: Duration,
+}
+
+/// A loaded job, valid in full.
 #[derive(Debug, Clone)]
 pub struct Job {
     pub spec: JobSpec,
@@ -312,6 +363,10 @@ pub struct Job {
     pub base_dir: PathBuf,
     /// Absolute state directory.
     pub state_dir: PathBuf,
+    /// The sink's catalog, if the job configures one.
+    pub catalog: Option<CatalogConfig>,
+    /// The gRPC endpoints the plugin may call, by name.
+    pub endpoints: BTreeMap<String, EndpointConfig>,
 }
 
 impl Job {
@@ -324,9 +379,8 @@ impl Job {
 
     /// Like [`Job::load`] for a file's text (`path` names it and anchors paths).
     pub fn from_str(text: &str, path: &Path, overrides: &[String]) -> Result<Self, JobError> {
-        let mut table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| JobError::Syntax { path: path.to_path_buf(), message: e.to_string() })?;
+        let mut table: toml::Table =
+            text.parse().map_err(|source| JobError::Syntax { path: path.to_path_buf(), source })?;
         for arg in overrides {
             apply_override(&mut table, arg)?;
         }
@@ -344,7 +398,14 @@ impl Job {
             key: "(job file)".into(),
             message: e,
         })?;
-        let mut job = Job { state_dir: PathBuf::new(), spec, path: path.to_path_buf(), base_dir };
+        let mut job = Job {
+            state_dir: PathBuf::new(),
+            spec,
+            path: path.to_path_buf(),
+            base_dir,
+            catalog: None,
+            endpoints: BTreeMap::new(),
+        };
         job.validate()?;
         Ok(job)
     }
@@ -436,7 +497,105 @@ impl Job {
             Some(dir) => self.resolve(dir),
             None => self.base_dir.join(".sluice").join(&self.spec.job.id),
         };
+        self.catalog = self.spec.sink.catalog.as_ref().map(|c| self.catalog_config(c)).transpose()?;
+        let mut endpoints = BTreeMap::new();
+        for (name, spec) in &self.spec.sink.grpc {
+            endpoints.insert(name.clone(), self.endpoint_config(name, spec)?);
+        }
+        self.endpoints = endpoints;
         Ok(())
+    }
+
+    /// A secret from the environment variable `var`; `key` names the job key.
+    fn token_from_env(&self, key: &str, var: &str) -> Result<Secret, JobError> {
+        match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => Ok(Secret(v.trim().to_string())),
+            Ok(_) => Err(self.invalid(key, format!("the environment variable {var} is empty"))),
+            Err(_) => Err(self.invalid(key, format!("the environment variable {var} is not set"))),
+        }
+    }
+
+    fn catalog_config(&self, spec: &CatalogSpec) -> Result<CatalogConfig, JobError> {
+        let warehouse = self.resolve(&spec.warehouse);
+        let name = spec.name.clone();
+        match spec.kind {
+            CatalogKind::Sql => {
+                if spec.uri.is_some() || spec.token_env.is_some() {
+                    return Err(self.invalid(
+                        "sink.catalog",
+                        "kind = \"sql\" takes no `uri` or `token_env` (those are the REST catalog's)",
+                    ));
+                }
+                let Some(database) = &spec.database else {
+                    return Err(self.invalid("sink.catalog.database", "kind = \"sql\" needs the SQLite file"));
+                };
+                Ok(CatalogConfig::Sql { name, database: self.resolve(database), warehouse })
+            }
+            CatalogKind::Rest => {
+                if spec.database.is_some() {
+                    return Err(self.invalid(
+                        "sink.catalog.database",
+                        "kind = \"rest\" takes no `database` (that is the SQLite catalog's file)",
+                    ));
+                }
+                let Some(uri) = &spec.uri else {
+                    return Err(self.invalid("sink.catalog.uri", "kind = \"rest\" needs the catalog's base URI"));
+                };
+                if !(uri.starts_with("http://") || uri.starts_with("https://")) {
+                    return Err(self.invalid("sink.catalog.uri", format!("{uri:?} is not an http:// or https:// URI")));
+                }
+                let token = spec
+                    .token_env
+                    .as_deref()
+                    .map(|var| self.token_from_env("sink.catalog.token_env", var))
+                    .transpose()?;
+                Ok(CatalogConfig::Rest { name, uri: uri.clone(), warehouse, token })
+            }
+        }
+    }
+
+    fn endpoint_config(&self, name: &str, spec: &EndpointSpec) -> Result<EndpointConfig, JobError> {
+        let key = |k: &str| format!("sink.grpc.{name}.{k}");
+        let address: tonic::transport::Uri = spec
+            .address
+            .parse()
+            .map_err(|e| self.invalid(&key("address"), format!("{:?} is not a valid URI: {e}", spec.address)))?;
+        let tls = match address.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => {
+                return Err(
+                    self.invalid(&key("address"), format!("{:?} must start with http:// or https://", spec.address))
+                );
+            }
+        };
+        let token = match (&spec.token_env, &spec.token_file) {
+            (Some(_), Some(_)) => {
+                return Err(self.invalid(&key("token_env"), "set at most one of token_env and token_file"));
+            }
+            (None, None) => None,
+            (Some(var), None) => Some(self.token_from_env(&key("token_env"), var)?),
+            (None, Some(file)) => {
+                let path = self.resolve(file);
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| self.invalid(&key("token_file"), format!("cannot read {}: {e}", path.display())))?;
+                if text.trim().is_empty() {
+                    return Err(self.invalid(&key("token_file"), format!("{} is empty", path.display())));
+                }
+                Some(Secret(text.trim().to_string()))
+            }
+        };
+        if let Some(t) = &token
+            && !t.0.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(self.invalid(&key("token_env"), "the token holds characters a header value cannot"));
+        }
+        Ok(EndpointConfig {
+            address: spec.address.clone(),
+            tls,
+            token,
+            connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
+        })
     }
 
     /// The sink options as the plugin receives them: strings, sorted by key.

@@ -5,6 +5,7 @@
 //! [`plugin`] instances, which reach the outside world only through the
 //! [`capability`] modules the job grants them.
 
+pub mod bindings;
 pub mod capability;
 pub mod cli;
 pub mod engine;

@@ -1,8 +1,8 @@
 //! A crash at every step of the checkpoint protocol, followed by recovery,
 //! always ends with every source row visible exactly once (ids and values).
 
+use sluice::bindings::CommitOutcome;
 use sluice::engine::{CrashPoint, Fault};
-use sluice::plugin::bindings::CommitOutcome;
 use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible};
 
 const ROWS: u64 = 6000;

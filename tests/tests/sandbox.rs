@@ -4,12 +4,26 @@
 
 use std::time::{Duration, Instant};
 
+use sluice::engine::EngineError;
+use sluice::plugin::PluginError;
+use sluice::plugin::sandbox::TrapCause;
 use sluice_tests::{TestJob, assert_exactly_once, read_visible};
 
-fn failure(misbehave: &str, at: &str) -> String {
+fn run_failing(misbehave: &str, at: &str) -> EngineError {
     let job = TestJob::chaos(&format!("sandbox-{misbehave}-{at}"), 1000, 2, 250, misbehave, at);
-    let err = job.run(None).expect_err("the misbehaving plugin fails the job");
-    err.to_string()
+    job.run(None).expect_err("the misbehaving plugin fails the job")
+}
+
+fn failure(misbehave: &str, at: &str) -> String {
+    run_failing(misbehave, at).to_string()
+}
+
+/// The trap's cause, as the host classified it.
+fn trap_cause(err: &EngineError) -> &TrapCause {
+    match err {
+        EngineError::Plugin(PluginError::Trap { cause, .. }) => cause,
+        other => panic!("expected a trap, got: {other}"),
+    }
 }
 
 #[test]
@@ -20,7 +34,9 @@ fn trap_names_plugin_and_call() {
 
 #[test]
 fn panic_is_quoted() {
-    let msg = failure("panic", "prepare-commit");
+    let err = run_failing("panic", "prepare-commit");
+    assert!(matches!(trap_cause(&err), TrapCause::Panic(_)), "{err}");
+    let msg = err.to_string();
     assert!(msg.contains(".prepare-commit panicked"), "{msg}");
     assert!(msg.contains("chaos: deliberate panic in prepare-commit"), "{msg}");
 }
@@ -28,15 +44,18 @@ fn panic_is_quoted() {
 #[test]
 fn endless_loop_hits_the_deadline() {
     let start = Instant::now();
-    let msg = failure("loop", "write");
+    let err = run_failing("loop", "write");
+    assert_eq!(trap_cause(&err), &TrapCause::Deadline(Duration::from_secs(2)), "{err}");
+    let msg = err.to_string();
     assert!(msg.contains(".write did not return within its call deadline of 2.0s"), "{msg}");
     assert!(start.elapsed() < Duration::from_secs(60), "the deadline took {:?}", start.elapsed());
 }
 
 #[test]
 fn memory_bomb_hits_the_cap() {
-    let msg = failure("memory-bomb", "write");
-    assert!(msg.contains("more than its memory limit of 64 MiB"), "{msg}");
+    let err = run_failing("memory-bomb", "write");
+    assert_eq!(trap_cause(&err), &TrapCause::Memory(64), "{err}");
+    assert!(err.to_string().contains("more than its memory limit of 64 MiB"), "{err}");
 }
 
 #[test]

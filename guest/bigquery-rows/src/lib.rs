@@ -32,10 +32,11 @@
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
+use arrow_array::types::DecimalType;
 use arrow_array::types::{
-    Date32Type, Date64Type, Decimal128Type, Decimal256Type, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type,
-    Int32Type, Int64Type, TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
-    TimestampSecondType, UInt8Type, UInt16Type, UInt32Type,
+    Date32Type, Date64Type, Decimal64Type, Decimal128Type, Decimal256Type, Float16Type, Float32Type, Float64Type,
+    Int8Type, Int16Type, Int32Type, Int64Type, TimestampMicrosecondType, TimestampMillisecondType,
+    TimestampNanosecondType, TimestampSecondType, UInt8Type, UInt16Type, UInt32Type,
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
@@ -47,6 +48,9 @@ use prost::encoding::{WireType, encode_key, encode_varint};
 use prost_types::field_descriptor_proto::{Label, Type as ProtoType};
 use prost_types::{DescriptorProto, FieldDescriptorProto};
 use thiserror::Error;
+
+mod arrow_rows;
+pub use arrow_rows::ArrowEncoder;
 
 /// Name of the writer schema's top-level message.
 pub const ROW_MESSAGE: &str = "sluice_row";
@@ -120,6 +124,8 @@ pub fn parse_table_schema(json: &str) -> Result<TableSchema, String> {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum EncodeError {
+    #[error("encoding rows as Arrow: {0}")]
+    Arrow(String),
     #[error("batch column {index} (`{name}`) has type {found}, but the writer was opened for {expected}")]
     Schema { index: usize, name: String, found: String, expected: String },
     #[error("batch has {found} columns, the writer was opened for {expected}")]
@@ -139,8 +145,8 @@ enum Conv {
     Timestamp(TimeUnit),
     /// DATETIME: civil time as text, from this unit.
     Datetime(TimeUnit),
-    /// NUMERIC / BIGNUMERIC text with this scale.
-    Decimal(i8),
+    /// NUMERIC / BIGNUMERIC text of this precision and scale.
+    Decimal(u8, i8),
     Struct(Vec<Plan>),
 }
 
@@ -240,13 +246,13 @@ fn natural_type(path: &str, dt: &DataType) -> Result<(Type, Conv), SchemaError> 
                 return Err(unsupported(path, dt, "negative scales have no BigQuery type"));
             }
             let numeric = *s <= 9 && (i16::from(*p) - i16::from(*s)) <= 29;
-            (if numeric { Type::Numeric } else { Type::Bignumeric }, Conv::Decimal(*s))
+            (if numeric { Type::Numeric } else { Type::Bignumeric }, Conv::Decimal(*p, *s))
         }
         DataType::Decimal256(p, s) => {
             if *s < 0 || *s > 38 || *p > 76 {
                 return Err(unsupported(path, dt, "BIGNUMERIC holds at most 38 fractional digits"));
             }
-            (Type::Bignumeric, Conv::Decimal(*s))
+            (Type::Bignumeric, Conv::Decimal(*p, *s))
         }
         DataType::Struct(_) => (Type::Struct, Conv::Struct(Vec::new())),
         other => {
@@ -336,7 +342,7 @@ fn plan_fields(
             Conv::Int64 | Conv::Timestamp(_) => ProtoType::Int64,
             Conv::Double => ProtoType::Double,
             Conv::Bool => ProtoType::Bool,
-            Conv::String | Conv::Datetime(_) | Conv::Decimal(_) => ProtoType::String,
+            Conv::String | Conv::Datetime(_) | Conv::Decimal(..) => ProtoType::String,
             Conv::Bytes => ProtoType::Bytes,
             Conv::Date => ProtoType::Int32,
             Conv::Struct(_) => ProtoType::Message,
@@ -442,53 +448,31 @@ fn timestamp_value(col: &ArrayRef, i: usize) -> i64 {
     }
 }
 
-/// (year, month, day) of a day count since 1970-01-01 (proleptic Gregorian).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
 /// DATETIME text, `YYYY-MM-DD HH:MM:SS.ffffff`, the canonical civil format.
+/// Beyond chrono's range (±262,000 years, far past BigQuery's years 1 to
+/// 9999) the text says so, and the service rejects the row, naming it.
 pub fn datetime_text(micros: i64) -> String {
-    let days = micros.div_euclid(86_400_000_000);
-    let rem = micros.rem_euclid(86_400_000_000);
-    let (y, m, d) = civil_from_days(days);
-    let secs = rem / 1_000_000;
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:06}", secs / 3600, (secs / 60) % 60, secs % 60, rem % 1_000_000)
+    match chrono::DateTime::from_timestamp_micros(micros) {
+        Some(t) => t.naive_utc().format("%Y-%m-%d %H:%M:%S%.6f").to_string(),
+        None => format!("{micros} microseconds from the epoch (out of range)"),
+    }
 }
 
-/// Decimal text of an unscaled integer (given as its decimal digits) and a scale.
-pub fn decimal_text(unscaled: &str, scale: i8) -> String {
-    let (neg, digits) = match unscaled.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, unscaled),
-    };
-    let scale = scale.max(0) as usize;
-    let mut out = String::with_capacity(digits.len() + 3);
-    if neg {
-        out.push('-');
+/// NUMERIC / BIGNUMERIC text of decimal `i` of `col`, with arrow's formatting.
+fn decimal_text(col: &ArrayRef, i: usize, precision: u8, scale: i8) -> String {
+    match col.data_type() {
+        DataType::Decimal256(_, _) => {
+            Decimal256Type::format_decimal(col.as_primitive::<Decimal256Type>().value(i), precision, scale)
+        }
+        _ => {
+            let v = col.as_primitive::<Decimal128Type>().value(i);
+            // 128-bit division is slow (and emulated on wasm32): most values fit 64 bits.
+            match i64::try_from(v) {
+                Ok(small) => Decimal64Type::format_decimal(small, precision, scale),
+                Err(_) => Decimal128Type::format_decimal(v, precision, scale),
+            }
+        }
     }
-    if scale == 0 {
-        out.push_str(digits);
-    } else if digits.len() > scale {
-        let (int, frac) = digits.split_at(digits.len() - scale);
-        out.push_str(int);
-        out.push('.');
-        out.push_str(frac);
-    } else {
-        out.push_str("0.");
-        out.extend(std::iter::repeat_n('0', scale - digits.len()));
-        out.push_str(digits);
-    }
-    out
 }
 
 fn encode_value(plan: &Plan, col: &ArrayRef, i: usize, buf: &mut Vec<u8>, scratch: &mut Vec<u8>) {
@@ -545,19 +529,8 @@ fn encode_value(plan: &Plan, col: &ArrayRef, i: usize, buf: &mut Vec<u8>, scratc
         Conv::Datetime(unit) => {
             put_len_delimited(tag, datetime_text(to_micros(*unit, timestamp_value(col, i))).as_bytes(), buf)
         }
-        Conv::Decimal(scale) => {
-            let unscaled = match col.data_type() {
-                DataType::Decimal256(_, _) => col.as_primitive::<Decimal256Type>().value(i).to_string(),
-                _ => {
-                    let v = col.as_primitive::<Decimal128Type>().value(i);
-                    // 128-bit division is slow (and emulated on wasm32): most values fit 64 bits.
-                    match i64::try_from(v) {
-                        Ok(small) => small.to_string(),
-                        Err(_) => v.to_string(),
-                    }
-                }
-            };
-            put_len_delimited(tag, decimal_text(&unscaled, *scale).as_bytes(), buf);
+        Conv::Decimal(precision, scale) => {
+            put_len_delimited(tag, decimal_text(col, i, *precision, *scale).as_bytes(), buf);
         }
         Conv::Struct(children) => {
             let s = col.as_struct();

@@ -1,5 +1,7 @@
 //! The sink's options, parsed once and checked before anything is written.
 
+use std::str::FromStr;
+
 use iceberg::spec::Transform;
 use iceberg::{NamespaceIdent, TableIdent};
 use sluice_guest_sdk::incarnation::{self, Incarnation};
@@ -108,29 +110,14 @@ pub fn parse_partition_by(raw: &str) -> Result<Vec<PartitionField>, SinkError> {
         if column.is_empty() {
             return Err(bad(item, "names no column"));
         }
-        let name = item[..open].trim();
-        let transform = match name {
-            "identity" => Transform::Identity,
-            "year" => Transform::Year,
-            "month" => Transform::Month,
-            "day" => Transform::Day,
-            "hour" => Transform::Hour,
-            _ => {
-                let (kind, arg) = name
-                    .strip_suffix(']')
-                    .and_then(|s| s.split_once('['))
-                    .ok_or_else(|| bad(item, "uses an unknown transform"))?;
-                let n: u32 = arg.trim().parse().map_err(|_| bad(item, "needs a positive number in `[...]`"))?;
-                if n == 0 {
-                    return Err(bad(item, "needs a positive number in `[...]`"));
-                }
-                match kind.trim() {
-                    "bucket" => Transform::Bucket(n),
-                    "truncate" => Transform::Truncate(n),
-                    _ => return Err(bad(item, "uses an unknown transform")),
-                }
-            }
+        // Iceberg's own names: identity, year, month, day, hour, bucket[N], truncate[W].
+        let transform = match Transform::from_str(item[..open].trim()) {
+            Ok(Transform::Unknown) | Err(_) => return Err(bad(item, "uses an unknown transform")),
+            Ok(t) => t,
         };
+        if matches!(transform, Transform::Bucket(0) | Transform::Truncate(0)) {
+            return Err(bad(item, "needs a positive number in `[...]`"));
+        }
         fields.push(PartitionField { column: column.to_string(), transform });
     }
     Ok(fields)

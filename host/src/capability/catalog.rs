@@ -44,9 +44,11 @@ use serde::Deserialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use thiserror::Error;
 
-use crate::capability::catalog_rest::RestCommitter;
-use crate::plugin::bindings::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
-use crate::plugin::host_state::HostState;
+use wasmtime::component::{HasData, Linker};
+
+use super::catalog_rest::RestCommitter;
+use super::{CapabilityHost, Effects};
+use crate::bindings::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
 
 /// A catalog that cannot be set up (named in the job's `[sink.catalog]`).
 #[derive(Debug, Error)]
@@ -414,9 +416,34 @@ fn no_catalog() -> CatalogError {
     CatalogError::Other("this sink has no catalog: configure one in the job file's [sink.catalog]".to_string())
 }
 
-impl wit::Host for HostState {
+/// One instance's catalog: the run's, when the job configures one.
+pub struct CatalogCtx {
+    pub catalog: Option<Arc<CatalogGrant>>,
+}
+
+/// What the `iceberg-catalog` interface is linked through.
+pub struct CatalogView<'a> {
+    pub ctx: &'a CatalogCtx,
+    pub effects: &'a mut Effects,
+}
+
+/// The `iceberg-catalog` capability for wasmtime's linker.
+pub struct IcebergCatalog;
+
+impl HasData for IcebergCatalog {
+    type Data<'a> = CatalogView<'a>;
+}
+
+pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    wit::add_to_linker::<T, IcebergCatalog>(linker, |t| {
+        let caps = t.capabilities().0;
+        CatalogView { ctx: &caps.catalog, effects: &mut caps.effects }
+    })
+}
+
+impl wit::Host for CatalogView<'_> {
     fn load_table(&mut self, table: wit::TableIdent) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
-        let Some(catalog) = self.catalog.clone() else { return Ok(Err(no_catalog())) };
+        let Some(catalog) = self.ctx.catalog.clone() else { return Ok(Err(no_catalog())) };
         Ok(ident(&table).and_then(|ident| catalog.load_table(&ident)))
     }
 
@@ -425,10 +452,10 @@ impl wit::Host for HostState {
         table: wit::TableIdent,
         request_json: String,
     ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
-        let Some(catalog) = self.catalog.clone() else { return Ok(Err(no_catalog())) };
+        let Some(catalog) = self.ctx.catalog.clone() else { return Ok(Err(no_catalog())) };
         let result = ident(&table).and_then(|ident| catalog.create_table(&ident, &request_json));
         if result.is_ok() {
-            self.side_effect_done()?;
+            self.effects.done()?;
         }
         Ok(result)
     }
@@ -439,7 +466,7 @@ impl wit::Host for HostState {
         requirements_json: String,
         updates_json: String,
     ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
-        let Some(catalog) = self.catalog.clone() else { return Ok(Err(no_catalog())) };
+        let Some(catalog) = self.ctx.catalog.clone() else { return Ok(Err(no_catalog())) };
         let result = ident(&table)
             .map_err(CommitError::Catalog)
             .and_then(|ident| catalog.commit_table(&ident, &requirements_json, &updates_json));
@@ -451,7 +478,7 @@ impl wit::Host for HostState {
         };
         if !matches!(result, Err(CatalogError::Conflict(_))) {
             // A crash "during commit" happens right after the commit's effect.
-            self.side_effect_done()?;
+            self.effects.done()?;
         }
         Ok(result)
     }

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
 use super::catalog::{CommitBackend, CommitError};
+use crate::bindings::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
 use crate::fault::{CatalogFaults, CommitFault};
-use crate::plugin::bindings::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
 
 pub(crate) struct FaultyCommits {
     inner: Box<dyn CommitBackend>,

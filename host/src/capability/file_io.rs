@@ -8,25 +8,23 @@
 //!   on the grant's root, so a symbolic link cannot lead out of it either;
 //! - writes under a read-only grant are `denied`;
 //! - `write-file` and `rename` never replace an existing entry, and both are
-//!   durable when they return (data and directory entries synced);
-//! - `memory://` grants live in a store shared by the instances of one run,
-//!   for tests that must not touch the disk.
+//!   durable when they return (data and directory entries synced).
+//!
+//! The run's [`FileGrants`] are shared by its instances; each instance sees
+//! them through a [`FileIoView`], which the WIT interface is linked through.
 
-use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions};
 use thiserror::Error;
-use wasmtime::component::Resource;
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
+use super::{CapabilityHost, Effects};
+use crate::bindings::sluice::connector::file_io::{self as wit, FileStatus, Host, HostOutputFile, IoError};
 use crate::job::normalize;
-use crate::plugin::bindings::sluice::connector::file_io::{FileStatus, Host, HostOutputFile, IoError};
-use crate::plugin::host_state::HostState;
-
-const MEMORY_SCHEME: &str = "memory://";
 
 /// A grant that cannot be set up (named in the job's `[sink.grants]`).
 #[derive(Debug, Error)]
@@ -44,35 +42,16 @@ struct LocalGrant {
     writable: bool,
 }
 
-/// In-memory files of `memory://` grants, shared by the instances of a run.
-#[derive(Debug, Default)]
-pub struct MemoryStore {
-    files: Mutex<BTreeMap<String, Vec<u8>>>,
-}
-
-struct MemoryGrant {
-    /// `name` of `memory://name`.
-    prefix: String,
-    writable: bool,
-}
-
 /// The locations one plugin may use; built once per run, shared by instances.
 pub struct FileGrants {
     base_dir: PathBuf,
     local: Vec<LocalGrant>,
-    memory: Vec<MemoryGrant>,
-    store: Arc<MemoryStore>,
 }
 
 impl std::fmt::Debug for FileGrants {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileGrants").field("granted", &self.describe()).finish()
     }
-}
-
-enum Resolved<'a> {
-    Local { grant: &'a LocalGrant, rel: PathBuf },
-    Memory { key: String },
 }
 
 fn other(location: &str, e: impl std::fmt::Display) -> IoError {
@@ -107,30 +86,11 @@ fn sync_parent(dir: &Dir, rel: &Path) -> std::io::Result<()> {
     sync_dir(dir, rel.parent().unwrap_or(Path::new("")))
 }
 
-fn normalize_memory(rest: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in rest.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            p => parts.push(p),
-        }
-    }
-    parts.join("/")
-}
-
 impl FileGrants {
     /// Sets up the grants of a job. Read-write local grants are created when
     /// missing; read-only ones must exist.
-    pub fn new(
-        base_dir: &Path,
-        read_write: &[String],
-        read_only: &[String],
-        store: Arc<MemoryStore>,
-    ) -> Result<Self, GrantError> {
-        let mut grants = Self { base_dir: base_dir.to_path_buf(), local: Vec::new(), memory: Vec::new(), store };
+    pub fn new(base_dir: &Path, read_write: &[String], read_only: &[String]) -> Result<Self, GrantError> {
+        let mut grants = Self { base_dir: base_dir.to_path_buf(), local: Vec::new() };
         for (list, writable) in [(read_write, true), (read_only, false)] {
             for location in list {
                 grants.add(location, writable)?;
@@ -141,14 +101,6 @@ impl FileGrants {
 
     fn add(&mut self, location: &str, writable: bool) -> Result<(), GrantError> {
         let invalid = |message: String| GrantError::Invalid { location: location.to_string(), message };
-        if let Some(rest) = location.strip_prefix(MEMORY_SCHEME) {
-            let prefix = normalize_memory(rest);
-            if prefix.is_empty() {
-                return Err(invalid("a memory grant needs a name: memory://name".to_string()));
-            }
-            self.memory.push(MemoryGrant { prefix, writable });
-            return Ok(());
-        }
         let spelled = self.local_path(location).map_err(invalid)?;
         if writable {
             std::fs::create_dir_all(&spelled)
@@ -171,7 +123,7 @@ impl FileGrants {
             Some(rest) if rest.starts_with('/') => rest,
             Some(_) => return Err(format!("{location:?} is not an absolute file:// URI")),
             None if location.contains("://") => {
-                return Err(format!("{location:?} uses a scheme this host does not serve (file://, memory://)"));
+                return Err(format!("{location:?} uses a scheme this host does not serve (file://)"));
             }
             None => location,
         };
@@ -183,16 +135,11 @@ impl FileGrants {
 
     /// Human-readable list of what is granted.
     pub fn describe(&self) -> String {
-        let mut parts: Vec<String> = self
+        let parts: Vec<String> = self
             .local
             .iter()
             .map(|g| format!("{} ({})", g.spelled.display(), if g.writable { "read-write" } else { "read-only" }))
             .collect();
-        parts.extend(
-            self.memory
-                .iter()
-                .map(|g| format!("memory://{} ({})", g.prefix, if g.writable { "read-write" } else { "read-only" })),
-        );
         if parts.is_empty() { "nothing".to_string() } else { parts.join(", ") }
     }
 
@@ -200,19 +147,8 @@ impl FileGrants {
         IoError::Denied(format!("{location} is outside the granted locations (granted: {})", self.describe()))
     }
 
-    fn resolve(&self, location: &str, write: bool) -> Result<Resolved<'_>, IoError> {
-        if let Some(rest) = location.strip_prefix(MEMORY_SCHEME) {
-            let key = normalize_memory(rest);
-            let grant = self
-                .memory
-                .iter()
-                .find(|g| key == g.prefix || key.starts_with(&format!("{}/", g.prefix)))
-                .ok_or_else(|| self.denied_outside(location))?;
-            if write && !grant.writable {
-                return Err(IoError::Denied(format!("{location} lies in a read-only grant")));
-            }
-            return Ok(Resolved::Memory { key });
-        }
+    /// The grant a location lies in, and its path relative to the grant's root.
+    fn resolve(&self, location: &str, write: bool) -> Result<(&LocalGrant, PathBuf), IoError> {
         let path = self.local_path(location).map_err(IoError::Denied)?;
         let mut best: Option<(&LocalGrant, PathBuf)> = None;
         for grant in &self.local {
@@ -229,173 +165,123 @@ impl FileGrants {
         if write && !grant.writable {
             return Err(IoError::Denied(format!("{location} lies in the read-only grant {}", grant.spelled.display())));
         }
-        Ok(Resolved::Local { grant, rel })
+        Ok((grant, rel))
     }
 
     pub fn exists(&self, location: &str) -> Result<bool, IoError> {
-        match self.resolve(location, false)? {
-            Resolved::Local { grant, rel } => grant.dir.try_exists(rel_or_dot(&rel)).map_err(|e| io_error(location, e)),
-            Resolved::Memory { key } => Ok(self.store.exists(&key)),
-        }
+        let (grant, rel) = self.resolve(location, false)?;
+        grant.dir.try_exists(rel_or_dot(&rel)).map_err(|e| io_error(location, e))
     }
 
     pub fn stat(&self, location: &str) -> Result<FileStatus, IoError> {
-        match self.resolve(location, false)? {
-            Resolved::Local { grant, rel } => {
-                let meta = grant.dir.metadata(rel_or_dot(&rel)).map_err(|e| io_error(location, e))?;
-                Ok(FileStatus { size: if meta.is_dir() { 0 } else { meta.len() }, is_dir: meta.is_dir() })
-            }
-            Resolved::Memory { key } => self.store.stat(&key).ok_or_else(|| IoError::NotFound(location.to_string())),
-        }
+        let (grant, rel) = self.resolve(location, false)?;
+        let meta = grant.dir.metadata(rel_or_dot(&rel)).map_err(|e| io_error(location, e))?;
+        Ok(FileStatus { size: if meta.is_dir() { 0 } else { meta.len() }, is_dir: meta.is_dir() })
     }
 
     pub fn read(&self, location: &str, offset: u64, length: u64) -> Result<Vec<u8>, IoError> {
         let length = usize::try_from(length).map_err(|e| other(location, e))?;
-        match self.resolve(location, false)? {
-            Resolved::Local { grant, rel } => {
-                let mut file = grant.dir.open(&rel).map_err(|e| io_error(location, e))?;
-                file.seek(SeekFrom::Start(offset)).map_err(|e| io_error(location, e))?;
-                let mut buf = Vec::with_capacity(length.min(64 << 20));
-                file.take(length as u64).read_to_end(&mut buf).map_err(|e| io_error(location, e))?;
-                Ok(buf)
-            }
-            Resolved::Memory { key } => {
-                self.store.read(&key, offset, length).ok_or_else(|| IoError::NotFound(location.to_string()))
-            }
-        }
+        let (grant, rel) = self.resolve(location, false)?;
+        let mut file = grant.dir.open(&rel).map_err(|e| io_error(location, e))?;
+        file.seek(SeekFrom::Start(offset)).map_err(|e| io_error(location, e))?;
+        let mut buf = Vec::with_capacity(length.min(64 << 20));
+        file.take(length as u64).read_to_end(&mut buf).map_err(|e| io_error(location, e))?;
+        Ok(buf)
     }
 
     pub fn list_dir(&self, location: &str) -> Result<Vec<String>, IoError> {
-        match self.resolve(location, false)? {
-            Resolved::Local { grant, rel } => {
-                let mut names = Vec::new();
-                for entry in grant.dir.read_dir(rel_or_dot(&rel)).map_err(|e| io_error(location, e))? {
-                    let entry = entry.map_err(|e| io_error(location, e))?;
-                    names.push(entry.file_name().to_string_lossy().into_owned());
-                }
-                names.sort();
-                Ok(names)
-            }
-            Resolved::Memory { key } => self.store.list(&key).ok_or_else(|| IoError::NotFound(location.to_string())),
+        let (grant, rel) = self.resolve(location, false)?;
+        let mut names = Vec::new();
+        for entry in grant.dir.read_dir(rel_or_dot(&rel)).map_err(|e| io_error(location, e))? {
+            let entry = entry.map_err(|e| io_error(location, e))?;
+            names.push(entry.file_name().to_string_lossy().into_owned());
         }
+        names.sort();
+        Ok(names)
     }
 
     pub fn create_dir_all(&self, location: &str) -> Result<(), IoError> {
-        match self.resolve(location, true)? {
-            Resolved::Local { grant, rel } => {
-                if rel.as_os_str().is_empty() {
-                    return Ok(());
-                }
-                grant.dir.create_dir_all(&rel).map_err(|e| io_error(location, e))?;
-                sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
-            }
-            Resolved::Memory { .. } => Ok(()),
+        let (grant, rel) = self.resolve(location, true)?;
+        if rel.as_os_str().is_empty() {
+            return Ok(());
         }
+        grant.dir.create_dir_all(&rel).map_err(|e| io_error(location, e))?;
+        sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
     }
 
     pub fn write_file(&self, location: &str, contents: &[u8], overwrite: bool) -> Result<(), IoError> {
-        match self.resolve(location, true)? {
-            Resolved::Local { grant, rel } => {
-                let name = rel.file_name().ok_or_else(|| IoError::Denied(format!("{location} names no file")))?;
-                if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    grant.dir.create_dir_all(parent).map_err(|e| io_error(location, e))?;
-                }
-                // Write a temporary sibling and move it into place, so that a
-                // reader never sees a partial file under the final name.
-                let tmp =
-                    rel.with_file_name(format!(".{}.tmp-{}-{}", name.to_string_lossy(), std::process::id(), unique()));
-                let result = (|| {
-                    let mut f = grant.dir.create(&tmp)?;
-                    f.write_all(contents)?;
-                    f.sync_all()?;
-                    if overwrite {
-                        grant.dir.rename(&tmp, &grant.dir, &rel)
-                    } else {
-                        // A hard link fails when the target exists: an atomic create-new.
-                        grant.dir.hard_link(&tmp, &grant.dir, &rel)?;
-                        grant.dir.remove_file(&tmp)
-                    }
-                })();
-                if result.is_err() {
-                    let _ = grant.dir.remove_file(&tmp);
-                }
-                result.map_err(|e| io_error(location, e))?;
-                sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
-            }
-            Resolved::Memory { key } => self.store.put(&key, contents.to_vec(), overwrite, location),
+        let (grant, rel) = self.resolve(location, true)?;
+        let name = rel.file_name().ok_or_else(|| IoError::Denied(format!("{location} names no file")))?;
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+            grant.dir.create_dir_all(parent).map_err(|e| io_error(location, e))?;
         }
+        // Write a temporary sibling and move it into place, so that a
+        // reader never sees a partial file under the final name.
+        let tmp = rel.with_file_name(format!(".{}.tmp-{}-{}", name.to_string_lossy(), std::process::id(), unique()));
+        let result = (|| {
+            let mut f = grant.dir.create(&tmp)?;
+            f.write_all(contents)?;
+            f.sync_all()?;
+            if overwrite {
+                grant.dir.rename(&tmp, &grant.dir, &rel)
+            } else {
+                // A hard link fails when the target exists: an atomic create-new.
+                grant.dir.hard_link(&tmp, &grant.dir, &rel)?;
+                grant.dir.remove_file(&tmp)
+            }
+        })();
+        if result.is_err() {
+            let _ = grant.dir.remove_file(&tmp);
+        }
+        result.map_err(|e| io_error(location, e))?;
+        sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
     }
 
     pub fn rename(&self, from: &str, to: &str) -> Result<(), IoError> {
-        let src = self.resolve(from, true)?;
-        let dst = self.resolve(to, true)?;
-        match (src, dst) {
-            (Resolved::Local { grant: g1, rel: r1 }, Resolved::Local { grant: g2, rel: r2 }) => {
-                if r1.as_os_str().is_empty() || r2.as_os_str().is_empty() {
-                    return Err(IoError::Denied(format!("cannot rename a granted root ({from} -> {to})")));
-                }
-                // Checked first: POSIX rename would silently replace a file.
-                // One committer per sink means no other writer races us here.
-                if g2.dir.try_exists(&r2).map_err(|e| io_error(to, e))? {
-                    return Err(IoError::AlreadyExists(to.to_string()));
-                }
-                g1.dir.rename(&r1, &g2.dir, &r2).map_err(|e| io_error(&format!("{from} -> {to}"), e))?;
-                sync_parent(&g2.dir, &r2).map_err(|e| io_error(to, e))?;
-                sync_parent(&g1.dir, &r1).map_err(|e| io_error(from, e))
-            }
-            (Resolved::Memory { key: k1 }, Resolved::Memory { key: k2 }) => self.store.rename(&k1, &k2, from, to),
-            _ => Err(IoError::Denied(format!("cannot rename between a memory and a local location ({from} -> {to})"))),
+        let (g1, r1) = self.resolve(from, true)?;
+        let (g2, r2) = self.resolve(to, true)?;
+        if r1.as_os_str().is_empty() || r2.as_os_str().is_empty() {
+            return Err(IoError::Denied(format!("cannot rename a granted root ({from} -> {to})")));
         }
+        // Checked first: POSIX rename would silently replace a file.
+        // One committer per sink means no other writer races us here.
+        if g2.dir.try_exists(&r2).map_err(|e| io_error(to, e))? {
+            return Err(IoError::AlreadyExists(to.to_string()));
+        }
+        g1.dir.rename(&r1, &g2.dir, &r2).map_err(|e| io_error(&format!("{from} -> {to}"), e))?;
+        sync_parent(&g2.dir, &r2).map_err(|e| io_error(to, e))?;
+        sync_parent(&g1.dir, &r1).map_err(|e| io_error(from, e))
     }
 
     pub fn delete(&self, location: &str) -> Result<(), IoError> {
-        match self.resolve(location, true)? {
-            Resolved::Local { grant, rel } => {
-                if rel.as_os_str().is_empty() {
-                    return Err(IoError::Denied(format!("cannot delete the granted root {location}")));
-                }
-                let meta = grant.dir.symlink_metadata(&rel).map_err(|e| io_error(location, e))?;
-                if meta.is_dir() { grant.dir.remove_dir_all(&rel) } else { grant.dir.remove_file(&rel) }
-                    .map_err(|e| io_error(location, e))?;
-                sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
-            }
-            Resolved::Memory { key } => self.store.delete(&key).ok_or_else(|| IoError::NotFound(location.to_string())),
+        let (grant, rel) = self.resolve(location, true)?;
+        if rel.as_os_str().is_empty() {
+            return Err(IoError::Denied(format!("cannot delete the granted root {location}")));
         }
+        let meta = grant.dir.symlink_metadata(&rel).map_err(|e| io_error(location, e))?;
+        if meta.is_dir() { grant.dir.remove_dir_all(&rel) } else { grant.dir.remove_file(&rel) }
+            .map_err(|e| io_error(location, e))?;
+        sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
     }
 
     fn create_output(&self, location: &str, overwrite: bool) -> Result<OutputFileHandle, IoError> {
-        match self.resolve(location, true)? {
-            Resolved::Local { grant, rel } => {
-                if rel.file_name().is_none() {
-                    return Err(IoError::Denied(format!("{location} names no file")));
-                }
-                if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    grant.dir.create_dir_all(parent).map_err(|e| io_error(location, e))?;
-                }
-                let mut opts = OpenOptions::new();
-                opts.write(true);
-                if overwrite {
-                    opts.create(true).truncate(true);
-                } else {
-                    opts.create_new(true);
-                }
-                let file = grant.dir.open_with(&rel, &opts).map_err(|e| io_error(location, e))?;
-                let parent = grant.dir.try_clone().map_err(|e| io_error(location, e))?;
-                Ok(OutputFileHandle {
-                    location: location.to_string(),
-                    target: OutputTarget::Local { file: Some(file), dir: parent, rel },
-                })
-            }
-            Resolved::Memory { key } => {
-                if !overwrite && self.store.exists(&key) {
-                    return Err(IoError::AlreadyExists(location.to_string()));
-                }
-                Ok(OutputFileHandle {
-                    location: location.to_string(),
-                    target: OutputTarget::Memory { key, buf: Vec::new(), overwrite, store: self.store.clone() },
-                })
-            }
+        let (grant, rel) = self.resolve(location, true)?;
+        if rel.file_name().is_none() {
+            return Err(IoError::Denied(format!("{location} names no file")));
         }
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+            grant.dir.create_dir_all(parent).map_err(|e| io_error(location, e))?;
+        }
+        let mut opts = OpenOptions::new();
+        opts.write(true);
+        if overwrite {
+            opts.create(true).truncate(true);
+        } else {
+            opts.create_new(true);
+        }
+        let file = grant.dir.open_with(&rel, &opts).map_err(|e| io_error(location, e))?;
+        let dir = grant.dir.try_clone().map_err(|e| io_error(location, e))?;
+        Ok(OutputFileHandle { location: location.to_string(), file: Some(file), dir, rel })
     }
 }
 
@@ -405,153 +291,79 @@ fn unique() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-impl MemoryStore {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
-        // A poisoned lock only means another instance panicked mid-operation;
-        // the map itself is always consistent (single inserts and removes).
-        self.files.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn is_under(key: &str, dir: &str) -> bool {
-        key.len() > dir.len() && key.starts_with(dir) && key.as_bytes()[dir.len()] == b'/'
-    }
-
-    fn exists(&self, key: &str) -> bool {
-        let files = self.lock();
-        files.contains_key(key) || files.keys().any(|k| Self::is_under(k, key))
-    }
-
-    fn stat(&self, key: &str) -> Option<FileStatus> {
-        let files = self.lock();
-        match files.get(key) {
-            Some(data) => Some(FileStatus { size: data.len() as u64, is_dir: false }),
-            None if files.keys().any(|k| Self::is_under(k, key)) => Some(FileStatus { size: 0, is_dir: true }),
-            None => None,
-        }
-    }
-
-    fn read(&self, key: &str, offset: u64, length: usize) -> Option<Vec<u8>> {
-        let files = self.lock();
-        let data = files.get(key)?;
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
-        let end = start.saturating_add(length).min(data.len());
-        Some(data[start..end].to_vec())
-    }
-
-    fn list(&self, key: &str) -> Option<Vec<String>> {
-        let files = self.lock();
-        let mut names: Vec<String> = files
-            .keys()
-            .filter(|k| Self::is_under(k, key))
-            .filter_map(|k| k[key.len() + 1..].split('/').next().map(str::to_string))
-            .collect();
-        names.dedup();
-        if names.is_empty() { None } else { Some(names) }
-    }
-
-    fn put(&self, key: &str, data: Vec<u8>, overwrite: bool, location: &str) -> Result<(), IoError> {
-        let mut files = self.lock();
-        if !overwrite && files.contains_key(key) {
-            return Err(IoError::AlreadyExists(location.to_string()));
-        }
-        files.insert(key.to_string(), data);
-        Ok(())
-    }
-
-    fn rename(&self, from: &str, to: &str, from_loc: &str, to_loc: &str) -> Result<(), IoError> {
-        let mut files = self.lock();
-        if files.contains_key(to) || files.keys().any(|k| Self::is_under(k, to)) {
-            return Err(IoError::AlreadyExists(to_loc.to_string()));
-        }
-        let moving: Vec<String> =
-            files.keys().filter(|k| k.as_str() == from || Self::is_under(k, from)).cloned().collect();
-        if moving.is_empty() {
-            return Err(IoError::NotFound(from_loc.to_string()));
-        }
-        for key in moving {
-            if let Some(data) = files.remove(&key) {
-                files.insert(format!("{to}{}", &key[from.len()..]), data);
-            }
-        }
-        Ok(())
-    }
-
-    fn delete(&self, key: &str) -> Option<()> {
-        let mut files = self.lock();
-        let doomed: Vec<String> =
-            files.keys().filter(|k| k.as_str() == key || Self::is_under(k, key)).cloned().collect();
-        if doomed.is_empty() {
-            return None;
-        }
-        for k in doomed {
-            files.remove(&k);
-        }
-        Some(())
-    }
-}
-
 /// An `output-file` resource held in the instance's resource table.
 pub struct OutputFileHandle {
     location: String,
-    target: OutputTarget,
-}
-
-enum OutputTarget {
-    Local { file: Option<cap_std::fs::File>, dir: Dir, rel: PathBuf },
-    Memory { key: String, buf: Vec<u8>, overwrite: bool, store: Arc<MemoryStore> },
+    /// `None` once finished.
+    file: Option<cap_std::fs::File>,
+    /// The grant's root and the file's path in it (to sync its directory).
+    dir: Dir,
+    rel: PathBuf,
 }
 
 impl OutputFileHandle {
     fn write(&mut self, data: &[u8]) -> Result<(), IoError> {
-        match &mut self.target {
-            OutputTarget::Local { file: Some(f), .. } => f.write_all(data).map_err(|e| io_error(&self.location, e)),
-            OutputTarget::Local { file: None, .. } => Err(other(&self.location, "already finished")),
-            OutputTarget::Memory { buf, .. } => {
-                buf.extend_from_slice(data);
-                Ok(())
-            }
+        match &mut self.file {
+            Some(f) => f.write_all(data).map_err(|e| io_error(&self.location, e)),
+            None => Err(other(&self.location, "already finished")),
         }
     }
 
     fn finish(&mut self) -> Result<(), IoError> {
-        match &mut self.target {
-            OutputTarget::Local { file, dir, rel } => {
-                let f = file.take().ok_or_else(|| other(&self.location, "already finished"))?;
-                f.sync_all().map_err(|e| io_error(&self.location, e))?;
-                drop(f);
-                sync_parent(dir, rel).map_err(|e| io_error(&self.location, e))
-            }
-            OutputTarget::Memory { key, buf, overwrite, store } => {
-                store.put(key, std::mem::take(buf), *overwrite, &self.location)
-            }
-        }
+        let f = self.file.take().ok_or_else(|| other(&self.location, "already finished"))?;
+        f.sync_all().map_err(|e| io_error(&self.location, e))?;
+        drop(f);
+        sync_parent(&self.dir, &self.rel).map_err(|e| io_error(&self.location, e))
     }
 }
 
-/// Per-instance view of the grants.
-pub struct FileIo {
+/// One instance's file access: the run's grants.
+pub struct FileIoCtx {
     pub grants: Arc<FileGrants>,
 }
 
-impl Host for HostState {
+/// What the `file-io` interface is linked through: the instance's grants,
+/// its resource table (output files) and its side-effect hook.
+pub struct FileIoView<'a> {
+    pub ctx: &'a FileIoCtx,
+    pub table: &'a mut ResourceTable,
+    pub effects: &'a mut Effects,
+}
+
+/// The `file-io` capability for wasmtime's linker ([`HasData`]).
+pub struct FileIo;
+
+impl HasData for FileIo {
+    type Data<'a> = FileIoView<'a>;
+}
+
+/// Links `file-io` into a linker whose store data grants capabilities.
+pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    wit::add_to_linker::<T, FileIo>(linker, |t| {
+        let (caps, table) = t.capabilities();
+        FileIoView { ctx: &caps.file_io, table, effects: &mut caps.effects }
+    })
+}
+
+impl Host for FileIoView<'_> {
     fn exists(&mut self, location: String) -> wasmtime::Result<Result<bool, IoError>> {
-        Ok(self.file_io.grants.exists(&location))
+        Ok(self.ctx.grants.exists(&location))
     }
 
     fn stat(&mut self, location: String) -> wasmtime::Result<Result<FileStatus, IoError>> {
-        Ok(self.file_io.grants.stat(&location))
+        Ok(self.ctx.grants.stat(&location))
     }
 
     fn read(&mut self, location: String, offset: u64, length: u64) -> wasmtime::Result<Result<Vec<u8>, IoError>> {
-        Ok(self.file_io.grants.read(&location, offset, length))
+        Ok(self.ctx.grants.read(&location, offset, length))
     }
 
     fn list_dir(&mut self, location: String) -> wasmtime::Result<Result<Vec<String>, IoError>> {
-        Ok(self.file_io.grants.list_dir(&location))
+        Ok(self.ctx.grants.list_dir(&location))
     }
 
     fn create_dir_all(&mut self, location: String) -> wasmtime::Result<Result<(), IoError>> {
-        Ok(self.file_io.grants.create_dir_all(&location))
+        Ok(self.ctx.grants.create_dir_all(&location))
     }
 
     fn write_file(
@@ -560,37 +372,37 @@ impl Host for HostState {
         contents: Vec<u8>,
         overwrite: bool,
     ) -> wasmtime::Result<Result<(), IoError>> {
-        let result = self.file_io.grants.write_file(&location, &contents, overwrite);
+        let result = self.ctx.grants.write_file(&location, &contents, overwrite);
         if result.is_ok() {
-            self.side_effect_done()?;
+            self.effects.done()?;
         }
         Ok(result)
     }
 
     fn rename(&mut self, from: String, to: String) -> wasmtime::Result<Result<(), IoError>> {
-        let result = self.file_io.grants.rename(&from, &to);
+        let result = self.ctx.grants.rename(&from, &to);
         if result.is_ok() {
-            self.side_effect_done()?;
+            self.effects.done()?;
         }
         Ok(result)
     }
 
     fn delete(&mut self, location: String) -> wasmtime::Result<Result<(), IoError>> {
-        let result = self.file_io.grants.delete(&location);
+        let result = self.ctx.grants.delete(&location);
         if result.is_ok() {
-            self.side_effect_done()?;
+            self.effects.done()?;
         }
         Ok(result)
     }
 }
 
-impl HostOutputFile for HostState {
+impl HostOutputFile for FileIoView<'_> {
     fn create(
         &mut self,
         location: String,
         overwrite: bool,
     ) -> wasmtime::Result<Result<Resource<OutputFileHandle>, IoError>> {
-        match self.file_io.grants.create_output(&location, overwrite) {
+        match self.ctx.grants.create_output(&location, overwrite) {
             Ok(handle) => Ok(Ok(self.table.push(handle)?)),
             Err(e) => Ok(Err(e)),
         }
@@ -603,7 +415,7 @@ impl HostOutputFile for HostState {
     fn finish(&mut self, this: Resource<OutputFileHandle>) -> wasmtime::Result<Result<(), IoError>> {
         let result = self.table.get_mut(&this)?.finish();
         if result.is_ok() {
-            self.side_effect_done()?;
+            self.effects.done()?;
         }
         Ok(result)
     }
@@ -621,7 +433,7 @@ mod tests {
     fn grants(base: &Path, rw: &[&str], ro: &[&str]) -> FileGrants {
         let rw: Vec<String> = rw.iter().map(|s| s.to_string()).collect();
         let ro: Vec<String> = ro.iter().map(|s| s.to_string()).collect();
-        FileGrants::new(base, &rw, &ro, Arc::default()).unwrap()
+        FileGrants::new(base, &rw, &ro).unwrap()
     }
 
     #[test]
@@ -640,6 +452,7 @@ mod tests {
         assert!(matches!(g.read("/etc/passwd", 0, 1), Err(IoError::Denied(_))));
         assert!(matches!(g.write_file("ro/x", b"x", false), Err(IoError::Denied(_))));
         assert!(matches!(g.read("s3://bucket/x", 0, 1), Err(IoError::Denied(_))));
+        assert!(matches!(g.read("memory://wh/x", 0, 1), Err(IoError::Denied(_))));
         // A symlink inside the grant cannot lead out of it.
         std::os::unix::fs::symlink(dir.path().join("secret"), dir.path().join("out/link")).unwrap();
         assert!(g.read("out/link", 0, 1).is_err());
@@ -657,18 +470,5 @@ mod tests {
         assert!(matches!(g.rename("out/s", "out/v"), Err(IoError::NotFound(_))));
         g.delete("out/u").unwrap();
         assert!(!g.exists("out/u").unwrap());
-    }
-
-    #[test]
-    fn memory_store_behaves_like_a_directory_tree() {
-        let dir = tempfile::tempdir().unwrap();
-        let g = grants(dir.path(), &["memory://wh"], &[]);
-        g.write_file("memory://wh/t/a.parquet", b"abc", false).unwrap();
-        assert!(g.exists("memory://wh/t").unwrap());
-        assert_eq!(g.list_dir("memory://wh").unwrap(), vec!["t"]);
-        assert_eq!(g.stat("memory://wh/t/a.parquet").unwrap().size, 3);
-        g.rename("memory://wh/t", "memory://wh/u").unwrap();
-        assert_eq!(g.read("memory://wh/u/a.parquet", 1, 10).unwrap(), b"bc");
-        assert!(matches!(g.read("memory://other/x", 0, 1), Err(IoError::Denied(_))));
     }
 }

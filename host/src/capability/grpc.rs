@@ -15,8 +15,8 @@
 //! - no call blocks forever: unary calls and `receive` carry a deadline.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut};
@@ -28,9 +28,11 @@ use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
-use crate::job::EndpointSpec;
-use crate::plugin::bindings::sluice::connector::grpc::{self as wit, GrpcError, Received};
-use crate::plugin::host_state::HostState;
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
+
+use super::{CapabilityHost, Effects};
+use crate::bindings::sluice::connector::grpc::{self as wit, GrpcError, Received};
+use crate::job::EndpointConfig;
 
 /// Largest message accepted from a server (BigQuery's own limit on a request
 /// is 10 MB; replies are far smaller).
@@ -41,18 +43,20 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 /// An endpoint that cannot be set up, named by its key in `[sink.grpc]`.
 #[derive(Debug, Error)]
 pub enum GrpcSetupError {
-    #[error("sink.grpc.{name}: address {address:?} is not a valid http:// or https:// URI: {message}")]
-    Address { name: String, address: String, message: String },
-    #[error("sink.grpc.{name}: the token environment variable {var} is not set")]
-    TokenEnv { name: String, var: String },
-    #[error("sink.grpc.{name}: cannot read the token file {path}: {source}")]
-    TokenFile { name: String, path: String, source: std::io::Error },
-    #[error("sink.grpc.{name}: the token is empty or not a valid header value")]
+    #[error("sink.grpc.{name}.address: {source}")]
+    Address {
+        name: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("sink.grpc.{name}: TLS setup failed: {source}")]
+    Tls {
+        name: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("sink.grpc.{name}: the token is not a valid header value")]
     TokenValue { name: String },
-    #[error("sink.grpc.{name}: set at most one of token_env and token_file")]
-    TwoTokens { name: String },
-    #[error("sink.grpc.{name}: TLS setup failed: {message}")]
-    Tls { name: String, message: String },
 }
 
 struct GrantedEndpoint {
@@ -75,34 +79,35 @@ impl std::fmt::Debug for GrpcGrant {
 }
 
 impl GrpcGrant {
-    /// Resolves the job file's endpoints: addresses, credentials, TLS.
+    /// Opens channels to the job's endpoints (validated by `Job::load`).
     /// Channels connect lazily, so an unreachable address surfaces on the
     /// first call, as UNAVAILABLE naming the endpoint.
-    pub fn open(specs: &BTreeMap<String, EndpointSpec>, base_dir: &Path) -> Result<Self, GrpcSetupError> {
+    pub fn open(configs: &BTreeMap<String, EndpointConfig>) -> Result<Self, GrpcSetupError> {
         let mut endpoints = BTreeMap::new();
-        for (name, spec) in specs {
-            let authorization = token(name, spec, base_dir)?;
-            let address_error = |message: String| GrpcSetupError::Address {
-                name: name.clone(),
-                address: spec.address.clone(),
-                message,
+        for (name, config) in configs {
+            let authorization = match &config.token {
+                None => None,
+                Some(token) => {
+                    let mut value: AsciiMetadataValue =
+                        MetadataValue::try_from(format!("Bearer {}", token.expose()))
+                            .map_err(|_| GrpcSetupError::TokenValue { name: name.clone() })?;
+                    value.set_sensitive(true);
+                    Some(value)
+                }
             };
-            let uri: tonic::transport::Uri = spec.address.parse().map_err(|e| address_error(format!("{e}")))?;
-            let scheme = uri.scheme_str().unwrap_or_default().to_string();
-            if scheme != "http" && scheme != "https" {
-                return Err(address_error("the scheme must be http or https".into()));
-            }
-            let mut endpoint =
-                Endpoint::from(uri).connect_timeout(Duration::from_millis(spec.connect_timeout_ms)).tcp_nodelay(true);
-            if scheme == "https" {
+            let mut endpoint = Endpoint::from_shared(config.address.clone())
+                .map_err(|source| GrpcSetupError::Address { name: name.clone(), source })?
+                .connect_timeout(config.connect_timeout)
+                .tcp_nodelay(true);
+            if config.tls {
                 endpoint = endpoint
                     .tls_config(ClientTlsConfig::new().with_native_roots())
-                    .map_err(|e| GrpcSetupError::Tls { name: name.clone(), message: e.to_string() })?;
+                    .map_err(|source| GrpcSetupError::Tls { name: name.clone(), source })?;
             }
             // `connect_lazy` spawns the channel's worker: it needs the runtime.
             let _guard = super::runtime().enter();
             let channel = endpoint.connect_lazy();
-            endpoints.insert(name.clone(), GrantedEndpoint { address: spec.address.clone(), channel, authorization });
+            endpoints.insert(name.clone(), GrantedEndpoint { address: config.address.clone(), channel, authorization });
         }
         Ok(Self { endpoints })
     }
@@ -221,32 +226,6 @@ impl GrpcGrant {
     }
 }
 
-fn token(name: &str, spec: &EndpointSpec, base_dir: &Path) -> Result<Option<AsciiMetadataValue>, GrpcSetupError> {
-    let raw = match (&spec.token_env, &spec.token_file) {
-        (Some(_), Some(_)) => return Err(GrpcSetupError::TwoTokens { name: name.to_string() }),
-        (None, None) => return Ok(None),
-        (Some(var), None) => {
-            std::env::var(var).map_err(|_| GrpcSetupError::TokenEnv { name: name.to_string(), var: var.clone() })?
-        }
-        (None, Some(file)) => {
-            let path = base_dir.join(file);
-            std::fs::read_to_string(&path).map_err(|source| GrpcSetupError::TokenFile {
-                name: name.to_string(),
-                path: path.display().to_string(),
-                source,
-            })?
-        }
-    };
-    let raw = raw.trim();
-    if raw.is_empty() {
-        return Err(GrpcSetupError::TokenValue { name: name.to_string() });
-    }
-    let mut value: AsciiMetadataValue = MetadataValue::try_from(format!("Bearer {raw}"))
-        .map_err(|_| GrpcSetupError::TokenValue { name: name.to_string() })?;
-    value.set_sensitive(true);
-    Ok(Some(value))
-}
-
 fn status(endpoint: &str, address: &str, s: Status) -> GrpcError {
     let code = s.code();
     let mut message = s.message().to_string();
@@ -357,7 +336,34 @@ fn no_grpc() -> GrpcError {
     GrpcError::Denied("this sink has no gRPC endpoints: name them in the job file's [sink.grpc.<name>]".to_string())
 }
 
-impl wit::Host for HostState {
+/// One instance's endpoints: the run's grant.
+pub struct GrpcCtx {
+    pub grpc: Arc<GrpcGrant>,
+}
+
+/// What the `grpc` interface is linked through: the endpoints, the resource
+/// table (streams) and the side-effect hook.
+pub struct GrpcView<'a> {
+    pub ctx: &'a GrpcCtx,
+    pub table: &'a mut ResourceTable,
+    pub effects: &'a mut Effects,
+}
+
+/// The `grpc` capability for wasmtime's linker.
+pub struct Grpc;
+
+impl HasData for Grpc {
+    type Data<'a> = GrpcView<'a>;
+}
+
+pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    wit::add_to_linker::<T, Grpc>(linker, |t| {
+        let (caps, table) = t.capabilities();
+        GrpcView { ctx: &caps.grpc, table, effects: &mut caps.effects }
+    })
+}
+
+impl wit::Host for GrpcView<'_> {
     fn unary(
         &mut self,
         endpoint: String,
@@ -365,50 +371,42 @@ impl wit::Host for HostState {
         request: Vec<u8>,
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<Vec<u8>, GrpcError>> {
-        if self.grpc.is_empty() {
+        if self.ctx.grpc.is_empty() {
             return Ok(Err(no_grpc()));
         }
-        let result = self.grpc.unary(&endpoint, &method, request, Duration::from_millis(u64::from(timeout_ms)));
+        let result = self.ctx.grpc.unary(&endpoint, &method, request, Duration::from_millis(u64::from(timeout_ms)));
         if result.is_ok() {
             // A crash "during commit" happens right after the call's effect.
-            self.side_effect_done()?;
+            self.effects.done()?;
         }
         Ok(result)
     }
 }
 
-impl wit::HostBidiStream for HostState {
-    fn open(
-        &mut self,
-        endpoint: String,
-        method: String,
-    ) -> wasmtime::Result<Result<wasmtime::component::Resource<BidiStream>, GrpcError>> {
-        if self.grpc.is_empty() {
+impl wit::HostBidiStream for GrpcView<'_> {
+    fn open(&mut self, endpoint: String, method: String) -> wasmtime::Result<Result<Resource<BidiStream>, GrpcError>> {
+        if self.ctx.grpc.is_empty() {
             return Ok(Err(no_grpc()));
         }
-        match self.grpc.open_stream(&endpoint, &method) {
+        match self.ctx.grpc.open_stream(&endpoint, &method) {
             Ok(stream) => Ok(Ok(self.table.push(stream)?)),
             Err(e) => Ok(Err(e)),
         }
     }
 
-    fn send(
-        &mut self,
-        stream: wasmtime::component::Resource<BidiStream>,
-        message: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), GrpcError>> {
+    fn send(&mut self, stream: Resource<BidiStream>, message: Vec<u8>) -> wasmtime::Result<Result<(), GrpcError>> {
         Ok(self.table.get_mut(&stream)?.send(message))
     }
 
     fn receive(
         &mut self,
-        stream: wasmtime::component::Resource<BidiStream>,
+        stream: Resource<BidiStream>,
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<Received, GrpcError>> {
         Ok(self.table.get_mut(&stream)?.receive(Duration::from_millis(u64::from(timeout_ms))))
     }
 
-    fn drop(&mut self, stream: wasmtime::component::Resource<BidiStream>) -> wasmtime::Result<()> {
+    fn drop(&mut self, stream: Resource<BidiStream>) -> wasmtime::Result<()> {
         self.table.delete(stream)?;
         Ok(())
     }

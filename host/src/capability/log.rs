@@ -1,13 +1,56 @@
 //! The `log` capability: plugin log lines become host `tracing` events tagged
-//! with the plugin's name and the instance.
+//! with the plugin's name and the instance. Always granted.
 
-use crate::plugin::bindings::sluice::connector::log::{Host, Level};
-use crate::plugin::host_state::HostState;
+use std::sync::Arc;
 
-impl Host for HostState {
+use wasmtime::component::{HasData, Linker};
+
+use super::CapabilityHost;
+use crate::bindings::sluice::connector::log::{self as wit, Host, Level};
+use crate::bindings::sluice::connector::types;
+
+/// Names an instance in logs and errors: `files` / `writer[2]`.
+#[derive(Debug, Clone)]
+pub struct InstanceTag {
+    pub plugin: Arc<str>,
+    pub instance: Arc<str>,
+}
+
+/// One instance's log: who it is.
+pub struct LogCtx {
+    pub tag: InstanceTag,
+}
+
+/// What the `log` interface is linked through.
+pub struct LogView<'a> {
+    pub ctx: &'a LogCtx,
+}
+
+/// The `log` capability for wasmtime's linker.
+pub struct Log;
+
+impl HasData for Log {
+    type Data<'a> = LogView<'a>;
+}
+
+/// The contract's shared `types` interface: no functions, nothing to hold.
+struct Types;
+
+impl HasData for Types {
+    type Data<'a> = ();
+}
+
+impl types::Host for () {}
+
+pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    types::add_to_linker::<T, Types>(linker, |_| ())?;
+    wit::add_to_linker::<T, Log>(linker, |t| LogView { ctx: &t.capabilities().0.log })
+}
+
+impl Host for LogView<'_> {
     fn log(&mut self, level: Level, message: String) {
-        let plugin = &*self.tag.plugin;
-        let instance = &*self.tag.instance;
+        let plugin = &*self.ctx.tag.plugin;
+        let instance = &*self.ctx.tag.instance;
         match level {
             Level::Trace => tracing::trace!(target: "sluice::plugin", plugin, instance, "{message}"),
             Level::Debug => tracing::debug!(target: "sluice::plugin", plugin, instance, "{message}"),
@@ -17,5 +60,3 @@ impl Host for HostState {
         }
     }
 }
-
-impl crate::plugin::bindings::sluice::connector::types::Host for HostState {}

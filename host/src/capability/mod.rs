@@ -5,6 +5,23 @@
 //! through `file_io`, confined to the granted locations, tables through
 //! `catalog`, the one catalog the job configures, and remote services through
 //! `grpc`, to the endpoint names the job maps to addresses.
+//!
+//! Each capability is a room of its own, the way wasmtime-wasi builds
+//! `wasi:clocks` or `wasi:filesystem`. Its module owns:
+//! - the grant a run's instances share (built from the job file);
+//! - the per-instance state, `XCtx`, kept in [`InstanceCaps`];
+//! - a view, `XView<'a>`: the state with the store's `ResourceTable` and the
+//!   [`Effects`] hook. The WIT interface's `Host` trait is implemented on the
+//!   view, never on the store's data type;
+//! - a marker type implementing wasmtime's `HasData` with that view, and
+//!   `add_to_linker`, which links the interface through it.
+//!
+//! A capability knows neither `plugin/` nor the store's data type: the store
+//! data only implements [`CapabilityHost`]. To add a capability:
+//! 1. write its WIT interface and map its resources in `crate::bindings`;
+//! 2. write its module here (grant, `XCtx`, `XView`, `Host` impl, `add_to_linker`)
+//!    and give [`InstanceCaps`] its `XCtx`;
+//! 3. add its one line to [`add_to_linker`] below.
 
 pub mod catalog;
 #[cfg(feature = "fault-injection")]
@@ -16,9 +33,13 @@ pub mod log;
 
 use std::sync::{Arc, OnceLock};
 
-use catalog::CatalogGrant;
-use file_io::FileGrants;
-use grpc::GrpcGrant;
+use wasmtime::component::{Linker, ResourceTable};
+
+use catalog::{CatalogCtx, CatalogGrant};
+use file_io::{FileGrants, FileIoCtx};
+use grpc::{GrpcCtx, GrpcGrant};
+pub use log::InstanceTag;
+use log::LogCtx;
 
 /// Everything one plugin may use in a run, shared by its instances.
 #[derive(Debug, Clone)]
@@ -39,6 +60,58 @@ impl Granted {
             parts.push(self.grpc.describe());
         }
         parts.join("; ")
+    }
+
+    /// The capabilities of one instance, named by `tag`.
+    pub fn for_instance(&self, tag: InstanceTag) -> InstanceCaps {
+        InstanceCaps {
+            log: LogCtx { tag },
+            file_io: FileIoCtx { grants: self.files.clone() },
+            catalog: CatalogCtx { catalog: self.catalog.clone() },
+            grpc: GrpcCtx { grpc: self.grpc.clone() },
+            effects: Effects::default(),
+        }
+    }
+}
+
+/// The per-instance state of every capability, kept in the store's data.
+pub struct InstanceCaps {
+    pub log: LogCtx,
+    pub file_io: FileIoCtx,
+    pub catalog: CatalogCtx,
+    pub grpc: GrpcCtx,
+    pub effects: Effects,
+}
+
+/// The store data of an instance that capabilities are linked into.
+pub trait CapabilityHost: Send + 'static {
+    /// The instance's capabilities and its resource table.
+    fn capabilities(&mut self) -> (&mut InstanceCaps, &mut ResourceTable);
+}
+
+/// Links every capability into `linker`: one line per capability.
+pub fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    log::add_to_linker(linker)?;
+    file_io::add_to_linker(linker)?;
+    catalog::add_to_linker(linker)?;
+    grpc::add_to_linker(linker)?;
+    Ok(())
+}
+
+/// Told by a capability right after an operation had an effect outside the
+/// sandbox (a file written, renamed or deleted, a catalog commit, a gRPC
+/// call). A test may crash the plugin call there (feature `fault-injection`).
+#[derive(Debug, Default)]
+pub struct Effects {
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fault: crate::fault::SideEffectFault,
+}
+
+impl Effects {
+    pub(crate) fn done(&mut self) -> wasmtime::Result<()> {
+        #[cfg(feature = "fault-injection")]
+        self.fault.after_side_effect()?;
+        Ok(())
     }
 }
 

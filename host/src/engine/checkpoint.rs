@@ -392,7 +392,7 @@ fn older_hint(ids: &[u64]) -> String {
 pub fn encode(record: &CheckpointRecord) -> Result<Vec<u8>, CheckpointError> {
     let body = serde_json::to_vec_pretty(record)
         .map_err(|source| CheckpointError::Encode { checkpoint: record.checkpoint, source })?;
-    let digest = hex(&Sha256::digest(&body));
+    let digest = format!("{:x}", Sha256::digest(&body));
     let mut out = format!("{MAGIC} v{FORMAT_VERSION} len={} sha256={digest}\n", body.len()).into_bytes();
     out.extend_from_slice(&body);
     Ok(out)
@@ -416,14 +416,10 @@ pub fn decode(bytes: &[u8]) -> Result<CheckpointRecord, String> {
     if body.len() != len {
         return Err(format!("truncated: body has {} bytes, header says {len}", body.len()));
     }
-    if hex(&Sha256::digest(body)) != sum {
+    if format!("{:x}", Sha256::digest(body)) != sum {
         return Err("checksum mismatch".to_string());
     }
     serde_json::from_slice(body).map_err(|e| format!("body is not a valid record: {e}"))
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -504,7 +500,7 @@ mod tests {
         old.as_object_mut().unwrap().remove("dropped");
         old["pending"][0].as_object_mut().unwrap().remove("rows");
         let body = serde_json::to_vec(&old).unwrap();
-        let digest = hex(&Sha256::digest(&body));
+        let digest = format!("{:x}", Sha256::digest(&body));
         let mut bytes = format!("{MAGIC} v{FORMAT_VERSION} len={} sha256={digest}\n", body.len()).into_bytes();
         bytes.extend_from_slice(&body);
         let decoded = decode(&bytes).unwrap();

@@ -18,19 +18,20 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use sluice_retry::{Failed, Policy};
+
 use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, DroppedCommit, Incarnation, PendingCommit, SubtaskRecord, now_ms,
 };
 use super::subtask::{Command, Reply, RoundReport, SubtaskHandle, SubtaskSetup};
-use super::{EngineError, RunOptions, backoff, crash_point};
+use super::{EngineError, RunOptions, crash_point};
+use crate::bindings::{CommitOutcome, PluginInfo};
 use crate::capability::Granted;
 use crate::capability::catalog::CatalogGrant;
-use crate::capability::file_io::{FileGrants, MemoryStore};
+use crate::capability::file_io::FileGrants;
 use crate::capability::grpc::GrpcGrant;
 use crate::ipc;
-use crate::job::CatalogKind;
-use crate::job::{Job, JobError};
-use crate::plugin::bindings::{CommitOutcome, PluginInfo};
+use crate::job::{CatalogConfig, Job, JobError};
 use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost, SinkCtx, SinkErrorKind, reserved};
 use crate::progress::Progress;
 use crate::source::Source;
@@ -168,39 +169,15 @@ fn limits(job: &Job) -> Limits {
 fn grants(job: &Job, #[allow(unused_variables)] opts: &RunOptions) -> Result<Granted, EngineError> {
     let g = &job.spec.sink.grants;
     let mut locations = g.locations.clone();
-    let catalog = match &job.spec.sink.catalog {
+    let catalog = match &job.catalog {
         None => None,
-        Some(spec) => {
-            let warehouse = job.resolve(&spec.warehouse);
+        Some(config) => {
             // The tables' files live in the warehouse: the plugin writes them.
-            locations.push(warehouse.to_string_lossy().into_owned());
-            let catalog = match spec.kind {
-                CatalogKind::Sql => {
-                    let Some(database) = &spec.database else {
-                        return Err(EngineError::Catalog("kind = \"sql\" needs `database` (the SQLite file)".into()));
-                    };
-                    CatalogGrant::open_sql(&spec.name, &job.resolve(database), &warehouse)
-                        .map_err(|e| EngineError::Catalog(e.to_string()))?
-                }
-                CatalogKind::Rest => {
-                    if spec.database.is_some() {
-                        return Err(EngineError::Catalog(
-                            "kind = \"rest\" takes no `database` (that is the SQLite catalog's file)".into(),
-                        ));
-                    }
-                    let Some(uri) = &spec.uri else {
-                        return Err(EngineError::Catalog(
-                            "kind = \"rest\" needs `uri` (the catalog's base URI)".into(),
-                        ));
-                    };
-                    let token = match &spec.token_env {
-                        None => None,
-                        Some(var) => Some(std::env::var(var).map_err(|_| {
-                            EngineError::Catalog(format!("token_env: the environment variable {var} is not set"))
-                        })?),
-                    };
-                    CatalogGrant::open_rest(&spec.name, uri, &warehouse, token)
-                        .map_err(|e| EngineError::Catalog(e.to_string()))?
+            locations.push(config.warehouse().to_string_lossy().into_owned());
+            let catalog = match config {
+                CatalogConfig::Sql { name, database, warehouse } => CatalogGrant::open_sql(name, database, warehouse)?,
+                CatalogConfig::Rest { name, uri, warehouse, token } => {
+                    CatalogGrant::open_rest(name, uri, warehouse, token.as_ref().map(|t| t.expose().to_string()))?
                 }
             };
             #[cfg(feature = "fault-injection")]
@@ -211,8 +188,8 @@ fn grants(job: &Job, #[allow(unused_variables)] opts: &RunOptions) -> Result<Gra
             Some(Arc::new(catalog))
         }
     };
-    let files = FileGrants::new(&job.base_dir, &locations, &g.read_locations, Arc::new(MemoryStore::default()))?;
-    let grpc = GrpcGrant::open(&job.spec.sink.grpc, &job.base_dir).map_err(|e| EngineError::Grpc(e.to_string()))?;
+    let files = FileGrants::new(&job.base_dir, &locations, &g.read_locations)?;
+    let grpc = GrpcGrant::open(&job.endpoints)?;
     Ok(Granted { files: Arc::new(files), catalog, grpc: Arc::new(grpc) })
 }
 
@@ -288,11 +265,10 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
             None => (Incarnation::generate().map(|i| i.id).unwrap_or_default(), true),
         };
         let options = plugin_options(job, &plugin, &incarnation, refuse);
-        let result =
-            ipc::encode_schema(&source.schema()).map_err(|e| EngineError::Ipc(e.to_string())).and_then(|schema| {
-                let mut inst = plugin.instantiate("check", &grants, limits(job))?;
-                inst.validate(&options, &schema).map_err(EngineError::from)
-            });
+        let result = ipc::encode_schema(&source.schema()).map_err(EngineError::from).and_then(|schema| {
+            let mut inst = plugin.instantiate("check", &grants, limits(job))?;
+            inst.validate(&options, &schema).map_err(EngineError::from)
+        });
         match result {
             Ok(()) => report.passed.push("the plugin accepts the options and the source schema".to_string()),
             Err(e) => report.problems.push(e.to_string()),
@@ -438,7 +414,7 @@ impl<'a> Coordinator<'a> {
         }
         warn_about_incarnation_support(job, &plugin, &incarnation, new_incarnation && !opts.new_incarnation);
         let source = Arc::new(Source::open(&spec.source, parallelism)?);
-        let schema_ipc = ipc::encode_schema(&source.schema()).map_err(|e| EngineError::Ipc(e.to_string()))?;
+        let schema_ipc = ipc::encode_schema(&source.schema())?;
         let grants = grants(job, opts)?;
         let options = plugin_options(job, &plugin, &incarnation.id, new_incarnation && !opts.new_incarnation);
         let ctx = sink_ctx(job, 0, attempt);
@@ -657,38 +633,41 @@ impl<'a> Coordinator<'a> {
     /// Commits one checkpoint, retrying `retryable` answers with backoff
     /// (job.commit: the host owns commit retries).
     fn commit_one(&mut self, p: &PendingCommit, live: bool) -> Result<CommitOutcome, EngineError> {
-        let policy = &self.job.spec.job.commit;
-        let initial = Duration::from_millis(policy.initial_backoff_ms);
-        let max = Duration::from_millis(policy.max_backoff_ms);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let result = self.commit_call(p, live);
-            match result {
-                Ok(CommitOutcome::AlreadyCommitted) if live && attempt == 1 && p.checkpoint >= self.first => {
-                    return Err(self.key_reused(p.checkpoint));
+        let spec = &self.job.spec.job.commit;
+        let policy = Policy {
+            attempts: spec.max_attempts,
+            initial: Duration::from_millis(spec.initial_backoff_ms),
+            max: Duration::from_millis(spec.max_backoff_ms),
+        };
+        let retryable =
+            |e: &EngineError| matches!(e, EngineError::Plugin(pe) if pe.sink_kind() == Some(SinkErrorKind::Retryable));
+        let first = self.first;
+        let result = policy.run(
+            |attempt| match self.commit_call(p, live) {
+                // This run's own checkpoint, found committed before this run ever committed it.
+                Ok(CommitOutcome::AlreadyCommitted) if live && attempt == 1 && p.checkpoint >= first => {
+                    Err(self.key_reused(p.checkpoint))
                 }
-                Ok(outcome) => {
-                    if outcome == CommitOutcome::AlreadyCommitted {
-                        tracing::info!(checkpoint = p.checkpoint, "checkpoint was already committed");
-                    }
-                    return Ok(outcome);
+                other => other,
+            },
+            retryable,
+            |e, attempt, wait| {
+                tracing::warn!(checkpoint = p.checkpoint, attempt, wait_ms = wait.as_millis() as u64, error = %e, "commit failed; retrying");
+            },
+        );
+        match result {
+            Ok(outcome) => {
+                if outcome == CommitOutcome::AlreadyCommitted {
+                    tracing::info!(checkpoint = p.checkpoint, "checkpoint was already committed");
                 }
-                Err(e) if e.is_injected_crash() => return Err(e),
-                Err(EngineError::Plugin(e)) if e.sink_kind() == Some(SinkErrorKind::Retryable) => {
-                    if attempt >= policy.max_attempts {
-                        return Err(EngineError::CommitExhausted {
-                            checkpoint: p.checkpoint,
-                            attempts: attempt,
-                            last: e,
-                        });
-                    }
-                    let wait = backoff(attempt, initial, max);
-                    tracing::warn!(checkpoint = p.checkpoint, attempt, wait_ms = wait.as_millis() as u64, error = %e, "commit failed; retrying");
-                    std::thread::sleep(wait);
-                }
-                Err(e) => return Err(e),
+                Ok(outcome)
             }
+            Err(Failed { error: EngineError::Plugin(last), attempts })
+                if last.sink_kind() == Some(SinkErrorKind::Retryable) =>
+            {
+                Err(EngineError::CommitExhausted { checkpoint: p.checkpoint, attempts, last })
+            }
+            Err(Failed { error, .. }) => Err(error),
         }
     }
 

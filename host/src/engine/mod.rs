@@ -23,13 +23,14 @@ pub mod state;
 mod subtask;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use thiserror::Error;
 
 pub use coordinator::{CheckReport, RunSummary, check, run};
 
+use crate::capability::catalog::CatalogSetupError;
 use crate::capability::file_io::GrantError;
+use crate::capability::grpc::GrpcSetupError;
 use crate::job::JobError;
 use crate::plugin::PluginError;
 use crate::progress::ProgressMode;
@@ -55,7 +56,7 @@ pub struct RunOptions {
     pub catalog_faults: Vec<(u64, crate::fault::CommitFault)>,
     /// Latency added to every catalog commit (benchmarks).
     #[cfg(feature = "fault-injection")]
-    pub catalog_latency: Duration,
+    pub catalog_latency: std::time::Duration,
 }
 
 impl RunOptions {
@@ -95,9 +96,9 @@ pub enum EngineError {
     #[error(transparent)]
     Source(#[from] SourceError),
     #[error("job file: key `sink.catalog`: {0}")]
-    Catalog(String),
+    Catalog(#[from] CatalogSetupError),
     #[error("job file: {0}")]
-    Grpc(String),
+    Grpc(#[from] GrpcSetupError),
     #[error("job file: key `sink.grants`: {0}")]
     Grant(#[from] GrantError),
     #[error(
@@ -142,11 +143,9 @@ pub enum EngineError {
     #[error("subtask {0} stopped unexpectedly")]
     SubtaskLost(u32),
     #[error("cannot start a thread: {0}")]
-    Thread(String),
+    Thread(#[source] std::io::Error),
     #[error("encoding rows as Arrow IPC: {0}")]
-    Ipc(String),
-    #[error("the job's state directory {0} cannot be used: {1}")]
-    StateDir(PathBuf, String),
+    Ipc(#[from] arrow_schema::ArrowError),
 }
 
 impl EngineError {
@@ -160,14 +159,4 @@ impl EngineError {
             _ => false,
         }
     }
-}
-
-/// Exponential backoff with full jitter: a random wait in `[0, cap]`, where
-/// `cap` doubles per attempt up to `max`.
-pub(crate) fn backoff(attempt: u32, initial: Duration, max: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let cap = initial.saturating_mul(1u32 << attempt.min(16)).min(max);
-    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    let fraction = (random % 10_000) as f64 / 10_000.0;
-    cap.mul_f64(fraction)
 }

@@ -75,7 +75,7 @@ impl SubtaskHandle {
         let thread = std::thread::Builder::new()
             .name(format!("sluice-subtask-{subtask}"))
             .spawn(move || run(setup, cmd_rx, reply_tx))
-            .map_err(|e| EngineError::Thread(e.to_string()))?;
+            .map_err(EngineError::Thread)?;
         Ok(Self { subtask, tx, rx, thread: Some(thread) })
     }
 
@@ -190,7 +190,7 @@ impl Subtask {
                 break;
             };
             let n = batch.num_rows() as u64;
-            let bytes = ipc::encode_batch(&batch).map_err(|e| EngineError::Ipc(e.to_string()))?;
+            let bytes = ipc::encode_batch(&batch)?;
             self.writer.write(&bytes)?;
             rows_in_round += n;
             self.rows_total += n;

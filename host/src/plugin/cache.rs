@@ -18,7 +18,6 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use crate::engine::checkpoint::hex;
 use crate::plugin::PluginError;
 
 /// Where a loaded component came from.
@@ -74,7 +73,7 @@ impl ComponentCache {
         let mut hasher = ShaHasher(Sha256::new());
         hasher.write(bytes);
         engine.precompile_compatibility_hash().hash(&mut hasher);
-        hex(&hasher.0.finalize())
+        format!("{:x}", hasher.0.finalize())
     }
 
     /// Loads the component at `path`, from the cache when possible.

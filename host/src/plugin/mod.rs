@@ -8,7 +8,6 @@
 //! - an instance gets only what the job grants (see `capability`); WASI gives
 //!   it clocks, randomness and captured stdout/stderr, nothing else.
 
-pub mod bindings;
 pub mod cache;
 pub mod host_state;
 pub mod reserved;
@@ -23,11 +22,11 @@ use wasmtime::component::{Component, Linker, ResourceAny, ResourceTable};
 use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::WasiCtx;
 
-use crate::capability::Granted;
-use crate::capability::file_io::{FileGrants, FileIo};
-use bindings::{CommitOutcome, PluginInfo, SinkError, SinkPlugin, SinkPluginPre};
+use crate::bindings::{self, CommitOutcome, PluginInfo, SinkError, SinkPlugin, SinkPluginPre};
+use crate::capability::file_io::FileGrants;
+use crate::capability::{self, Granted, InstanceTag};
 pub use cache::{ComponentCache, LoadedFrom};
-use host_state::{HostState, InstanceTag};
+use host_state::HostState;
 use sandbox::{EpochTicker, GuestOutput, MemoryCap, TrapCause};
 
 /// The world every plugin of contract 0.1 implements.
@@ -158,8 +157,7 @@ impl PluginHost {
         let engine = Engine::new(&config).map_err(|e| PluginError::Setup(format!("{e:#}")))?;
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| PluginError::Setup(format!("{e:#}")))?;
-        SinkPlugin::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |s| s)
-            .map_err(|e| PluginError::Setup(format!("{e:#}")))?;
+        capability::add_to_linker(&mut linker).map_err(|e| PluginError::Setup(format!("{e:#}")))?;
         let ticker = EpochTicker::start(&engine).map_err(|e| PluginError::Setup(format!("epoch thread: {e}")))?;
         Ok(Self { engine, linker, cache: ComponentCache::new(cache_dir), _ticker: ticker })
     }
@@ -202,10 +200,7 @@ impl PluginHost {
         };
         let limits = Limits { call_timeout: Duration::from_secs(30), memory_mb: 256 };
         let no_grants = Granted {
-            files: Arc::new(
-                FileGrants::new(Path::new("/"), &[], &[], Arc::default())
-                    .map_err(|e| PluginError::Setup(e.to_string()))?,
-            ),
+            files: Arc::new(FileGrants::new(Path::new("/"), &[], &[]).map_err(|e| PluginError::Setup(e.to_string()))?),
             catalog: None,
             grpc: Arc::default(),
         };
@@ -259,12 +254,7 @@ impl Plugin {
             wasi: wasi.build(),
             table: ResourceTable::new(),
             limits: MemoryCap::new(limits.memory_mb),
-            tag: tag.clone(),
-            file_io: FileIo { grants: grants.files.clone() },
-            catalog: grants.catalog.clone(),
-            grpc: grants.grpc.clone(),
-            #[cfg(feature = "fault-injection")]
-            fault: Default::default(),
+            caps: grants.for_instance(tag.clone()),
             stderr,
         };
         let mut store = Store::new(&self.engine, state);
@@ -356,7 +346,7 @@ impl Instance {
     /// Arms the test-only crash after the next side effect of a call.
     #[cfg(feature = "fault-injection")]
     pub fn arm_crash_after_side_effect(&mut self, armed: bool) {
-        self.store.data_mut().fault.arm(armed);
+        self.store.data_mut().caps.effects.fault.arm(armed);
     }
 
     pub fn tag(&self) -> &InstanceTag {

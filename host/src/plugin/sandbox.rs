@@ -19,7 +19,7 @@ use std::time::Duration;
 use wasmtime::{Engine, ResourceLimiter, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
-use crate::plugin::host_state::InstanceTag;
+use crate::capability::InstanceTag;
 
 /// Length of one epoch tick.
 pub const TICK: Duration = Duration::from_millis(10);
