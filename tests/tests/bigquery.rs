@@ -338,7 +338,7 @@ fn check_reports_each_problem_in_one_line() {
         (&["--set", &https], Some("received corrupt message of type InvalidContentType")),
         (
             &["--set", "sink.grpc.bigquery.token_env=SLUICE_TEST_NO_SUCH_VAR"],
-            Some("sink.grpc.bigquery: the token environment variable SLUICE_TEST_NO_SUCH_VAR is not set"),
+            Some("key `sink.grpc.bigquery.token_env`: the environment variable SLUICE_TEST_NO_SUCH_VAR is not set"),
         ),
         (
             &["--set", "sink.options.table=projects/p/datasets/d/tables/nope"],
@@ -402,4 +402,42 @@ fn the_table_schema_option_stands_in_for_a_stream_without_one() {
     assert!(err.contains("column `day`") && err.contains("STRING"), "{err}");
     job.run_with(&[&format!("sink.options.table_schema='{schema}'")], None).expect("run");
     assert_exactly_once_range(&bigquery_rows(&d.visible_rows(TABLE)), 0, 1000);
+}
+
+/// The `proto` row format (ProtoRows, for services that take no Arrow; the
+/// rest of this suite runs the default, `arrow`): every row once and exactly
+/// the source's values, through a crash, lost replies and a rebatched replay.
+#[test]
+fn proto_rows_land_every_row_once() {
+    let proto = "sink.options.format=proto";
+    let d = double();
+    let first = job("bq-proto", &d);
+    let summary = first.run_with(&[proto], None).expect("run");
+    assert_eq!(summary.rows_total, ROWS);
+    assert_landed_once(&d);
+
+    let d = double();
+    d.inject(Rpc::Append, 3, BqFault::ApplyThenDropReply);
+    d.inject(Rpc::FlushRows, 2, BqFault::ApplyThenDropReply);
+    let job = job("bq-proto-crash", &d);
+    let fault = Fault { point: CrashPoint::AfterSnapshotState, checkpoint: 2, subtask: 1 };
+    job.run_with(&[proto], Some(fault)).expect_err("crash");
+    // The replay is cut into other batches and requests of at most 16 KB.
+    job.run_with(&[proto, "source.batch_rows=333", "sink.options.max_request_bytes=16384"], None).expect("recovers");
+    assert_landed_once(&d);
+    assert!(d.stats().already_exists >= 1, "the lost append reply was answered ALREADY_EXISTS on resend");
+}
+
+/// Proto rows are checked against the table like Arrow rows: a column the
+/// table types differently is refused before any row, naming it.
+#[test]
+fn proto_rows_meet_the_same_schema_checks() {
+    let d = BigQueryDouble::start().expect("double");
+    let mut schema = generator_schema();
+    schema.fields[2].r#type = Type::String as i32; // price: FLOAT64 -> STRING
+    d.create_table(TABLE, schema);
+    let job = job("bq-proto-mismatch", &d);
+    let err = job.run_with(&["sink.options.format=proto"], None).expect_err("mismatch").to_string();
+    assert!(err.contains("column `price`") && err.contains("STRING"), "{err}");
+    assert_eq!(d.stats().rows_appended, 0);
 }

@@ -2,8 +2,11 @@
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::TableSchema;
 use sluice_guest_sdk::incarnation::{self, Incarnation};
+use std::time::Duration;
+
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
+use sluice_retry::Policy;
 
 pub(crate) fn option_specs() -> Vec<OptionSpec> {
     vec![
@@ -32,6 +35,12 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             None,
         ),
+        option_spec(
+            "format",
+            "How rows cross to the API: `arrow` (arrow_rows: the batches as Arrow IPC) or `proto` (ProtoRows, for services that take no Arrow)",
+            false,
+            Some("arrow"),
+        ),
         option_spec("rpc_timeout_ms", "How long to wait for a reply to one request", false, Some("60000")),
         option_spec(
             "attempts",
@@ -39,7 +48,12 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("6"),
         ),
-        option_spec("backoff_ms", "First wait between tries; doubles each time", false, Some("100")),
+        option_spec(
+            "backoff_ms",
+            "First wait between tries; doubles each time (up to 10 s), with jitter",
+            false,
+            Some("100"),
+        ),
         // Only the id: write streams are the sink's idempotence keys, and the
         // service names a new one for every writer that opens, so keys never
         // repeat across incarnations; a table keeps no record of checkpoints
@@ -62,6 +76,16 @@ pub(crate) struct Config {
     pub attempts: u32,
     pub backoff_ms: u64,
     pub incarnation: Incarnation,
+    pub format: RowFormat,
+}
+
+/// How rows cross to the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowFormat {
+    /// `proto_rows`: rows encoded as protobuf messages of a writer schema.
+    Proto,
+    /// `arrow_rows`: the batches themselves, as Arrow IPC.
+    Arrow,
 }
 
 impl Config {
@@ -101,7 +125,15 @@ impl Config {
                     .map_err(|e| error::config(format!("option `table_schema`: {e}")))?,
             ),
         };
+        let format = match o.required("format")? {
+            "proto" => RowFormat::Proto,
+            "arrow" => RowFormat::Arrow,
+            other => {
+                return Err(error::config(format!("option `format` = {other:?} must be `proto` or `arrow`")));
+            }
+        };
         Ok(Self {
+            format,
             incarnation: Incarnation::from_options(&o)?,
             table_schema,
             max_inflight,
@@ -112,6 +144,15 @@ impl Config {
             attempts,
             backoff_ms: o.parsed("backoff_ms")?.unwrap_or(100),
         })
+    }
+
+    /// How appends and stream creations are retried on transient failures.
+    pub fn retry(&self) -> Policy {
+        Policy {
+            attempts: self.attempts,
+            initial: Duration::from_millis(self.backoff_ms),
+            max: Duration::from_secs(10),
+        }
     }
 
     /// The table's `_default` stream, used to read the table's schema.

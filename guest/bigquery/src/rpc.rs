@@ -10,7 +10,7 @@
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     StorageError, storage_error::StorageErrorCode,
 };
-use googleapis_tonic_google_rpc::google::rpc::Status as RpcStatus;
+use googleapis_tonic_google_rpc::google::rpc::{Code, Status as RpcStatus};
 use prost::Message;
 use sluice_guest_sdk::bindings::sluice::connector::grpc::{self, GrpcError};
 
@@ -51,27 +51,9 @@ impl Failure {
     }
 }
 
+/// The name of a gRPC status code (`google.rpc.Code`), e.g. `OUT_OF_RANGE`.
 fn code_name(code: u32) -> &'static str {
-    match code {
-        0 => "OK",
-        1 => "CANCELLED",
-        2 => "UNKNOWN",
-        3 => "INVALID_ARGUMENT",
-        4 => "DEADLINE_EXCEEDED",
-        5 => "NOT_FOUND",
-        6 => "ALREADY_EXISTS",
-        7 => "PERMISSION_DENIED",
-        8 => "RESOURCE_EXHAUSTED",
-        9 => "FAILED_PRECONDITION",
-        10 => "ABORTED",
-        11 => "OUT_OF_RANGE",
-        12 => "UNIMPLEMENTED",
-        13 => "INTERNAL",
-        14 => "UNAVAILABLE",
-        15 => "DATA_LOSS",
-        16 => "UNAUTHENTICATED",
-        _ => "UNRECOGNIZED",
-    }
+    i32::try_from(code).ok().and_then(|c| Code::try_from(c).ok()).map_or("UNRECOGNIZED", |c| c.as_str_name())
 }
 
 /// The `StorageError` among a status's details, if any.
@@ -229,10 +211,4 @@ pub(crate) fn unary<Req: Message, Resp: Message + Default>(
         .map_err(from_grpc)?;
     Resp::decode(bytes.as_slice())
         .map_err(|e| Failure::Permanent(format!("{method}: the reply is not a valid message: {e}")))
-}
-
-/// Waits before try `attempt` (2, 3, ...): `base * 2^(attempt-2)`, at most 10 s.
-pub(crate) fn backoff(base_ms: u64, attempt: u32) {
-    let ms = base_ms.saturating_mul(1u64 << (attempt.saturating_sub(2)).min(16)).min(10_000);
-    std::thread::sleep(std::time::Duration::from_millis(ms));
 }

@@ -21,20 +21,22 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
 use arrow_schema::Schema;
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
-    AppendRowsRequest, AppendRowsResponse, CreateWriteStreamRequest, ProtoRows, ProtoSchema, WriteStream,
-    append_rows_request::{ProtoData, Rows},
+    AppendRowsRequest, AppendRowsResponse, ArrowRecordBatch, ArrowSchema, CreateWriteStreamRequest, ProtoRows,
+    ProtoSchema, TableSchema, WriteStream,
+    append_rows_request::{ArrowData, ProtoData, Rows},
     append_rows_response::Response,
     write_stream::Type as StreamType,
 };
 use prost::Message;
 use serde::{Deserialize, Serialize};
-use sluice_bigquery_rows::{RowEncoder, split_by_size};
+use sluice_bigquery_rows::{ArrowEncoder, RowEncoder, SchemaError, split_by_size};
 use sluice_guest_sdk::bindings::sluice::connector::grpc::{BidiStream, Received};
 use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, error, ipc, log};
 
-use crate::config::Config;
+use crate::config::{Config, RowFormat};
 use crate::rpc::{self, Failure};
 
 /// What a writer persists with a checkpoint: positions and names, never rows.
@@ -71,8 +73,7 @@ struct InFlight {
 struct Inner {
     cfg: Config,
     ctx: SinkContext,
-    encoder: RowEncoder,
-    writer_schema: ProtoSchema,
+    encoding: Encoding,
     stream: String,
     /// Every row below this offset is acknowledged.
     next_offset: i64,
@@ -93,29 +94,85 @@ pub struct BigQueryWriter {
 }
 
 pub(crate) fn create_stream(cfg: &Config) -> Result<WriteStream, SinkError> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let req = CreateWriteStreamRequest {
-            parent: cfg.table.clone(),
-            write_stream: Some(WriteStream { r#type: StreamType::Buffered as i32, ..Default::default() }),
-        };
-        match rpc::unary::<_, WriteStream>(&cfg.endpoint, "CreateWriteStream", &req, cfg.rpc_timeout_ms) {
-            Ok(ws) => return Ok(ws),
+    let req = CreateWriteStreamRequest {
+        parent: cfg.table.clone(),
+        write_stream: Some(WriteStream { r#type: StreamType::Buffered as i32, ..Default::default() }),
+    };
+    cfg.retry()
+        .run(
+            |_| rpc::unary::<_, WriteStream>(&cfg.endpoint, "CreateWriteStream", &req, cfg.rpc_timeout_ms),
             // A lost reply leaves an empty stream behind: harmless, it is never flushed.
-            Err(Failure::Transient(m)) if attempt < cfg.attempts => {
-                log::warn(&format!("CreateWriteStream on {} failed ({m}); retrying", cfg.table));
-                rpc::backoff(cfg.backoff_ms, attempt + 1);
+            |f| matches!(f, Failure::Transient(_)),
+            |f, _, _| log::warn(&format!("CreateWriteStream on {} failed ({}); retrying", cfg.table, f.message())),
+        )
+        .map_err(|failed| {
+            error::config(format!(
+                "cannot create a write stream on {} through endpoint `{}`: {}",
+                cfg.table,
+                cfg.endpoint,
+                failed.error.message()
+            ))
+        })
+}
+
+/// How a writer encodes its rows: each request carries the writer schema,
+/// so any request may be the first of a new connection.
+enum Encoding {
+    Proto { encoder: Box<RowEncoder>, writer_schema: ProtoSchema },
+    Arrow { encoder: ArrowEncoder, writer_schema: ArrowSchema },
+}
+
+impl Encoding {
+    fn new(format: RowFormat, arrow: Arc<Schema>, table: Option<&TableSchema>) -> Result<Self, SchemaError> {
+        Ok(match format {
+            RowFormat::Proto => {
+                let encoder = RowEncoder::new(arrow, table)?;
+                Encoding::Proto { writer_schema: encoder.writer_schema(), encoder: Box::new(encoder) }
             }
-            Err(f) => {
-                return Err(error::config(format!(
-                    "cannot create a write stream on {} through endpoint `{}`: {}",
-                    cfg.table,
-                    cfg.endpoint,
-                    f.message()
-                )));
+            RowFormat::Arrow => {
+                let encoder = ArrowEncoder::new(arrow, table)?;
+                Encoding::Arrow { writer_schema: encoder.writer_schema(), encoder }
+            }
+        })
+    }
+
+    /// The rows of `batches` as requests of at most `max_bytes`: `(rows, request rows)`.
+    fn requests(&self, batches: &[RecordBatch], max_bytes: usize) -> Result<Vec<(i64, Rows)>, SinkError> {
+        let invalid = |e: sluice_bigquery_rows::EncodeError| error::invalid_data(e.to_string());
+        let mut out = Vec::new();
+        match self {
+            Encoding::Proto { encoder, writer_schema } => {
+                let mut encoded = Vec::new();
+                for batch in batches {
+                    encoder.encode(batch, &mut encoded).map_err(invalid)?;
+                }
+                let runs = split_by_size(&encoded, max_bytes);
+                let mut encoded = encoded.into_iter();
+                for run in runs {
+                    let rows: Vec<Vec<u8>> = encoded.by_ref().take(run.len()).collect();
+                    let n = rows.len() as i64;
+                    let data = ProtoData {
+                        writer_schema: Some(writer_schema.clone()),
+                        rows: Some(ProtoRows { serialized_rows: rows }),
+                    };
+                    out.push((n, Rows::ProtoRows(data)));
+                }
+            }
+            Encoding::Arrow { encoder, writer_schema } => {
+                // Room for the schema and the request's other fields (stream name, offset).
+                let room = max_bytes.saturating_sub(writer_schema.serialized_schema.len() + 1024);
+                for batch in batches {
+                    for (n, serialized_record_batch) in encoder.encode(batch, room).map_err(invalid)? {
+                        let data = ArrowData {
+                            writer_schema: Some(writer_schema.clone()),
+                            rows: Some(ArrowRecordBatch { serialized_record_batch, ..Default::default() }),
+                        };
+                        out.push((n as i64, Rows::ArrowRows(data)));
+                    }
+                }
             }
         }
+        Ok(out)
     }
 }
 
@@ -248,7 +305,12 @@ impl Inner {
                 self.label()
             ))),
             Failure::Permanent(m) => {
-                Err(error::fatal(format!("{}: append at offset {offset} failed: {m}", self.label())))
+                let hint = if matches!(self.encoding, Encoding::Arrow { .. }) {
+                    "; if the service takes no arrow_rows, set option `format` = \"proto\""
+                } else {
+                    ""
+                };
+                Err(error::fatal(format!("{}: append at offset {offset} failed: {m}{hint}", self.label())))
             }
             Failure::Transient(m) => {
                 front.failures += 1;
@@ -267,7 +329,9 @@ impl Inner {
                 // Replies still due on the old connection are dropped with it;
                 // every request in flight is sent again, in order, on a new one.
                 self.conn = None;
-                rpc::backoff(self.cfg.backoff_ms, failures + 1);
+                if let Some(wait) = self.cfg.retry().delay(failures) {
+                    std::thread::sleep(wait);
+                }
                 self.resend_all()
             }
         }
@@ -317,23 +381,17 @@ impl Inner {
         Ok(())
     }
 
-    /// Appends `rows` at the next offset, keeping at most `max_inflight`
+    /// Appends `n` rows at the next offset, keeping at most `max_inflight`
     /// requests unacknowledged.
-    fn append(&mut self, rows: Vec<Vec<u8>>) -> Result<(), SinkError> {
+    fn append(&mut self, n: i64, rows: Rows) -> Result<(), SinkError> {
         while self.in_flight.len() >= self.cfg.max_inflight {
             self.settle_one()?;
         }
-        let n = rows.len() as i64;
         let offset = self.send_offset;
         let request = AppendRowsRequest {
             write_stream: self.stream.clone(),
             offset: Some(offset),
-            // The schema rides on every request, so any request may open a
-            // new connection (its first request must carry the schema).
-            rows: Some(Rows::ProtoRows(ProtoData {
-                writer_schema: Some(self.writer_schema.clone()),
-                rows: Some(ProtoRows { serialized_rows: rows }),
-            })),
+            rows: Some(rows),
             ..Default::default()
         }
         .encode_to_vec();
@@ -368,7 +426,7 @@ impl GuestWriter for BigQueryWriter {
         let restored: Option<WriterState> = sluice_guest_sdk::restored_state(restored_state)?;
         let ws = create_stream(&cfg)?;
         // The stream's schema is the table's own; the option stands in when it is absent.
-        let encoder = RowEncoder::new(arrow, ws.table_schema.as_ref().or(cfg.table_schema.as_ref()))
+        let encoding = Encoding::new(cfg.format, arrow, ws.table_schema.as_ref().or(cfg.table_schema.as_ref()))
             .map_err(|e| error::config(format!("{}: {e}", cfg.table)))?;
         match &restored {
             Some(old) => log::info(&format!(
@@ -384,12 +442,10 @@ impl GuestWriter for BigQueryWriter {
                 log::debug(&format!("writer {} of {} appends to {}", ctx.subtask, cfg.incarnation.key(&ctx), ws.name))
             }
         }
-        let writer_schema = encoder.writer_schema();
         let inner = Inner {
             cfg,
             ctx,
-            encoder,
-            writer_schema,
+            encoding,
             stream: ws.name,
             next_offset: 0,
             send_offset: 0,
@@ -405,17 +461,10 @@ impl GuestWriter for BigQueryWriter {
     fn write(&self, rows: Vec<u8>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
         let (_, batches) = ipc::decode(&rows)?;
-        let mut encoded = Vec::new();
-        for batch in &batches {
-            inner.encoder.encode(batch, &mut encoded).map_err(|e| error::invalid_data(e.to_string()))?;
-        }
-        drop(batches);
         drop(rows);
-        let runs = split_by_size(&encoded, inner.cfg.max_request_bytes);
-        let mut encoded = encoded.into_iter();
-        for run in runs {
-            let chunk: Vec<Vec<u8>> = encoded.by_ref().take(run.len()).collect();
-            inner.append(chunk)?;
+        let max = inner.cfg.max_request_bytes;
+        for (n, rows) in inner.encoding.requests(&batches, max)? {
+            inner.append(n, rows)?;
         }
         Ok(())
     }

@@ -14,6 +14,7 @@
 //! Quotes in the code come from the API reference,
 //! https://cloud.google.com/bigquery/docs/reference/storage/rpc/google.cloud.bigquery.storage.v1.
 
+pub mod arrow_rows;
 pub mod schema;
 mod service;
 pub mod state;
@@ -283,12 +284,12 @@ impl BigQueryDouble {
     /// they were appended with.
     pub fn visible_rows(&self, table: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
         let batches = self.visible_batches(table);
-        batches.iter().flat_map(|b| b.rows.iter().map(move |r| schema::to_json(&b.descriptor, r))).collect()
+        batches.iter().flat_map(state::StoredRows::to_json).collect()
     }
 
     /// Number of visible rows of `table` (cheap: nothing is decoded).
     pub fn visible_count(&self, table: &str) -> u64 {
-        self.visible_batches(table).iter().map(|b| b.rows.len() as u64).sum()
+        self.visible_batches(table).iter().map(|b| b.len() as u64).sum()
     }
 
     fn visible_batches(&self, table: &str) -> Vec<state::StoredRows> {
@@ -300,12 +301,9 @@ impl BigQueryDouble {
                 if left <= 0 {
                     break;
                 }
-                let take = (b.rows.len() as i64).min(left);
+                let take = (b.len() as i64).min(left);
                 left -= take;
-                out.push(state::StoredRows {
-                    descriptor: b.descriptor.clone(),
-                    rows: b.rows[..take as usize].to_vec(),
-                });
+                out.push(b.head(take as usize));
             }
         }
         out

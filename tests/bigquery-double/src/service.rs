@@ -25,11 +25,11 @@ use crate::proto::write_stream::Type as StreamType;
 use crate::proto::{
     AppendRowsRequest, AppendRowsResponse, BatchCommitWriteStreamsRequest, BatchCommitWriteStreamsResponse,
     CreateWriteStreamRequest, FinalizeWriteStreamRequest, FinalizeWriteStreamResponse, FlushRowsRequest,
-    FlushRowsResponse, GetWriteStreamRequest, RowError, StorageError, WriteStream, WriteStreamView,
+    FlushRowsResponse, GetWriteStreamRequest, RowError, StorageError, TableSchema, WriteStream, WriteStreamView,
     row_error::RowErrorCode,
 };
 use crate::state::{Inner, StoredRows, Stream};
-use crate::{Fault, Rpc, Shared, schema};
+use crate::{Fault, Rpc, Shared, arrow_rows, schema};
 
 /// "The size of a single AppendRowsRequest must be less than 10 MB in size.
 /// Requests larger than this return an error, typically INVALID_ARGUMENT."
@@ -271,9 +271,73 @@ impl BigQueryWriteService {
 }
 
 /// Per-connection state of an AppendRows call.
+#[derive(Default)]
 struct Connection {
     stream: Option<String>,
-    descriptor: Option<Arc<prost_reflect::MessageDescriptor>>,
+    /// The writer schema of the connection's first request.
+    format: Option<Format>,
+}
+
+/// How a connection's rows are encoded.
+enum Format {
+    Proto(Arc<prost_reflect::MessageDescriptor>),
+    /// The IPC-serialized schema, which every record batch is read with.
+    Arrow(Vec<u8>),
+}
+
+impl Connection {
+    /// Takes the request's writer schema when it carries one, checked
+    /// against the table's columns.
+    fn take_writer_schema(&mut self, rows: &Rows, table: &TableSchema) -> Result<(), String> {
+        match rows {
+            Rows::ProtoRows(p) => {
+                if let Some(ws) = p.writer_schema.as_ref().and_then(|s| s.proto_descriptor.as_ref()) {
+                    let message = schema::compile(ws)?;
+                    schema::check(&message, table)?;
+                    self.format = Some(Format::Proto(Arc::new(message)));
+                }
+            }
+            Rows::ArrowRows(a) => {
+                // "it will be ignored if specified in following requests"
+                if let (None, Some(ws)) = (&self.format, &a.writer_schema) {
+                    let arrow = arrow_rows::decode_schema(&ws.serialized_schema)?;
+                    arrow_rows::check(&arrow, table)?;
+                    self.format = Some(Format::Arrow(ws.serialized_schema.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes a request's rows with the connection's writer schema: the
+    /// rows, their row errors and their size.
+    fn rows(&self, rows: Rows, table: &TableSchema) -> Result<(StoredRows, Vec<RowError>, u64), String> {
+        let row_error = |(index, message): (usize, String)| RowError {
+            index: index as i64,
+            code: RowErrorCode::FieldsError as i32,
+            message,
+        };
+        match (rows, &self.format) {
+            (Rows::ProtoRows(p), Some(Format::Proto(descriptor))) => {
+                let rows = p.rows.map(|r| r.serialized_rows).unwrap_or_default();
+                let errors = rows
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, r)| schema::check_row(descriptor, r, table).err().map(|m| row_error((i, m))))
+                    .collect();
+                let bytes = rows.iter().map(|r| r.len() as u64).sum();
+                Ok((StoredRows::Proto { descriptor: descriptor.clone(), rows }, errors, bytes))
+            }
+            (Rows::ArrowRows(a), Some(Format::Arrow(schema_bytes))) => {
+                let serialized = a.rows.map(|r| r.serialized_record_batch).unwrap_or_default();
+                let batch = arrow_rows::decode_batch(schema_bytes, &serialized)?;
+                let errors = arrow_rows::check_rows(&batch, table).into_iter().map(row_error).collect();
+                Ok((StoredRows::Arrow(batch), errors, serialized.len() as u64))
+            }
+            // "Following requests must have data in the same format as the initial request."
+            _ => Err("the rows are not in the format of the connection's first request".to_string()),
+        }
+    }
 }
 
 enum Outcome {
@@ -343,12 +407,8 @@ impl BigQueryWriteService {
             }
             _ => {}
         }
-        let proto = match req.rows {
-            Some(Rows::ProtoRows(p)) => p,
-            Some(Rows::ArrowRows(_)) => {
-                return in_band(&name, rpc_status(Code::InvalidArgument, "this double accepts proto_rows only", None));
-            }
-            None => return in_band(&name, rpc_status(Code::InvalidArgument, "the request has no rows", None)),
+        let Some(rows) = req.rows else {
+            return in_band(&name, rpc_status(Code::InvalidArgument, "the request has no rows", None));
         };
         // Schema: "The first request ... must include writer_schema"; it stays for the connection.
         let table_schema = {
@@ -378,27 +438,18 @@ impl BigQueryWriteService {
                 }
             }
         };
-        if let Some(ws) = proto.writer_schema.and_then(|s| s.proto_descriptor) {
-            let compiled = schema::compile(&ws).and_then(|m| schema::check(&m, &table_schema).map(|()| m));
-            match compiled {
-                Ok(m) => conn.descriptor = Some(Arc::new(m)),
-                Err(e) => {
-                    let code = if e.starts_with("Input schema has more fields") {
-                        Some((StorageErrorCode::SchemaMismatchExtraFields, name.as_str()))
-                    } else {
-                        None
-                    };
-                    return in_band(&name, rpc_status(Code::InvalidArgument, &e, code));
-                }
-            }
+        if let Err(e) = conn.take_writer_schema(&rows, &table_schema) {
+            let code = e
+                .starts_with("Input schema has more fields")
+                .then_some((StorageErrorCode::SchemaMismatchExtraFields, name.as_str()));
+            return in_band(&name, rpc_status(Code::InvalidArgument, &e, code));
         }
-        let Some(descriptor) = conn.descriptor.clone() else {
+        if conn.format.is_none() {
             return in_band(
                 &name,
                 rpc_status(Code::InvalidArgument, "the first request of a connection must carry writer_schema", None),
             );
-        };
-        let rows = proto.rows.map(|r| r.serialized_rows).unwrap_or_default();
+        }
         // Offsets are checked before the rows, on the stream as it is now.
         {
             let mut inner = self.shared.inner();
@@ -448,17 +499,10 @@ impl BigQueryWriteService {
             }
         }
         // "If a request failed due to corrupted rows, no rows in the batch will be appended."
-        let row_errors: Vec<RowError> = rows
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                schema::check_row(&descriptor, r, &table_schema).err().map(|message| RowError {
-                    index: i as i64,
-                    code: RowErrorCode::FieldsError as i32,
-                    message,
-                })
-            })
-            .collect();
+        let (rows, row_errors, bytes) = match conn.rows(rows, &table_schema) {
+            Ok(decoded) => decoded,
+            Err(e) => return in_band(&name, rpc_status(Code::InvalidArgument, &e, None)),
+        };
         if !row_errors.is_empty() {
             return Outcome::Reply(AppendRowsResponse {
                 write_stream: name.clone(),
@@ -472,7 +516,6 @@ impl BigQueryWriteService {
             });
         }
         let n = rows.len() as i64;
-        let bytes: u64 = rows.iter().map(|r| r.len() as u64).sum();
         let start = {
             let mut inner = self.shared.inner();
             let Some(stream) = inner.stream_mut(&name) else {
@@ -494,7 +537,7 @@ impl BigQueryWriteService {
             }
             let start = stream.len;
             stream.len += n;
-            stream.batches.push(StoredRows { descriptor, rows });
+            stream.batches.push(rows);
             start
         };
         {
@@ -546,7 +589,7 @@ impl StreamingService<AppendRowsRequest> for AppendSvc {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
-            let mut conn = Connection { stream: None, descriptor: None };
+            let mut conn = Connection::default();
             loop {
                 let req = match inbound.message().await {
                     Ok(Some(r)) => r,

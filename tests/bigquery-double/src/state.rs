@@ -21,11 +21,45 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 };
 use prost_reflect::MessageDescriptor;
 
-/// Rows of one acknowledged append, with the descriptor that decodes them.
+/// Rows of one acknowledged append: proto rows with the descriptor that
+/// decodes them, or an Arrow record batch.
 #[derive(Clone)]
-pub struct StoredRows {
-    pub descriptor: Arc<MessageDescriptor>,
-    pub rows: Vec<Vec<u8>>,
+pub enum StoredRows {
+    Proto { descriptor: Arc<MessageDescriptor>, rows: Vec<Vec<u8>> },
+    Arrow(arrow_array::RecordBatch),
+}
+
+impl StoredRows {
+    pub fn len(&self) -> usize {
+        match self {
+            StoredRows::Proto { rows, .. } => rows.len(),
+            StoredRows::Arrow(batch) => batch.num_rows(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `n` rows.
+    pub fn head(&self, n: usize) -> StoredRows {
+        match self {
+            StoredRows::Proto { descriptor, rows } => {
+                StoredRows::Proto { descriptor: descriptor.clone(), rows: rows[..n.min(rows.len())].to_vec() }
+            }
+            StoredRows::Arrow(batch) => StoredRows::Arrow(batch.slice(0, n.min(batch.num_rows()))),
+        }
+    }
+
+    /// The rows as JSON, keyed by column name.
+    pub fn to_json(&self) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        match self {
+            StoredRows::Proto { descriptor, rows } => {
+                rows.iter().map(|r| crate::schema::to_json(descriptor, r)).collect()
+            }
+            StoredRows::Arrow(batch) => crate::arrow_rows::to_json(batch),
+        }
+    }
 }
 
 pub struct Stream {

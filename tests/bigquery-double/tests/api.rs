@@ -72,11 +72,28 @@ impl Api {
     }
 
     fn create(&mut self, kind: StreamType) -> String {
+        self.create_on(TABLE, kind)
+    }
+
+    fn create_on(&mut self, table: &str, kind: StreamType) -> String {
         let req = CreateWriteStreamRequest {
-            parent: TABLE.into(),
+            parent: table.into(),
             write_stream: Some(WriteStream { r#type: kind as i32, ..Default::default() }),
         };
         self.rt.block_on(self.client.create_write_stream(req)).expect("create").into_inner().name
+    }
+
+    /// Sends `reqs` on one connection; one reply per request.
+    fn append_requests(&mut self, reqs: Vec<AppendRowsRequest>) -> Vec<AppendRowsResponse> {
+        let n = reqs.len();
+        self.rt.block_on(async {
+            let mut replies = self.client.append_rows(tokio_stream::iter(reqs)).await.expect("append").into_inner();
+            let mut out = Vec::new();
+            for _ in 0..n {
+                out.push(replies.message().await.expect("reply").expect("a reply per request"));
+            }
+            out
+        })
     }
 
     /// Sends one AppendRows request per `(offset, ids)` on one connection.
@@ -98,15 +115,7 @@ impl Api {
                 ..Default::default()
             })
             .collect();
-        let n = reqs.len();
-        self.rt.block_on(async {
-            let mut replies = self.client.append_rows(tokio_stream::iter(reqs)).await.expect("append").into_inner();
-            let mut out = Vec::new();
-            for _ in 0..n {
-                out.push(replies.message().await.expect("reply").expect("a reply per request"));
-            }
-            out
-        })
+        self.append_requests(reqs)
     }
 
     fn flush(&mut self, stream: &str, offset: i64) -> Result<i64, tonic::Status> {
@@ -277,4 +286,84 @@ fn schemas_tables_and_the_size_limit_are_checked() {
     let replies = api.append(&s, &[(Some(0), big)], false);
     assert_eq!(in_band(&replies[0]).0, Code::InvalidArgument, "requests over 10 MB are refused");
     assert_eq!(api.double.stats().rows_appended, 0);
+}
+
+/// `arrow_rows`: the writer schema is read from the first request, the
+/// record batches with it; types are checked against the table, REQUIRED
+/// columns per row; the rows read back like proto rows.
+#[test]
+fn arrow_rows_are_read_with_the_connections_writer_schema() {
+    use std::sync::Arc;
+
+    use arrow_array::{Int64Array, RecordBatch, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+    use sluice_bigquery_double::proto::append_rows_request::ArrowData;
+    use sluice_bigquery_double::proto::{ArrowRecordBatch, ArrowSchema};
+
+    let ipc = |schema: &Arc<Schema>, batch: Option<&RecordBatch>| -> (Vec<u8>, Vec<u8>) {
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema).expect("writer");
+        if let Some(b) = batch {
+            w.write(b).expect("write");
+        }
+        let bytes = w.into_inner().expect("bytes");
+        // A stream is the schema message, then the batch messages: split them.
+        let schema_len = {
+            let mut w = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema).expect("writer");
+            w.flush().expect("flush");
+            w.get_ref().len()
+        };
+        (bytes[..schema_len].to_vec(), bytes[schema_len..].to_vec())
+    };
+    let mut api = Api::new();
+    let table = TableSchema {
+        fields: vec![column("id", Type::Int64, Mode::Required), column("extra", Type::String, Mode::Nullable)],
+    };
+    api.double.create_table("projects/p/datasets/d/tables/a", table);
+    let stream = api.create_on("projects/p/datasets/d/tables/a", StreamType::Committed);
+    let good = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("extra", DataType::Utf8, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        good.clone(),
+        vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(StringArray::from(vec![Some("a"), None]))],
+    )
+    .expect("batch");
+    let (schema_bytes, batch_bytes) = ipc(&good, Some(&batch));
+    let request = |schema: Option<&[u8]>, rows: &[u8], offset: i64| AppendRowsRequest {
+        write_stream: stream.clone(),
+        offset: Some(offset),
+        rows: Some(Rows::ArrowRows(ArrowData {
+            writer_schema: schema.map(|s| ArrowSchema { serialized_schema: s.to_vec() }),
+            rows: Some(ArrowRecordBatch { serialized_record_batch: rows.to_vec(), ..Default::default() }),
+        })),
+        ..Default::default()
+    };
+    // The second request carries no schema: the connection's first one reads it.
+    let replies =
+        api.append_requests(vec![request(Some(&schema_bytes), &batch_bytes, 0), request(None, &batch_bytes, 2)]);
+    assert!(replies.iter().all(|r| matches!(r.response, Some(Reply::AppendResult(_)))), "{replies:?}");
+    let rows = api.double.visible_rows("projects/p/datasets/d/tables/a");
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows[0].get("id"), Some(&serde_json::json!(1)));
+    assert_eq!(rows[0].get("extra"), Some(&serde_json::json!("a")));
+    assert_eq!(rows[1].get("extra"), None, "a null reads as absent");
+
+    // Int32 where the table has INT64: refused, naming the field.
+    let narrow = Arc::new(Schema::new(vec![Field::new("id", DataType::Int32, false)]));
+    let (narrow_schema, _) = ipc(&narrow, None);
+    let replies = api.append_requests(vec![request(Some(&narrow_schema), &batch_bytes, 4)]);
+    let Some(Reply::Error(status)) = &replies[0].response else { panic!("{replies:?}") };
+    assert_eq!(status.code, Code::InvalidArgument as i32);
+    assert!(status.message.contains("Field id: Arrow type Int32 cannot land in a INT64 column"), "{}", status.message);
+
+    // A null in the REQUIRED column is a row error; nothing of the request lands.
+    let nullable = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+    let with_null =
+        RecordBatch::try_new(nullable.clone(), vec![Arc::new(Int64Array::from(vec![Some(5), None]))]).expect("batch");
+    let (s, b) = ipc(&nullable, Some(&with_null));
+    let replies = api.append_requests(vec![request(Some(&s), &b, 4)]);
+    assert_eq!(replies[0].row_errors.len(), 1, "{replies:?}");
+    assert_eq!(replies[0].row_errors[0].index, 1);
+    assert_eq!(api.double.visible_rows("projects/p/datasets/d/tables/a").len(), 4);
 }
