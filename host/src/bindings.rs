@@ -1,27 +1,65 @@
-//! Host bindings of the `sluice:connector@0.1.0` `sink-plugin` world.
+//! Host bindings of every contract version this host serves, one module per
+//! version, each generated from its frozen WIT folder (`wit/<version>/`).
+//!
+//! A plugin is linked against all of them at once: the interface names
+//! differ by version (`sluice:connector/file-io@0.1.0`, `...@0.2.0`), and
+//! wasmtime matches semver only within a version (0.1.x), never across. The
+//! capabilities implement the newest version; the older versions' host
+//! traits delegate to it (`capability::v0_1`). `plugin` finds out which
+//! version a component exports.
 //!
 //! Everything is synchronous: each plugin instance runs on its own thread,
 //! so a guest blocked in a host call never stalls another guest.
 
-wasmtime::component::bindgen!({
-    path: "../wit",
-    world: "sink-plugin",
-    imports: {
-        // File operations may inject a crash in tests (see `crate::fault`);
-        // an injected crash is a trap.
-        "sluice:connector/file-io": trappable,
-        "sluice:connector/iceberg-catalog": trappable,
-        // A successful unary call is a side effect an injected crash may follow.
-        "sluice:connector/grpc": trappable,
-        default: tracing,
-    },
-    // Calls into the plugin borrow their arguments: a batch is not copied
-    // on the host side before it is copied into the guest.
-    ownership: Borrowing { duplicate_if_necessary: true },
-    with: {
-        "sluice:connector/file-io.output-file": crate::capability::file_io::OutputFileHandle,
-        "sluice:connector/grpc.bidi-stream": crate::capability::grpc::BidiStream,
-    },
-});
+/// The versions this host serves, newest first.
+pub const SUPPORTED: &[&str] = &["0.2.0", "0.1.0"];
 
-pub use exports::sluice::connector::sink::{CommitOutcome, PluginInfo, SinkContext, SinkError};
+/// `sluice:connector@0.2.0`: many tables per sink, schema evolution, the
+/// incarnation in the context, the `codec` capability.
+pub mod v0_2 {
+    wasmtime::component::bindgen!({
+        path: "../wit/0.2",
+        world: "sink-plugin",
+        imports: {
+            // Operations with a side effect may inject a crash in tests (see
+            // `crate::fault`); an injected crash is a trap.
+            "sluice:connector/file-io": trappable,
+            "sluice:connector/iceberg-catalog": trappable,
+            "sluice:connector/grpc": trappable,
+            default: tracing,
+        },
+        // Calls into the plugin borrow their arguments: a batch is not copied
+        // on the host side before it is copied into the guest.
+        ownership: Borrowing { duplicate_if_necessary: true },
+        with: {
+            "sluice:connector/file-io.output-file": crate::capability::file_io::OutputFileHandle,
+            "sluice:connector/grpc.bidi-stream": crate::capability::grpc::BidiStream,
+        },
+    });
+
+    pub use exports::sluice::connector::sink::{CommitOutcome, PluginInfo, SinkContext, SinkError};
+    pub use sluice::connector::types::{ChangeKind, Table, TableChange};
+}
+
+/// `sluice:connector@0.1.0`, as released: one table, a fixed schema.
+pub mod v0_1 {
+    wasmtime::component::bindgen!({
+        path: "../wit/0.1",
+        world: "sink-plugin",
+        imports: {
+            "sluice:connector/file-io": trappable,
+            "sluice:connector/iceberg-catalog": trappable,
+            "sluice:connector/grpc": trappable,
+            default: tracing,
+        },
+        ownership: Borrowing { duplicate_if_necessary: true },
+        with: {
+            "sluice:connector/file-io.output-file": crate::capability::file_io::OutputFileHandle,
+            "sluice:connector/grpc.bidi-stream": crate::capability::grpc::BidiStream,
+        },
+    });
+
+    pub use exports::sluice::connector::sink::{CommitOutcome, PluginInfo, SinkContext, SinkError};
+}
+
+pub use v0_2::{CommitOutcome, PluginInfo};

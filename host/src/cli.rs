@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::engine::{self, RunOptions};
 use crate::job::Job;
-use crate::plugin::{ComponentCache, PluginHost, WORLD, reserved};
+use crate::plugin::{ComponentCache, PluginHost, reserved};
 use crate::progress::{ProgressMode, StatusAwareStderr};
 
 #[derive(Debug, Parser)]
@@ -145,7 +145,12 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                     dropped.checkpoint, job.spec.job.id, dropped.rows
                 );
             }
-            print!("{}", engine::state::inspect(&job)?);
+            let mut report = engine::state::inspect(&job)?;
+            let host = host(cli.cache_dir)?;
+            if let Err(why) = report.describe_with(&job, &host) {
+                tracing::warn!("the plugin cannot describe the pending commits ({why}); showing them as stored");
+            }
+            print!("{report}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { job, sets } => {
@@ -170,7 +175,8 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             let host = host(cli.cache_dir)?;
             let plugin = host.load(&file)?;
             println!("file:        {}", plugin.path.display());
-            println!("world:       {WORLD}");
+            println!("contract:    sluice:connector@{}", plugin.version());
+            println!("world:       {}", plugin.version().world());
             if let Some(info) = plugin.info() {
                 println!("plugin:      {} {}", info.name, info.version);
                 println!("description: {}", info.description);

@@ -175,6 +175,11 @@ pub struct SinkSpec {
     /// `[sink.grpc.bigquery] address = "https://bigquerystorage.googleapis.com"`.
     #[serde(default)]
     pub grpc: BTreeMap<String, EndpointSpec>,
+    /// HTTP endpoints the plugin may call, by name (`wasi:http`; the plugin
+    /// sends to `http://<name>/...`): `[sink.http.bigquery] address =
+    /// "https://bigquery.googleapis.com"`.
+    #[serde(default)]
+    pub http: BTreeMap<String, EndpointSpec>,
     #[serde(default)]
     pub sandbox: SandboxSpec,
 }
@@ -367,6 +372,8 @@ pub struct Job {
     pub catalog: Option<CatalogConfig>,
     /// The gRPC endpoints the plugin may call, by name.
     pub endpoints: BTreeMap<String, EndpointConfig>,
+    /// The HTTP endpoints the plugin may call, by name.
+    pub http_endpoints: BTreeMap<String, EndpointConfig>,
 }
 
 impl Job {
@@ -405,6 +412,7 @@ impl Job {
             base_dir,
             catalog: None,
             endpoints: BTreeMap::new(),
+            http_endpoints: BTreeMap::new(),
         };
         job.validate()?;
         Ok(job)
@@ -500,9 +508,14 @@ impl Job {
         self.catalog = self.spec.sink.catalog.as_ref().map(|c| self.catalog_config(c)).transpose()?;
         let mut endpoints = BTreeMap::new();
         for (name, spec) in &self.spec.sink.grpc {
-            endpoints.insert(name.clone(), self.endpoint_config(name, spec)?);
+            endpoints.insert(name.clone(), self.endpoint_config("grpc", name, spec)?);
         }
         self.endpoints = endpoints;
+        let mut http = BTreeMap::new();
+        for (name, spec) in &self.spec.sink.http {
+            http.insert(name.clone(), self.endpoint_config("http", name, spec)?);
+        }
+        self.http_endpoints = http;
         Ok(())
     }
 
@@ -554,8 +567,9 @@ impl Job {
         }
     }
 
-    fn endpoint_config(&self, name: &str, spec: &EndpointSpec) -> Result<EndpointConfig, JobError> {
-        let key = |k: &str| format!("sink.grpc.{name}.{k}");
+    /// `[sink.<section>.<name>]` (`grpc` or `http`), resolved.
+    fn endpoint_config(&self, section: &str, name: &str, spec: &EndpointSpec) -> Result<EndpointConfig, JobError> {
+        let key = |k: &str| format!("sink.{section}.{name}.{k}");
         let address: tonic::transport::Uri = spec
             .address
             .parse()

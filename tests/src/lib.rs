@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{Array, Int64Array, RecordBatch};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use sluice::engine::{self, EngineError, Fault, RunOptions, RunSummary};
+use sluice::bindings::CommitOutcome;
+use sluice::engine::{self, CrashPoint, EngineError, Fault, RunOptions, RunSummary};
 use sluice::job::Job;
 use sluice::plugin::PluginHost;
 use sluice::progress::ProgressMode;
@@ -67,6 +68,42 @@ fn tracing_subscriber_init() -> Result<(), String> {
     Ok(())
 }
 
+/// Runs `job` (a files job over `rows` rows, whose checkpoints hold rows up
+/// to 4) with a crash at `point` in `checkpoint`, then recovers it: whatever
+/// the crash left visible is whole checkpoints, and the recovery ends with
+/// every row visible exactly once, having finished exactly what the crash
+/// interrupted.
+pub fn crash_and_recover(job: &TestJob, rows: u64, point: CrashPoint, checkpoint: u64) {
+    let fault = Fault { point, checkpoint, subtask: 1 };
+    let err = job.run(Some(fault)).expect_err("the injected crash stops the run");
+    assert!(err.is_injected_crash(), "expected the injected crash, got: {err}");
+
+    let partial = ids(&read_visible(&job.out()));
+    let mut dedup = partial.clone();
+    dedup.dedup();
+    assert_eq!(partial, dedup, "duplicates visible right after the crash at {point}");
+
+    let summary = job.run(None).expect("the recovery run completes");
+    assert_exactly_once(&read_visible(&job.out()), rows);
+    assert_eq!(summary.rows_total, rows);
+    assert_eq!(summary.resumed_from.is_some(), checkpoint > 1 || point >= CrashPoint::AfterPersist);
+
+    let recovered: Vec<(u64, CommitOutcome)> = summary.recovered.clone();
+    match point {
+        CrashPoint::AfterPersist => assert_eq!(recovered, vec![(checkpoint, CommitOutcome::Committed)]),
+        CrashPoint::DuringCommit | CrashPoint::AfterCommit => {
+            assert_eq!(recovered, vec![(checkpoint, CommitOutcome::AlreadyCommitted)])
+        }
+        // A subtask crashed in round `c`. The record of `c - 1` still lists
+        // `c - 1` as pending, although the coordinator committed it while
+        // round `c` ran: recovery finds it committed.
+        _ if checkpoint == 1 => {
+            assert!(recovered.is_empty(), "nothing was pending, yet recovery committed {recovered:?}")
+        }
+        _ => assert_eq!(recovered, vec![(checkpoint - 1, CommitOutcome::AlreadyCommitted)]),
+    }
+}
+
 /// A job in a fresh temporary directory.
 pub struct TestJob {
     pub dir: tempfile::TempDir,
@@ -93,10 +130,15 @@ impl TestJob {
     /// A generator → files job with `rows` rows, checkpoints every
     /// `every_rows` rows per subtask, and `parallelism` writers.
     pub fn files(id: &str, rows: u64, parallelism: u32, every_rows: u64) -> Self {
+        Self::files_with(FILES_PLUGIN, id, rows, parallelism, every_rows)
+    }
+
+    /// [`TestJob::files`] with another build of the files sink (`plugin`).
+    pub fn files_with(plugin: &str, id: &str, rows: u64, parallelism: u32, every_rows: u64) -> Self {
         let sink = format!(
             r#"[sink]
 id = "out"
-plugin = "{FILES_PLUGIN}"
+plugin = "{plugin}"
 [sink.options]
 path = "out/files"
 target_file_mb = 1

@@ -8,11 +8,12 @@ fn plugin_inspect_shows_world_options_and_imports() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (code, out, err) = run_cli(&["plugin", "inspect", FILES_PLUGIN], dir.path());
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("world:       sluice:connector/sink-plugin@0.1.0"), "{out}");
+    assert!(out.contains("contract:    sluice:connector@0.2.0"), "{out}");
+    assert!(out.contains("world:       sluice:connector/sink-plugin@0.2.0"), "{out}");
     assert!(out.contains("plugin:      files 0.1.0"), "{out}");
     assert!(out.contains("path") && out.contains("required"), "{out}");
-    assert!(out.contains("sluice:connector/file-io@0.1.0"), "{out}");
-    assert!(out.contains("sluice:connector/sink@0.1.0"), "{out}");
+    assert!(out.contains("sluice:connector/file-io@0.2.0"), "{out}");
+    assert!(out.contains("sluice:connector/sink@0.2.0"), "{out}");
 }
 
 #[test]
@@ -110,8 +111,8 @@ fn state_shows_pending_checkpoints_and_drops_one_on_request() {
         "committed:    up to checkpoint 1",
         "pending:      1 checkpoint(s)",
         "checkpoint 2: 1000 rows; commits:",
-        "visible_dir: ",
-        "files: 2 item(s)",
+        // The plugin's own description of what the commit makes visible.
+        "2 file(s), 1000 rows -> out/files/state-cli.out.",
     ] {
         assert!(out.contains(part), "{part:?} in:\n{out}");
     }

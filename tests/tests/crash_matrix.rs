@@ -3,7 +3,7 @@
 
 use sluice::bindings::CommitOutcome;
 use sluice::engine::{CrashPoint, Fault};
-use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible};
+use sluice_tests::{TestJob, assert_exactly_once, read_visible};
 
 const ROWS: u64 = 6000;
 const PARALLELISM: u32 = 3;
@@ -12,36 +12,7 @@ const EVERY: u64 = 500;
 
 fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
     let job = TestJob::files(&format!("crash-{point}-{checkpoint}"), ROWS, PARALLELISM, EVERY);
-    let fault = Fault { point, checkpoint, subtask: 1 };
-    let err = job.run(Some(fault)).expect_err("the injected crash stops the run");
-    assert!(err.is_injected_crash(), "expected the injected crash, got: {err}");
-
-    // Whatever the crash left visible is whole checkpoints, never a duplicate.
-    let partial = ids(&read_visible(&job.out()));
-    let mut dedup = partial.clone();
-    dedup.dedup();
-    assert_eq!(partial, dedup, "duplicates visible right after the crash at {point}");
-
-    let summary = job.run(None).expect("the recovery run completes");
-    assert_exactly_once(&read_visible(&job.out()), ROWS);
-    assert_eq!(summary.rows_total, ROWS);
-    assert_eq!(summary.resumed_from.is_some(), checkpoint > 1 || point >= CrashPoint::AfterPersist);
-
-    // Recovery finished exactly what the crash interrupted.
-    let recovered: Vec<(u64, CommitOutcome)> = summary.recovered.clone();
-    match point {
-        CrashPoint::AfterPersist => assert_eq!(recovered, vec![(checkpoint, CommitOutcome::Committed)]),
-        CrashPoint::DuringCommit | CrashPoint::AfterCommit => {
-            assert_eq!(recovered, vec![(checkpoint, CommitOutcome::AlreadyCommitted)])
-        }
-        // A subtask crashed in round `c`. The record of `c - 1` still lists
-        // `c - 1` as pending, although the coordinator committed it while
-        // round `c` ran: recovery finds it committed.
-        _ if checkpoint == 1 => {
-            assert!(recovered.is_empty(), "nothing was pending, yet recovery committed {recovered:?}")
-        }
-        _ => assert_eq!(recovered, vec![(checkpoint - 1, CommitOutcome::AlreadyCommitted)]),
-    }
+    sluice_tests::crash_and_recover(&job, ROWS, point, checkpoint);
 }
 
 sluice_tests::crash_tests! {

@@ -51,6 +51,7 @@ use thiserror::Error;
 
 mod arrow_rows;
 pub use arrow_rows::ArrowEncoder;
+pub mod evolve;
 
 /// Name of the writer schema's top-level message.
 pub const ROW_MESSAGE: &str = "sluice_row";

@@ -1,5 +1,6 @@
 //! The committer: makes a checkpoint visible with `FlushRows` on every
-//! writer's stream.
+//! writer's stream of every table, and creates and evolves tables
+//! ([`crate::tables`]) at the barriers the engine sets.
 //!
 //! Invariants:
 //! - FlushRows is inclusive and cumulative ("flushes up to any previously
@@ -18,22 +19,31 @@
 //!   (job.commit) and calls `commit` again, which flushes every stream again.
 //!
 //! Streams are flushed one by one: BigQuery has no atomic flush across
-//! streams, so a crash between two flushes shows part of a checkpoint until
-//! the recovery flushes the rest. Readers never see a row twice.
+//! streams (or tables), so a crash between two flushes shows part of a
+//! checkpoint until the recovery flushes the rest, table by table. Readers
+//! never see a row twice.
+//!
+//! BigQuery tables keep no record of the checkpoints that landed in them,
+//! so the committer cannot see another incarnation's rows. It does not need
+//! to for exactly-once: write streams, the idempotence keys, are named by
+//! the service afresh for every writer. It says so when asked to refuse.
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     FlushRowsRequest, FlushRowsResponse,
 };
 use serde::{Deserialize, Serialize};
-use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, error, log};
+use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, Table, TableChange, error, log};
 
 use crate::config::Config;
 use crate::rpc::{self, FlushFailure};
-use crate::writer::CommitInfo;
+use crate::tables;
+use crate::writer::{CommitInfo, Flush};
 
+/// Every stream of checkpoint `c` to flush (the same shape as contract
+/// 0.1's, whose flushes name no table).
 #[derive(Debug, Serialize, Deserialize)]
 struct Combined {
-    flushes: Vec<CommitInfo>,
+    flushes: Vec<Flush>,
 }
 
 pub struct BigQueryCommitter {
@@ -45,13 +55,13 @@ fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
 }
 
 impl BigQueryCommitter {
-    fn flush(&self, c: u64, info: &CommitInfo) -> Result<(), SinkError> {
+    fn flush(&self, c: u64, info: &Flush) -> Result<(), SinkError> {
         let req = FlushRowsRequest { write_stream: info.stream.clone(), offset: Some(info.offset) };
+        let table = self.cfg.table_path(&info.table).unwrap_or_else(|_| info.table.clone());
         let way_out = format!(
             "The checkpoint stays pending and every run stops here until it is settled: if its rows are visible in \
              {table}, or you give them up, drop it with `sluice state JOB.toml --drop-pending {c}` and run the job \
-             again (`sluice state JOB.toml` shows what it holds)",
-            table = self.cfg.table
+             again (`sluice state JOB.toml` shows what it holds)"
         );
         match rpc::unary_raw::<_, FlushRowsResponse>(&self.cfg.endpoint, "FlushRows", &req, self.cfg.rpc_timeout_ms) {
             Ok(_) => Ok(()),
@@ -83,11 +93,29 @@ impl BigQueryCommitter {
 
 impl GuestCommitter for BigQueryCommitter {
     fn open(
-        _ctx: SinkContext,
+        ctx: SinkContext,
         options: Vec<(String, String)>,
-        _schema: Vec<u8>,
+        tables: Vec<Table>,
     ) -> Result<sluice_guest_sdk::Committer, SinkError> {
-        Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg: Config::parse(options)? }))
+        let cfg = Config::parse(options)?;
+        if ctx.refuse_other_incarnations {
+            log::info(
+                "BigQuery tables keep no record of checkpoints, so rows an earlier incarnation of this job landed \
+                 cannot be recognised; this run's rows land beside them (write streams never repeat)",
+            );
+        }
+        // The tables the job starts with: created, or evolved to take the rows.
+        for table in &tables {
+            tables::prepare(&cfg, table)?;
+        }
+        Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg }))
+    }
+
+    fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
+        for change in &changes {
+            tables::prepare(&self.cfg, &change.table)?;
+        }
+        Ok(())
     }
 
     fn combine(&self, _c: u64, infos: Vec<Vec<u8>>) -> Result<Vec<u8>, SinkError> {
@@ -95,7 +123,7 @@ impl GuestCommitter for BigQueryCommitter {
         for raw in &infos {
             let info: CommitInfo =
                 serde_json::from_slice(raw).map_err(|e| error::fatal(format!("commit info is not valid: {e}")))?;
-            flushes.push(info);
+            flushes.extend(info.flushes);
         }
         serde_json::to_vec(&Combined { flushes }).map_err(|e| error::fatal(format!("cannot encode the commit: {e}")))
     }
@@ -112,4 +140,22 @@ impl GuestCommitter for BigQueryCommitter {
         // Unflushed rows never become visible; BUFFERED streams need no cleanup.
         Ok(())
     }
+}
+
+/// What a combined commit will make visible, one line per stream.
+pub fn describe(cfg: Option<&Config>, combined: &[u8]) -> Vec<String> {
+    let Ok(combined) = decode(combined) else {
+        return vec!["(not a BigQuery-sink commit)".to_string()];
+    };
+    combined
+        .flushes
+        .iter()
+        .map(|f| {
+            let table = cfg.and_then(|cfg| cfg.table_path(&f.table).ok()).unwrap_or_else(|| format!("{:?}", f.table));
+            format!(
+                "table {table}: FlushRows({}, offset {}): rows up to offset {} of the stream",
+                f.stream, f.offset, f.offset
+            )
+        })
+        .collect()
 }

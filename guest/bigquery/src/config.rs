@@ -1,7 +1,6 @@
 //! The sink's options (`[sink.options]`).
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::TableSchema;
-use sluice_guest_sdk::incarnation::{self, Incarnation};
 use std::time::Duration;
 
 use sluice_guest_sdk::options::Options;
@@ -10,12 +9,29 @@ use sluice_retry::Policy;
 
 pub(crate) fn option_specs() -> Vec<OptionSpec> {
     vec![
-        option_spec("table", "Destination table: projects/PROJECT/datasets/DATASET/tables/TABLE", true, None),
+        option_spec(
+            "table",
+            "Destination table: projects/PROJECT/datasets/DATASET/tables/TABLE; for a source of several tables, a pattern with `{table}`, e.g. projects/p/datasets/lake/tables/{table}",
+            true,
+            None,
+        ),
         option_spec(
             "endpoint",
             "Name of the gRPC endpoint in the job's [sink.grpc] that serves the Storage Write API",
             false,
             Some("bigquery"),
+        ),
+        option_spec(
+            "rest_endpoint",
+            "Name of the HTTP endpoint in the job's [sink.http] that serves the BigQuery API (tables.get/insert/patch), used to create tables and evolve their schemas",
+            false,
+            Some("bigquery"),
+        ),
+        option_spec(
+            "create_table",
+            "Create a missing table from the rows' schema (through `rest_endpoint`)",
+            false,
+            Some("true"),
         ),
         option_spec(
             "max_request_bytes",
@@ -54,11 +70,6 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("100"),
         ),
-        // Only the id: write streams are the sink's idempotence keys, and the
-        // service names a new one for every writer that opens, so keys never
-        // repeat across incarnations; a table keeps no record of checkpoints
-        // that an earlier incarnation could be recognised by.
-        incarnation::id_spec(),
     ]
 }
 
@@ -67,15 +78,17 @@ const API_LIMIT: u64 = 10 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
+    /// `projects/P/datasets/D/tables/T`, or a pattern with `{table}`.
     pub table: String,
     pub endpoint: String,
+    pub rest_endpoint: String,
+    pub create_table: bool,
     pub max_request_bytes: usize,
     pub max_inflight: usize,
     pub table_schema: Option<TableSchema>,
     pub rpc_timeout_ms: u32,
     pub attempts: u32,
     pub backoff_ms: u64,
-    pub incarnation: Incarnation,
     pub format: RowFormat,
 }
 
@@ -92,17 +105,7 @@ impl Config {
     pub fn parse(raw: Vec<(String, String)>) -> Result<Self, SinkError> {
         let o = Options::parse(raw, &option_specs())?;
         let table = o.required("table")?.trim().to_string();
-        let parts: Vec<&str> = table.split('/').collect();
-        let shaped = parts.len() == 6
-            && parts[0] == "projects"
-            && parts[2] == "datasets"
-            && parts[4] == "tables"
-            && [parts[1], parts[3], parts[5]].iter().all(|p| !p.is_empty());
-        if !shaped {
-            return Err(error::config(format!(
-                "option `table` = {table:?} must look like projects/PROJECT/datasets/DATASET/tables/TABLE"
-            )));
-        }
+        check_table_path(&table.replace("{table}", "t"), &table)?;
         let max_request_bytes: u64 = o.parsed("max_request_bytes")?.unwrap_or(9_000_000);
         if !(1024..=API_LIMIT - 64 * 1024).contains(&max_request_bytes) {
             return Err(error::config(format!(
@@ -134,11 +137,12 @@ impl Config {
         };
         Ok(Self {
             format,
-            incarnation: Incarnation::from_options(&o)?,
             table_schema,
             max_inflight,
             table,
             endpoint: o.required("endpoint")?.to_string(),
+            rest_endpoint: o.required("rest_endpoint")?.to_string(),
+            create_table: o.flag("create_table")?,
             max_request_bytes: max_request_bytes as usize,
             rpc_timeout_ms: o.parsed("rpc_timeout_ms")?.unwrap_or(60_000),
             attempts,
@@ -155,8 +159,49 @@ impl Config {
         }
     }
 
-    /// The table's `_default` stream, used to read the table's schema.
-    pub fn default_stream(&self) -> String {
-        format!("{}/streams/_default", self.table)
+    /// The BigQuery table a source table lands in.
+    pub fn table_path(&self, table: &str) -> Result<String, SinkError> {
+        match (self.table.contains("{table}"), table.is_empty()) {
+            (true, false) => {
+                let valid = table.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-');
+                if !valid {
+                    return Err(error::config(format!(
+                        "the source's table {table:?} cannot be a BigQuery table id (letters, digits, `_` and `-` only)"
+                    )));
+                }
+                Ok(self.table.replace("{table}", table))
+            }
+            (false, true) => Ok(self.table.clone()),
+            (true, true) => Err(error::config(format!(
+                "option `table` = {:?} is a pattern for several tables, but the source has one unnamed table",
+                self.table
+            ))),
+            (false, false) => Err(error::config(format!(
+                "option `table` = {:?} names one table, but the source delivers table {table:?}: write a pattern \
+                 with `{{table}}`, e.g. projects/p/datasets/lake/tables/{{table}}",
+                self.table
+            ))),
+        }
+    }
+}
+
+/// The `_default` stream of `table`, used to read the table's schema.
+pub fn default_stream(table: &str) -> String {
+    format!("{table}/streams/_default")
+}
+
+fn check_table_path(path: &str, raw: &str) -> Result<(), SinkError> {
+    let parts: Vec<&str> = path.split('/').collect();
+    let shaped = parts.len() == 6
+        && parts[0] == "projects"
+        && parts[2] == "datasets"
+        && parts[4] == "tables"
+        && [parts[1], parts[3], parts[5]].iter().all(|p| !p.is_empty());
+    if shaped {
+        Ok(())
+    } else {
+        Err(error::config(format!(
+            "option `table` = {raw:?} must look like projects/PROJECT/datasets/DATASET/tables/TABLE"
+        )))
     }
 }

@@ -1,26 +1,28 @@
-//! `bigquery`: a Sluice sink that lands rows in a BigQuery table through the
+//! `bigquery`: a Sluice sink that lands rows in BigQuery tables through the
 //! Storage Write API, exactly once.
 //!
-//! - Each writer owns a BUFFERED write stream and appends with explicit
-//!   offsets (see [`writer`]); rows are `ProtoRows` of a writer schema derived
-//!   from the Arrow schema and checked against the table's schema.
-//! - At a checkpoint a writer hands over `(stream, last offset)`; the
-//!   committer makes the checkpoint visible with `FlushRows` (see
-//!   [`committer`]).
+//! - Each writer owns a BUFFERED write stream per table and appends with
+//!   explicit offsets (see [`writer`]); rows are `arrow_rows` (or
+//!   `ProtoRows`) checked against the table's schema.
+//! - At a checkpoint a writer hands over `(table, stream, last offset)` for
+//!   every stream that took rows; the committer makes the checkpoint visible
+//!   with `FlushRows` on each (see [`committer`]).
+//! - New tables are created and schemas evolved through the BigQuery API's
+//!   table methods, at the engine's barriers, before any row of the new
+//!   shape is appended (see [`tables`]).
 //!
-//! The plugin reaches the API only through the host's `grpc` capability, by
-//! endpoint name; the address and the credentials stay in the host.
+//! The plugin reaches the services only through the host's `grpc` and
+//! `wasi:http` capabilities, by endpoint name; the addresses and the
+//! credentials stay in the host.
 
 mod committer;
 mod config;
+mod rest;
 mod rpc;
+mod tables;
 mod writer;
 
-use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
-    GetWriteStreamRequest, WriteStream, WriteStreamView,
-};
-use sluice_bigquery_rows::RowEncoder;
-use sluice_guest_sdk::{Guest, PluginInfo, SinkError, error, ipc};
+use sluice_guest_sdk::{Guest, PluginInfo, SinkContext, SinkError, Table};
 
 pub struct BigQuerySink;
 
@@ -34,30 +36,26 @@ impl Guest for BigQuerySink {
             version: env!("CARGO_PKG_VERSION").to_string(),
             description: "Lands rows in a BigQuery table through the Storage Write API: BUFFERED streams, explicit offsets, FlushRows per checkpoint, exactly once".to_string(),
             options: config::option_specs(),
-            capabilities: vec!["grpc: the Storage Write API endpoint named by option `endpoint`".to_string()],
+            multi_table: true,
+            capabilities: vec![
+                "grpc: the Storage Write API endpoint named by option `endpoint`".to_string(),
+                "http: the BigQuery API endpoint named by option `rest_endpoint`, to create tables and evolve schemas"
+                    .to_string(),
+            ],
         }
     }
 
-    /// Reads the table's schema from its `_default` stream (GetWriteStream,
+    fn describe_commit(options: Vec<(String, String)>, combined: Vec<u8>) -> Vec<String> {
+        committer::describe(config::Config::parse(options).ok().as_ref(), &combined)
+    }
+
+    /// Reads each table's schema from its `_default` stream (GetWriteStream,
     /// view FULL), which writes nothing, and checks the rows against it.
-    fn validate(options: Vec<(String, String)>, schema: Vec<u8>) -> Result<(), SinkError> {
+    fn validate(_ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
         let cfg = config::Config::parse(options)?;
-        let arrow = ipc::decode_schema(&schema)?;
-        let req = GetWriteStreamRequest { name: cfg.default_stream(), view: WriteStreamView::Full as i32 };
-        let ws: WriteStream = rpc::unary(&cfg.endpoint, "GetWriteStream", &req, cfg.rpc_timeout_ms).map_err(|f| {
-            let m = f.message();
-            if m.starts_with("NOT_FOUND") {
-                error::config(format!("table {} does not exist ({m})", cfg.table))
-            } else if matches!(f, rpc::Failure::Transient(_)) {
-                error::config(format!("the Storage Write API is unreachable ({m})"))
-            } else {
-                error::config(format!("cannot read table {}: {m}", cfg.table))
-            }
-        })?;
-        let Some(table) = ws.table_schema.or(cfg.table_schema) else {
-            return Err(error::config(format!("the service returned no schema for table {}", cfg.table)));
-        };
-        RowEncoder::new(arrow, Some(&table)).map_err(|e| error::config(format!("{}: {e}", cfg.table)))?;
+        for table in &tables {
+            tables::check(&cfg, table)?;
+        }
         Ok(())
     }
 }

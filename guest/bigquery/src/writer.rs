@@ -1,10 +1,16 @@
-//! One writer: a BUFFERED write stream of its own, appended with explicit offsets.
+//! One writer: per table, a BUFFERED write stream of its own, appended with
+//! explicit offsets.
 //!
 //! Invariants:
-//! - the stream is created when the writer opens, also on restore: rows a
-//!   crashed run appended after its last checkpoint stay in the old stream,
-//!   past the offset any checkpoint flushes, so they never become visible, and
-//!   a replay that batches rows differently cannot collide with them;
+//! - a table's stream is created by this writer when the first rows of the
+//!   table arrive (so a checkpoint over N tables costs no calls for tables a
+//!   writer never sees), also after a restore: rows a crashed run appended
+//!   after its last checkpoint stay in an old stream, past the offset any
+//!   checkpoint flushes, so they never become visible, and a replay that
+//!   batches rows differently cannot collide with them;
+//! - after a schema change (`apply-changes`) the table's rows go to a new
+//!   stream, which carries the evolved table schema; the old stream was
+//!   drained and committed at the barrier;
 //! - `next_offset` advances only when the service acknowledged the append,
 //!   or answered `ALREADY_EXISTS` for the very request being retried (its
 //!   earlier try landed and the reply was lost); those rows are never sent
@@ -14,11 +20,13 @@
 //!   every unacknowledged request is sent again, in order, at the same
 //!   offsets, on a new connection;
 //! - `OUT_OF_RANGE` fails the writer: the stream and the writer disagree;
-//! - the commit info of checkpoint `c` is `(stream, next_offset - 1)`;
-//!   nothing is flushed here, so nothing is visible before the committer.
+//! - the commit info of checkpoint `c` is `(table, stream, next_offset - 1)`
+//!   for every stream that took rows since the last checkpoint; nothing is
+//!   flushed here, so nothing is visible before the committer.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -34,25 +42,43 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use sluice_bigquery_rows::{ArrowEncoder, RowEncoder, SchemaError, split_by_size};
 use sluice_guest_sdk::bindings::sluice::connector::grpc::{BidiStream, Received};
-use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, error, ipc, log};
+use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, Table, TableChange, error, incarnation, ipc, log};
 
 use crate::config::{Config, RowFormat};
 use crate::rpc::{self, Failure};
 
-/// What a writer persists with a checkpoint: positions and names, never rows.
+/// What a writer persists with a checkpoint: positions and names, never
+/// rows. (A state written for contract 0.1 had one `stream`; it reads back
+/// with its checkpoint, which is all a restore uses.)
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct WriterState {
+    #[serde(default)]
+    pub streams: Vec<StreamState>,
+    pub checkpoint: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct StreamState {
+    pub table: String,
     pub stream: String,
     pub next_offset: i64,
-    pub checkpoint: u64,
+}
+
+/// One stream's part of a checkpoint: flush `stream` up to `offset`.
+/// (`table` is absent from commits prepared for contract 0.1: one table.)
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct Flush {
+    #[serde(default)]
+    pub table: String,
+    pub stream: String,
+    /// Last offset to flush (inclusive).
+    pub offset: i64,
 }
 
 /// What the committer needs to make a writer's rows of a checkpoint visible.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub(crate) struct CommitInfo {
-    pub stream: String,
-    /// Last offset to flush (inclusive).
-    pub offset: i64,
+    pub flushes: Vec<Flush>,
 }
 
 /// One AppendRows request sent on the current connection and not yet acknowledged.
@@ -70,9 +96,12 @@ struct InFlight {
     failures: u32,
 }
 
-struct Inner {
-    cfg: Config,
-    ctx: SinkContext,
+/// One table's stream, as this writer appends to it.
+struct StreamWriter {
+    cfg: Rc<Config>,
+    subtask: u32,
+    /// The source's name of the table.
+    table: String,
     encoding: Encoding,
     stream: String,
     /// Every row below this offset is acknowledged.
@@ -81,21 +110,35 @@ struct Inner {
     send_offset: i64,
     /// `next_offset` at the last `prepare-commit`.
     prepared_offset: i64,
-    checkpoint: u64,
-    /// Rows handed to `write` since the writer opened.
+    /// Rows of this table handed to `write` since the stream opened.
     rows_in: u64,
     conn: Option<BidiStream>,
     /// Requests in flight on `conn`, in offset order (replies come in order).
     in_flight: VecDeque<InFlight>,
 }
 
+/// A table this writer knows: where it lands, its rows' schema, and its
+/// stream once rows arrived.
+struct TableWriter {
+    path: String,
+    arrow: Arc<Schema>,
+    stream: Option<StreamWriter>,
+}
+
+struct Inner {
+    cfg: Rc<Config>,
+    ctx: SinkContext,
+    tables: BTreeMap<String, TableWriter>,
+    checkpoint: u64,
+}
+
 pub struct BigQueryWriter {
     inner: RefCell<Inner>,
 }
 
-pub(crate) fn create_stream(cfg: &Config) -> Result<WriteStream, SinkError> {
+pub(crate) fn create_stream(cfg: &Config, table: &str) -> Result<WriteStream, SinkError> {
     let req = CreateWriteStreamRequest {
-        parent: cfg.table.clone(),
+        parent: table.to_string(),
         write_stream: Some(WriteStream { r#type: StreamType::Buffered as i32, ..Default::default() }),
     };
     cfg.retry()
@@ -103,12 +146,11 @@ pub(crate) fn create_stream(cfg: &Config) -> Result<WriteStream, SinkError> {
             |_| rpc::unary::<_, WriteStream>(&cfg.endpoint, "CreateWriteStream", &req, cfg.rpc_timeout_ms),
             // A lost reply leaves an empty stream behind: harmless, it is never flushed.
             |f| matches!(f, Failure::Transient(_)),
-            |f, _, _| log::warn(&format!("CreateWriteStream on {} failed ({}); retrying", cfg.table, f.message())),
+            |f, _, _| log::warn(&format!("CreateWriteStream on {table} failed ({}); retrying", f.message())),
         )
         .map_err(|failed| {
             error::config(format!(
-                "cannot create a write stream on {} through endpoint `{}`: {}",
-                cfg.table,
+                "cannot create a write stream on {table} through endpoint `{}`: {}",
                 cfg.endpoint,
                 failed.error.message()
             ))
@@ -182,9 +224,31 @@ enum Trouble {
     RowErrors(String),
 }
 
-impl Inner {
+impl StreamWriter {
+    /// Opens a new stream on `path` for rows of `arrow`.
+    fn open(cfg: Rc<Config>, subtask: u32, table: &str, path: &str, arrow: Arc<Schema>) -> Result<Self, SinkError> {
+        let ws = create_stream(&cfg, path)?;
+        // The stream's schema is the table's own; the option stands in when it is absent.
+        let encoding = Encoding::new(cfg.format, arrow, ws.table_schema.as_ref().or(cfg.table_schema.as_ref()))
+            .map_err(|e| error::config(format!("{path}: {e}")))?;
+        log::debug(&format!("writer {subtask} appends rows of {path} to {}", ws.name));
+        Ok(StreamWriter {
+            cfg,
+            subtask,
+            table: table.to_string(),
+            encoding,
+            stream: ws.name,
+            next_offset: 0,
+            send_offset: 0,
+            prepared_offset: 0,
+            rows_in: 0,
+            conn: None,
+            in_flight: VecDeque::new(),
+        })
+    }
+
     fn label(&self) -> String {
-        format!("writer {} stream {}", self.ctx.subtask, self.stream)
+        format!("writer {} stream {}", self.subtask, self.stream)
     }
 
     fn connection(&mut self) -> Result<&BidiStream, Failure> {
@@ -245,10 +309,11 @@ impl Inner {
                 if let Some(first) = reply.row_errors.first() {
                     let more = reply.row_errors.len() - 1;
                     return Err(Trouble::RowErrors(format!(
-                        "BigQuery rejected row {} of the request at offset {} (row {} of this writer's input): {}{}",
+                        "BigQuery rejected row {} of the request at offset {} (row {} of this writer's input for table {:?}): {}{}",
                         first.index,
                         front.offset,
                         front.first_row + first.index as u64,
+                        self.table,
                         first.message,
                         if more > 0 { format!(" (and {more} more rows)") } else { String::new() }
                     )));
@@ -414,78 +479,130 @@ impl Inner {
     }
 }
 
-impl GuestWriter for BigQueryWriter {
-    fn open(
-        ctx: SinkContext,
-        options: Vec<(String, String)>,
-        schema: Vec<u8>,
-        restored_state: Option<Vec<u8>>,
-    ) -> Result<sluice_guest_sdk::Writer, SinkError> {
-        let cfg = Config::parse(options)?;
-        let arrow: Arc<Schema> = ipc::decode_schema(&schema)?;
-        let restored: Option<WriterState> = sluice_guest_sdk::restored_state(restored_state)?;
-        let ws = create_stream(&cfg)?;
-        // The stream's schema is the table's own; the option stands in when it is absent.
-        let encoding = Encoding::new(cfg.format, arrow, ws.table_schema.as_ref().or(cfg.table_schema.as_ref()))
-            .map_err(|e| error::config(format!("{}: {e}", cfg.table)))?;
-        match &restored {
-            Some(old) => log::info(&format!(
-                "writer {} of {} restored after checkpoint {}: stream {} stays at offset {}, new rows go to {}",
-                ctx.subtask,
-                cfg.incarnation.key(&ctx),
-                old.checkpoint,
-                old.stream,
-                old.next_offset,
-                ws.name
-            )),
-            None => {
-                log::debug(&format!("writer {} of {} appends to {}", ctx.subtask, cfg.incarnation.key(&ctx), ws.name))
-            }
-        }
-        let inner = Inner {
-            cfg,
-            ctx,
-            encoding,
-            stream: ws.name,
-            next_offset: 0,
-            send_offset: 0,
-            prepared_offset: 0,
-            checkpoint: restored.map(|r| r.checkpoint).unwrap_or(0),
-            rows_in: 0,
-            conn: None,
-            in_flight: VecDeque::new(),
-        };
-        Ok(sluice_guest_sdk::Writer::new(BigQueryWriter { inner: RefCell::new(inner) }))
-    }
-
-    fn write(&self, rows: Vec<u8>) -> Result<(), SinkError> {
-        let mut inner = self.inner.borrow_mut();
-        let (_, batches) = ipc::decode(&rows)?;
-        drop(rows);
-        let max = inner.cfg.max_request_bytes;
-        for (n, rows) in inner.encoding.requests(&batches, max)? {
-            inner.append(n, rows)?;
+impl StreamWriter {
+    /// Sends the rows of one IPC batch.
+    fn write(&mut self, batches: &[RecordBatch]) -> Result<(), SinkError> {
+        let max = self.cfg.max_request_bytes;
+        for (n, rows) in self.encoding.requests(batches, max)? {
+            self.append(n, rows)?;
         }
         Ok(())
     }
 
-    fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
-        let mut inner = self.inner.borrow_mut();
+    /// Drains the stream and returns what checkpoint `c` must flush, if
+    /// rows arrived since the last checkpoint.
+    fn prepare(&mut self) -> Result<Option<Flush>, SinkError> {
         // Everything sent so far must be in the stream before its offset is handed over.
-        inner.drain()?;
-        inner.checkpoint = c;
-        if inner.next_offset == inner.prepared_offset {
+        self.drain()?;
+        if self.next_offset == self.prepared_offset {
             return Ok(None);
         }
-        inner.prepared_offset = inner.next_offset;
-        let info = CommitInfo { stream: inner.stream.clone(), offset: inner.next_offset - 1 };
-        serde_json::to_vec(&info).map(Some).map_err(|e| error::fatal(format!("cannot encode the commit info: {e}")))
+        self.prepared_offset = self.next_offset;
+        Ok(Some(Flush { table: self.table.clone(), stream: self.stream.clone(), offset: self.next_offset - 1 }))
+    }
+}
+
+impl Inner {
+    fn table_writer(&self, table: &Table) -> Result<TableWriter, SinkError> {
+        Ok(TableWriter {
+            path: self.cfg.table_path(&table.name)?,
+            arrow: ipc::decode_schema(&table.schema)?,
+            stream: None,
+        })
+    }
+}
+
+impl GuestWriter for BigQueryWriter {
+    fn open(
+        ctx: SinkContext,
+        options: Vec<(String, String)>,
+        tables: Vec<Table>,
+        restored_state: Option<Vec<u8>>,
+    ) -> Result<sluice_guest_sdk::Writer, SinkError> {
+        let cfg = Rc::new(Config::parse(options)?);
+        let restored: Option<WriterState> = sluice_guest_sdk::restored_state(restored_state)?;
+        if let Some(old) = &restored {
+            let old_streams: Vec<String> =
+                old.streams.iter().map(|s| format!("{} at offset {}", s.stream, s.next_offset)).collect();
+            log::info(&format!(
+                "writer {} of {} restored after checkpoint {}; its old streams stay as they are ({}), new rows go to new streams",
+                ctx.subtask,
+                incarnation::key(&ctx),
+                old.checkpoint,
+                if old_streams.is_empty() { "none recorded".to_string() } else { old_streams.join(", ") }
+            ));
+        }
+        let mut inner =
+            Inner { cfg, ctx, tables: BTreeMap::new(), checkpoint: restored.map(|r| r.checkpoint).unwrap_or(0) };
+        for table in &tables {
+            let writer = inner.table_writer(table)?;
+            inner.tables.insert(table.name.clone(), writer);
+        }
+        Ok(sluice_guest_sdk::Writer::new(BigQueryWriter { inner: RefCell::new(inner) }))
+    }
+
+    fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        let (_, batches) = ipc::decode(&rows)?;
+        drop(rows);
+        let (cfg, subtask) = (inner.cfg.clone(), inner.ctx.subtask);
+        let t = inner.tables.get_mut(&table).ok_or_else(|| {
+            error::invalid_data(format!("rows of table {table:?}, which the engine has not announced to this writer"))
+        })?;
+        if t.stream.is_none() {
+            t.stream = Some(StreamWriter::open(cfg, subtask, &table, &t.path, t.arrow.clone())?);
+        }
+        match &mut t.stream {
+            Some(stream) => stream.write(&batches),
+            None => Err(error::fatal("the stream was not opened")),
+        }
+    }
+
+    fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        inner.checkpoint = c;
+        let mut flushes = Vec::new();
+        for t in inner.tables.values_mut() {
+            if let Some(stream) = &mut t.stream
+                && let Some(flush) = stream.prepare()?
+            {
+                flushes.push(flush);
+            }
+        }
+        if flushes.is_empty() {
+            return Ok(None);
+        }
+        serde_json::to_vec(&CommitInfo { flushes })
+            .map(Some)
+            .map_err(|e| error::fatal(format!("cannot encode the commit info: {e}")))
     }
 
     fn snapshot_state(&self, c: u64) -> Result<Vec<u8>, SinkError> {
         let inner = self.inner.borrow();
-        let state = WriterState { stream: inner.stream.clone(), next_offset: inner.next_offset, checkpoint: c };
+        let streams = inner
+            .tables
+            .iter()
+            .filter_map(|(table, t)| {
+                t.stream.as_ref().map(|s| StreamState {
+                    table: table.clone(),
+                    stream: s.stream.clone(),
+                    next_offset: s.next_offset,
+                })
+            })
+            .collect();
+        let state = WriterState { streams, checkpoint: c };
         serde_json::to_vec(&state).map_err(|e| error::fatal(format!("cannot encode the writer state: {e}")))
+    }
+
+    fn apply_changes(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        for change in &changes {
+            // The barrier drained and committed the old stream; the table's
+            // next rows go to a new stream, which carries the evolved schema.
+            let writer = inner.table_writer(&change.table)?;
+            inner.tables.insert(change.table.name.clone(), writer);
+        }
+        Ok(())
     }
 
     fn abort_prepare(&self, _c: u64) -> Result<(), SinkError> {
@@ -497,8 +614,12 @@ impl GuestWriter for BigQueryWriter {
     fn close(&self) -> Result<(), SinkError> {
         // Appends nothing. Rows no checkpoint covers stay unflushed, so invisible.
         let mut inner = self.inner.borrow_mut();
-        inner.in_flight.clear();
-        inner.conn = None;
+        for t in inner.tables.values_mut() {
+            if let Some(stream) = &mut t.stream {
+                stream.in_flight.clear();
+                stream.conn = None;
+            }
+        }
         Ok(())
     }
 }

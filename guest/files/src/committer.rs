@@ -1,9 +1,10 @@
-//! The files sink's committer: one atomic directory rename per checkpoint.
+//! The files sink's committer: one atomic directory rename per table per
+//! checkpoint.
 
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::Committer;
 use sluice_guest_sdk::files::{self, join};
-use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, error, log};
+use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, Table, TableChange, error, log};
 
 use crate::writer::{CommitInfo, StagedFile};
 use crate::{Config, layout};
@@ -11,6 +12,22 @@ use crate::{Config, layout};
 /// Everything needed to publish one checkpoint; persisted by the host.
 #[derive(Debug, Serialize, Deserialize)]
 struct Combined {
+    staging_dir: String,
+    /// One entry per table the checkpoint touched.
+    #[serde(default)]
+    tables: Vec<TableCommit>,
+    /// A checkpoint prepared by the files sink for contract 0.1 (one table):
+    /// its visible directory and files, staged right in `staging_dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    visible_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    files: Vec<StagedFile>,
+}
+
+/// One table's part of a checkpoint: one rename makes it visible.
+#[derive(Debug, Serialize, Deserialize)]
+struct TableCommit {
+    table: String,
     staging_dir: String,
     visible_dir: String,
     files: Vec<StagedFile>,
@@ -25,18 +42,64 @@ fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
     serde_json::from_slice(combined).map_err(|e| error::fatal(format!("combined commit is not valid: {e}")))
 }
 
+impl FilesCommitter {
+    /// Makes one staged directory visible with one rename. `Ok(false)`: it
+    /// was visible already.
+    fn publish(&self, c: u64, staging: &str, visible: &str, files: &[StagedFile]) -> Result<bool, SinkError> {
+        let io = |what: &str, e| files::to_sink_error(&format!("checkpoint {c}: {what}"), e);
+        if files::exists(visible).map_err(|e| io("checking the visible directory", e))? {
+            return Ok(false);
+        }
+        for file in files {
+            let location = join(staging, &file.name);
+            if !files::exists(&location).map_err(|e| io("checking staged files", e))? {
+                return Err(error::fatal(format!(
+                    "checkpoint {c} cannot be committed: staged file {location} is missing \
+                     (was the staging directory changed outside Sluice?)"
+                )));
+            }
+        }
+        if let Some((parent, _)) = visible.rsplit_once('/') {
+            files::create_dir_all(parent).map_err(|e| io("creating the table directory", e))?;
+        }
+        match files::rename(staging, visible) {
+            Ok(()) => {
+                let rows: u64 = files.iter().map(|f| f.rows).sum();
+                log::info(&format!("checkpoint {c}: published {} file(s), {rows} row(s) in {visible}", files.len()));
+                Ok(true)
+            }
+            // Someone (an earlier attempt of this very commit) got there first.
+            Err(sluice_guest_sdk::IoError::AlreadyExists(_)) => Ok(false),
+            Err(e) => Err(io("publishing", e)),
+        }
+    }
+}
+
 impl GuestCommitter for FilesCommitter {
-    fn open(ctx: SinkContext, options: Vec<(String, String)>, _schema: Vec<u8>) -> Result<Committer, SinkError> {
+    fn open(ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<Committer, SinkError> {
         let cfg = Config::parse(options)?;
-        layout::refuse_other_incarnations(&cfg, &ctx)?;
+        let names: Vec<String> = tables.iter().map(|t| t.name.clone()).collect();
+        for name in &names {
+            layout::check_table_name(name)?;
+        }
+        layout::refuse_other_incarnations(&cfg, &ctx, &names)?;
         files::create_dir_all(&cfg.path)
             .map_err(|e| files::to_sink_error(&format!("creating output directory {}", cfg.path), e))?;
         Ok(Committer::new(FilesCommitter { cfg, ctx }))
     }
 
+    fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
+        // Each checkpoint's files carry their own schema: a new table or an
+        // evolved one needs nothing in the output before its rows come.
+        for change in &changes {
+            crate::writer::table_writer(&change.table)?;
+        }
+        Ok(())
+    }
+
     fn combine(&self, c: u64, infos: Vec<Vec<u8>>) -> Result<Vec<u8>, SinkError> {
         let mut staging_dir: Option<String> = None;
-        let mut all = Vec::new();
+        let mut tables: Vec<TableCommit> = Vec::new();
         for bytes in infos {
             let info: CommitInfo = serde_json::from_slice(&bytes)
                 .map_err(|e| error::fatal(format!("commit info of checkpoint {c} is not valid: {e}")))?;
@@ -47,44 +110,36 @@ impl GuestCommitter for FilesCommitter {
                         info.dir
                     )));
                 }
-                _ => staging_dir = Some(info.dir),
+                _ => staging_dir = Some(info.dir.clone()),
             }
-            all.extend(info.files);
+            for part in info.tables {
+                match tables.iter_mut().find(|t| t.table == part.table) {
+                    Some(t) => t.files.extend(part.files),
+                    None => tables.push(TableCommit {
+                        staging_dir: layout::table_staging_dir(&info.dir, &part.table),
+                        visible_dir: layout::visible_dir(&self.cfg, &self.ctx, &part.table, c),
+                        table: part.table,
+                        files: part.files,
+                    }),
+                }
+            }
         }
         let staging_dir = staging_dir.ok_or_else(|| error::fatal(format!("checkpoint {c} has no commit infos")))?;
-        let combined = Combined { staging_dir, visible_dir: layout::visible_dir(&self.cfg, &self.ctx, c), files: all };
+        let combined = Combined { staging_dir, tables, visible_dir: None, files: Vec::new() };
         serde_json::to_vec(&combined).map_err(|e| error::fatal(format!("encoding combined commit: {e}")))
     }
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
         let combined = decode(&combined)?;
-        let io = |what: &str, e| files::to_sink_error(&format!("checkpoint {c}: {what}"), e);
-        if files::exists(&combined.visible_dir).map_err(|e| io("checking the visible directory", e))? {
-            return Ok(CommitOutcome::AlreadyCommitted);
+        let mut published = false;
+        if let Some(visible) = &combined.visible_dir {
+            published |= self.publish(c, &combined.staging_dir, visible, &combined.files)?;
         }
-        for file in &combined.files {
-            let location = join(&combined.staging_dir, &file.name);
-            if !files::exists(&location).map_err(|e| io("checking staged files", e))? {
-                return Err(error::fatal(format!(
-                    "checkpoint {c} cannot be committed: staged file {location} is missing \
-                     (was the staging directory changed outside Sluice?)"
-                )));
-            }
+        // Table by table: a table already visible is left alone.
+        for table in &combined.tables {
+            published |= self.publish(c, &table.staging_dir, &table.visible_dir, &table.files)?;
         }
-        match files::rename(&combined.staging_dir, &combined.visible_dir) {
-            Ok(()) => {
-                let rows: u64 = combined.files.iter().map(|f| f.rows).sum();
-                log::info(&format!(
-                    "checkpoint {c}: published {} file(s), {rows} row(s) in {}",
-                    combined.files.len(),
-                    combined.visible_dir
-                ));
-                Ok(CommitOutcome::Committed)
-            }
-            // Someone (an earlier attempt of this very commit) got there first.
-            Err(sluice_guest_sdk::IoError::AlreadyExists(_)) => Ok(CommitOutcome::AlreadyCommitted),
-            Err(e) => Err(io("publishing", e)),
-        }
+        Ok(if published { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }
 
     fn abort(&self, _c: u64, combined: Vec<u8>) -> Result<(), SinkError> {
@@ -95,4 +150,19 @@ impl GuestCommitter for FilesCommitter {
             Err(e) => Err(files::to_sink_error("removing aborted checkpoint", e)),
         }
     }
+}
+
+/// What a combined commit will make visible, one line per table.
+pub fn describe(combined: &[u8]) -> Vec<String> {
+    let Ok(combined) = decode(combined) else { return vec!["(not a files-sink commit)".to_string()] };
+    let line = |table: &str, files: &[StagedFile], visible: &str| {
+        let rows: u64 = files.iter().map(|f| f.rows).sum();
+        let name = if table.is_empty() { String::new() } else { format!("table {table}: ") };
+        format!("{name}{} file(s), {rows} rows -> {visible}", files.len())
+    };
+    let mut lines: Vec<String> = combined.tables.iter().map(|t| line(&t.table, &t.files, &t.visible_dir)).collect();
+    if let Some(visible) = &combined.visible_dir {
+        lines.push(line("", &combined.files, visible));
+    }
+    lines
 }

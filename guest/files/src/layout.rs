@@ -1,22 +1,51 @@
 //! Where the files sink puts things. One place, so writer and committer agree.
+//!
+//! - visible: `<path>/<key>.c<c>/` for the single table `""`, and
+//!   `<path>/<table>/<key>.c<c>/` for a named table;
+//! - staging: `<staging>/<key>/attempt-<a>/inprogress/<table>/` while files
+//!   are written, `<staging>/<key>/attempt-<a>/c<c>/<table>/` once prepared;
+//!
+//! where `<key>` is `<job>.<sink>.<incarnation>` and `<table>` is `_` for
+//! the single table.
 
 use sluice_guest_sdk::files::{self, join};
-use sluice_guest_sdk::{SinkContext, SinkError};
+use sluice_guest_sdk::{SinkContext, SinkError, error, incarnation};
 
 use crate::Config;
 
+/// Checks that a table name can name a directory.
+pub fn check_table_name(table: &str) -> Result<(), SinkError> {
+    let ok = table.is_empty()
+        || (table != "_"
+            && !table.starts_with('.')
+            && table.len() <= 200
+            && table.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')));
+    if ok {
+        Ok(())
+    } else {
+        Err(error::config(format!(
+            "table name {table:?} cannot name a directory: use letters, digits, `_`, `-` and `.`"
+        )))
+    }
+}
+
+/// The directory part a table takes in staging.
+fn table_dir(table: &str) -> &str {
+    if table.is_empty() { "_" } else { table }
+}
+
 /// Root of everything this incarnation of the job's sink stages.
 pub fn staging_root(cfg: &Config, ctx: &SinkContext) -> String {
-    join(&cfg.staging, &cfg.incarnation.key(ctx))
+    join(&cfg.staging, &incarnation::key(ctx))
 }
 
 pub fn attempt_dir(cfg: &Config, ctx: &SinkContext, attempt: u32) -> String {
     join(&staging_root(cfg, ctx), &format!("attempt-{attempt}"))
 }
 
-/// Where a writer streams its open files.
-pub fn inprogress_dir(cfg: &Config, ctx: &SinkContext) -> String {
-    join(&attempt_dir(cfg, ctx, ctx.attempt), "inprogress")
+/// Where a writer streams the open files of `table`.
+pub fn inprogress_dir(cfg: &Config, ctx: &SinkContext, table: &str) -> String {
+    join(&join(&attempt_dir(cfg, ctx, ctx.attempt), "inprogress"), table_dir(table))
 }
 
 /// Where a checkpoint's finished files wait for the commit.
@@ -24,10 +53,21 @@ pub fn checkpoint_staging_dir(cfg: &Config, ctx: &SinkContext, c: u64) -> String
     join(&attempt_dir(cfg, ctx, ctx.attempt), &format!("c{c:010}"))
 }
 
-/// The visible directory of checkpoint `c`: derived from job, sink,
-/// incarnation and `c` only, never from the attempt, so a re-commit finds it.
-pub fn visible_dir(cfg: &Config, ctx: &SinkContext, c: u64) -> String {
-    join(&cfg.path, &format!("{}.c{c:010}", cfg.incarnation.key(ctx)))
+/// Where a checkpoint's finished files of `table` wait for the commit.
+pub fn table_staging_dir(checkpoint_dir: &str, table: &str) -> String {
+    join(checkpoint_dir, table_dir(table))
+}
+
+/// The directory holding `table`'s visible checkpoints.
+pub fn table_path(cfg: &Config, table: &str) -> String {
+    if table.is_empty() { cfg.path.clone() } else { join(&cfg.path, table) }
+}
+
+/// The visible directory of checkpoint `c` of `table`: derived from job,
+/// sink, incarnation, table and `c` only, never from the attempt, so a
+/// re-commit finds it.
+pub fn visible_dir(cfg: &Config, ctx: &SinkContext, table: &str, c: u64) -> String {
+    join(&table_path(cfg, table), &format!("{}.c{c:010}", incarnation::key(ctx)))
 }
 
 /// The incarnation a visible directory name belongs to, when it is one of
@@ -43,24 +83,26 @@ fn incarnation_of<'a>(ctx: &SinkContext, name: &'a str) -> Option<Option<&'a str
     is_checkpoint(checkpoint).then_some(Some(id))
 }
 
-/// Stops a fresh state directory's first run when `path` holds a committed
-/// checkpoint of this job and sink from another incarnation.
-pub fn refuse_other_incarnations(cfg: &Config, ctx: &SinkContext) -> Result<(), SinkError> {
-    if !cfg.incarnation.refuse_others {
+/// Stops a fresh state directory's first run when a table's directory holds
+/// a committed checkpoint of this job and sink from another incarnation.
+pub fn refuse_other_incarnations(cfg: &Config, ctx: &SinkContext, tables: &[String]) -> Result<(), SinkError> {
+    if !ctx.refuse_other_incarnations {
         return Ok(());
     }
-    let names = match files::list_dir(&cfg.path) {
-        Ok(names) => names,
-        Err(sluice_guest_sdk::IoError::NotFound(_)) => return Ok(()),
-        Err(e) => return Err(files::to_sink_error(&format!("listing {}", cfg.path), e)),
-    };
-    let ours = cfg.incarnation.id.as_deref();
-    for name in &names {
-        if let Some(found) = incarnation_of(ctx, name)
-            && found != ours
-        {
-            let what = format!("committed checkpoints (e.g. {name})");
-            return Err(cfg.incarnation.refuse(ctx, &cfg.path, &what, found));
+    for table in tables {
+        let dir = table_path(cfg, table);
+        let names = match files::list_dir(&dir) {
+            Ok(names) => names,
+            Err(sluice_guest_sdk::IoError::NotFound(_)) => continue,
+            Err(e) => return Err(files::to_sink_error(&format!("listing {dir}"), e)),
+        };
+        for name in &names {
+            if let Some(found) = incarnation_of(ctx, name)
+                && found != Some(ctx.incarnation.as_str())
+            {
+                let what = format!("committed checkpoints (e.g. {name})");
+                return Err(incarnation::refuse(ctx, &dir, &what, found));
+            }
         }
     }
     Ok(())

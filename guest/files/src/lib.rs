@@ -1,16 +1,23 @@
 //! `files`: the reference Sluice sink. Lands Parquet files exactly once.
 //!
 //! Layout (all through the `file-io` capability, inside the granted locations):
-//! - a writer streams rows into `<staging>/<key>/attempt-<a>/inprogress/part-<subtask>-<seq>.parquet`,
-//!   where `<key>` is `<job>.<sink>.<incarnation>`;
-//! - `prepare-commit(c)` closes the open file and moves the writer's finished
-//!   files into `<staging>/<key>/attempt-<a>/c<c>/` (still invisible);
+//! - a writer streams each table's rows into
+//!   `<staging>/<key>/attempt-<a>/inprogress/<table>/part-<subtask>-<seq>.parquet`,
+//!   where `<key>` is `<job>.<sink>.<incarnation>` (see `layout`);
+//! - `prepare-commit(c)` closes the open files and moves the writer's finished
+//!   files into `<staging>/<key>/attempt-<a>/c<c>/<table>/` (still invisible);
 //! - the committer makes checkpoint `c` visible with **one** atomic directory
-//!   rename to `<path>/<key>.c<c>/`.
+//!   rename per table, to `<path>/<key>.c<c>/` (the single table) or
+//!   `<path>/<table>/<key>.c<c>/`.
 //!
 //! Invariants:
-//! - nothing under `<path>` is ever written except by that single rename, so
-//!   a reader of `<path>/*/*.parquet` sees whole checkpoints or nothing;
+//! - nothing under `<path>` is ever written except by those renames, so a
+//!   reader of a table's directory sees whole checkpoints or nothing;
+//! - a checkpoint is committed table by table, and a table whose directory
+//!   is visible already is left alone, so a re-commit after a crash between
+//!   two renames finishes the rest;
+//! - each checkpoint's files carry their own schema, so a table whose schema
+//!   evolves needs nothing changed in the output;
 //! - the visible directory name is derived from job, sink, incarnation and
 //!   checkpoint only, so a repeated commit finds it and answers
 //!   `already-committed`, and a job started over in a fresh state directory
@@ -25,9 +32,8 @@ mod committer;
 mod layout;
 mod writer;
 
-use sluice_guest_sdk::incarnation::{self, Incarnation};
 use sluice_guest_sdk::options::Options;
-use sluice_guest_sdk::{Guest, OptionSpec, PluginInfo, SinkError, error, files, ipc, option_spec};
+use sluice_guest_sdk::{Guest, OptionSpec, PluginInfo, SinkContext, SinkError, Table, error, files, option_spec};
 
 pub(crate) const NAME: &str = "files";
 
@@ -52,8 +58,6 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             Some("128"),
         ),
         option_spec("compression", "Parquet compression codec: `snappy` or `none`", false, Some("snappy")),
-        incarnation::id_spec(),
-        incarnation::check_spec(),
     ]
 }
 
@@ -64,7 +68,6 @@ pub(crate) struct Config {
     pub staging: String,
     pub target_file_bytes: u64,
     pub compression: parquet::basic::Compression,
-    pub incarnation: Incarnation,
 }
 
 impl Config {
@@ -91,8 +94,7 @@ impl Config {
                 )));
             }
         };
-        let incarnation = Incarnation::from_options(&opts)?;
-        Ok(Self { path, staging, target_file_bytes: target_mb * 1024 * 1024, compression, incarnation })
+        Ok(Self { path, staging, target_file_bytes: target_mb * 1024 * 1024, compression })
     }
 }
 
@@ -111,13 +113,19 @@ impl Guest for FilesSink {
             capabilities: vec![
                 "file-io: read-write on `path` and on `staging_path` (same filesystem)".to_string(),
             ],
+            multi_table: true,
         }
     }
 
-    fn validate(options: Vec<(String, String)>, schema: Vec<u8>) -> Result<(), SinkError> {
+    fn describe_commit(_options: Vec<(String, String)>, combined: Vec<u8>) -> Vec<String> {
+        committer::describe(&combined)
+    }
+
+    fn validate(_ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
         let cfg = Config::parse(options)?;
-        let schema = ipc::decode_schema(&schema)?;
-        writer::check_schema(&schema)?;
+        for table in &tables {
+            writer::table_writer(table)?;
+        }
         for (what, location) in [("path", &cfg.path), ("staging_path", &cfg.staging)] {
             files::exists(location).map_err(|e| files::to_sink_error(&format!("option `{what}` ({location})"), e))?;
         }

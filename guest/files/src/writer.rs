@@ -1,13 +1,15 @@
-//! The files sink's writer: streams rows into Parquet files under staging.
+//! The files sink's writer: streams each table's rows into Parquet files
+//! under staging.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 
 use arrow_schema::SchemaRef;
 use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::files::{self, OutputWriter, join};
-use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, error, ipc, log};
+use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, Table, TableChange, error, ipc, log};
 
 use crate::{Config, layout};
 
@@ -16,6 +18,14 @@ use crate::{Config, layout};
 pub struct CommitInfo {
     /// Staging directory of the checkpoint (shared by all writers of one attempt).
     pub dir: String,
+    /// The files of every table the writer wrote.
+    pub tables: Vec<TableFiles>,
+}
+
+/// One table's files of a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TableFiles {
+    pub table: String,
     pub files: Vec<StagedFile>,
 }
 
@@ -39,14 +49,19 @@ struct OpenFile {
     rows: u64,
 }
 
+/// One table's files of this writer.
+pub(crate) struct TableWriter {
+    schema: SchemaRef,
+    open: Option<OpenFile>,
+    /// Finished files in `inprogress/<table>/` not yet handed to a checkpoint.
+    finished: Vec<StagedFile>,
+}
+
 struct Inner {
     cfg: Config,
     ctx: SinkContext,
-    schema: SchemaRef,
     props: WriterProperties,
-    open: Option<OpenFile>,
-    /// Finished files in `inprogress/` not yet handed to a checkpoint.
-    finished: Vec<StagedFile>,
+    tables: BTreeMap<String, TableWriter>,
     seq: u64,
     state: State,
 }
@@ -55,40 +70,61 @@ pub struct FilesWriter {
     inner: RefCell<Inner>,
 }
 
-/// Rejects schemas Parquet cannot store, naming the column.
-pub fn check_schema(schema: &SchemaRef) -> Result<(), SinkError> {
+/// Rejects schemas Parquet cannot store, naming the table and column.
+pub fn check_schema(table: &str, schema: &SchemaRef) -> Result<(), SinkError> {
     ArrowSchemaConverter::new()
         .convert(schema)
         .map(|_| ())
-        .map_err(|e| error::config(format!("the rows' schema cannot be written as Parquet: {e}")))
+        .map_err(|e| error::config(format!("the rows of table {table:?} cannot be written as Parquet: {e}")))
+}
+
+/// A table the engine announced: its name checked, its schema decoded.
+pub fn table_writer(table: &Table) -> Result<(String, TableWriter), SinkError> {
+    layout::check_table_name(&table.name)?;
+    let schema = ipc::decode_schema(&table.schema)?;
+    check_schema(&table.name, &schema)?;
+    Ok((table.name.clone(), TableWriter { schema, open: None, finished: Vec::new() }))
 }
 
 impl Inner {
-    fn inprogress(&self, name: &str) -> String {
-        join(&layout::inprogress_dir(&self.cfg, &self.ctx), name)
+    fn inprogress(&self, table: &str, name: &str) -> String {
+        join(&layout::inprogress_dir(&self.cfg, &self.ctx, table), name)
     }
 
-    fn start_file(&mut self) -> Result<(), SinkError> {
+    fn table_mut(&mut self, table: &str) -> Result<&mut TableWriter, SinkError> {
+        self.tables.get_mut(table).ok_or_else(|| {
+            error::invalid_data(format!("rows of table {table:?}, which the engine has not announced to this writer"))
+        })
+    }
+
+    fn start_file(&mut self, table: &str) -> Result<(), SinkError> {
         let name = layout::file_name(self.ctx.subtask, self.seq);
         self.seq += 1;
-        let location = self.inprogress(&name);
+        let location = self.inprogress(table, &name);
+        let props = self.props.clone();
+        let t = self.table_mut(table)?;
         let out = OutputWriter::create(&location, false)
             .map_err(|e| files::to_sink_error(&format!("creating {location}"), e))?;
-        let writer = ArrowWriter::try_new(out, self.schema.clone(), Some(self.props.clone()))
+        let writer = ArrowWriter::try_new(out, t.schema.clone(), Some(props))
             .map_err(|e| error::fatal(format!("starting Parquet file {location}: {e}")))?;
-        self.open = Some(OpenFile { writer, name, rows: 0 });
+        t.open = Some(OpenFile { writer, name, rows: 0 });
         Ok(())
     }
 
-    fn finish_file(&mut self) -> Result<(), SinkError> {
-        if let Some(file) = self.open.take() {
-            let location = self.inprogress(&file.name);
-            let out = file
-                .writer
-                .into_inner()
-                .map_err(|e| error::fatal(format!("finishing Parquet file {location}: {e}")))?;
-            out.finish().map_err(|e| files::to_sink_error(&format!("closing {location}"), e))?;
-            self.finished.push(StagedFile { name: file.name, rows: file.rows });
+    fn finish_file(&mut self, table: &str) -> Result<(), SinkError> {
+        let Some(file) = self.table_mut(table)?.open.take() else { return Ok(()) };
+        let location = self.inprogress(table, &file.name);
+        let out =
+            file.writer.into_inner().map_err(|e| error::fatal(format!("finishing Parquet file {location}: {e}")))?;
+        out.finish().map_err(|e| files::to_sink_error(&format!("closing {location}"), e))?;
+        self.table_mut(table)?.finished.push(StagedFile { name: file.name, rows: file.rows });
+        Ok(())
+    }
+
+    fn finish_all(&mut self) -> Result<(), SinkError> {
+        let names: Vec<String> = self.tables.keys().cloned().collect();
+        for table in names {
+            self.finish_file(&table)?;
         }
         Ok(())
     }
@@ -106,12 +142,16 @@ impl Inner {
             if attempt >= self.ctx.attempt {
                 continue;
             }
-            let dir = join(&layout::attempt_dir(&self.cfg, &self.ctx, attempt), "inprogress");
-            let Ok(names) = files::list_dir(&dir) else { continue };
-            for name in names.iter().filter(|n| n.starts_with(&prefix)) {
-                let location = join(&dir, name);
-                if let Err(e) = files::delete(&location) {
-                    log::warn(&format!("could not remove stale file {location}: {}", files::describe(&e)));
+            let inprogress = join(&layout::attempt_dir(&self.cfg, &self.ctx, attempt), "inprogress");
+            let Ok(tables) = files::list_dir(&inprogress) else { continue };
+            for table in tables {
+                let dir = join(&inprogress, &table);
+                let Ok(names) = files::list_dir(&dir) else { continue };
+                for name in names.iter().filter(|n| n.starts_with(&prefix)) {
+                    let location = join(&dir, name);
+                    if let Err(e) = files::delete(&location) {
+                        log::warn(&format!("could not remove stale file {location}: {}", files::describe(&e)));
+                    }
                 }
             }
         }
@@ -122,45 +162,44 @@ impl GuestWriter for FilesWriter {
     fn open(
         ctx: SinkContext,
         options: Vec<(String, String)>,
-        schema: Vec<u8>,
+        tables: Vec<Table>,
         restored_state: Option<Vec<u8>>,
     ) -> Result<sluice_guest_sdk::Writer, SinkError> {
         let cfg = Config::parse(options)?;
-        let schema = ipc::decode_schema(&schema)?;
-        check_schema(&schema)?;
+        let tables = tables.iter().map(table_writer).collect::<Result<BTreeMap<_, _>, _>>()?;
         let state: State = sluice_guest_sdk::restored_state(restored_state)?.unwrap_or_default();
         let props = WriterProperties::builder()
             .set_compression(cfg.compression)
             .set_created_by(format!("sluice files sink {}", env!("CARGO_PKG_VERSION")))
             .build();
-        let inner = Inner { cfg, ctx, schema, props, open: None, finished: Vec::new(), seq: 0, state };
+        let inner = Inner { cfg, ctx, props, tables, seq: 0, state };
         inner.clean_earlier_attempts();
         Ok(sluice_guest_sdk::Writer::new(FilesWriter { inner: RefCell::new(inner) }))
     }
 
-    fn write(&self, rows: Vec<u8>) -> Result<(), SinkError> {
+    fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
         let (schema, batches) = ipc::decode(&rows)?;
-        if schema.fields() != inner.schema.fields() {
+        let expected = inner.table_mut(&table)?.schema.clone();
+        if schema.fields() != expected.fields() {
             return Err(error::invalid_data(format!(
-                "batch schema {schema:?} differs from the schema the writer was opened with {:?}",
-                inner.schema
+                "a batch of table {table:?} has schema {schema:?}, not the table's {expected:?}"
             )));
         }
         for batch in batches {
             if batch.num_rows() == 0 {
                 continue;
             }
-            if inner.open.is_none() {
-                inner.start_file()?;
+            if inner.table_mut(&table)?.open.is_none() {
+                inner.start_file(&table)?;
             }
             let target = inner.cfg.target_file_bytes;
-            let file = inner.open.as_mut().ok_or_else(|| error::fatal("no open file"))?;
+            let file = inner.table_mut(&table)?.open.as_mut().ok_or_else(|| error::fatal("no open file"))?;
             file.writer.write(&batch).map_err(|e| error::invalid_data(format!("encoding rows as Parquet: {e}")))?;
             file.rows += batch.num_rows() as u64;
             let size = file.writer.bytes_written() as u64 + file.writer.in_progress_size() as u64;
             if size >= target {
-                inner.finish_file()?;
+                inner.finish_file(&table)?;
             }
         }
         Ok(())
@@ -168,20 +207,29 @@ impl GuestWriter for FilesWriter {
 
     fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
         let mut inner = self.inner.borrow_mut();
-        inner.finish_file()?;
-        if inner.finished.is_empty() {
+        inner.finish_all()?;
+        if inner.tables.values().all(|t| t.finished.is_empty()) {
             return Ok(None);
         }
         let dir = layout::checkpoint_staging_dir(&inner.cfg, &inner.ctx, c);
-        files::create_dir_all(&dir).map_err(|e| files::to_sink_error(&format!("creating {dir}"), e))?;
-        let staged = std::mem::take(&mut inner.finished);
-        for file in &staged {
-            let from = inner.inprogress(&file.name);
-            let to = join(&dir, &file.name);
-            files::rename(&from, &to).map_err(|e| files::to_sink_error(&format!("staging {from} as {to}"), e))?;
+        let mut staged_tables = Vec::new();
+        let names: Vec<String> = inner.tables.keys().cloned().collect();
+        for table in names {
+            let staged = std::mem::take(&mut inner.table_mut(&table)?.finished);
+            if staged.is_empty() {
+                continue;
+            }
+            let table_dir = layout::table_staging_dir(&dir, &table);
+            files::create_dir_all(&table_dir).map_err(|e| files::to_sink_error(&format!("creating {table_dir}"), e))?;
+            for file in &staged {
+                let from = inner.inprogress(&table, &file.name);
+                let to = join(&table_dir, &file.name);
+                files::rename(&from, &to).map_err(|e| files::to_sink_error(&format!("staging {from} as {to}"), e))?;
+            }
+            inner.state.files_committed_so_far += staged.len() as u64;
+            staged_tables.push(TableFiles { table, files: staged });
         }
-        inner.state.files_committed_so_far += staged.len() as u64;
-        let info = CommitInfo { dir, files: staged };
+        let info = CommitInfo { dir, tables: staged_tables };
         serde_json::to_vec(&info).map(Some).map_err(|e| error::fatal(format!("encoding commit info: {e}")))
     }
 
@@ -191,17 +239,32 @@ impl GuestWriter for FilesWriter {
         serde_json::to_vec(&inner.state).map_err(|e| error::fatal(format!("encoding writer state: {e}")))
     }
 
+    fn apply_changes(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        for change in &changes {
+            let (name, writer) = table_writer(&change.table)?;
+            // Files of the old shape are finished (a barrier follows a
+            // prepare, so none is open) and wait for the next checkpoint.
+            if inner.tables.contains_key(&name) {
+                inner.finish_file(&name)?;
+            }
+            let finished = inner.tables.remove(&name).map(|t| t.finished).unwrap_or_default();
+            inner.tables.insert(name, TableWriter { finished, ..writer });
+        }
+        Ok(())
+    }
+
     fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
         let inner = self.inner.borrow();
         let dir = layout::checkpoint_staging_dir(&inner.cfg, &inner.ctx, c);
         let prefix = layout::subtask_prefix(inner.ctx.subtask);
-        let names = match files::list_dir(&dir) {
-            Ok(names) => names,
-            Err(_) => return Ok(()),
-        };
-        for name in names.iter().filter(|n| n.starts_with(&prefix)) {
-            let location = join(&dir, name);
-            files::delete(&location).map_err(|e| files::to_sink_error(&format!("removing {location}"), e))?;
+        for table in inner.tables.keys() {
+            let table_dir = layout::table_staging_dir(&dir, table);
+            let Ok(names) = files::list_dir(&table_dir) else { continue };
+            for name in names.iter().filter(|n| n.starts_with(&prefix)) {
+                let location = join(&table_dir, name);
+                files::delete(&location).map_err(|e| files::to_sink_error(&format!("removing {location}"), e))?;
+            }
         }
         Ok(())
     }
@@ -209,11 +272,14 @@ impl GuestWriter for FilesWriter {
     fn close(&self) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
         // Publish nothing: an open file holds rows no checkpoint covers.
-        if let Some(file) = inner.open.take() {
-            let location = inner.inprogress(&file.name);
-            drop(file);
-            if let Err(e) = files::delete(&location) {
-                log::warn(&format!("could not remove uncommitted file {location}: {}", files::describe(&e)));
+        let names: Vec<String> = inner.tables.keys().cloned().collect();
+        for table in names {
+            if let Some(file) = inner.table_mut(&table)?.open.take() {
+                let location = inner.inprogress(&table, &file.name);
+                drop(file);
+                if let Err(e) = files::delete(&location) {
+                    log::warn(&format!("could not remove uncommitted file {location}: {}", files::describe(&e)));
+                }
             }
         }
         Ok(())

@@ -1,16 +1,18 @@
-//! The fan-in committer: all writers' files of checkpoint `c` → one snapshot.
+//! The fan-in committer: all writers' files of checkpoint `c` → one snapshot
+//! per table.
 //!
-//! One `commit` call makes one attempt (seed 002's safe retry, with the host
-//! owning the retry loop and its backoff):
+//! One `commit` call makes one attempt per table (seed 002's safe retry,
+//! with the host owning the retry loop and its backoff):
 //! 1. reload the table;
 //! 2. if the table's watermark for this job, sink and incarnation is at or
-//!    past `c`, stop: `already-committed`;
+//!    past `c`, the table is done;
 //! 3. otherwise build a fast-append snapshot on exactly that table, setting
 //!    the watermark to `c` in the same commit, and commit it with its
 //!    `assert-ref-snapshot-id` requirement;
 //! 4. a `conflict` (definitely not applied) or an `unknown-outcome` (maybe
 //!    applied) is answered `retryable`: the host calls `commit` again, which
-//!    starts at 1, so step 2 decides before anything is re-applied.
+//!    starts at 1 for every table, so step 2 decides before anything is
+//!    re-applied, and tables done already stay done.
 //!
 //! The watermark is a table property, `sluice.committed.<job>.<sink>.<incarnation>`,
 //! written by the same atomic commit as the snapshot. Unlike the snapshot
@@ -18,31 +20,60 @@
 //! re-applies a checkpoint whose snapshot was expired. Commits of a state
 //! directory made before incarnations (no incarnation in the combined
 //! commit) are still recognised by their snapshot summaries.
+//!
+//! `evolve` creates new tables and evolves schemas with the REST spec's
+//! `add-schema` and `set-current-schema` updates, guarded by
+//! `assert-current-schema-id`; a table that already has the schema is left
+//! alone, so a replay after a crash changes nothing.
 
 use std::collections::HashMap;
 
+use iceberg::TableIdent;
 use iceberg::spec::{DataFile, TableMetadata, deserialize_data_file_from_json};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::{TableRequirement, TableUpdate};
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::bindings::sluice::connector::iceberg_catalog::CatalogError;
-use sluice_guest_sdk::{CommitOutcome, Committer, GuestCommitter, SinkContext, SinkError, error, ipc, log};
+use sluice_guest_sdk::{
+    ChangeKind, CommitOutcome, Committer, GuestCommitter, SinkContext, SinkError, Table as SourceTable, TableChange,
+    error, incarnation, ipc, log,
+};
 
 use crate::config::Config;
 use crate::host_io::{self, PinnedCatalog, catalog_message};
 use crate::runtime::block_on;
-use crate::writer::{CommitInfo, ensure_table, iceberg_error};
+use crate::schema;
+use crate::writer::{CommitInfo, TableFiles, ensure_table, iceberg_error};
 use crate::{SUMMARY_CHECKPOINT, SUMMARY_INCARNATION, SUMMARY_JOB, SUMMARY_SINK};
 
 /// Every writer's files of one checkpoint.
 #[derive(Debug, Serialize, Deserialize)]
 struct Combined {
-    spec_id: i32,
-    files: Vec<String>,
+    /// One entry per table the checkpoint touched.
+    #[serde(default)]
+    tables: Vec<TableFiles>,
     /// The incarnation the checkpoint belongs to (absent in commits made
     /// before incarnations).
     #[serde(default)]
     incarnation: Option<String>,
+    /// A checkpoint prepared by the Iceberg sink for contract 0.1 (one
+    /// table): its partition spec and files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    spec_id: Option<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    files: Vec<String>,
+}
+
+impl Combined {
+    /// Every table's files, the 0.1 form as the single table `""`.
+    fn parts(self) -> Vec<TableFiles> {
+        let mut parts = self.tables;
+        if let Some(spec_id) = self.spec_id {
+            parts.push(TableFiles { table: String::new(), spec_id, files: self.files });
+        }
+        parts
+    }
 }
 
 pub struct IcebergCommitter {
@@ -96,7 +127,8 @@ fn in_ancestry(metadata: &TableMetadata, ctx: &SinkContext, c: u64) -> bool {
 /// Another incarnation of this job and sink that committed to the table, if
 /// any: `Some(Some(id))` from a watermark, `Some(None)` from a snapshot
 /// committed before incarnations.
-fn other_incarnation(metadata: &TableMetadata, ctx: &SinkContext, ours: Option<&str>) -> Option<Option<String>> {
+fn other_incarnation(metadata: &TableMetadata, ctx: &SinkContext) -> Option<Option<String>> {
+    let ours = Some(ctx.incarnation.as_str());
     let prefix = watermark_prefix(ctx);
     for key in metadata.properties().keys() {
         if let Some(id) = key.strip_prefix(&prefix)
@@ -117,44 +149,70 @@ fn other_incarnation(metadata: &TableMetadata, ctx: &SinkContext, ours: Option<&
     None
 }
 
-fn decode_files(table: &Table, combined: &Combined) -> Result<Vec<DataFile>, SinkError> {
+fn decode_files(table: &Table, part: &TableFiles) -> Result<Vec<DataFile>, SinkError> {
     let metadata = table.metadata();
     let schema = metadata.current_schema();
-    let spec = metadata.partition_spec_by_id(combined.spec_id).ok_or_else(|| {
+    let spec = metadata.partition_spec_by_id(part.spec_id).ok_or_else(|| {
         error::fatal(format!(
             "table {} no longer has partition spec {} that the data files were written with",
             table.identifier(),
-            combined.spec_id
+            part.spec_id
         ))
     })?;
     let partition_type = spec.partition_type(schema).map_err(|e| iceberg_error("reading the partition spec", e))?;
-    combined
-        .files
+    part.files
         .iter()
         .map(|json| {
-            deserialize_data_file_from_json(json, combined.spec_id, &partition_type, schema)
+            deserialize_data_file_from_json(json, part.spec_id, &partition_type, schema)
                 .map_err(|e| iceberg_error("decoding a data file of the checkpoint", e))
         })
         .collect()
 }
 
+/// A catalog error on a table as a sink error: conflicts and unknown
+/// outcomes may be retried (the next attempt reloads and checks first).
+fn catalog_failure(context: String, e: CatalogError) -> SinkError {
+    match e {
+        CatalogError::NotFound(_) => error::config(format!("{context}: {}", catalog_message(&e))),
+        CatalogError::UnknownOutcome(_) => {
+            log::warn(&format!("{context}: {}; the next attempt checks the table first", catalog_message(&e)));
+            error::retryable(format!("{context}: {}", catalog_message(&e)))
+        }
+        CatalogError::Conflict(_) | CatalogError::Other(_) => {
+            error::retryable(format!("{context}: {}", catalog_message(&e)))
+        }
+    }
+}
+
 impl IcebergCommitter {
-    /// Commits checkpoint `c` as one snapshot on `table`, moving the
-    /// watermark in the same commit.
-    fn attempt(&self, table: &Table, c: u64, combined: &Combined) -> Result<CommitOutcome, SinkError> {
-        let files = decode_files(table, combined)?;
+    fn load(&self, ident: &TableIdent) -> Result<Table, SinkError> {
+        block_on(host_io::load_table(ident)).map_err(|e| e.into_sink_error(ident))
+    }
+
+    /// Commits checkpoint `c`'s files of one table as one snapshot, moving
+    /// the watermark in the same commit. `Ok(false)`: it was there already.
+    fn commit_table(&self, c: u64, incarnation: Option<&str>, part: &TableFiles) -> Result<bool, SinkError> {
+        let ident = self.cfg.ident(&part.table)?;
+        let table = self.load(&ident)?;
+        if holds_checkpoint(table.metadata(), &self.ctx, incarnation, c) {
+            return Ok(false);
+        }
+        if part.files.is_empty() {
+            return Ok(false);
+        }
+        let files = decode_files(&table, part)?;
         let mut summary = HashMap::from([
             (SUMMARY_JOB.to_string(), self.ctx.job_id.clone()),
             (SUMMARY_SINK.to_string(), self.ctx.sink_id.clone()),
             (SUMMARY_CHECKPOINT.to_string(), c.to_string()),
         ]);
-        let tx = Transaction::new(table);
+        let tx = Transaction::new(&table);
         // The duplicate check would read every manifest; the watermark is
         // what makes the commit idempotent.
         let append = tx.fast_append().with_check_duplicate(false).add_data_files(files);
-        let tx = match &combined.incarnation {
+        let tx = match incarnation {
             Some(inc) => {
-                summary.insert(SUMMARY_INCARNATION.to_string(), inc.clone());
+                summary.insert(SUMMARY_INCARNATION.to_string(), inc.to_string());
                 let tx = append.set_snapshot_properties(summary).apply(tx);
                 let tx = tx.map_err(|e| iceberg_error("building the snapshot", e))?;
                 tx.update_table_properties().set(watermark_key(&self.ctx, inc), c.to_string()).apply(tx)
@@ -164,90 +222,143 @@ impl IcebergCommitter {
         .map_err(|e| iceberg_error("building the snapshot", e))?;
         let catalog = PinnedCatalog::new(table.clone());
         let result = block_on(tx.commit(&catalog));
-        let context =
-            |e: &CatalogError| format!("committing checkpoint {c} to table {}: {}", self.cfg.table, catalog_message(e));
         match (result, catalog.verdict()) {
             (Ok(_), _) | (Err(_), Some(Ok(()))) => {
-                log::debug(&format!("checkpoint {c}: snapshot committed to {}", self.cfg.table));
-                Ok(CommitOutcome::Committed)
+                log::debug(&format!("checkpoint {c}: snapshot committed to {ident}"));
+                Ok(true)
             }
-            // Definitely not applied: another writer committed first.
-            (Err(_), Some(Err(e @ CatalogError::Conflict(_)))) => Err(error::retryable(context(&e))),
-            // Maybe applied: the next attempt reloads the table and checks first.
-            (Err(_), Some(Err(e @ CatalogError::UnknownOutcome(_)))) => {
-                log::warn(&format!("{}; the next attempt checks the table before anything else", context(&e)));
-                Err(error::retryable(context(&e)))
-            }
-            (Err(_), Some(Err(e @ CatalogError::NotFound(_)))) => Err(error::config(context(&e))),
-            (Err(_), Some(Err(e @ CatalogError::Other(_)))) => Err(error::retryable(context(&e))),
+            (Err(_), Some(Err(e))) => Err(catalog_failure(format!("committing checkpoint {c} to table {ident}"), e)),
             // Failed before the catalog was asked (writing manifests): nothing was committed.
-            (Err(e), None) => Err(iceberg_error(&format!("preparing the snapshot of checkpoint {c}"), e)),
+            (Err(e), None) => Err(iceberg_error(&format!("preparing the snapshot of checkpoint {c} for {ident}"), e)),
+        }
+    }
+
+    /// Makes `table` take rows of `source`: created when missing, its schema
+    /// evolved when the rows have more or wider columns.
+    fn evolve_table(&self, source: &SourceTable) -> Result<(), SinkError> {
+        let ident = self.cfg.ident(&source.name)?;
+        let arrow = ipc::decode_schema(&source.schema)?;
+        let table = ensure_table(&self.cfg, &ident, &arrow)?;
+        let Some(evolved) = schema::evolved_schema(&table, &arrow)? else { return Ok(()) };
+        let requirements =
+            vec![TableRequirement::CurrentSchemaIdMatch { current_schema_id: table.metadata().current_schema_id() }];
+        let updates =
+            vec![TableUpdate::AddSchema { schema: evolved.clone() }, TableUpdate::SetCurrentSchema { schema_id: -1 }];
+        match host_io::commit_updates(&ident, &requirements, &updates) {
+            Ok(()) => {
+                log::info(&format!(
+                    "table {ident}: schema evolved to {} column(s)",
+                    evolved.as_struct().fields().len()
+                ));
+                Ok(())
+            }
+            Err(e) => Err(catalog_failure(format!("evolving the schema of table {ident}"), e)),
         }
     }
 }
 
 impl GuestCommitter for IcebergCommitter {
-    fn open(ctx: SinkContext, options: Vec<(String, String)>, schema: Vec<u8>) -> Result<Committer, SinkError> {
+    fn open(
+        ctx: SinkContext,
+        options: Vec<(String, String)>,
+        tables: Vec<SourceTable>,
+    ) -> Result<Committer, SinkError> {
         let cfg = Config::parse(options)?;
-        let source = ipc::decode_schema(&schema)?;
-        if cfg.incarnation.refuse_others
-            && let Ok(table) = block_on(host_io::load_table(&cfg.table))
-            && let Some(found) = other_incarnation(table.metadata(), &ctx, cfg.incarnation.id.as_deref())
-        {
-            let target = format!("table {}", cfg.table);
-            return Err(cfg.incarnation.refuse(&ctx, &target, "committed checkpoints", found.as_deref()));
+        let committer = IcebergCommitter { cfg, ctx };
+        for table in &tables {
+            let ident = committer.cfg.ident(&table.name)?;
+            if committer.ctx.refuse_other_incarnations
+                && let Ok(existing) = block_on(host_io::load_table(&ident))
+                && let Some(found) = other_incarnation(existing.metadata(), &committer.ctx)
+            {
+                let target = format!("table {ident}");
+                return Err(incarnation::refuse(&committer.ctx, &target, "committed checkpoints", found.as_deref()));
+            }
         }
-        ensure_table(&cfg, &source)?;
-        Ok(Committer::new(IcebergCommitter { cfg, ctx }))
+        // The tables the job starts with: created, or evolved to take the
+        // source's rows (a job may start on a table an older run made).
+        for table in &tables {
+            committer.evolve_table(table)?;
+        }
+        Ok(Committer::new(committer))
+    }
+
+    fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
+        // A new table is created (when `create_table` allows it) and an
+        // evolved one altered; both are no-ops when the target has it already.
+        for change in &changes {
+            if change.kind == ChangeKind::NewTable {
+                log::info(&format!("the source has a new table {:?}", change.table.name));
+            }
+            self.evolve_table(&change.table)?;
+        }
+        Ok(())
     }
 
     fn combine(&self, c: u64, infos: Vec<Vec<u8>>) -> Result<Vec<u8>, SinkError> {
-        let incarnation = self.cfg.incarnation.id.clone();
-        let mut combined: Option<Combined> = None;
+        let mut tables: Vec<TableFiles> = Vec::new();
         for bytes in infos {
             let info: CommitInfo = serde_json::from_slice(&bytes)
                 .map_err(|e| error::fatal(format!("commit info of checkpoint {c} is not valid: {e}")))?;
-            match &mut combined {
-                None => {
-                    combined =
-                        Some(Combined { spec_id: info.spec_id, files: info.files, incarnation: incarnation.clone() })
-                }
-                Some(all) if all.spec_id == info.spec_id => all.files.extend(info.files),
-                Some(all) => {
-                    return Err(error::fatal(format!(
-                        "writers of checkpoint {c} used different partition specs ({} and {}); the table's spec changed during the run",
-                        all.spec_id, info.spec_id
-                    )));
+            for part in info.tables {
+                match tables.iter_mut().find(|t| t.table == part.table) {
+                    None => tables.push(part),
+                    Some(all) if all.spec_id == part.spec_id => all.files.extend(part.files),
+                    Some(all) => {
+                        return Err(error::fatal(format!(
+                            "writers of checkpoint {c} used different partition specs ({} and {}) for table {:?}; its spec changed during the run",
+                            all.spec_id, part.spec_id, part.table
+                        )));
+                    }
                 }
             }
         }
-        let combined = combined.unwrap_or(Combined { spec_id: 0, files: Vec::new(), incarnation });
+        let combined =
+            Combined { tables, incarnation: Some(self.ctx.incarnation.clone()), spec_id: None, files: Vec::new() };
         serde_json::to_vec(&combined).map_err(|e| error::fatal(format!("encoding combined commit: {e}")))
     }
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
         let combined: Combined = serde_json::from_slice(&combined)
             .map_err(|e| error::fatal(format!("combined commit of checkpoint {c} is not valid: {e}")))?;
-        let table = block_on(host_io::load_table(&self.cfg.table)).map_err(|e| e.into_sink_error(&self.cfg.table))?;
-        if holds_checkpoint(table.metadata(), &self.ctx, combined.incarnation.as_deref(), c) {
-            return Ok(CommitOutcome::AlreadyCommitted);
+        let incarnation = combined.incarnation.clone();
+        let mut committed = false;
+        // Table by table: a table where `c` is visible already is left alone.
+        for part in combined.parts() {
+            committed |= self.commit_table(c, incarnation.as_deref(), &part)?;
         }
-        if combined.files.is_empty() {
-            // An empty checkpoint commits nothing.
-            return Ok(CommitOutcome::Committed);
-        }
-        self.attempt(&table, c, &combined)
+        Ok(if committed { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }
 
     fn abort(&self, _c: u64, combined: Vec<u8>) -> Result<(), SinkError> {
         let Ok(combined) = serde_json::from_slice::<Combined>(&combined) else { return Ok(()) };
-        let Ok(table) = block_on(host_io::load_table(&self.cfg.table)) else { return Ok(()) };
-        if let Ok(files) = decode_files(&table, &combined) {
-            for file in files {
-                // Best effort: the files were never committed, so nobody reads them.
-                let _ = sluice_guest_sdk::files::delete(file.file_path());
+        for part in combined.parts() {
+            let Ok(ident) = self.cfg.ident(&part.table) else { continue };
+            let Ok(table) = block_on(host_io::load_table(&ident)) else { continue };
+            if let Ok(files) = decode_files(&table, &part) {
+                for file in files {
+                    // Best effort: the files were never committed, so nobody reads them.
+                    let _ = sluice_guest_sdk::files::delete(file.file_path());
+                }
             }
         }
         Ok(())
     }
+}
+
+/// What a combined commit will make visible, one line per table.
+pub fn describe(cfg: Option<&Config>, combined: &[u8]) -> Vec<String> {
+    let Ok(combined) = serde_json::from_slice::<Combined>(combined) else {
+        return vec!["(not an Iceberg-sink commit)".to_string()];
+    };
+    combined
+        .parts()
+        .iter()
+        .map(|part| {
+            let target = cfg
+                .and_then(|cfg| cfg.ident(&part.table).ok())
+                .map_or_else(|| format!("{:?}", part.table), |i| i.to_string());
+            format!("table {target}: one snapshot of {} data file(s)", part.files.len())
+        })
+        .collect()
 }

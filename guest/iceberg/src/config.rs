@@ -4,13 +4,17 @@ use std::str::FromStr;
 
 use iceberg::spec::Transform;
 use iceberg::{NamespaceIdent, TableIdent};
-use sluice_guest_sdk::incarnation::{self, Incarnation};
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
 
 pub fn option_specs() -> Vec<OptionSpec> {
     vec![
-        option_spec("table", "the table, as `namespace.name` (nested namespaces: `a.b.name`)", true, None),
+        option_spec(
+            "table",
+            "the table, as `namespace.name` (nested namespaces: `a.b.name`); for a source of several tables, a pattern with `{table}`, e.g. `lake.{table}`",
+            true,
+            None,
+        ),
         option_spec(
             "create_table",
             "create the table from the source schema (and `partition_by`) when it does not exist",
@@ -30,8 +34,6 @@ pub fn option_specs() -> Vec<OptionSpec> {
             Some("128"),
         ),
         option_spec("compression", "Parquet compression codec: `zstd`, `snappy` or `none`", false, Some("zstd")),
-        incarnation::id_spec(),
-        incarnation::check_spec(),
     ]
 }
 
@@ -44,18 +46,20 @@ pub struct PartitionField {
 
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub table: TableIdent,
+    /// `ns.name`, or a pattern with `{table}` for a source of several tables.
+    pub table: String,
     pub create_table: bool,
     pub partition_by: Option<Vec<PartitionField>>,
     pub target_file_bytes: usize,
     pub compression: parquet::basic::Compression,
-    pub incarnation: Incarnation,
 }
 
 impl Config {
     pub fn parse(raw: Vec<(String, String)>) -> Result<Self, SinkError> {
         let opts = Options::parse(raw, &option_specs())?;
-        let table = parse_table(opts.required("table")?)?;
+        let table = opts.required("table")?.trim().to_string();
+        // The pattern must make a valid name for some table.
+        parse_table(&table.replace("{table}", "t"))?;
         let create_table = opts.flag("create_table")?;
         let partition_by = opts.get("partition_by").map(parse_partition_by).transpose()?;
         let target_mb: usize = opts.parsed("target_file_mb")?.unwrap_or(128);
@@ -72,14 +76,25 @@ impl Config {
                 )));
             }
         };
-        Ok(Self {
-            table,
-            create_table,
-            partition_by,
-            target_file_bytes: target_mb * 1024 * 1024,
-            compression,
-            incarnation: Incarnation::from_options(&opts)?,
-        })
+        Ok(Self { table, create_table, partition_by, target_file_bytes: target_mb * 1024 * 1024, compression })
+    }
+
+    /// The Iceberg table a source table lands in.
+    pub fn ident(&self, table: &str) -> Result<TableIdent, SinkError> {
+        match (self.table.contains("{table}"), table.is_empty()) {
+            (true, false) => parse_table(&self.table.replace("{table}", table)),
+            (false, true) => parse_table(&self.table),
+            (true, true) => Err(error::config(format!(
+                "option `table` = {:?} is a pattern for several tables, but the source has one unnamed table; \
+                 name the table, e.g. `ns.events`",
+                self.table
+            ))),
+            (false, false) => Err(error::config(format!(
+                "option `table` = {:?} names one table, but the source delivers table {table:?}: \
+                 write a pattern with `{{table}}`, e.g. `lake.{{table}}`",
+                self.table
+            ))),
+        }
     }
 }
 

@@ -398,3 +398,18 @@ impl Catalog for PinnedCatalog {
         }
     }
 }
+
+/// Commits `updates` to `ident` guarded by `requirements`, outside a
+/// snapshot transaction (schema changes). The host applies them atomically
+/// or answers `conflict`.
+pub fn commit_updates(
+    ident: &TableIdent,
+    requirements: &[iceberg::TableRequirement],
+    updates: &[iceberg::TableUpdate],
+) -> std::result::Result<(), cat::CatalogError> {
+    let requirements = serde_json::to_string(requirements)
+        .map_err(|e| cat::CatalogError::Other(format!("encoding commit requirements: {e}")))?;
+    let updates = serde_json::to_string(updates)
+        .map_err(|e| cat::CatalogError::Other(format!("encoding commit updates: {e}")))?;
+    cat::commit_table(&wit_ident(ident), &requirements, &updates).map(|_| ())
+}

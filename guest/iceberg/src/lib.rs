@@ -33,7 +33,7 @@ mod runtime;
 mod schema;
 mod writer;
 
-use sluice_guest_sdk::{Guest, PluginInfo, SinkError, ipc};
+use sluice_guest_sdk::{Guest, PluginInfo, SinkContext, SinkError, Table, ipc};
 
 pub(crate) const NAME: &str = "iceberg";
 
@@ -55,6 +55,7 @@ impl Guest for IcebergSink {
             version: env!("CARGO_PKG_VERSION").to_string(),
             description: "Lands rows in an Apache Iceberg table: one snapshot per checkpoint, exactly once, safe beside other writers".to_string(),
             options: config::option_specs(),
+            multi_table: true,
             capabilities: vec![
                 "iceberg-catalog: the catalog configured in [sink.catalog]".to_string(),
                 "file-io: read-write on the table's location in the warehouse".to_string(),
@@ -62,29 +63,46 @@ impl Guest for IcebergSink {
         }
     }
 
-    fn validate(options: Vec<(String, String)>, schema: Vec<u8>) -> Result<(), SinkError> {
-        let cfg = config::Config::parse(options)?;
-        let source = ipc::decode_schema(&schema)?;
-        runtime::block_on(async {
-            match host_io::load_table(&cfg.table).await {
-                Ok(table) => {
-                    schema::check_compatible(&source, table.metadata().current_schema())?;
-                    schema::check_partitioning(&cfg, &table)?;
-                    host_io::check_writable(&table)
-                }
-                Err(host_io::LoadError::NotFound(_)) if cfg.create_table => {
-                    // The table will be created from the source schema; make sure it can be.
-                    schema::creation_schema(&source)?;
-                    Ok(())
-                }
-                Err(host_io::LoadError::NotFound(m)) => Err(sluice_guest_sdk::error::config(format!(
-                    "table {} does not exist and option `create_table` is false: {m}",
-                    cfg.table
-                ))),
-                Err(e) => Err(e.into_sink_error(&cfg.table)),
-            }
-        })
+    fn describe_commit(options: Vec<(String, String)>, combined: Vec<u8>) -> Vec<String> {
+        committer::describe(config::Config::parse(options).ok().as_ref(), &combined)
     }
+
+    fn validate(_ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
+        let cfg = config::Config::parse(options)?;
+        for source in &tables {
+            validate_table(&cfg, source)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether rows of `source` can land in their table: it exists and takes
+/// them (possibly after an allowed evolution), or it may be created.
+fn validate_table(cfg: &config::Config, source: &Table) -> Result<(), SinkError> {
+    let ident = cfg.ident(&source.name)?;
+    let arrow = ipc::decode_schema(&source.schema)?;
+    runtime::block_on(async {
+        match host_io::load_table(&ident).await {
+            Ok(table) => {
+                // Fails on anything narrower; a wider source is evolved at open.
+                schema::evolved_schema(&table, &arrow)?;
+                schema::check_partitioning(cfg, &table)?;
+                host_io::check_writable(&table)
+            }
+            Err(host_io::LoadError::NotFound(_)) if cfg.create_table => {
+                // The table will be created from the source schema; make sure it can be.
+                let created = schema::creation_schema(&arrow)?;
+                if let Some(fields) = &cfg.partition_by {
+                    schema::creation_spec(fields, &created)?;
+                }
+                Ok(())
+            }
+            Err(host_io::LoadError::NotFound(m)) => Err(sluice_guest_sdk::error::config(format!(
+                "table {ident} does not exist and option `create_table` is false: {m}"
+            ))),
+            Err(e) => Err(e.into_sink_error(&ident)),
+        }
+    })
 }
 
 sluice_guest_sdk::export_plugin!(IcebergSink);

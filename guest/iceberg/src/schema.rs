@@ -15,7 +15,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, RecordBatch, new_null_array};
 use arrow_schema::{Schema as ArrowSchema, SchemaRef as ArrowSchemaRef};
 use iceberg::arrow::{arrow_schema_to_schema_auto_assign_ids, arrow_type_to_type, schema_to_arrow_schema};
-use iceberg::spec::{PrimitiveType, Schema, Type, UnboundPartitionSpec};
+use iceberg::spec::{NestedField, PrimitiveType, Schema, Type, UnboundPartitionSpec};
 use iceberg::table::Table;
 use sluice_guest_sdk::{SinkError, error};
 
@@ -78,6 +78,77 @@ pub fn check_compatible(source: &ArrowSchema, table: &Schema) -> Result<(), Sink
     }
 }
 
+/// The schema `table` must evolve to so that rows of `source` fit it, or
+/// `None` when they fit already. Columns are added (optional, with new ids),
+/// types widened the way Iceberg allows (int → long, float → double, a
+/// wider decimal) and required columns made optional. Anything narrower is a
+/// `config` error naming the table and the column.
+pub fn evolved_schema(table: &Table, source: &ArrowSchema) -> Result<Option<Schema>, SinkError> {
+    let metadata = table.metadata();
+    let current = metadata.current_schema();
+    let name = table.identifier();
+    let refuse = |why: String| error::config(format!("table {name}: {why}; the table is left as it is"));
+    let mut fields: Vec<NestedField> = current.as_struct().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut next_id = metadata.last_column_id() + 1;
+    let mut changed = false;
+    for column in source.fields() {
+        let ty = arrow_type_to_type(column.data_type())
+            .map_err(|e| refuse(format!("column `{}` has a type Iceberg cannot store: {e}", column.name())))?;
+        match fields.iter_mut().find(|f| f.name == *column.name()) {
+            Some(field) => {
+                if field.field_type.as_ref() != &ty {
+                    if promotable(&field.field_type, &ty) {
+                        *field.field_type = ty;
+                        changed = true;
+                    } else if !promotable(&ty, &field.field_type) {
+                        return Err(refuse(format!(
+                            "column `{}` is {ty} in the source but {} in the table, which is not a widening Iceberg allows",
+                            column.name(),
+                            field.field_type
+                        )));
+                    }
+                }
+                if column.is_nullable() && field.required {
+                    field.required = false;
+                    changed = true;
+                }
+            }
+            None => {
+                if !column.is_nullable() {
+                    return Err(refuse(format!(
+                        "the new column `{}` is required; only optional columns can be added",
+                        column.name()
+                    )));
+                }
+                if !matches!(ty, Type::Primitive(_)) {
+                    return Err(refuse(format!(
+                        "the new column `{}` is nested; only primitive columns can be added",
+                        column.name()
+                    )));
+                }
+                fields.push(NestedField::optional(next_id, column.name(), ty));
+                next_id += 1;
+                changed = true;
+            }
+        }
+    }
+    for field in current.as_struct().fields() {
+        if field.required && source.field_with_name(&field.name).is_err() {
+            return Err(refuse(format!("the source dropped the required column `{}`", field.name)));
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    let schema = Schema::builder()
+        .with_schema_id(metadata.schemas_iter().map(|s| s.schema_id()).max().unwrap_or(0) + 1)
+        .with_identifier_field_ids(current.identifier_field_ids())
+        .with_fields(fields.into_iter().map(Arc::new))
+        .build()
+        .map_err(|e| refuse(format!("the evolved schema is not valid: {e}")))?;
+    Ok(Some(schema))
+}
+
 /// The partition spec for a table Sluice creates.
 pub fn creation_spec(fields: &[PartitionField], schema: &Schema) -> Result<UnboundPartitionSpec, SinkError> {
     let mut builder = UnboundPartitionSpec::builder();
@@ -135,7 +206,7 @@ pub fn check_partitioning(cfg: &Config, table: &Table) -> Result<(), SinkError> 
     Err(error::config(format!(
         "option `partition_by` = {} but table {} is partitioned by {}; drop the option or match the table",
         show(wanted),
-        cfg.table,
+        table.identifier(),
         show(&actual)
     )))
 }

@@ -1,18 +1,23 @@
-//! Writers: rows → Parquet data files through iceberg's writer stack.
+//! Writers: each source table's rows → Parquet data files of its Iceberg
+//! table, through iceberg's writer stack.
 //!
 //! Invariants:
 //! - data files are named `<job>.<sink>.<incarnation>-s<subtask>-a<attempt>-w<seq>-<n>.parquet`:
 //!   unique per job, sink, incarnation, subtask, run attempt and writer
 //!   generation, so a restarted run (or a job started over in a fresh state
 //!   directory) never overwrites or reuses a file of an earlier one;
-//! - `prepare-commit(c)` closes the open files and reports them; it makes
-//!   nothing visible (only the committer's snapshot does);
+//! - `prepare-commit(c)` closes every table's open files and reports them;
+//!   it makes nothing visible (only the committer's snapshots do);
+//! - after a schema change the table is reloaded, so files of the new shape
+//!   are written with the evolved schema's field ids;
 //! - `close` reports nothing: rows no checkpoint covers stay invisible (their
 //!   files are orphans that table maintenance may remove).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
+use arrow_schema::SchemaRef;
+use iceberg::TableIdent;
 use iceberg::arrow::RecordBatchPartitionSplitter;
 use iceberg::spec::{DataFile, DataFileFormat, serialize_data_file_to_json};
 use iceberg::table::Table;
@@ -25,7 +30,9 @@ use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
 use iceberg::writer::{IcebergWriter as _, IcebergWriterBuilder};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
-use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, error, ipc};
+use sluice_guest_sdk::{
+    GuestWriter, SinkContext, SinkError, Table as SourceTable, TableChange, error, incarnation, ipc,
+};
 
 use crate::config::Config;
 use crate::host_io::{self, LoadError};
@@ -40,10 +47,18 @@ enum OpenFiles {
     Partitioned(Box<FanoutWriter<FileBuilder>>),
 }
 
-/// What a writer reports for one checkpoint: its data files, as Iceberg's
-/// data-file JSON for the partition spec they were written with.
+/// What a writer reports for one checkpoint: per table, its data files as
+/// Iceberg's data-file JSON for the partition spec they were written with.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct CommitInfo {
+    pub tables: Vec<TableFiles>,
+}
+
+/// One table's data files of a checkpoint.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TableFiles {
+    /// The source's name for the table (`""` for a single-table source).
+    pub table: String,
     pub spec_id: i32,
     pub files: Vec<String>,
 }
@@ -54,15 +69,20 @@ struct State {
     checkpoint: Option<u64>,
 }
 
-struct Inner {
-    cfg: Config,
-    ctx: SinkContext,
+/// One source table's Iceberg table, as this writer writes it.
+struct TableWriter {
     table: Table,
     converter: BatchConverter,
     splitter: Option<RecordBatchPartitionSplitter>,
-    props: WriterProperties,
     open: Option<OpenFiles>,
-    /// Writer generation: one per set of files (per checkpoint).
+}
+
+struct Inner {
+    cfg: Config,
+    ctx: SinkContext,
+    props: WriterProperties,
+    tables: BTreeMap<String, TableWriter>,
+    /// Writer generation: one per set of files.
     seq: u64,
     /// Files of prepared checkpoints, for `abort-prepare`.
     prepared: BTreeMap<u64, Vec<String>>,
@@ -80,58 +100,84 @@ pub(crate) fn iceberg_error(context: &str, e: iceberg::Error) -> SinkError {
 
 /// Loads the table, creating it from the source schema when it is missing
 /// and the options allow it. Safe when several instances (or jobs) race.
-pub(crate) fn ensure_table(cfg: &Config, source: &arrow_schema::Schema) -> Result<Table, SinkError> {
+pub(crate) fn ensure_table(
+    cfg: &Config,
+    ident: &TableIdent,
+    source: &arrow_schema::Schema,
+) -> Result<Table, SinkError> {
     block_on(async {
-        match host_io::load_table(&cfg.table).await {
+        match host_io::load_table(ident).await {
             Ok(table) => Ok(table),
-            Err(LoadError::NotFound(m)) if !cfg.create_table => Err(error::config(format!(
-                "table {} does not exist and option `create_table` is false: {m}",
-                cfg.table
-            ))),
+            Err(LoadError::NotFound(m)) if !cfg.create_table => {
+                Err(error::config(format!("table {ident} does not exist and option `create_table` is false: {m}")))
+            }
             Err(LoadError::NotFound(_)) => {
                 let schema = schema::creation_schema(source)?;
                 let spec = cfg.partition_by.as_deref().map(|f| schema::creation_spec(f, &schema)).transpose()?;
-                match host_io::create_table(&cfg.table, &schema, spec.as_ref()) {
+                match host_io::create_table(ident, &schema, spec.as_ref()) {
                     Ok(table) => {
-                        sluice_guest_sdk::log::info(&format!("created table {}", cfg.table));
+                        sluice_guest_sdk::log::info(&format!("created table {ident}"));
                         Ok(table)
                     }
-                    // Someone else created it first: use theirs (checked below by the caller).
+                    // Someone else created it first: use theirs (checked by the caller).
                     Err(LoadError::Catalog(
                         sluice_guest_sdk::bindings::sluice::connector::iceberg_catalog::CatalogError::Conflict(_),
-                    )) => host_io::load_table(&cfg.table).await.map_err(|e| e.into_sink_error(&cfg.table)),
-                    Err(e) => Err(e.into_sink_error(&cfg.table)),
+                    )) => host_io::load_table(ident).await.map_err(|e| e.into_sink_error(ident)),
+                    Err(e) => Err(e.into_sink_error(ident)),
                 }
             }
-            Err(e) => Err(e.into_sink_error(&cfg.table)),
+            Err(e) => Err(e.into_sink_error(ident)),
         }
     })
 }
 
+/// Loads the table a source table lands in and checks that its rows fit.
+fn table_writer(cfg: &Config, source: &SourceTable) -> Result<TableWriter, SinkError> {
+    let ident = cfg.ident(&source.name)?;
+    let arrow = ipc::decode_schema(&source.schema)?;
+    let table = block_on(host_io::load_table(&ident)).map_err(|e| e.into_sink_error(&ident))?;
+    prepare_table_writer(cfg, table, &arrow)
+}
+
+fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result<TableWriter, SinkError> {
+    let table_schema = table.metadata().current_schema().clone();
+    schema::check_compatible(arrow, &table_schema)?;
+    schema::check_partitioning(cfg, &table)?;
+    host_io::check_writable(&table)?;
+    let spec = table.metadata().default_partition_spec().clone();
+    let splitter = if spec.is_unpartitioned() {
+        None
+    } else {
+        Some(
+            RecordBatchPartitionSplitter::try_new_with_computed_values(table_schema.clone(), spec)
+                .map_err(|e| iceberg_error("preparing the partition splitter", e))?,
+        )
+    };
+    let converter = BatchConverter::new(&table_schema)?;
+    Ok(TableWriter { table, converter, splitter, open: None })
+}
+
 impl Inner {
-    fn start_files(&mut self) -> Result<OpenFiles, SinkError> {
+    fn table_mut(&mut self, table: &str) -> Result<&mut TableWriter, SinkError> {
+        self.tables.get_mut(table).ok_or_else(|| {
+            error::invalid_data(format!("rows of table {table:?}, which the engine has not announced to this writer"))
+        })
+    }
+
+    fn start_files(&mut self, table: &str) -> Result<OpenFiles, SinkError> {
         self.seq += 1;
-        let metadata = self.table.metadata();
-        let prefix = format!(
-            "{}-s{}-a{}-w{}",
-            self.cfg.incarnation.key(&self.ctx),
-            self.ctx.subtask,
-            self.ctx.attempt,
-            self.seq
-        );
+        let prefix =
+            format!("{}-s{}-a{}-w{}", incarnation::key(&self.ctx), self.ctx.subtask, self.ctx.attempt, self.seq);
+        let (props, target) = (self.props.clone(), self.cfg.target_file_bytes);
+        let t = self.table_mut(table)?;
+        let metadata = t.table.metadata();
         let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
         let locations =
             DefaultLocationGenerator::new(metadata).map_err(|e| iceberg_error("choosing data file locations", e))?;
-        let parquet = ParquetWriterBuilder::new(self.props.clone(), metadata.current_schema().clone());
-        let rolling = RollingFileWriterBuilder::new(
-            parquet,
-            self.cfg.target_file_bytes,
-            self.table.file_io().clone(),
-            locations,
-            names,
-        );
+        let parquet = ParquetWriterBuilder::new(props, metadata.current_schema().clone());
+        let rolling = RollingFileWriterBuilder::new(parquet, target, t.table.file_io().clone(), locations, names);
         let builder = DataFileWriterBuilder::new(rolling);
-        if self.splitter.is_some() {
+        if t.splitter.is_some() {
             Ok(OpenFiles::Partitioned(Box::new(FanoutWriter::new(builder))))
         } else {
             let writer = block_on(builder.build(None)).map_err(|e| iceberg_error("opening a data file writer", e))?;
@@ -139,17 +185,18 @@ impl Inner {
         }
     }
 
-    fn write_batch(&mut self, batch: &arrow_array::RecordBatch) -> Result<(), SinkError> {
-        let batch = self.converter.convert(batch)?;
-        let mut open = match self.open.take() {
+    fn write_batch(&mut self, table: &str, batch: &arrow_array::RecordBatch) -> Result<(), SinkError> {
+        let batch = self.table_mut(table)?.converter.convert(batch)?;
+        let mut open = match self.table_mut(table)?.open.take() {
             Some(open) => open,
-            None => self.start_files()?,
+            None => self.start_files(table)?,
         };
+        let t = self.table_mut(table)?;
         let result = block_on(async {
             match &mut open {
                 OpenFiles::Unpartitioned(w) => w.write(batch).await,
                 OpenFiles::Partitioned(w) => {
-                    let splitter = self.splitter.as_ref().ok_or_else(|| {
+                    let splitter = t.splitter.as_ref().ok_or_else(|| {
                         iceberg::Error::new(iceberg::ErrorKind::Unexpected, "partitioned writer without a splitter")
                     })?;
                     for (key, part) in splitter.split(&batch)? {
@@ -159,73 +206,25 @@ impl Inner {
                 }
             }
         });
-        self.open = Some(open);
-        result.map_err(|e| iceberg_error("writing a data file", e))
+        t.open = Some(open);
+        result.map_err(|e| iceberg_error(&format!("writing a data file of table {}", t.table.identifier()), e))
     }
 
-    fn close_files(&mut self) -> Result<Vec<DataFile>, SinkError> {
-        let Some(open) = self.open.take() else { return Ok(Vec::new()) };
-        block_on(async {
+    /// Closes `table`'s open files: its data files, as JSON, and their paths.
+    fn close_files(&mut self, table: &str) -> Result<Option<(TableFiles, Vec<String>)>, SinkError> {
+        let t = self.table_mut(table)?;
+        let Some(open) = t.open.take() else { return Ok(None) };
+        let files: Vec<DataFile> = block_on(async {
             match open {
                 OpenFiles::Unpartitioned(mut w) => w.close().await,
                 OpenFiles::Partitioned(w) => w.close().await,
             }
         })
-        .map_err(|e| iceberg_error("finishing data files", e))
-    }
-}
-
-impl GuestWriter for IcebergWriter {
-    fn open(
-        ctx: SinkContext,
-        options: Vec<(String, String)>,
-        schema: Vec<u8>,
-        restored_state: Option<Vec<u8>>,
-    ) -> Result<sluice_guest_sdk::Writer, SinkError> {
-        let cfg = Config::parse(options)?;
-        let source = ipc::decode_schema(&schema)?;
-        let state: State = sluice_guest_sdk::restored_state(restored_state)?.unwrap_or_default();
-        let table = ensure_table(&cfg, &source)?;
-        let table_schema = table.metadata().current_schema().clone();
-        schema::check_compatible(&source, &table_schema)?;
-        schema::check_partitioning(&cfg, &table)?;
-        host_io::check_writable(&table)?;
-        let spec = table.metadata().default_partition_spec().clone();
-        let splitter = if spec.is_unpartitioned() {
-            None
-        } else {
-            Some(
-                RecordBatchPartitionSplitter::try_new_with_computed_values(table_schema.clone(), spec)
-                    .map_err(|e| iceberg_error("preparing the partition splitter", e))?,
-            )
-        };
-        let props = WriterProperties::builder()
-            .set_compression(cfg.compression)
-            .set_created_by(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")))
-            .build();
-        let converter = BatchConverter::new(&table_schema)?;
-        let inner =
-            Inner { cfg, ctx, table, converter, splitter, props, open: None, seq: 0, prepared: BTreeMap::new(), state };
-        Ok(sluice_guest_sdk::Writer::new(IcebergWriter { inner: RefCell::new(inner) }))
-    }
-
-    fn write(&self, rows: Vec<u8>) -> Result<(), SinkError> {
-        let mut inner = self.inner.borrow_mut();
-        let (_, batches) = ipc::decode(&rows)?;
-        for batch in batches.iter().filter(|b| b.num_rows() > 0) {
-            inner.write_batch(batch)?;
-        }
-        Ok(())
-    }
-
-    fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
-        let mut inner = self.inner.borrow_mut();
-        let files = inner.close_files()?;
-        inner.state.checkpoint = Some(c);
+        .map_err(|e| iceberg_error("finishing data files", e))?;
         if files.is_empty() {
             return Ok(None);
         }
-        let metadata = inner.table.metadata();
+        let metadata = t.table.metadata();
         let partition_type = metadata.default_partition_type().clone();
         let format_version = metadata.format_version();
         let spec_id = metadata.default_partition_spec_id();
@@ -238,12 +237,61 @@ impl GuestWriter for IcebergWriter {
                     .map_err(|e| iceberg_error("encoding a data file", e))?,
             );
         }
+        Ok(Some((TableFiles { table: table.to_string(), spec_id, files: encoded }, paths)))
+    }
+}
+
+impl GuestWriter for IcebergWriter {
+    fn open(
+        ctx: SinkContext,
+        options: Vec<(String, String)>,
+        tables: Vec<SourceTable>,
+        restored_state: Option<Vec<u8>>,
+    ) -> Result<sluice_guest_sdk::Writer, SinkError> {
+        let cfg = Config::parse(options)?;
+        let state: State = sluice_guest_sdk::restored_state(restored_state)?.unwrap_or_default();
+        let mut writers = BTreeMap::new();
+        for table in &tables {
+            writers.insert(table.name.clone(), table_writer(&cfg, table)?);
+        }
+        let props = WriterProperties::builder()
+            .set_compression(cfg.compression)
+            .set_created_by(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")))
+            .build();
+        let inner = Inner { cfg, ctx, props, tables: writers, seq: 0, prepared: BTreeMap::new(), state };
+        Ok(sluice_guest_sdk::Writer::new(IcebergWriter { inner: RefCell::new(inner) }))
+    }
+
+    fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        let (_, batches) = ipc::decode(&rows)?;
+        for batch in batches.iter().filter(|b| b.num_rows() > 0) {
+            inner.write_batch(&table, batch)?;
+        }
+        Ok(())
+    }
+
+    fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        inner.state.checkpoint = Some(c);
+        let mut tables = Vec::new();
+        let mut paths = Vec::new();
+        let names: Vec<String> = inner.tables.keys().cloned().collect();
+        for table in names {
+            if let Some((files, mut table_paths)) = inner.close_files(&table)? {
+                tables.push(files);
+                paths.append(&mut table_paths);
+            }
+        }
+        if tables.is_empty() {
+            return Ok(None);
+        }
         inner.prepared.insert(c, paths);
         // Only the newest prepared checkpoints can still be aborted.
         while inner.prepared.len() > 4 {
             inner.prepared.pop_first();
         }
-        serde_json::to_vec(&CommitInfo { spec_id, files: encoded })
+        serde_json::to_vec(&CommitInfo { tables })
             .map(Some)
             .map_err(|e| error::fatal(format!("encoding the commit info: {e}")))
     }
@@ -252,6 +300,16 @@ impl GuestWriter for IcebergWriter {
         let inner = self.inner.borrow();
         let state = State { checkpoint: Some(c.max(inner.state.checkpoint.unwrap_or(0))) };
         serde_json::to_vec(&state).map_err(|e| error::fatal(format!("encoding writer state: {e}")))
+    }
+
+    fn apply_changes(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
+        let mut inner = self.inner.borrow_mut();
+        for change in &changes {
+            // The barrier followed a prepare: nothing of the old shape is open.
+            let writer = table_writer(&inner.cfg, &change.table)?;
+            inner.tables.insert(change.table.name.clone(), writer);
+        }
+        Ok(())
     }
 
     fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
@@ -268,7 +326,9 @@ impl GuestWriter for IcebergWriter {
     fn close(&self) -> Result<(), SinkError> {
         // Dropping the open writers publishes nothing; their partial files
         // are invisible orphans.
-        self.inner.borrow_mut().open = None;
+        for t in self.inner.borrow_mut().tables.values_mut() {
+            t.open = None;
+        }
         Ok(())
     }
 }

@@ -1,15 +1,16 @@
 //! Shared helpers for Sluice sink plugins (WebAssembly components).
 //!
 //! Invariants:
-//! - The contract is the WIT package in `wit/`; [`bindings`] is generated from
-//!   it and is the only way a plugin talks to the host.
+//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.0`);
+//!   [`bindings`] is generated from it and is the only way a plugin talks to
+//!   the host.
 //! - Rows cross the boundary only as Arrow IPC streams ([`ipc`]).
 //! - Helpers never panic on input: every failure becomes a [`SinkError`] whose
 //!   message names the cause.
 
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "../../wit/0.2",
         world: "sink-plugin",
         pub_export_macro: true,
         export_macro_name: "export_sink",
@@ -26,7 +27,9 @@ pub mod options;
 
 pub use bindings::exports::sluice::connector::sink::{Committer, Guest, GuestCommitter, GuestWriter, Writer};
 pub use bindings::sluice::connector::file_io::IoError;
-pub use bindings::sluice::connector::types::{CommitOutcome, OptionSpec, PluginInfo, SinkContext, SinkError};
+pub use bindings::sluice::connector::types::{
+    ChangeKind, CommitOutcome, OptionSpec, PluginInfo, SinkContext, SinkError, Table, TableChange,
+};
 
 /// Exports a plugin type as the component's `sink` interface.
 ///

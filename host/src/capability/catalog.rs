@@ -48,7 +48,7 @@ use wasmtime::component::{HasData, Linker};
 
 use super::catalog_rest::RestCommitter;
 use super::{CapabilityHost, Effects};
-use crate::bindings::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
+use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
 
 /// A catalog that cannot be set up (named in the job's `[sink.catalog]`).
 #[derive(Debug, Error)]
@@ -434,11 +434,14 @@ impl HasData for IcebergCatalog {
     type Data<'a> = CatalogView<'a>;
 }
 
+/// The view of a store's data.
+pub(super) fn view<T: CapabilityHost>(t: &mut T) -> CatalogView<'_> {
+    let caps = t.capabilities().0;
+    CatalogView { ctx: &caps.catalog, effects: &mut caps.effects }
+}
+
 pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, IcebergCatalog>(linker, |t| {
-        let caps = t.capabilities().0;
-        CatalogView { ctx: &caps.catalog, effects: &mut caps.effects }
-    })
+    wit::add_to_linker::<T, IcebergCatalog>(linker, view::<T>)
 }
 
 impl wit::Host for CatalogView<'_> {

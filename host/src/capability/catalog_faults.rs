@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
 use super::catalog::{CommitBackend, CommitError};
-use crate::bindings::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
+use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
 use crate::fault::{CatalogFaults, CommitFault};
 
 pub(crate) struct FaultyCommits {

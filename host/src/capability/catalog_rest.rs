@@ -21,7 +21,7 @@ use iceberg::{TableIdent, TableRequirement, TableUpdate};
 use reqwest::{StatusCode, Url};
 use serde::Deserialize;
 
-use crate::bindings::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
+use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
 
 /// Posts commits to one REST catalog.
 pub(crate) struct RestCommitter {

@@ -23,7 +23,7 @@ use thiserror::Error;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::{CapabilityHost, Effects};
-use crate::bindings::sluice::connector::file_io::{self as wit, FileStatus, Host, HostOutputFile, IoError};
+use crate::bindings::v0_2::sluice::connector::file_io::{self as wit, FileStatus, Host, HostOutputFile, IoError};
 use crate::job::normalize;
 
 /// A grant that cannot be set up (named in the job's `[sink.grants]`).
@@ -337,12 +337,15 @@ impl HasData for FileIo {
     type Data<'a> = FileIoView<'a>;
 }
 
+/// The view of a store's data.
+pub(super) fn view<T: CapabilityHost>(t: &mut T) -> FileIoView<'_> {
+    let (caps, table) = t.capabilities();
+    FileIoView { ctx: &caps.file_io, table, effects: &mut caps.effects }
+}
+
 /// Links `file-io` into a linker whose store data grants capabilities.
 pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, FileIo>(linker, |t| {
-        let (caps, table) = t.capabilities();
-        FileIoView { ctx: &caps.file_io, table, effects: &mut caps.effects }
-    })
+    wit::add_to_linker::<T, FileIo>(linker, view::<T>)
 }
 
 impl Host for FileIoView<'_> {

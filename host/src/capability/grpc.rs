@@ -31,7 +31,7 @@ use tonic::{Code, Status};
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::{CapabilityHost, Effects};
-use crate::bindings::sluice::connector::grpc::{self as wit, GrpcError, Received};
+use crate::bindings::v0_2::sluice::connector::grpc::{self as wit, GrpcError, Received};
 use crate::job::EndpointConfig;
 
 /// Largest message accepted from a server (BigQuery's own limit on a request
@@ -356,11 +356,14 @@ impl HasData for Grpc {
     type Data<'a> = GrpcView<'a>;
 }
 
+/// The view of a store's data.
+pub(super) fn view<T: CapabilityHost>(t: &mut T) -> GrpcView<'_> {
+    let (caps, table) = t.capabilities();
+    GrpcView { ctx: &caps.grpc, table, effects: &mut caps.effects }
+}
+
 pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, Grpc>(linker, |t| {
-        let (caps, table) = t.capabilities();
-        GrpcView { ctx: &caps.grpc, table, effects: &mut caps.effects }
-    })
+    wit::add_to_linker::<T, Grpc>(linker, view::<T>)
 }
 
 impl wit::Host for GrpcView<'_> {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use wasmtime::component::{HasData, Linker};
 
 use super::CapabilityHost;
-use crate::bindings::sluice::connector::log::{self as wit, Host, Level};
-use crate::bindings::sluice::connector::types;
+use crate::bindings::v0_2::sluice::connector::log::{self as wit, Host, Level};
+use crate::bindings::v0_2::sluice::connector::types;
 
 /// Names an instance in logs and errors: `files` / `writer[2]`.
 #[derive(Debug, Clone)]
@@ -34,7 +34,7 @@ impl HasData for Log {
 }
 
 /// The contract's shared `types` interface: no functions, nothing to hold.
-struct Types;
+pub(super) struct Types;
 
 impl HasData for Types {
     type Data<'a> = ();
@@ -42,13 +42,19 @@ impl HasData for Types {
 
 impl types::Host for () {}
 
-pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    types::add_to_linker::<T, Types>(linker, |_| ())?;
-    wit::add_to_linker::<T, Log>(linker, |t| LogView { ctx: &t.capabilities().0.log })
+/// The view of a store's data.
+pub(super) fn view<T: CapabilityHost>(t: &mut T) -> LogView<'_> {
+    LogView { ctx: &t.capabilities().0.log }
 }
 
-impl Host for LogView<'_> {
-    fn log(&mut self, level: Level, message: String) {
+pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    types::add_to_linker::<T, Types>(linker, |_| ())?;
+    wit::add_to_linker::<T, Log>(linker, view::<T>)
+}
+
+impl LogView<'_> {
+    /// Records a plugin's line in the host log.
+    pub(super) fn record(&self, level: Level, message: &str) {
         let plugin = &*self.ctx.tag.plugin;
         let instance = &*self.ctx.tag.instance;
         match level {
@@ -58,5 +64,11 @@ impl Host for LogView<'_> {
             Level::Warn => tracing::warn!(target: "sluice::plugin", plugin, instance, "{message}"),
             Level::Error => tracing::error!(target: "sluice::plugin", plugin, instance, "{message}"),
         }
+    }
+}
+
+impl Host for LogView<'_> {
+    fn log(&mut self, level: Level, message: String) {
+        self.record(level, &message);
     }
 }

@@ -4,7 +4,8 @@
 //! no WASI preopens, no sockets, no environment and no arguments; storage goes
 //! through `file_io`, confined to the granted locations, tables through
 //! `catalog`, the one catalog the job configures, and remote services through
-//! `grpc`, to the endpoint names the job maps to addresses.
+//! `grpc` and `http` (`wasi:http`), to the endpoint names the job maps to
+//! addresses.
 //!
 //! Each capability is a room of its own, the way wasmtime-wasi builds
 //! `wasi:clocks` or `wasi:filesystem`. Its module owns:
@@ -22,14 +23,21 @@
 //! 2. write its module here (grant, `XCtx`, `XView`, `Host` impl, `add_to_linker`)
 //!    and give [`InstanceCaps`] its `XCtx`;
 //! 3. add its one line to [`add_to_linker`] below.
+//!
+//! The capabilities implement the newest contract version. An older
+//! version's interfaces, still served for the plugins built against it, are
+//! linked by `v0_1`, whose host traits convert and delegate to the newest.
 
 pub mod catalog;
 #[cfg(feature = "fault-injection")]
 mod catalog_faults;
 mod catalog_rest;
+pub mod codec;
 pub mod file_io;
 pub mod grpc;
+pub mod http;
 pub mod log;
+mod v0_1;
 
 use std::sync::{Arc, OnceLock};
 
@@ -38,6 +46,7 @@ use wasmtime::component::{Linker, ResourceTable};
 use catalog::{CatalogCtx, CatalogGrant};
 use file_io::{FileGrants, FileIoCtx};
 use grpc::{GrpcCtx, GrpcGrant};
+use http::{HttpCtx, HttpGrant};
 pub use log::InstanceTag;
 use log::LogCtx;
 
@@ -47,9 +56,20 @@ pub struct Granted {
     pub files: Arc<FileGrants>,
     pub catalog: Option<Arc<CatalogGrant>>,
     pub grpc: Arc<GrpcGrant>,
+    pub http: Arc<HttpGrant>,
 }
 
 impl Granted {
+    /// Nothing at all: for calls that need no capability (`describe`).
+    pub fn none() -> Result<Self, file_io::GrantError> {
+        Ok(Self {
+            files: Arc::new(FileGrants::new(std::path::Path::new("/"), &[], &[])?),
+            catalog: None,
+            grpc: Arc::default(),
+            http: Arc::default(),
+        })
+    }
+
     /// Human-readable list of what is granted.
     pub fn describe(&self) -> String {
         let mut parts = vec![self.files.describe()];
@@ -58,6 +78,9 @@ impl Granted {
         }
         if !self.grpc.is_empty() {
             parts.push(self.grpc.describe());
+        }
+        if !self.http.is_empty() {
+            parts.push(self.http.describe());
         }
         parts.join("; ")
     }
@@ -69,6 +92,7 @@ impl Granted {
             file_io: FileIoCtx { grants: self.files.clone() },
             catalog: CatalogCtx { catalog: self.catalog.clone() },
             grpc: GrpcCtx { grpc: self.grpc.clone() },
+            http: HttpCtx::new(self.http.clone()),
             effects: Effects::default(),
         }
     }
@@ -80,6 +104,7 @@ pub struct InstanceCaps {
     pub file_io: FileIoCtx,
     pub catalog: CatalogCtx,
     pub grpc: GrpcCtx,
+    pub http: HttpCtx,
     pub effects: Effects,
 }
 
@@ -89,13 +114,17 @@ pub trait CapabilityHost: Send + 'static {
     fn capabilities(&mut self) -> (&mut InstanceCaps, &mut ResourceTable);
 }
 
-/// Links every capability into `linker`: one line per capability.
+/// Links every capability into `linker`, in every contract version the
+/// host serves: one line per capability (older versions delegate to the
+/// newest, in `v0_1`).
 pub fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     log::add_to_linker(linker)?;
     file_io::add_to_linker(linker)?;
     catalog::add_to_linker(linker)?;
     grpc::add_to_linker(linker)?;
-    Ok(())
+    codec::add_to_linker(linker)?;
+    http::add_to_linker(linker)?;
+    v0_1::add_to_linker(linker)
 }
 
 /// Told by a capability right after an operation had an effect outside the

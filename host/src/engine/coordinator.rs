@@ -30,9 +30,10 @@ use crate::capability::Granted;
 use crate::capability::catalog::CatalogGrant;
 use crate::capability::file_io::FileGrants;
 use crate::capability::grpc::GrpcGrant;
+use crate::capability::http::HttpGrant;
 use crate::ipc;
 use crate::job::{CatalogConfig, Job, JobError};
-use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost, SinkCtx, SinkErrorKind, reserved};
+use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost, SinkCtx, SinkErrorKind, SourceTable, reserved};
 use crate::progress::Progress;
 use crate::source::Source;
 
@@ -132,34 +133,23 @@ fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
     errors
 }
 
-/// Whether the plugin declares the host-provided option `name`.
-fn declares(plugin: &Plugin, name: &str) -> bool {
-    plugin.info().is_some_and(|i| i.options.iter().any(|o| o.name == name))
-}
-
-/// The options a plugin receives: the job's, plus the host's own that the
-/// plugin declares (see [`reserved`]).
-fn plugin_options(job: &Job, plugin: &Plugin, incarnation: &str, refuse_others: bool) -> Vec<(String, String)> {
-    let mut options = job.sink_options();
-    if declares(plugin, reserved::INCARNATION) {
-        options.push((reserved::INCARNATION.to_string(), incarnation.to_string()));
-    }
-    if declares(plugin, reserved::OTHER_INCARNATIONS) {
-        let policy = if refuse_others { "refuse" } else { "accept" };
-        options.push((reserved::OTHER_INCARNATIONS.to_string(), policy.to_string()));
-    }
-    options
-}
-
-/// Who an instance is: writer `subtask`, or the committer (0).
-fn sink_ctx(job: &Job, subtask: u32, attempt: u32) -> SinkCtx {
+/// Who an instance is: writer `subtask`, or the committer (0), of
+/// `incarnation`; `refuse_others` on a fresh state directory's first run.
+fn sink_ctx(job: &Job, incarnation: &str, refuse_others: bool, subtask: u32, attempt: u32) -> SinkCtx {
     SinkCtx {
         job_id: job.spec.job.id.clone(),
         sink_id: job.spec.sink.id.clone(),
+        incarnation: incarnation.to_string(),
+        refuse_other_incarnations: refuse_others,
         subtask,
         parallelism: job.spec.job.parallelism,
         attempt,
     }
+}
+
+/// The tables of a single-table source: its one table, named `""`.
+fn single_table(schema_ipc: Vec<u8>) -> Vec<SourceTable> {
+    vec![SourceTable { name: String::new(), schema: schema_ipc }]
 }
 
 fn limits(job: &Job) -> Limits {
@@ -190,7 +180,8 @@ fn grants(job: &Job, #[allow(unused_variables)] opts: &RunOptions) -> Result<Gra
     };
     let files = FileGrants::new(&job.base_dir, &locations, &g.read_locations)?;
     let grpc = GrpcGrant::open(&job.endpoints)?;
-    Ok(Granted { files: Arc::new(files), catalog, grpc: Arc::new(grpc) })
+    let http = HttpGrant::open(&job.http_endpoints)?;
+    Ok(Granted { files: Arc::new(files), catalog, grpc: Arc::new(grpc), http: Arc::new(http) })
 }
 
 /// Result of `sluice check`.
@@ -264,10 +255,11 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
             Some(known) => known,
             None => (Incarnation::generate().map(|i| i.id).unwrap_or_default(), true),
         };
-        let options = plugin_options(job, &plugin, &incarnation, refuse);
+        let ctx = sink_ctx(job, &incarnation, refuse, 0, 0);
+        let options = plugin.options_for(job.sink_options(), &ctx);
         let result = ipc::encode_schema(&source.schema()).map_err(EngineError::from).and_then(|schema| {
             let mut inst = plugin.instantiate("check", &grants, limits(job))?;
-            inst.validate(&options, &schema).map_err(EngineError::from)
+            inst.validate(&ctx, &options, &single_table(schema)).map_err(EngineError::from)
         });
         match result {
             Ok(()) => report.passed.push("the plugin accepts the options and the source schema".to_string()),
@@ -287,7 +279,10 @@ struct Coordinator<'a> {
     source: Arc<Source>,
     /// The options every instance opens with (the job's and the host's own).
     options: Vec<(String, String)>,
-    schema_ipc: Vec<u8>,
+    /// The tables of the source, with their current schemas.
+    tables: Vec<SourceTable>,
+    /// Refuse another incarnation's checkpoints (a fresh state directory's first run).
+    refuse_others: bool,
     restored: Option<CheckpointRecord>,
     incarnation: Incarnation,
     new_incarnation: bool,
@@ -412,14 +407,15 @@ impl<'a> Coordinator<'a> {
         {
             return Err(e.into());
         }
-        warn_about_incarnation_support(job, &plugin, &incarnation, new_incarnation && !opts.new_incarnation);
+        let refuse_others = new_incarnation && !opts.new_incarnation;
+        warn_about_incarnation_support(job, &plugin, &incarnation, refuse_others);
         let source = Arc::new(Source::open(&spec.source, parallelism)?);
-        let schema_ipc = ipc::encode_schema(&source.schema())?;
+        let tables = single_table(ipc::encode_schema(&source.schema())?);
         let grants = grants(job, opts)?;
-        let options = plugin_options(job, &plugin, &incarnation.id, new_incarnation && !opts.new_incarnation);
-        let ctx = sink_ctx(job, 0, attempt);
+        let ctx = sink_ctx(job, &incarnation.id, refuse_others, 0, attempt);
+        let options = plugin.options_for(job.sink_options(), &ctx);
         let instance = plugin.instantiate("committer", &grants, limits(job))?;
-        let committer = CommitterInstance::open(instance, &ctx, &options, &schema_ipc)?;
+        let committer = CommitterInstance::open(instance, &ctx, &options, &tables)?;
         if new_incarnation {
             // The committer found no other incarnation in the target (or was told to accept one).
             store.set_incarnation(&incarnation)?;
@@ -433,7 +429,8 @@ impl<'a> Coordinator<'a> {
             committer,
             source,
             options,
-            schema_ipc,
+            tables,
+            refuse_others,
             first: restored.as_ref().map_or(1, |r| r.checkpoint + 1),
             pending: restored.as_ref().map(|r| r.pending.clone()).unwrap_or_default(),
             dropped: restored.as_ref().map(|r| r.dropped.clone()).unwrap_or_default(),
@@ -460,9 +457,9 @@ impl<'a> Coordinator<'a> {
                 plugin: self.plugin.clone(),
                 grants: self.grants.clone(),
                 limits: limits(self.job),
-                ctx: sink_ctx(self.job, s, self.attempt),
+                ctx: sink_ctx(self.job, &self.incarnation.id, self.refuse_others, s, self.attempt),
                 options: self.options.clone(),
-                schema_ipc: self.schema_ipc.clone(),
+                tables: self.tables.clone(),
                 restored: self.restored.as_ref().and_then(|r| r.subtasks.get(s as usize).cloned()),
                 source: self.source.clone(),
                 every_rows,
@@ -768,7 +765,8 @@ fn settle_incarnation(
 /// Says when a plugin cannot keep incarnations apart (it does not declare
 /// the host's options), so an operator knows what protects the job.
 fn warn_about_incarnation_support(job: &Job, plugin: &Plugin, incarnation: &Incarnation, refuse_others: bool) {
-    if !declares(plugin, reserved::INCARNATION) {
+    let (keys, checks) = plugin.incarnation_support();
+    if !keys {
         tracing::warn!(
             plugin = %plugin.name,
             "the plugin does not take `{}`: the keys it writes cannot tell incarnation {} of job {} from another; \
@@ -778,7 +776,7 @@ fn warn_about_incarnation_support(job: &Job, plugin: &Plugin, incarnation: &Inca
             job.spec.job.id
         );
     }
-    if refuse_others && !declares(plugin, reserved::OTHER_INCARNATIONS) {
+    if refuse_others && !checks {
         tracing::warn!(
             plugin = %plugin.name,
             "the plugin cannot tell whether its target already holds rows of an earlier incarnation of job {}; \

@@ -31,6 +31,7 @@ pub use coordinator::{CheckReport, RunSummary, check, run};
 use crate::capability::catalog::CatalogSetupError;
 use crate::capability::file_io::GrantError;
 use crate::capability::grpc::GrpcSetupError;
+use crate::capability::http::HttpSetupError;
 use crate::job::JobError;
 use crate::plugin::PluginError;
 use crate::progress::ProgressMode;
@@ -99,6 +100,8 @@ pub enum EngineError {
     Catalog(#[from] CatalogSetupError),
     #[error("job file: {0}")]
     Grpc(#[from] GrpcSetupError),
+    #[error("job file: {0}")]
+    Http(#[from] HttpSetupError),
     #[error("job file: key `sink.grants`: {0}")]
     Grant(#[from] GrantError),
     #[error(

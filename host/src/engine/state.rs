@@ -6,11 +6,13 @@
 //! - a pending checkpoint is dropped only by the explicit command, never by
 //!   the engine, and the drop is recorded in the record it rewrites.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::EngineError;
 use super::checkpoint::{CheckpointRecord, CheckpointStore, DroppedCommit, Halt, Incarnation, now_ms};
 use crate::job::Job;
+use crate::plugin::{Limits, PluginHost};
 
 /// A state directory as `sluice state` shows it.
 #[derive(Debug)]
@@ -26,6 +28,9 @@ pub struct StateReport {
     pub halted: Option<Halt>,
     /// The newest checkpoint record.
     pub latest: Option<CheckpointRecord>,
+    /// What each pending checkpoint will make visible, in the plugin's own
+    /// words (see [`StateReport::describe_with`]).
+    pub described: BTreeMap<u64, Vec<String>>,
 }
 
 /// Reads a job's state directory without locking or changing it.
@@ -40,6 +45,7 @@ pub fn inspect(job: &Job) -> Result<StateReport, EngineError> {
         runs: 0,
         halted: None,
         latest: None,
+        described: BTreeMap::new(),
     };
     let Some(store) = CheckpointStore::inspect(&job.state_dir, &spec.job.id)? else { return Ok(report) };
     report.exists = true;
@@ -48,6 +54,32 @@ pub fn inspect(job: &Job) -> Result<StateReport, EngineError> {
     report.halted = store.halted()?;
     report.latest = store.latest()?;
     Ok(report)
+}
+
+impl StateReport {
+    /// Asks the job's plugin what each pending checkpoint will make visible
+    /// (`describe-commit`, a pure call with no grants). A plugin that cannot
+    /// be loaded, or one of contract 0.1, leaves the generic view; the reason
+    /// is returned for the operator.
+    pub fn describe_with(&mut self, job: &Job, host: &PluginHost) -> Result<(), String> {
+        let Some(latest) = &self.latest else { return Ok(()) };
+        if latest.pending.is_empty() {
+            return Ok(());
+        }
+        let plugin = host.load(&job.spec.sink.plugin).map_err(|e| e.to_string())?;
+        let limits =
+            Limits { call_timeout: job.spec.sink.sandbox.call_timeout(), memory_mb: job.spec.sink.sandbox.memory_mb };
+        let no_grants = crate::capability::Granted::none().map_err(|e| e.to_string())?;
+        let mut instance = plugin.instantiate("describe", &no_grants, limits).map_err(|e| e.to_string())?;
+        for p in &latest.pending {
+            if let Some(lines) =
+                instance.describe_commit(&job.sink_options(), &p.combined.0).map_err(|e| e.to_string())?
+            {
+                self.described.insert(p.checkpoint, lines);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Drops pending checkpoint `checkpoint` from the newest record, after an
@@ -146,7 +178,11 @@ impl std::fmt::Display for StateReport {
             writeln!(f, "pending:      {} checkpoint(s), committed first by the next run:", r.pending.len())?;
             for p in &r.pending {
                 writeln!(f, "  checkpoint {}: {} rows; commits:", p.checkpoint, p.rows)?;
-                for line in describe_commit(&p.combined.0) {
+                let lines = match self.described.get(&p.checkpoint) {
+                    Some(lines) => lines.clone(),
+                    None => describe_commit(&p.combined.0),
+                };
+                for line in lines {
                     writeln!(f, "    {line}")?;
                 }
             }

@@ -17,7 +17,7 @@ use super::{EngineError, crash_point};
 use crate::capability::Granted;
 use crate::engine::checkpoint::SubtaskRecord;
 use crate::ipc;
-use crate::plugin::{Limits, Plugin, SinkCtx, WriterInstance};
+use crate::plugin::{Limits, Plugin, SinkCtx, SourceTable, WriterInstance};
 use crate::progress::Progress;
 use crate::source::{Source, SourceReader};
 
@@ -50,7 +50,8 @@ pub(crate) struct SubtaskSetup {
     pub limits: Limits,
     pub ctx: SinkCtx,
     pub options: Vec<(String, String)>,
-    pub schema_ipc: Vec<u8>,
+    /// The source's tables, with their current schemas.
+    pub tables: Vec<SourceTable>,
     pub restored: Option<SubtaskRecord>,
     pub source: Arc<Source>,
     pub every_rows: Option<u64>,
@@ -147,7 +148,7 @@ impl Subtask {
     fn open(setup: SubtaskSetup) -> Result<Self, EngineError> {
         let instance = setup.plugin.instantiate(&format!("writer[{}]", setup.subtask), &setup.grants, setup.limits)?;
         let restored_state = setup.restored.as_ref().map(|r| r.writer_state.0.as_slice());
-        let writer = WriterInstance::open(instance, &setup.ctx, &setup.options, &setup.schema_ipc, restored_state)?;
+        let writer = WriterInstance::open(instance, &setup.ctx, &setup.options, &setup.tables, restored_state)?;
         let position = setup.restored.as_ref().map(|r| r.position.clone());
         let reader = setup.source.reader(setup.subtask, position.as_ref())?;
         let rows_total = setup.restored.as_ref().map_or(0, |r| r.rows);
@@ -191,7 +192,7 @@ impl Subtask {
             };
             let n = batch.num_rows() as u64;
             let bytes = ipc::encode_batch(&batch)?;
-            self.writer.write(&bytes)?;
+            self.writer.write("", &bytes)?;
             rows_in_round += n;
             self.rows_total += n;
             self.rows_this_run += n;

@@ -6,10 +6,14 @@
 //! - every call runs under an epoch deadline and a memory cap; a trapped
 //!   instance is never entered again;
 //! - an instance gets only what the job grants (see `capability`); WASI gives
-//!   it clocks, randomness and captured stdout/stderr, nothing else.
+//!   it clocks, randomness and captured stdout/stderr, nothing else;
+//! - a plugin speaks one contract version, found from its exports when it
+//!   loads (newest first); every version in `bindings::SUPPORTED` is served,
+//!   and a call a plugin's version cannot express is refused, never guessed.
 
 pub mod cache;
 pub mod host_state;
+mod instance;
 pub mod reserved;
 pub mod sandbox;
 
@@ -18,19 +22,41 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
-use wasmtime::component::{Component, Linker, ResourceAny, ResourceTable};
-use wasmtime::{Config, Engine, Store};
-use wasmtime_wasi::WasiCtx;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine};
 
-use crate::bindings::{self, CommitOutcome, PluginInfo, SinkError, SinkPlugin, SinkPluginPre};
-use crate::capability::file_io::FileGrants;
-use crate::capability::{self, Granted, InstanceTag};
+use crate::bindings::{self, PluginInfo, v0_1, v0_2};
+use crate::capability::{self, Granted};
 pub use cache::{ComponentCache, LoadedFrom};
 use host_state::HostState;
-use sandbox::{EpochTicker, GuestOutput, MemoryCap, TrapCause};
+pub use instance::{CommitterInstance, Instance, WriterInstance};
+use sandbox::{EpochTicker, TrapCause};
 
-/// The world every plugin of contract 0.1 implements.
-pub const WORLD: &str = "sluice:connector/sink-plugin@0.1.0";
+/// The contract version a plugin implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ContractVersion {
+    V0_1,
+    V0_2,
+}
+
+impl ContractVersion {
+    /// The world a plugin of this version implements.
+    pub fn world(self) -> &'static str {
+        match self {
+            ContractVersion::V0_1 => "sluice:connector/sink-plugin@0.1.0",
+            ContractVersion::V0_2 => "sluice:connector/sink-plugin@0.2.0",
+        }
+    }
+}
+
+impl std::fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ContractVersion::V0_1 => "0.1.0",
+            ContractVersion::V0_2 => "0.2.0",
+        })
+    }
+}
 
 /// The kind of error a plugin reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,15 +78,6 @@ impl std::fmt::Display for SinkErrorKind {
     }
 }
 
-fn split(e: SinkError) -> (SinkErrorKind, String) {
-    match e {
-        SinkError::Config(m) => (SinkErrorKind::Config, m),
-        SinkError::InvalidData(m) => (SinkErrorKind::InvalidData, m),
-        SinkError::Retryable(m) => (SinkErrorKind::Retryable, m),
-        SinkError::Fatal(m) => (SinkErrorKind::Fatal, m),
-    }
-}
-
 #[derive(Debug, Error)]
 pub enum PluginError {
     #[error("cannot read plugin {path}: {source}")]
@@ -71,7 +88,10 @@ pub enum PluginError {
     },
     #[error("{path} is not a loadable WebAssembly component: {message}")]
     Invalid { path: PathBuf, message: String },
-    #[error("plugin {path} does not implement the {WORLD} world: {message}")]
+    #[error(
+        "plugin {path} does not implement a contract version this host serves ({supported}): {message}",
+        supported = supported_versions()
+    )]
     Incompatible { path: PathBuf, message: String },
     #[error("component cache {path}: {source}")]
     Cache {
@@ -87,6 +107,16 @@ pub enum PluginError {
     Trap { plugin: Arc<str>, instance: Arc<str>, call: &'static str, cause: TrapCause },
     #[error("plugin '{plugin}' {instance}.{call}: the instance is unusable after an earlier trap ({cause})")]
     Dead { plugin: Arc<str>, instance: Arc<str>, call: &'static str, cause: TrapCause },
+    #[error(
+        "plugin '{plugin}' implements contract {version}, which cannot {what}; rebuild it for contract {newest}",
+        newest = bindings::SUPPORTED[0]
+    )]
+    Unsupported { plugin: Arc<str>, version: ContractVersion, what: String },
+}
+
+/// `0.2.0, 0.1.0`.
+fn supported_versions() -> String {
+    bindings::SUPPORTED.join(", ")
 }
 
 impl PluginError {
@@ -113,25 +143,36 @@ impl PluginError {
 pub struct SinkCtx {
     pub job_id: String,
     pub sink_id: String,
+    /// The incarnation of the job's state directory.
+    pub incarnation: String,
+    /// The committer must refuse another incarnation's checkpoints in the target.
+    pub refuse_other_incarnations: bool,
     pub subtask: u32,
     pub parallelism: u32,
     pub attempt: u32,
 }
 
-impl SinkCtx {
-    fn wit(&self) -> bindings::SinkContext<'_> {
-        bindings::SinkContext {
-            job_id: &self.job_id,
-            sink_id: &self.sink_id,
-            subtask: self.subtask,
-            parallelism: self.parallelism,
-            attempt: self.attempt,
-        }
-    }
+/// A table of the job's source, as plugins are told of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceTable {
+    /// `""` for a single-table source.
+    pub name: String,
+    /// Its schema, as an Arrow IPC stream with only the schema message.
+    pub schema: Vec<u8>,
 }
 
-fn borrowed(options: &[(String, String)]) -> Vec<(&str, &str)> {
-    options.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+/// How a table changes at a checkpoint barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    NewTable,
+    Evolved,
+}
+
+/// A table as it is after a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableChange {
+    pub kind: ChangeKind,
+    pub table: SourceTable,
 }
 
 /// Sandbox settings of one instance.
@@ -166,7 +207,8 @@ impl PluginHost {
         &self.cache
     }
 
-    /// Loads a plugin (compiled or from the cache) and asks it to describe itself.
+    /// Loads a plugin (compiled or from the cache), finds its contract
+    /// version and asks it to describe itself.
     pub fn load(&self, path: &Path) -> Result<Plugin, PluginError> {
         let (component, loaded_from) = self.cache.load(&self.engine, path)?;
         match &loaded_from {
@@ -182,12 +224,23 @@ impl PluginHost {
                 "compiled plugin"
             ),
         }
-        let instance_pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| PluginError::Incompatible { path: path.to_path_buf(), message: format!("{e:#}") })?;
-        let pre = SinkPluginPre::new(instance_pre)
-            .map_err(|e| PluginError::Incompatible { path: path.to_path_buf(), message: format!("{e:#}") })?;
+        let incompatible = |message: String| PluginError::Incompatible { path: path.to_path_buf(), message };
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| incompatible(format!("{e:#}")))?;
+        // Newest first, as Spin finds the world a component targets.
+        let pre = match v0_2::SinkPluginPre::new(instance_pre.clone()) {
+            Ok(pre) => Pre::V0_2(pre),
+            Err(newest) => match v0_1::SinkPluginPre::new(instance_pre) {
+                Ok(pre) => Pre::V0_1(pre),
+                Err(_) => {
+                    let exports: Vec<String> =
+                        component.component_type().exports(&self.engine).map(|(name, _)| name.to_string()).collect();
+                    return Err(incompatible(format!(
+                        "it exports {} ({newest:#})",
+                        if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
+                    )));
+                }
+            },
+        };
         let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut plugin = Plugin {
             path: path.to_path_buf(),
@@ -199,17 +252,20 @@ impl PluginHost {
             loaded_from,
         };
         let limits = Limits { call_timeout: Duration::from_secs(30), memory_mb: 256 };
-        let no_grants = Granted {
-            files: Arc::new(FileGrants::new(Path::new("/"), &[], &[]).map_err(|e| PluginError::Setup(e.to_string()))?),
-            catalog: None,
-            grpc: Arc::default(),
-        };
+        let no_grants = Granted::none().map_err(|e| PluginError::Setup(e.to_string()))?;
         let mut probe = plugin.instantiate("describe", &no_grants, limits)?;
         let info = probe.describe()?;
         plugin.name = Arc::from(info.name.as_str());
         plugin.info = Some(info);
         Ok(plugin)
     }
+}
+
+/// A component linked and typechecked against one contract version.
+#[derive(Clone)]
+enum Pre {
+    V0_2(v0_2::SinkPluginPre<HostState>),
+    V0_1(v0_1::SinkPluginPre<HostState>),
 }
 
 /// A loaded plugin, ready to be instantiated many times (~tens of µs each).
@@ -221,7 +277,7 @@ pub struct Plugin {
     info: Option<PluginInfo>,
     engine: Engine,
     component: Component,
-    pre: SinkPluginPre<HostState>,
+    pre: Pre,
     pub loaded_from: LoadedFrom,
 }
 
@@ -229,6 +285,19 @@ impl Plugin {
     /// What `describe` returned.
     pub fn info(&self) -> Option<&PluginInfo> {
         self.info.as_ref()
+    }
+
+    /// The contract version the plugin implements.
+    pub fn version(&self) -> ContractVersion {
+        match self.pre {
+            Pre::V0_2(_) => ContractVersion::V0_2,
+            Pre::V0_1(_) => ContractVersion::V0_1,
+        }
+    }
+
+    /// Whether the plugin writes several tables and follows schema changes.
+    pub fn multi_table(&self) -> bool {
+        self.info.as_ref().is_some_and(|i| i.multi_table)
     }
 
     /// Names of the component's imports (the capabilities it links against).
@@ -243,200 +312,36 @@ impl Plugin {
         ty.exports(&self.engine).map(|(name, _)| name.to_string()).collect()
     }
 
-    /// Creates a fresh instance in its own store.
-    pub fn instantiate(&self, instance: &str, grants: &Granted, limits: Limits) -> Result<Instance, PluginError> {
-        let tag = InstanceTag { plugin: self.name.clone(), instance: Arc::from(instance) };
-        let stdout = GuestOutput::new(tag.clone(), "stdout");
-        let stderr = GuestOutput::new(tag.clone(), "stderr");
-        let mut wasi = WasiCtx::builder();
-        wasi.stdout(stdout).stderr(stderr.clone());
-        let state = HostState {
-            wasi: wasi.build(),
-            table: ResourceTable::new(),
-            limits: MemoryCap::new(limits.memory_mb),
-            caps: grants.for_instance(tag.clone()),
-            stderr,
-        };
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(sandbox::ticks(limits.call_timeout));
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| {
-            let output = store.data().stderr.tail();
-            PluginError::Trap {
-                plugin: tag.plugin.clone(),
-                instance: tag.instance.clone(),
-                call: "instantiate",
-                cause: sandbox::classify(
-                    &e,
-                    limits.call_timeout,
-                    limits.memory_mb,
-                    store.data().limits.exceeded(),
-                    &output,
-                ),
-            }
-        })?;
-        Ok(Instance { store, bindings, tag, limits, dead: None })
+    /// Whether the plugin declares the option `name`.
+    pub fn declares(&self, name: &str) -> bool {
+        self.info.as_ref().is_some_and(|i| i.options.iter().any(|o| o.name == name))
     }
-}
 
-/// One plugin instance in its own store.
-pub struct Instance {
-    store: Store<HostState>,
-    bindings: SinkPlugin,
-    tag: InstanceTag,
-    limits: Limits,
-    dead: Option<TrapCause>,
-}
-
-impl Instance {
-    /// Runs one guest call under the deadline, turning traps and plugin
-    /// errors into [`PluginError`]s that name the call.
-    fn call<R>(
-        &mut self,
-        call: &'static str,
-        f: impl FnOnce(&SinkPlugin, &mut Store<HostState>) -> wasmtime::Result<Result<R, SinkError>>,
-    ) -> Result<R, PluginError> {
-        if let Some(cause) = &self.dead {
-            return Err(PluginError::Dead {
-                plugin: self.tag.plugin.clone(),
-                instance: self.tag.instance.clone(),
-                call,
-                cause: cause.clone(),
-            });
-        }
-        self.store.set_epoch_deadline(sandbox::ticks(self.limits.call_timeout));
-        match f(&self.bindings, &mut self.store) {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => {
-                let (kind, message) = split(e);
-                Err(PluginError::Sink {
-                    plugin: self.tag.plugin.clone(),
-                    instance: self.tag.instance.clone(),
-                    call,
-                    kind,
-                    message,
-                })
+    /// The options every instance opens with: the job's, plus, for a 0.1
+    /// plugin, the host's own that it declares (0.2 carries them in the
+    /// sink context; see [`reserved`]).
+    pub fn options_for(&self, job_options: Vec<(String, String)>, ctx: &SinkCtx) -> Vec<(String, String)> {
+        let mut options = job_options;
+        if self.version() == ContractVersion::V0_1 {
+            if self.declares(reserved::INCARNATION) {
+                options.push((reserved::INCARNATION.to_string(), ctx.incarnation.clone()));
             }
-            Err(trap) => {
-                let output = self.store.data().stderr.tail();
-                let exceeded = self.store.data().limits.exceeded();
-                let cause =
-                    sandbox::classify(&trap, self.limits.call_timeout, self.limits.memory_mb, exceeded, &output);
-                tracing::debug!(plugin = &*self.tag.plugin, instance = &*self.tag.instance, call, error = ?trap, "plugin trapped");
-                self.dead = Some(cause.clone());
-                Err(PluginError::Trap {
-                    plugin: self.tag.plugin.clone(),
-                    instance: self.tag.instance.clone(),
-                    call,
-                    cause,
-                })
+            if self.declares(reserved::OTHER_INCARNATIONS) {
+                let policy = if ctx.refuse_other_incarnations { "refuse" } else { "accept" };
+                options.push((reserved::OTHER_INCARNATIONS.to_string(), policy.to_string()));
             }
         }
+        options
     }
 
-    pub fn describe(&mut self) -> Result<PluginInfo, PluginError> {
-        self.call("describe", |b, s| b.sluice_connector_sink().call_describe(s).map(Ok))
-    }
-
-    pub fn validate(&mut self, options: &[(String, String)], schema: &[u8]) -> Result<(), PluginError> {
-        let options = borrowed(options);
-        self.call("validate", |b, s| b.sluice_connector_sink().call_validate(s, &options, schema))
-    }
-
-    /// Arms the test-only crash after the next side effect of a call.
-    #[cfg(feature = "fault-injection")]
-    pub fn arm_crash_after_side_effect(&mut self, armed: bool) {
-        self.store.data_mut().caps.effects.fault.arm(armed);
-    }
-
-    pub fn tag(&self) -> &InstanceTag {
-        &self.tag
-    }
-}
-
-/// A writer resource inside its instance.
-pub struct WriterInstance {
-    inst: Instance,
-    handle: ResourceAny,
-}
-
-impl WriterInstance {
-    pub fn open(
-        mut inst: Instance,
-        ctx: &SinkCtx,
-        options: &[(String, String)],
-        schema: &[u8],
-        restored: Option<&[u8]>,
-    ) -> Result<Self, PluginError> {
-        let options = borrowed(options);
-        let handle = inst.call("open", |b, s| {
-            b.sluice_connector_sink().writer().call_open(s, ctx.wit(), &options, schema, restored)
-        })?;
-        Ok(Self { inst, handle })
-    }
-
-    pub fn write(&mut self, batch: &[u8]) -> Result<(), PluginError> {
-        let h = self.handle;
-        self.inst.call("write", |b, s| b.sluice_connector_sink().writer().call_write(s, h, batch))
-    }
-
-    pub fn prepare_commit(&mut self, c: u64) -> Result<Option<Vec<u8>>, PluginError> {
-        let h = self.handle;
-        self.inst.call("prepare-commit", |b, s| b.sluice_connector_sink().writer().call_prepare_commit(s, h, c))
-    }
-
-    pub fn snapshot_state(&mut self, c: u64) -> Result<Vec<u8>, PluginError> {
-        let h = self.handle;
-        self.inst.call("snapshot-state", |b, s| b.sluice_connector_sink().writer().call_snapshot_state(s, h, c))
-    }
-
-    pub fn abort_prepare(&mut self, c: u64) -> Result<(), PluginError> {
-        let h = self.handle;
-        self.inst.call("abort-prepare", |b, s| b.sluice_connector_sink().writer().call_abort_prepare(s, h, c))
-    }
-
-    pub fn close(&mut self) -> Result<(), PluginError> {
-        let h = self.handle;
-        self.inst.call("close", |b, s| b.sluice_connector_sink().writer().call_close(s, h))
-    }
-}
-
-/// The committer resource inside its instance.
-pub struct CommitterInstance {
-    inst: Instance,
-    handle: ResourceAny,
-}
-
-impl CommitterInstance {
-    pub fn open(
-        mut inst: Instance,
-        ctx: &SinkCtx,
-        options: &[(String, String)],
-        schema: &[u8],
-    ) -> Result<Self, PluginError> {
-        let options = borrowed(options);
-        let handle =
-            inst.call("open", |b, s| b.sluice_connector_sink().committer().call_open(s, ctx.wit(), &options, schema))?;
-        Ok(Self { inst, handle })
-    }
-
-    pub fn combine(&mut self, c: u64, infos: &[Vec<u8>]) -> Result<Vec<u8>, PluginError> {
-        let h = self.handle;
-        let infos: Vec<&[u8]> = infos.iter().map(Vec::as_slice).collect();
-        self.inst.call("combine", |b, s| b.sluice_connector_sink().committer().call_combine(s, h, c, &infos))
-    }
-
-    pub fn commit(&mut self, c: u64, combined: &[u8]) -> Result<CommitOutcome, PluginError> {
-        let h = self.handle;
-        self.inst.call("commit", |b, s| b.sluice_connector_sink().committer().call_commit(s, h, c, combined))
-    }
-
-    pub fn abort(&mut self, c: u64, combined: &[u8]) -> Result<(), PluginError> {
-        let h = self.handle;
-        self.inst.call("abort", |b, s| b.sluice_connector_sink().committer().call_abort(s, h, c, combined))
-    }
-
-    pub fn instance_mut(&mut self) -> &mut Instance {
-        &mut self.inst
+    /// Whether the plugin can keep this incarnation's keys apart from
+    /// another's, and whether it can look for another's in the target.
+    pub fn incarnation_support(&self) -> (bool, bool) {
+        match self.version() {
+            ContractVersion::V0_2 => (true, true),
+            ContractVersion::V0_1 => {
+                (self.declares(reserved::INCARNATION), self.declares(reserved::OTHER_INCARNATIONS))
+            }
+        }
     }
 }

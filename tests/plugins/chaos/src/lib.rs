@@ -21,8 +21,14 @@ use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{
     CommitOutcome, Committer, Guest, GuestCommitter, GuestWriter, OptionSpec, PluginInfo, SinkContext, SinkError,
-    Writer, error, ipc, option_spec,
+    Table, TableChange, Writer, error, ipc, option_spec,
 };
+
+/// `name:kind` of each change, for the journal.
+fn changes_text(changes: &[TableChange]) -> String {
+    let parts: Vec<String> = changes.iter().map(|c| format!("{}:{:?}", c.table.name, c.kind)).collect();
+    parts.join(",")
+}
 
 fn specs() -> Vec<OptionSpec> {
     vec![
@@ -167,11 +173,16 @@ impl Guest for Chaos {
             version: env!("CARGO_PKG_VERSION").into(),
             description: "test-only plugin: journals calls, misbehaves on request".into(),
             options: specs(),
+            multi_table: true,
             capabilities: vec!["file-io: read-write on `journal`; read on `state_dir`".into()],
         }
     }
 
-    fn validate(options: Vec<(String, String)>, _schema: Vec<u8>) -> Result<(), SinkError> {
+    fn describe_commit(_options: Vec<(String, String)>, combined: Vec<u8>) -> Vec<String> {
+        vec![format!("{} row(s), landing nowhere", String::from_utf8_lossy(&combined))]
+    }
+
+    fn validate(_ctx: SinkContext, options: Vec<(String, String)>, _tables: Vec<Table>) -> Result<(), SinkError> {
         Cfg::parse(options).map(|_| ())
     }
 }
@@ -180,7 +191,7 @@ impl GuestWriter for ChaosWriter {
     fn open(
         ctx: SinkContext,
         options: Vec<(String, String)>,
-        _schema: Vec<u8>,
+        _tables: Vec<Table>,
         restored: Option<Vec<u8>>,
     ) -> Result<Writer, SinkError> {
         let cfg = Cfg::parse(options)?;
@@ -191,11 +202,12 @@ impl GuestWriter for ChaosWriter {
         Ok(Writer::new(ChaosWriter { cfg, journal: RefCell::new(journal), rows: RefCell::new(0) }))
     }
 
-    fn write(&self, rows: Vec<u8>) -> Result<(), SinkError> {
+    fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let (_, batches) = ipc::decode(&rows)?;
         let n: usize = batches.iter().map(|b| b.num_rows()).sum();
         *self.rows.borrow_mut() += n as u64;
-        self.journal.borrow_mut().note(format!("write rows={n}"))?;
+        let line = if table.is_empty() { format!("write rows={n}") } else { format!("write table={table} rows={n}") };
+        self.journal.borrow_mut().note(line)?;
         self.cfg.maybe_misbehave("write")
     }
 
@@ -211,6 +223,10 @@ impl GuestWriter for ChaosWriter {
         Ok(format!("c{c}").into_bytes())
     }
 
+    fn apply_changes(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
+        self.journal.borrow_mut().note(format!("apply-changes {}", changes_text(&changes)))
+    }
+
     fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
         self.journal.borrow_mut().note(format!("abort-prepare {c}"))
     }
@@ -221,7 +237,7 @@ impl GuestWriter for ChaosWriter {
 }
 
 impl GuestCommitter for ChaosCommitter {
-    fn open(ctx: SinkContext, options: Vec<(String, String)>, _schema: Vec<u8>) -> Result<Committer, SinkError> {
+    fn open(ctx: SinkContext, options: Vec<(String, String)>, _tables: Vec<Table>) -> Result<Committer, SinkError> {
         let cfg = Cfg::parse(options)?;
         let mut journal = Journal::new(&cfg, &format!("a{}-committer", ctx.attempt));
         journal.note("open".into())?;
@@ -250,6 +266,10 @@ impl GuestCommitter for ChaosCommitter {
 
     fn abort(&self, c: u64, _combined: Vec<u8>) -> Result<(), SinkError> {
         self.journal.borrow_mut().note(format!("abort {c}"))
+    }
+
+    fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
+        self.journal.borrow_mut().note(format!("evolve {}", changes_text(&changes)))
     }
 }
 

@@ -1,0 +1,223 @@
+//! The BigQuery API's table methods (REST, `bigquery/v2`), over `wasi:http`:
+//! `tables.get`, `tables.insert` and `tables.patch`, to create tables and
+//! evolve their schemas. The plugin addresses the host's HTTP endpoint by
+//! name (`http://<rest_endpoint>/bigquery/v2/...`); the host maps it to the
+//! job's address and adds the credentials.
+//!
+//! Semantics relied on (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables):
+//! - `tables.get` answers 404 for a missing table;
+//! - `tables.insert` answers 409 when the table exists already (another
+//!   writer created it first: read it and go on);
+//! - `tables.patch` "only replaces fields that are provided in the submitted
+//!   table resource": a patch with `schema` replaces the whole schema, and
+//!   the service refuses one that drops or narrows a column. The documentation
+//!   does not say whether `If-Match` with the table's `etag` is honoured, so
+//!   the request carries it and the caller survives both: a 412 (someone
+//!   changed the table) and a refusal are answered by reading the table again.
+//!
+//! The `wasi:http` client is written here rather than taken from a crate:
+//! the crates that wrap it (waki, wstd) are async runtimes or pull in more
+//! than these three calls need, and the raw bindings come with `wasip2`.
+
+use std::io::{Read, Write};
+
+use serde_json::{Value, json};
+use wasip2::http::outgoing_handler;
+use wasip2::http::types::{ErrorCode, Fields, Method, OutgoingBody, OutgoingRequest, RequestOptions, Scheme};
+
+/// What went wrong with one HTTP call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RestError {
+    /// The host refused the endpoint name (not granted in `[sink.http]`).
+    Denied(String),
+    /// The request did not get an answer (connection, timeout): may be retried.
+    Transport(String),
+    /// The service answered with an error status.
+    Status { status: u16, message: String },
+}
+
+impl std::fmt::Display for RestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestError::Denied(m) | RestError::Transport(m) => f.write_str(m),
+            RestError::Status { status, message } => write!(f, "HTTP {status}: {message}"),
+        }
+    }
+}
+
+impl RestError {
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RestError::Transport(_) => true,
+            // Rate limits and the service's own failures.
+            RestError::Status { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
+            RestError::Denied(_) => false,
+        }
+    }
+}
+
+/// One answered call: status and body.
+struct Reply {
+    status: u16,
+    body: Vec<u8>,
+}
+
+fn transport(endpoint: &str, e: ErrorCode) -> RestError {
+    match e {
+        ErrorCode::HttpRequestDenied => RestError::Denied(format!(
+            "the host denied HTTP endpoint `{endpoint}`: grant it in the job file as [sink.http.{endpoint}] address = \"https://bigquery.googleapis.com\""
+        )),
+        other => RestError::Transport(format!("HTTP endpoint `{endpoint}`: {other}")),
+    }
+}
+
+/// Sends one request to `http://<endpoint><path>` and reads the whole reply.
+fn send(
+    endpoint: &str,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout_ms: u32,
+) -> Result<Reply, RestError> {
+    let local = |what: &str| RestError::Transport(format!("HTTP endpoint `{endpoint}`: {what}"));
+    let fields = Fields::new();
+    for (name, value) in headers {
+        fields.append(name, value.as_bytes()).map_err(|e| local(&format!("header {name}: {e:?}")))?;
+    }
+    if body.is_some() {
+        fields.append("content-type", b"application/json").map_err(|e| local(&format!("header: {e:?}")))?;
+    }
+    let request = OutgoingRequest::new(fields);
+    request.set_method(&method).map_err(|()| local("bad method"))?;
+    request.set_scheme(Some(&Scheme::Http)).map_err(|()| local("bad scheme"))?;
+    request.set_authority(Some(endpoint)).map_err(|()| local("bad endpoint name"))?;
+    request.set_path_with_query(Some(path)).map_err(|()| local("bad path"))?;
+    let outgoing = request.body().map_err(|()| local("no request body"))?;
+    let options = RequestOptions::new();
+    let nanos = u64::from(timeout_ms) * 1_000_000;
+    // Hosts that do not support a timeout refuse to set it; theirs applies.
+    let _ = options.set_connect_timeout(Some(nanos));
+    let _ = options.set_first_byte_timeout(Some(nanos));
+    let _ = options.set_between_bytes_timeout(Some(nanos));
+    // The body is written after `handle`: the host streams it out, so a body
+    // larger than its buffer cannot stall before the request leaves.
+    let pending = outgoing_handler::handle(request, Some(options)).map_err(|e| transport(endpoint, e))?;
+    let written = (|| -> Result<(), String> {
+        let mut stream = outgoing.write().map_err(|()| "cannot write the request body".to_string())?;
+        if let Some(bytes) = body {
+            stream.write_all(bytes).map_err(|e| format!("writing the request body: {e}"))?;
+        }
+        stream.flush().map_err(|e| format!("writing the request body: {e}"))
+    })();
+    if let Err(why) = written {
+        // The request failed before its body was taken (denied, refused):
+        // the response says why.
+        pending.subscribe().block();
+        return Err(match pending.get() {
+            Some(Ok(Err(e))) => transport(endpoint, e),
+            _ => local(&why),
+        });
+    }
+    OutgoingBody::finish(outgoing, None).map_err(|e| transport(endpoint, e))?;
+    pending.subscribe().block();
+    let response = match pending.get() {
+        Some(Ok(Ok(response))) => response,
+        Some(Ok(Err(e))) => return Err(transport(endpoint, e)),
+        Some(Err(())) | None => return Err(local("the response was already taken")),
+    };
+    let status = response.status();
+    let incoming = response.consume().map_err(|()| local("no response body"))?;
+    let mut bytes = Vec::new();
+    {
+        let mut stream = incoming.stream().map_err(|()| local("no response body stream"))?;
+        stream.read_to_end(&mut bytes).map_err(|e| local(&format!("reading the response: {e}")))?;
+    }
+    drop(incoming);
+    Ok(Reply { status, body: bytes })
+}
+
+/// The message of a Google API error body (`{"error": {"message": ...}}`),
+/// or the body itself.
+fn error_message(body: &[u8]) -> String {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.pointer("/error/message").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(300).collect())
+}
+
+fn json_reply(reply: Reply) -> Result<Value, RestError> {
+    if !(200..300).contains(&reply.status) {
+        return Err(RestError::Status { status: reply.status, message: error_message(&reply.body) });
+    }
+    serde_json::from_slice(&reply.body)
+        .map_err(|e| RestError::Status { status: reply.status, message: format!("the reply is not JSON: {e}") })
+}
+
+/// A table as `tables.get` returns it, as far as Sluice reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct RestTable {
+    /// `schema.fields`.
+    pub fields: Value,
+    pub etag: Option<String>,
+}
+
+impl RestTable {
+    fn from_json(v: Value) -> Self {
+        RestTable {
+            fields: v.pointer("/schema/fields").cloned().unwrap_or(Value::Array(Vec::new())),
+            etag: v.get("etag").and_then(Value::as_str).map(str::to_string),
+        }
+    }
+}
+
+/// The tables API of one endpoint.
+pub(crate) struct Tables<'a> {
+    pub endpoint: &'a str,
+    pub timeout_ms: u32,
+}
+
+/// `projects/P/datasets/D/tables/T` → (`P`, `D`, `T`).
+fn parts(table: &str) -> (&str, &str, &str) {
+    let p: Vec<&str> = table.split('/').collect();
+    match p.as_slice() {
+        [_, project, _, dataset, _, id] => (project, dataset, id),
+        _ => ("", "", ""),
+    }
+}
+
+impl Tables<'_> {
+    /// `tables.get`: `None` when the table does not exist.
+    pub fn get(&self, table: &str) -> Result<Option<RestTable>, RestError> {
+        let reply = send(self.endpoint, Method::Get, &format!("/bigquery/v2/{table}"), &[], None, self.timeout_ms)?;
+        if reply.status == 404 {
+            return Ok(None);
+        }
+        json_reply(reply).map(|v| Some(RestTable::from_json(v)))
+    }
+
+    /// `tables.insert`: `Ok(false)` when the table exists already (409).
+    pub fn insert(&self, table: &str, fields: &Value) -> Result<bool, RestError> {
+        let (project, dataset, id) = parts(table);
+        let body = json!({
+            "tableReference": { "projectId": project, "datasetId": dataset, "tableId": id },
+            "schema": { "fields": fields },
+        });
+        let path = format!("/bigquery/v2/projects/{project}/datasets/{dataset}/tables");
+        let reply = send(self.endpoint, Method::Post, &path, &[], Some(body.to_string().as_bytes()), self.timeout_ms)?;
+        if reply.status == 409 {
+            return Ok(false);
+        }
+        json_reply(reply).map(|_| true)
+    }
+
+    /// `tables.patch` of the schema, guarded by `etag` where the service honours it.
+    pub fn patch_schema(&self, table: &str, fields: &Value, etag: Option<&str>) -> Result<(), RestError> {
+        let body = json!({ "schema": { "fields": fields } });
+        let headers: Vec<(&str, &str)> = etag.map(|e| ("if-match", e)).into_iter().collect();
+        let path = format!("/bigquery/v2/{table}");
+        let reply =
+            send(self.endpoint, Method::Patch, &path, &headers, Some(body.to_string().as_bytes()), self.timeout_ms)?;
+        json_reply(reply).map(|_| ())
+    }
+}

@@ -1,0 +1,96 @@
+//! Contract versions side by side: a plugin built for `sluice:connector@0.1.0`
+//! (the committed fixture, `tests/fixtures/sluice_sink_files_0.1.wasm`) runs
+//! unchanged on a host whose newest contract is 0.2, passes the crash
+//! matrix, and hands its state over to a plugin rebuilt for 0.2; components
+//! of no served version are refused with the versions the host serves.
+
+use std::path::{Path, PathBuf};
+
+use sluice::engine::{CrashPoint, Fault};
+use sluice::plugin::PluginError;
+use sluice_tests::{TestJob, assert_exactly_once, host, read_visible, run_cli};
+
+const ROWS: u64 = 6000;
+const PARALLELISM: u32 = 3;
+const EVERY: u64 = 500;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/sluice_sink_files_0.1.wasm")
+}
+
+fn fixture_str() -> String {
+    fixture().to_str().expect("utf-8 path").to_string()
+}
+
+fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+    let job = TestJob::files_with(&fixture_str(), &format!("v01-{point}-{checkpoint}"), ROWS, PARALLELISM, EVERY);
+    sluice_tests::crash_and_recover(&job, ROWS, point, checkpoint);
+}
+
+sluice_tests::crash_tests! {
+    v01_after_write: CrashPoint::AfterWrite, 3;
+    v01_after_prepare_commit_first: CrashPoint::AfterPrepareCommit, 1;
+    v01_after_prepare_commit: CrashPoint::AfterPrepareCommit, 3;
+    v01_after_snapshot_state: CrashPoint::AfterSnapshotState, 3;
+    v01_after_persist_first: CrashPoint::AfterPersist, 1;
+    v01_after_persist: CrashPoint::AfterPersist, 3;
+    v01_after_persist_last: CrashPoint::AfterPersist, 4;
+    v01_during_commit: CrashPoint::DuringCommit, 3;
+    v01_during_commit_last: CrashPoint::DuringCommit, 4;
+    v01_after_commit: CrashPoint::AfterCommit, 3;
+    v01_after_commit_last: CrashPoint::AfterCommit, 4;
+}
+
+#[test]
+fn the_fixture_is_a_0_1_plugin() {
+    let plugin = host().load(&fixture()).expect("the 0.1 fixture loads");
+    assert_eq!(plugin.version().to_string(), "0.1.0");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (code, out, err) = run_cli(&["plugin", "inspect", &fixture_str()], dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("contract:    sluice:connector@0.1.0"), "{out}");
+    assert!(out.contains("world:       sluice:connector/sink-plugin@0.1.0"), "{out}");
+    assert!(out.contains("plugin:      files"), "{out}");
+}
+
+/// The operator's upgrade: a job that ran on the 0.1 build, crashed with a
+/// checkpoint pending, is resumed with the plugin rebuilt for 0.2. The new
+/// build commits the old build's pending checkpoint and goes on.
+#[test]
+fn a_0_1_state_resumes_on_the_0_2_build() {
+    let job = TestJob::files_with(&fixture_str(), "upgrade", ROWS, PARALLELISM, EVERY);
+    let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 3, subtask: 1 };
+    assert!(job.run(Some(fault)).expect_err("crash").is_injected_crash());
+    let upgraded = format!("sink.plugin={}", sluice_tests::FILES_PLUGIN);
+    let summary = job.run_with(&[&upgraded], None).expect("the 0.2 build resumes the 0.1 state");
+    assert_exactly_once(&read_visible(&job.out()), ROWS);
+    assert_eq!(summary.recovered.len(), 1, "{summary}");
+}
+
+fn write_component(dir: &Path, name: &str, wat: &str) -> PathBuf {
+    let bytes = wat::parse_str(wat).expect("valid WAT");
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("writing the component");
+    path
+}
+
+#[test]
+fn a_component_of_no_served_version_names_the_served_ones() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let future = write_component(
+        dir.path(),
+        "future.wasm",
+        r#"(component
+            (instance $sink)
+            (export "sluice:connector/sink@0.3.0" (instance $sink)))"#,
+    );
+    let Err(err) = host().load(&future) else { panic!("0.3 is not served") };
+    assert!(matches!(err, PluginError::Incompatible { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("0.2.0, 0.1.0"), "{message}");
+    assert!(message.contains("sluice:connector/sink@0.3.0"), "{message}");
+
+    let module = write_component(dir.path(), "module.wasm", "(module)");
+    let Err(err) = host().load(&module) else { panic!("a core module is no component") };
+    assert!(matches!(err, PluginError::Invalid { .. }), "{err:?}");
+}
