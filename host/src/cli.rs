@@ -180,6 +180,10 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(info) = plugin.info() {
                 println!("plugin:      {} {}", info.name, info.version);
                 println!("description: {}", info.description);
+                println!(
+                    "tables:      {}",
+                    if info.multi_table { "many (named tables, schema changes during a run)" } else { "one" }
+                );
                 println!("options:");
                 for o in info.options.iter().filter(|o| !reserved::is_reserved(&o.name)) {
                     let req = if o.required { "required" } else { "optional" };

@@ -30,6 +30,12 @@ pub enum CrashPoint {
     DuringCommit,
     /// After `commit(c)` returned, before any later record notes it.
     AfterCommit,
+    /// Inside `evolve` at the barrier that ended checkpoint `c`, right after
+    /// its first side effect (a table created or altered; the reply is lost).
+    DuringEvolve,
+    /// After `evolve` at the barrier that ended checkpoint `c` returned,
+    /// before the writers apply the changes.
+    AfterEvolve,
 }
 
 impl std::fmt::Display for CrashPoint {
@@ -41,6 +47,8 @@ impl std::fmt::Display for CrashPoint {
             CrashPoint::AfterPersist => "after-persist",
             CrashPoint::DuringCommit => "during-commit",
             CrashPoint::AfterCommit => "after-commit",
+            CrashPoint::DuringEvolve => "during-evolve",
+            CrashPoint::AfterEvolve => "after-evolve",
         })
     }
 }

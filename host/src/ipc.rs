@@ -18,3 +18,9 @@ pub fn encode_schema(schema: &Schema) -> Result<Vec<u8>, ArrowError> {
     writer.finish()?;
     writer.into_inner()
 }
+
+/// The schema of an IPC stream (as [`encode_schema`] writes it).
+pub fn decode_schema(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, ArrowError> {
+    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+    Ok(reader.schema())
+}

@@ -121,8 +121,22 @@ pub enum SourceSpec {
         rate: Option<f64>,
         #[serde(default = "default_batch_rows")]
         batch_rows: usize,
+        /// Table names: row `id` lands in table `id % n` (one unnamed table when empty).
+        #[serde(default)]
+        tables: Vec<String>,
+        /// From this id on, rows have the evolved schema (`qty` widened to
+        /// Int64, a nullable `tag` added): a schema change during the run.
+        #[serde(default)]
+        evolve_at: Option<u64>,
+        /// The last table of `tables` appears at this id (before it, its
+        /// share lands in the first table): a table the run meets late.
+        #[serde(default)]
+        new_table_at: Option<u64>,
     },
-    /// JSON lines, CSV or Parquet files: one file, or every such file in a directory.
+    /// JSON lines, CSV or Parquet files: one file, every such file in a
+    /// directory (one table), or a tree with one folder per table
+    /// (`<path>/<table>/*`). Files are read in name order; their schemas may
+    /// evolve from file to file.
     File {
         path: PathBuf,
         /// `csv`, `json` or `parquet`; taken from the file extension when absent.
@@ -132,6 +146,8 @@ pub enum SourceSpec {
         /// Whether CSV files start with a header line.
         #[serde(default = "default_true")]
         csv_header: bool,
+        /// Total rows per second over all subtasks (unlimited when absent).
+        rate: Option<f64>,
     },
 }
 
@@ -449,7 +465,20 @@ impl Job {
             return Err(self.invalid("job.commit.max_attempts", "must be at least 1"));
         }
         match &self.spec.source {
-            SourceSpec::Generator { rate, batch_rows, .. } => {
+            SourceSpec::Generator { rate, batch_rows, tables, new_table_at, .. } => {
+                let mut names = std::collections::BTreeSet::new();
+                for t in tables {
+                    if t.is_empty() || !names.insert(t.as_str()) {
+                        return Err(
+                            self.invalid("source.tables", format!("{t:?}: table names must be unique and not empty"))
+                        );
+                    }
+                }
+                if new_table_at.is_some() && tables.len() < 2 {
+                    return Err(
+                        self.invalid("source.new_table_at", "needs at least two `tables` (the last one appears late)")
+                    );
+                }
                 if let Some(r) = rate
                     && !(r.is_finite() && *r > 0.0)
                 {
@@ -459,9 +488,14 @@ impl Job {
                     return Err(self.invalid("source.batch_rows", "must be at least 1"));
                 }
             }
-            SourceSpec::File { path, batch_rows, format, .. } => {
+            SourceSpec::File { path, batch_rows, format, rate, .. } => {
                 if *batch_rows == 0 {
                     return Err(self.invalid("source.batch_rows", "must be at least 1"));
+                }
+                if let Some(r) = rate
+                    && !(r.is_finite() && *r > 0.0)
+                {
+                    return Err(self.invalid("source.rate", "must be a positive number of rows per second"));
                 }
                 let resolved = self.resolve(path);
                 if !resolved.exists() {

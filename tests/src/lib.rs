@@ -508,6 +508,15 @@ pub fn read_iceberg_rest(uri: &str, warehouse: &Path, table: &str) -> IcebergTab
 
 /// Reads `table` ("ns.name") through `catalog`: rows and snapshot ancestry.
 pub fn read_iceberg_from(catalog: &sluice::capability::catalog::CatalogGrant, table: &str) -> IcebergTable {
+    read_iceberg_as(catalog, table, &Generator::schema_ref())
+}
+
+/// [`read_iceberg_from`], with the rows conformed to `schema`.
+pub fn read_iceberg_as(
+    catalog: &sluice::capability::catalog::CatalogGrant,
+    table: &str,
+    schema: &arrow_schema::SchemaRef,
+) -> IcebergTable {
     use futures::TryStreamExt;
     let ident = iceberg::TableIdent::from_strs(table.split('.')).expect("table name");
     let table = catalog.load(&ident).unwrap_or_else(|e| panic!("loading {ident}: {e:?}"));
@@ -516,11 +525,10 @@ pub fn read_iceberg_from(catalog: &sluice::capability::catalog::CatalogGrant, ta
         let scan = table.scan().select_all().build().expect("scan");
         scan.to_arrow().await.expect("scan to arrow").try_collect().await.expect("reading the table")
     });
-    let schema = Generator::schema_ref();
     // Iceberg spells the UTC zone `+00:00` and carries field ids; the values are what is compared.
     let conformed: Vec<RecordBatch> =
-        batches.iter().map(|b| sluice_bench::conform(b, &schema).expect("cast to the generator's types")).collect();
-    let all = arrow_select::concat::concat_batches(&schema, &conformed).expect("concat");
+        batches.iter().map(|b| sluice_bench::conform(b, schema).expect("cast to the generator's types")).collect();
+    let all = arrow_select::concat::concat_batches(schema, &conformed).expect("concat");
     let metadata = table.metadata();
     let mut commits = Vec::new();
     let mut next = metadata.current_snapshot_id();
@@ -615,4 +623,138 @@ pub fn bigquery_rows(rows: &[serde_json::Map<String, serde_json::Value>]) -> Rec
         std::sync::Arc::new(ts.finish().with_timezone("UTC")),
     ];
     sort_by_id(&RecordBatch::try_new(schema, cols).expect("generator-shaped batch"))
+}
+
+/// Many tables and a schema change: the generator shape of the multi-table
+/// tests, and how to check what landed.
+pub mod tables {
+    use std::path::Path;
+
+    use arrow_array::RecordBatch;
+    use arrow_schema::SchemaRef;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use sluice::engine::tables::conform;
+    use sluice::source::generator::{Generator, Shape};
+
+    pub const TABLES: [&str; 3] = ["orders", "users", "events"];
+
+    /// Three tables; `events` appears at id `rows / 4`, and every table's
+    /// rows change shape at id `rows / 2` (`qty` widened, `tag` added).
+    pub fn shape(rows: u64) -> Shape {
+        Shape {
+            tables: TABLES.iter().map(|t| t.to_string()).collect(),
+            evolve_at: Some(rows / 2),
+            new_table_at: Some(rows / 4),
+        }
+    }
+
+    /// The `--set` overrides that give a generator job [`shape`].
+    pub fn sets(rows: u64) -> Vec<String> {
+        let s = shape(rows);
+        vec![
+            format!("source.tables={:?}", s.tables),
+            format!("source.evolve_at={}", rows / 2),
+            format!("source.new_table_at={}", rows / 4),
+        ]
+    }
+
+    /// The rows table `t` must hold, in the evolved schema, sorted by id.
+    pub fn expected(rows: u64, t: usize) -> RecordBatch {
+        let s = shape(rows);
+        let k = rows / 2;
+        let target = Generator::evolved_schema();
+        let parts = [Generator::rows_for(&s, 0, k, t), Generator::rows_for(&s, k, rows, t)];
+        let conformed: Vec<RecordBatch> = parts.iter().map(|b| conform(b, &target).expect("conforms")).collect();
+        arrow_select::concat::concat_batches(&target, &conformed).expect("concat")
+    }
+
+    /// Every batch of the Parquet files of the checkpoint directories under
+    /// `dir` (a files-sink table directory), conformed to `target`, sorted by id.
+    pub fn read_files_table(dir: &Path, target: &SchemaRef) -> RecordBatch {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+            if entry.path().is_dir() {
+                for f in std::fs::read_dir(entry.path()).expect("checkpoint dir").flatten() {
+                    if f.path().extension().is_some_and(|e| e == "parquet") {
+                        files.push(f.path());
+                    }
+                }
+            }
+        }
+        let mut batches = Vec::new();
+        for f in files {
+            let file = std::fs::File::open(&f).expect("open parquet");
+            for b in ParquetRecordBatchReaderBuilder::try_new(file).expect("parquet").build().expect("reader") {
+                batches.push(conform(&b.expect("batch"), target).expect("an older shape conforms"));
+            }
+        }
+        let all = arrow_select::concat::concat_batches(target, &batches).expect("concat");
+        super::sort_by_id(&all)
+    }
+
+    /// Asserts that `visible` (sorted by id, in the evolved schema) is
+    /// exactly table `t`'s rows: every id once, every value as generated,
+    /// null in `tag` for the rows from before the change.
+    pub fn assert_table(visible: &RecordBatch, rows: u64, t: usize) {
+        let expected = expected(rows, t);
+        let (got, want) = (super::ids(visible), super::ids(&expected));
+        if got != want {
+            let lost: Vec<i64> = want.iter().filter(|i| !got.contains(i)).take(10).copied().collect();
+            let mut dup = got.clone();
+            dup.dedup();
+            panic!(
+                "table {}: {} rows visible, {} expected; lost {lost:?}, duplicates: {}",
+                TABLES[t],
+                got.len(),
+                want.len(),
+                got.len() - dup.len()
+            );
+        }
+        for (i, field) in expected.schema().fields().iter().enumerate() {
+            let col = visible.column_by_name(field.name()).unwrap_or_else(|| panic!("column {} missing", field.name()));
+            assert_eq!(
+                col.as_ref(),
+                expected.column(i).as_ref(),
+                "table {}: column {} differs",
+                TABLES[t],
+                field.name()
+            );
+        }
+    }
+}
+
+/// Rows in the Parquet files of the checkpoint directories under `dir`,
+/// whatever their schemas.
+pub fn count_visible(dir: &Path) -> usize {
+    let mut rows = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(entry.path()).into_iter().flatten().flatten() {
+            if f.path().extension().is_some_and(|e| e == "parquet") {
+                let file = std::fs::File::open(f.path()).expect("open parquet");
+                let reader = ParquetRecordBatchReaderBuilder::try_new(file).expect("parquet");
+                rows += reader.metadata().file_metadata().num_rows() as usize;
+            }
+        }
+    }
+    rows
+}
+
+/// The rows a BigQuery table of the multi-table tests shows, in the
+/// evolved generator schema (`qty` as Int64, `tag`), sorted by id.
+pub fn bigquery_rows_evolved(rows: &[serde_json::Map<String, serde_json::Value>]) -> RecordBatch {
+    let base = bigquery_rows(rows);
+    let target = Generator::evolved_schema();
+    let mut tags = arrow_array::builder::StringBuilder::new();
+    let mut by_id: std::collections::BTreeMap<i64, Option<String>> = std::collections::BTreeMap::new();
+    for r in rows {
+        let id = r.get("id").and_then(serde_json::Value::as_i64).expect("id");
+        by_id.insert(id, r.get("tag").and_then(|v| v.as_str().map(str::to_string)));
+    }
+    for id in ids(&base) {
+        tags.append_option(by_id.get(&id).cloned().flatten());
+    }
+    let mut cols: Vec<arrow_array::ArrayRef> = base.columns().to_vec();
+    cols[1] = arrow_cast::cast(&cols[1], &arrow_schema::DataType::Int64).expect("qty as Int64");
+    cols.push(std::sync::Arc::new(tags.finish()));
+    RecordBatch::try_new(target, cols).expect("evolved batch")
 }

@@ -94,3 +94,16 @@ fn a_component_of_no_served_version_names_the_served_ones() {
     let Err(err) = host().load(&module) else { panic!("a core module is no component") };
     assert!(matches!(err, PluginError::Invalid { .. }), "{err:?}");
 }
+
+/// A 0.1 plugin cannot take named tables: the job stops before anything is
+/// written, naming the contract and what to do.
+#[test]
+fn a_0_1_plugin_is_refused_for_many_tables_before_anything_is_written() {
+    let job = TestJob::files_with(&fixture_str(), "v01-tables", 600, 1, 100);
+    let err = job.run_with(&["source.tables=[\"a\", \"b\"]"], None).expect_err("refused").to_string();
+    assert!(
+        err.contains("implements contract 0.1.0, which cannot take several tables; rebuild it for contract 0.2.0"),
+        "{err}"
+    );
+    assert!(!job.out().exists(), "nothing was written");
+}

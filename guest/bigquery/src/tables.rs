@@ -123,7 +123,17 @@ pub(crate) fn prepare(cfg: &Config, source: &Table) -> Result<(), SinkError> {
 fn create_table(cfg: &Config, path: &str, arrow: &Schema, why: &str) -> Result<(), SinkError> {
     let schema = evolve::creation_schema(arrow).map_err(|e| error::config(format!("{path}: {e}")))?;
     let context = format!("table {path} does not exist ({why}); creating it");
-    let created = tables(cfg).insert(path, &evolve::to_rest_fields(&schema)).map_err(|e| rest_error(&context, e))?;
+    let fields = evolve::to_rest_fields(&schema);
+    // A transient failure is tried again here; an insert that did land
+    // answers 409 the next time, which reads the table instead.
+    let created = cfg
+        .retry()
+        .run(
+            |_| tables(cfg).insert(path, &fields),
+            RestError::is_transient,
+            |e, _, _| log::warn(&format!("{context}: {e}; retrying")),
+        )
+        .map_err(|failed| rest_error(&context, failed.error))?;
     if created {
         log::info(&format!("created table {path}"));
         Ok(())

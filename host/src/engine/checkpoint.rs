@@ -18,6 +18,7 @@
 //! - a state directory marked `halted` is never resumed: the marker names a
 //!   failure that resuming would turn into silent loss.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -93,6 +94,11 @@ pub struct SubtaskRecord {
     pub rows: u64,
     /// The subtask's source is exhausted.
     pub finished: bool,
+    /// The tables this subtask's source delivered rows of, with the shape
+    /// it sent last when that differs from the table's (`None`: the
+    /// table's own). A later narrower shape is refused against it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub seen: BTreeMap<String, Option<Blob>>,
 }
 
 /// A combined commit persisted but not known to be committed.
@@ -165,8 +171,21 @@ pub struct CheckpointRecord {
     /// Pending checkpoints an operator dropped, newest last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<DroppedCommit>,
+    /// The tables the writers knew at this checkpoint, with their schemas
+    /// (Arrow IPC). Empty in records written before contract 0.2: the
+    /// source's one table then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<TableRecord>,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
+}
+
+/// A table and its schema as of a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TableRecord {
+    pub name: String,
+    /// The schema, as an Arrow IPC stream without batches.
+    pub schema: Blob,
 }
 
 impl CheckpointRecord {
@@ -438,10 +457,12 @@ mod tests {
                 writer_state: Blob(vec![0, 1, 255]),
                 rows: 5,
                 finished: false,
+                seen: BTreeMap::from([("orders".to_string(), None)]),
             }],
             pending: vec![PendingCommit { checkpoint: c, combined: Blob(b"files".to_vec()), rows: 5 }],
             last_committed: None,
             dropped: Vec::new(),
+            tables: vec![TableRecord { name: "orders".into(), schema: Blob(vec![1, 2]) }],
             created_at_ms: 0,
         }
     }

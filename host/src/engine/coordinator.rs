@@ -12,7 +12,13 @@
 //!   was taken before: the run fails, reports nothing delivered, and halts
 //!   the state directory;
 //! - a failure at any point leaves the job resumable with nothing lost and
-//!   nothing committed twice.
+//!   nothing committed twice;
+//! - a round that ends at a barrier (a new table, a wider schema) is
+//!   persisted and committed like any other; only then does the committer
+//!   evolve the target, the writers apply the changes, and the next round
+//!   start, so no row of a new shape is written before its table takes it.
+//!   `evolve` is idempotent: a crash after it replays the barrier, and the
+//!   target already has the change.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -24,6 +30,7 @@ use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, DroppedCommit, Incarnation, PendingCommit, SubtaskRecord, now_ms,
 };
 use super::subtask::{Command, Reply, RoundReport, SubtaskHandle, SubtaskSetup};
+use super::tables::{self, Change, TableSet};
 use super::{EngineError, RunOptions, crash_point};
 use crate::bindings::{CommitOutcome, PluginInfo};
 use crate::capability::Granted;
@@ -31,9 +38,10 @@ use crate::capability::catalog::CatalogGrant;
 use crate::capability::file_io::FileGrants;
 use crate::capability::grpc::GrpcGrant;
 use crate::capability::http::HttpGrant;
-use crate::ipc;
 use crate::job::{CatalogConfig, Job, JobError};
-use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost, SinkCtx, SinkErrorKind, SourceTable, reserved};
+use crate::plugin::{
+    CommitterInstance, ContractVersion, Limits, Plugin, PluginError, PluginHost, SinkCtx, SinkErrorKind, reserved,
+};
 use crate::progress::Progress;
 use crate::source::Source;
 
@@ -147,9 +155,25 @@ fn sink_ctx(job: &Job, incarnation: &str, refuse_others: bool, subtask: u32, att
     }
 }
 
-/// The tables of a single-table source: its one table, named `""`.
-fn single_table(schema_ipc: Vec<u8>) -> Vec<SourceTable> {
-    vec![SourceTable { name: String::new(), schema: schema_ipc }]
+/// Refuses a plugin that takes one table for a source of named tables.
+fn check_tables(plugin: &Plugin, source: &Source, tables: &TableSet) -> Result<(), EngineError> {
+    if plugin.multi_table() || !(source.is_multi_table() || tables.is_named()) {
+        return Ok(());
+    }
+    if plugin.version() == ContractVersion::V0_1 {
+        return Err(PluginError::Unsupported {
+            plugin: plugin.name.clone(),
+            version: plugin.version(),
+            what: "take several tables".to_string(),
+        }
+        .into());
+    }
+    Err(EngineError::SingleTablePlugin { plugin: plugin.name.to_string(), described: source.describe() })
+}
+
+/// `"orders"`, or `the source's table` for the unnamed one.
+fn table_label(table: &str) -> String {
+    if table.is_empty() { "the source's table".to_string() } else { format!("{table:?}") }
 }
 
 fn limits(job: &Job) -> Limits {
@@ -257,10 +281,12 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         };
         let ctx = sink_ctx(job, &incarnation, refuse, 0, 0);
         let options = plugin.options_for(job.sink_options(), &ctx);
-        let result = ipc::encode_schema(&source.schema()).map_err(EngineError::from).and_then(|schema| {
-            let mut inst = plugin.instantiate("check", &grants, limits(job))?;
-            inst.validate(&ctx, &options, &single_table(schema)).map_err(EngineError::from)
-        });
+        let known = TableSet::new(source.tables());
+        let result =
+            check_tables(&plugin, &source, &known).and_then(|()| Ok(known.source_tables()?)).and_then(|tables| {
+                let mut inst = plugin.instantiate("check", &grants, limits(job))?;
+                inst.validate(&ctx, &options, &tables).map_err(EngineError::from)
+            });
         match result {
             Ok(()) => report.passed.push("the plugin accepts the options and the source schema".to_string()),
             Err(e) => report.problems.push(e.to_string()),
@@ -279,8 +305,8 @@ struct Coordinator<'a> {
     source: Arc<Source>,
     /// The options every instance opens with (the job's and the host's own).
     options: Vec<(String, String)>,
-    /// The tables of the source, with their current schemas.
-    tables: Vec<SourceTable>,
+    /// The tables the writers know, with their current schemas.
+    tables: TableSet,
     /// Refuse another incarnation's checkpoints (a fresh state directory's first run).
     refuse_others: bool,
     restored: Option<CheckpointRecord>,
@@ -410,12 +436,17 @@ impl<'a> Coordinator<'a> {
         let refuse_others = new_incarnation && !opts.new_incarnation;
         warn_about_incarnation_support(job, &plugin, &incarnation, refuse_others);
         let source = Arc::new(Source::open(&spec.source, parallelism)?);
-        let tables = single_table(ipc::encode_schema(&source.schema())?);
+        // The tables as the last checkpoint left them, else as the source starts.
+        let tables = match restored.as_ref().filter(|r| !r.tables.is_empty()) {
+            Some(r) => TableSet::from_records(&r.tables)?,
+            None => TableSet::new(source.tables()),
+        };
+        check_tables(&plugin, &source, &tables)?;
         let grants = grants(job, opts)?;
         let ctx = sink_ctx(job, &incarnation.id, refuse_others, 0, attempt);
         let options = plugin.options_for(job.sink_options(), &ctx);
         let instance = plugin.instantiate("committer", &grants, limits(job))?;
-        let committer = CommitterInstance::open(instance, &ctx, &options, &tables)?;
+        let committer = CommitterInstance::open(instance, &ctx, &options, &tables.source_tables()?)?;
         if new_incarnation {
             // The committer found no other incarnation in the target (or was told to accept one).
             store.set_incarnation(&incarnation)?;
@@ -486,12 +517,13 @@ impl<'a> Coordinator<'a> {
     /// Returns whether the source is exhausted.
     fn checkpoint(&mut self, subtasks: &[SubtaskHandle], c: u64) -> Result<bool, EngineError> {
         let reports = self.gather(subtasks, c)?;
-        let (records, infos): (Vec<SubtaskRecord>, Vec<Vec<u8>>) =
-            reports.into_iter().fold((Vec::new(), Vec::new()), |(mut records, mut infos), report| {
-                records.push(report.record);
-                infos.extend(report.info);
-                (records, infos)
-            });
+        let (mut records, mut infos, mut changes, mut refusal) = (Vec::new(), Vec::new(), Vec::new(), None);
+        for report in reports {
+            records.push(report.record);
+            infos.extend(report.info);
+            changes.extend(report.changes);
+            refusal = refusal.or(report.refusal);
+        }
         let combined = match self.combine(c, &infos) {
             Ok(combined) => combined,
             Err(e) => {
@@ -502,11 +534,13 @@ impl<'a> Coordinator<'a> {
         let record = self.persist(subtasks, c, records, combined)?;
         crash_point!(self.fault, AfterPersist, c);
         let finished = record.finished();
-        if !finished {
+        // At a barrier the next round waits for the target to change.
+        let barrier = !changes.is_empty() || refusal.is_some();
+        if !finished && !barrier {
             start_round(subtasks, c + 1)?;
         }
         if let Err(e) = self.commit_pending(true) {
-            if !finished && !e.is_injected_crash() {
+            if !finished && !barrier && !e.is_injected_crash() {
                 // Let the running round end, then release what it prepared.
                 if self.gather(subtasks, c + 1).is_ok() {
                     abort_prepare(subtasks, c + 1);
@@ -514,7 +548,75 @@ impl<'a> Coordinator<'a> {
             }
             return Err(e);
         }
+        if let Some(refused) = refusal {
+            return Err(refused.into());
+        }
+        if barrier {
+            let changes = tables::merge_changes(changes)?;
+            self.evolve(c, &changes)?;
+            crash_point!(self.fault, AfterEvolve, c);
+            self.tables.apply(&changes);
+            for handle in subtasks {
+                handle.send(Command::Apply(changes.clone()))?;
+            }
+            for handle in subtasks {
+                handle.recv()?;
+            }
+            start_round(subtasks, c + 1)?;
+        }
         Ok(finished)
+    }
+
+    /// How commits and evolutions are retried (job.commit).
+    fn retry_policy(&self) -> Policy {
+        let spec = &self.job.spec.job.commit;
+        Policy {
+            attempts: spec.max_attempts,
+            initial: Duration::from_millis(spec.initial_backoff_ms),
+            max: Duration::from_millis(spec.max_backoff_ms),
+        }
+    }
+
+    /// Makes the target take `changes` (the barrier that ended checkpoint
+    /// `c`), retrying `retryable` answers like a commit.
+    fn evolve(&mut self, c: u64, changes: &[Change]) -> Result<(), EngineError> {
+        let described: Vec<String> =
+            changes.iter().map(|ch| format!("{} ({:?})", table_label(&ch.table), ch.kind)).collect();
+        tracing::info!(checkpoint = c, changes = %described.join(", "), "evolving the target before rows of the new shape");
+        let contract = tables::contract_changes(changes)?;
+        let retryable =
+            |e: &EngineError| matches!(e, EngineError::Plugin(pe) if pe.sink_kind() == Some(SinkErrorKind::Retryable));
+        self.retry_policy()
+            .run(
+                |_| self.evolve_call(c, &contract),
+                retryable,
+                |e, attempt, wait| {
+                    tracing::warn!(checkpoint = c, attempt, wait_ms = wait.as_millis() as u64, error = %e, "evolving the target failed; retrying");
+                },
+            )
+            .map_err(|failed| failed.error)
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    fn evolve_call(&mut self, _c: u64, changes: &[crate::plugin::TableChange]) -> Result<(), EngineError> {
+        self.committer.evolve(changes).map_err(EngineError::from)
+    }
+
+    /// One `evolve` call, which a test may crash right after its first side
+    /// effect (`DuringEvolve`).
+    #[cfg(feature = "fault-injection")]
+    fn evolve_call(&mut self, c: u64, changes: &[crate::plugin::TableChange]) -> Result<(), EngineError> {
+        use crate::fault::{CrashPoint, Fault};
+        let arm = Fault::due(self.fault, CrashPoint::DuringEvolve, c, None);
+        self.committer.instance_mut().arm_crash_after_side_effect(arm);
+        let result = self.committer.evolve(changes);
+        self.committer.instance_mut().arm_crash_after_side_effect(false);
+        match result {
+            Err(e) if e.is_injected_crash() => {
+                Err(EngineError::InjectedCrash { point: CrashPoint::DuringEvolve, checkpoint: c })
+            }
+            other => other.map_err(EngineError::from),
+        }
     }
 
     /// The committer's fan-in of checkpoint `c` (none when no writer has rows).
@@ -555,6 +657,7 @@ impl<'a> Coordinator<'a> {
             pending,
             last_committed: self.last_committed,
             dropped: self.dropped.clone(),
+            tables: self.tables.records()?,
             created_at_ms: now_ms(),
         };
         if let Err(e) = self.store.persist(&record) {
@@ -630,12 +733,7 @@ impl<'a> Coordinator<'a> {
     /// Commits one checkpoint, retrying `retryable` answers with backoff
     /// (job.commit: the host owns commit retries).
     fn commit_one(&mut self, p: &PendingCommit, live: bool) -> Result<CommitOutcome, EngineError> {
-        let spec = &self.job.spec.job.commit;
-        let policy = Policy {
-            attempts: spec.max_attempts,
-            initial: Duration::from_millis(spec.initial_backoff_ms),
-            max: Duration::from_millis(spec.max_backoff_ms),
-        };
+        let policy = self.retry_policy();
         let retryable =
             |e: &EngineError| matches!(e, EngineError::Plugin(pe) if pe.sink_kind() == Some(SinkErrorKind::Retryable));
         let first = self.first;

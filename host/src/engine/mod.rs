@@ -21,6 +21,7 @@ pub mod checkpoint;
 mod coordinator;
 pub mod state;
 mod subtask;
+pub mod tables;
 
 use std::path::PathBuf;
 
@@ -102,6 +103,12 @@ pub enum EngineError {
     Grpc(#[from] GrpcSetupError),
     #[error("job file: {0}")]
     Http(#[from] HttpSetupError),
+    #[error(transparent)]
+    SchemaRefused(#[from] tables::SchemaRefusal),
+    #[error(
+        "plugin '{plugin}' writes one table, but the source ({described}) delivers named tables; use a plugin that takes several (its `plugin inspect` says `tables: many`)"
+    )]
+    SingleTablePlugin { plugin: String, described: String },
     #[error("job file: key `sink.grants`: {0}")]
     Grant(#[from] GrantError),
     #[error(

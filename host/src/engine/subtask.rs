@@ -6,23 +6,37 @@
 //!   right after the last row written, so position and writer state describe
 //!   the same cut;
 //! - a subtask never persists or commits anything; the coordinator does;
+//! - a batch that needs the target changed first (a new table, a wider
+//!   schema; see `engine::tables`) is held, and the round ends with the cut
+//!   just before it: its rows belong to a later checkpoint, written after the
+//!   coordinator applied the change (`Command::Apply`). Up to a batch's worth
+//!   of rows after it are read ahead and held too, so that the changes of
+//!   several tables arriving together cost one barrier, not one each;
+//! - every batch a writer gets has its table's current schema;
 //! - on an injected crash the thread stops at once, without any cleanup call.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use arrow_schema::SchemaRef;
+
+use super::tables::{self, Change, Fit, SchemaRefusal, TableSet};
 use super::{EngineError, crash_point};
 use crate::capability::Granted;
-use crate::engine::checkpoint::SubtaskRecord;
+use crate::engine::checkpoint::{Blob, SubtaskRecord};
 use crate::ipc;
-use crate::plugin::{Limits, Plugin, SinkCtx, SourceTable, WriterInstance};
+use crate::plugin::{Limits, Plugin, SinkCtx, WriterInstance};
 use crate::progress::Progress;
-use crate::source::{Source, SourceReader};
+use crate::source::{Source, SourceReader, TableBatch};
 
 pub(crate) enum Command {
     Round(u64),
+    /// The sink evolved the target: the writer applies the changes, and the
+    /// subtask takes the new schemas.
+    Apply(Vec<Change>),
     AbortPrepare(u64),
     Close,
 }
@@ -33,11 +47,16 @@ pub(crate) struct RoundReport {
     pub c: u64,
     pub info: Option<Vec<u8>>,
     pub record: SubtaskRecord,
+    /// The round ended at a barrier: the target must change first.
+    pub changes: Vec<Change>,
+    /// The round ended at a schema change that is refused.
+    pub refusal: Option<SchemaRefusal>,
 }
 
 pub(crate) enum Reply {
     Opened,
     Round(RoundReport),
+    Applied,
     Aborted,
     Closed,
 }
@@ -50,8 +69,8 @@ pub(crate) struct SubtaskSetup {
     pub limits: Limits,
     pub ctx: SinkCtx,
     pub options: Vec<(String, String)>,
-    /// The source's tables, with their current schemas.
-    pub tables: Vec<SourceTable>,
+    /// The tables the writers know, with their current schemas.
+    pub tables: TableSet,
     pub restored: Option<SubtaskRecord>,
     pub source: Arc<Source>,
     pub every_rows: Option<u64>,
@@ -109,6 +128,10 @@ struct Subtask {
     run_start: Instant,
     rows_this_run: u64,
     position: serde_json::Value,
+    /// The shape this subtask's source sent last, per table.
+    seen: BTreeMap<String, SchemaRef>,
+    /// Batches read but held at a barrier, each with the position before it.
+    held: VecDeque<(TableBatch, serde_json::Value)>,
 }
 
 fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<Reply, EngineError>>) {
@@ -125,6 +148,7 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
     while let Ok(cmd) = commands.recv() {
         let reply = match cmd {
             Command::Round(c) => subtask.round(c).map(Reply::Round),
+            Command::Apply(changes) => subtask.apply(&changes).map(|()| Reply::Applied),
             Command::AbortPrepare(c) => {
                 if let Err(e) = subtask.writer.abort_prepare(c) {
                     tracing::warn!(subtask = subtask.setup.subtask, checkpoint = c, error = %e, "abort-prepare failed");
@@ -148,13 +172,53 @@ impl Subtask {
     fn open(setup: SubtaskSetup) -> Result<Self, EngineError> {
         let instance = setup.plugin.instantiate(&format!("writer[{}]", setup.subtask), &setup.grants, setup.limits)?;
         let restored_state = setup.restored.as_ref().map(|r| r.writer_state.0.as_slice());
-        let writer = WriterInstance::open(instance, &setup.ctx, &setup.options, &setup.tables, restored_state)?;
+        let writer =
+            WriterInstance::open(instance, &setup.ctx, &setup.options, &setup.tables.source_tables()?, restored_state)?;
         let position = setup.restored.as_ref().map(|r| r.position.clone());
         let reader = setup.source.reader(setup.subtask, position.as_ref())?;
         let rows_total = setup.restored.as_ref().map_or(0, |r| r.rows);
         let finished = setup.restored.as_ref().is_some_and(|r| r.finished);
+        let mut seen = BTreeMap::new();
+        for (table, shape) in setup.restored.iter().flat_map(|r| r.seen.iter()) {
+            let schema = match shape {
+                Some(blob) => Some(ipc::decode_schema(&blob.0)?),
+                None => setup.tables.get(table).cloned(),
+            };
+            if let Some(schema) = schema {
+                seen.insert(table.clone(), schema);
+            }
+        }
         let position = reader.position();
-        Ok(Self { setup, writer, reader, rows_total, finished, run_start: Instant::now(), rows_this_run: 0, position })
+        Ok(Self {
+            setup,
+            writer,
+            reader,
+            rows_total,
+            finished,
+            run_start: Instant::now(),
+            rows_this_run: 0,
+            position,
+            seen,
+            held: VecDeque::new(),
+        })
+    }
+
+    /// The target took `changes`: the writer applies them, and batches of
+    /// the changed tables are conformed to the new schemas from now on.
+    fn apply(&mut self, changes: &[Change]) -> Result<(), EngineError> {
+        self.writer.apply_changes(&tables::contract_changes(changes)?)?;
+        self.setup.tables.apply(changes);
+        Ok(())
+    }
+
+    /// The shapes this subtask sent, as the record keeps them.
+    fn seen_record(&self) -> Result<BTreeMap<String, Option<Blob>>, EngineError> {
+        let mut out = BTreeMap::new();
+        for (table, shape) in &self.seen {
+            let same = self.setup.tables.get(table).is_some_and(|t| tables::same_shape(t, shape));
+            out.insert(table.clone(), if same { None } else { Some(Blob(ipc::encode_schema(shape)?)) });
+        }
+        Ok(out)
     }
 
     /// Rows per batch: the source's preference, smaller when rate-limited so
@@ -175,24 +239,66 @@ impl Subtask {
         let deadline = self.setup.interval.map(|d| Instant::now() + d);
         let mut rows_in_round = 0u64;
         let mut wrote = false;
+        let mut changes = Vec::new();
+        let mut refusal = None;
+        // The cut when the round ends at a barrier: just before the held batch.
+        let mut cut = None;
         while !self.finished {
-            if self.setup.every_rows.is_some_and(|k| rows_in_round >= k) {
-                break;
+            if self.held.is_empty() {
+                if self.setup.every_rows.is_some_and(|k| rows_in_round >= k) {
+                    break;
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                break;
-            }
-            let mut want = self.batch_rows() as u64;
-            if let Some(k) = self.setup.every_rows {
-                want = want.min(k - rows_in_round);
-            }
-            let Some(batch) = self.reader.next_batch(want as usize)? else {
-                self.finished = true;
-                break;
+            let (next, before) = match self.held.pop_front() {
+                Some(held) => held,
+                None => {
+                    let mut want = self.batch_rows() as u64;
+                    if let Some(k) = self.setup.every_rows {
+                        want = want.min(k - rows_in_round);
+                    }
+                    let before = self.reader.position();
+                    match self.reader.next_batch(want as usize)? {
+                        Some(next) => (next, before),
+                        None => {
+                            self.finished = true;
+                            break;
+                        }
+                    }
+                }
             };
+            let schema = next.batch.schema();
+            let fitted =
+                tables::fit(&next.table, self.setup.tables.get(&next.table), self.seen.get(&next.table), &schema);
+            let batch = match fitted {
+                Ok(Fit::AsIs) => next.batch,
+                Ok(Fit::Conform(target)) => tables::conform(&next.batch, &target)?,
+                Ok(Fit::Barrier(change)) => {
+                    tracing::info!(
+                        subtask = self.setup.subtask,
+                        table = %next.table,
+                        change = ?change.kind,
+                        "the source changed a table: checkpoint {c} ends here, and the sink evolves the target before the rows of the new shape"
+                    );
+                    changes.push(change);
+                    self.held.push_front((next, before.clone()));
+                    cut = Some(before);
+                    self.read_ahead(&mut changes)?;
+                    break;
+                }
+                Err(refused) => {
+                    refusal = Some(refused);
+                    self.held.push_front((next, before.clone()));
+                    cut = Some(before);
+                    break;
+                }
+            };
+            self.seen.insert(next.table.clone(), schema);
             let n = batch.num_rows() as u64;
             let bytes = ipc::encode_batch(&batch)?;
-            self.writer.write("", &bytes)?;
+            self.writer.write(&next.table, &bytes)?;
             rows_in_round += n;
             self.rows_total += n;
             self.rows_this_run += n;
@@ -204,7 +310,7 @@ impl Subtask {
             self.throttle(deadline);
         }
         // The cut: rows up to here belong to checkpoint `c`.
-        self.position = self.reader.position();
+        self.position = cut.unwrap_or_else(|| self.reader.position());
         let info = self.writer.prepare_commit(c)?;
         crash_point!(self.setup.fault, AfterPrepareCommit, c, self.setup.subtask);
         let state = self.writer.snapshot_state(c)?;
@@ -214,11 +320,49 @@ impl Subtask {
             info,
             record: SubtaskRecord {
                 position: self.position.clone(),
-                writer_state: crate::engine::checkpoint::Blob(state),
+                writer_state: Blob(state),
                 rows: self.rows_total,
-                finished: self.finished,
+                finished: self.finished && self.held.is_empty(),
+                seen: self.seen_record()?,
             },
+            changes,
+            refusal,
         })
+    }
+
+    /// At a barrier: reads up to a batch's worth of rows more and holds
+    /// them, adding the changes they need (judged as if `changes` were
+    /// applied), so that tables changing together cost one barrier. Stops at
+    /// a refused shape, which the next round meets again.
+    fn read_ahead(&mut self, changes: &mut Vec<Change>) -> Result<(), EngineError> {
+        let mut tables = self.setup.tables.clone();
+        tables.apply(changes);
+        let mut seen = self.seen.clone();
+        for (b, _) in &self.held {
+            seen.insert(b.table.clone(), b.batch.schema());
+        }
+        let budget = self.batch_rows();
+        let mut rows: usize = self.held.iter().map(|(b, _)| b.batch.num_rows()).sum();
+        while rows < budget {
+            let before = self.reader.position();
+            let Some(next) = self.reader.next_batch(budget - rows)? else { break };
+            let schema = next.batch.schema();
+            let fitted = tables::fit(&next.table, tables.get(&next.table), seen.get(&next.table), &schema);
+            rows += next.batch.num_rows();
+            self.held.push_back((next, before));
+            match fitted {
+                Ok(Fit::Barrier(change)) => {
+                    tables.apply(std::slice::from_ref(&change));
+                    changes.push(change);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+            if let Some((b, _)) = self.held.back() {
+                seen.insert(b.table.clone(), schema);
+            }
+        }
+        Ok(())
     }
 
     /// Sleeps as long as the rate limit demands, never past the round's end.

@@ -1,20 +1,34 @@
 //! `generator`: deterministic rows with a unique `id`.
 //!
 //! Row `id` is the same on every run: its values are a pure function of the
-//! id (see [`Generator::batch_for`]), so tests can rebuild the expected rows.
+//! id (see [`Generator::rows_for`]), so tests can rebuild the expected rows.
 //! Subtask `s` of `p` owns the contiguous ids `[s*n/p, (s+1)*n/p)`.
+//!
+//! For tests and benchmarks of many tables and schema changes:
+//! - `tables = ["a", "b", ...]`: row `id` lands in table `id % n`;
+//! - `evolve_at = K`: rows with `id >= K` have the evolved shape ([`Generator::evolved_schema`]:
+//!   `qty` widened from Int32 to Int64, a nullable `tag` column added);
+//! - `new_table_at = K`: the last table appears at id `K`; before it, its
+//!   share lands in the first table. It is not among the tables known at
+//!   start, so the engine meets it as a new table.
+//!
+//! Invariants: a batch never straddles `evolve_at` or `new_table_at`, and
+//! holds rows of one table; a position inside a chunk of ids names the
+//! chunk and how many of its tables' batches were delivered, so a restore
+//! regenerates the same chunk and goes on after them.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow_array::builder::{
     Date32Builder, Decimal128Builder, Float64Builder, Int32Builder, Int64Builder, StringBuilder,
     TimestampMicrosecondBuilder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use serde_json::json;
 
-use super::{SourceError, SourceReader};
+use super::{SourceError, SourceReader, TableBatch};
 
 /// 2024-01-01 as days since the Unix epoch.
 const BASE_DAY: i32 = 19_723;
@@ -23,13 +37,45 @@ const BASE_TS_US: i64 = 1_704_067_200_000_000;
 /// Days the `day` column cycles through.
 pub const DAYS: u64 = 30;
 
+/// How the generator spreads rows over tables and changes their shape.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// Table names; empty: one unnamed table.
+    pub tables: Vec<String>,
+    /// Rows with `id >= evolve_at` have the evolved schema.
+    pub evolve_at: Option<u64>,
+    /// The last table receives rows only from this id on.
+    pub new_table_at: Option<u64>,
+}
+
+impl Shape {
+    /// The table (index) row `id` lands in.
+    pub fn table_of(&self, id: u64) -> usize {
+        let n = self.tables.len().max(1);
+        let t = (id % n as u64) as usize;
+        match self.new_table_at {
+            Some(k) if n > 1 && t == n - 1 && id < k => 0,
+            _ => t,
+        }
+    }
+
+    /// The table's name (`""` for the one unnamed table).
+    pub fn table_name(&self, index: usize) -> &str {
+        self.tables.get(index).map_or("", String::as_str)
+    }
+
+    pub fn evolved(&self, id: u64) -> bool {
+        self.evolve_at.is_some_and(|k| id >= k)
+    }
+}
+
 pub struct Generator {
     rows: u64,
     first_id: u64,
     rate: Option<f64>,
     batch_rows: usize,
     parallelism: u32,
-    schema: SchemaRef,
+    shape: Shape,
 }
 
 fn mix(id: u64) -> u64 {
@@ -42,7 +88,13 @@ fn mix(id: u64) -> u64 {
 
 impl Generator {
     pub fn new(rows: u64, rate: Option<f64>, batch_rows: usize, parallelism: u32) -> Self {
-        Self { rows, first_id: 0, rate, batch_rows, parallelism, schema: Self::schema_ref() }
+        Self { rows, first_id: 0, rate, batch_rows, parallelism, shape: Shape::default() }
+    }
+
+    /// Spreads rows over tables and changes their shape (see the module doc).
+    pub fn with_shape(mut self, shape: Shape) -> Self {
+        self.shape = shape;
+        self
     }
 
     /// Starts the ids at `first_id` instead of 0.
@@ -64,8 +116,34 @@ impl Generator {
         ]))
     }
 
-    pub fn schema(&self) -> SchemaRef {
-        self.schema.clone()
+    /// The rows' schema after `evolve_at`: `qty` widened to Int64, and a
+    /// nullable `tag` column at the end.
+    pub fn evolved_schema() -> SchemaRef {
+        let base = Self::schema_ref();
+        let mut fields: Vec<Field> = base
+            .fields()
+            .iter()
+            .map(|f| if f.name() == "qty" { Field::new("qty", DataType::Int64, false) } else { f.as_ref().clone() })
+            .collect();
+        fields.push(Field::new("tag", DataType::Utf8, true));
+        Arc::new(Schema::new(fields))
+    }
+
+    /// The tables known at start, with the schema of their first rows: every
+    /// table but one that appears at `new_table_at`.
+    pub fn tables(&self) -> Vec<(String, SchemaRef)> {
+        let first_evolved = self.shape.evolved(self.first_id);
+        let schema = if first_evolved { Self::evolved_schema() } else { Self::schema_ref() };
+        if self.shape.tables.is_empty() {
+            return vec![(String::new(), schema)];
+        }
+        let late = self.shape.new_table_at.is_some() && self.shape.tables.len() > 1;
+        let known = if late { self.shape.tables.len() - 1 } else { self.shape.tables.len() };
+        self.shape.tables[..known].iter().map(|t| (t.clone(), schema.clone())).collect()
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
     }
     pub fn rows(&self) -> u64 {
         self.rows
@@ -85,7 +163,8 @@ impl Generator {
         (self.first_id + (s * n / p) as u64, self.first_id + ((s + 1) * n / p) as u64)
     }
 
-    /// The rows with ids `start..end`, exactly as every run produces them.
+    /// The rows with ids `start..end` in the base shape, exactly as every
+    /// run produces them.
     pub fn batch_for(start: u64, end: u64) -> RecordBatch {
         let n = (end - start) as usize;
         let mut id = Int64Builder::with_capacity(n);
@@ -126,44 +205,129 @@ impl Generator {
         RecordBatch::try_new(Self::schema_ref(), columns).unwrap_or_else(|e| unreachable!("generator schema: {e}"))
     }
 
+    /// The evolved shape of `batch_for(start, end)`: `qty` as Int64 and a
+    /// `tag` (null for every third id).
+    pub fn evolved_batch_for(start: u64, end: u64) -> RecordBatch {
+        let base = Self::batch_for(start, end);
+        let mut columns: Vec<ArrayRef> = base.columns().to_vec();
+        // Int32 → Int64 cannot fail.
+        columns[1] = arrow_cast::cast(&columns[1], &DataType::Int64).unwrap_or_else(|e| unreachable!("{e}"));
+        let mut tag = StringBuilder::with_capacity((end - start) as usize, (end - start) as usize * 3);
+        for i in start..end {
+            if i % 3 == 0 { tag.append_null() } else { tag.append_value(format!("t{}", mix(i) % 5)) }
+        }
+        columns.push(Arc::new(tag.finish()));
+        RecordBatch::try_new(Self::evolved_schema(), columns).unwrap_or_else(|e| unreachable!("evolved schema: {e}"))
+    }
+
+    /// The rows with ids `start..end` that land in table `table`, in their
+    /// shape (`start..end` never straddles `evolve_at`).
+    pub fn rows_for(shape: &Shape, start: u64, end: u64, table: usize) -> RecordBatch {
+        let all = if shape.evolved(start) { Self::evolved_batch_for(start, end) } else { Self::batch_for(start, end) };
+        if shape.tables.len() <= 1 {
+            return all;
+        }
+        let keep: BooleanArray = (start..end).map(|i| Some(shape.table_of(i) == table)).collect();
+        // The mask has the batch's length by construction.
+        arrow_select::filter::filter_record_batch(&all, &keep).unwrap_or_else(|e| unreachable!("{e}"))
+    }
+
     pub fn reader(&self, subtask: u32, position: Option<&serde_json::Value>) -> Result<GeneratorReader, SourceError> {
         let (start, end) = self.range(subtask);
-        let emitted = match position {
-            None => 0,
-            Some(p) => p.get("emitted").and_then(|v| v.as_u64()).ok_or_else(|| SourceError::Position {
-                position: p.to_string(),
-                message: "expected {\"emitted\": n}".into(),
-            })?,
-        };
+        let bad = |p: &serde_json::Value, message: String| SourceError::Position { position: p.to_string(), message };
+        let mut reader = GeneratorReader { shape: self.shape.clone(), next: start, start, end, chunk: None };
+        let Some(p) = position else { return Ok(reader) };
+        let emitted =
+            p.get("emitted").and_then(|v| v.as_u64()).ok_or_else(|| bad(p, "expected {\"emitted\": n}".into()))?;
         if emitted > end - start {
-            return Err(SourceError::Position {
-                position: emitted.to_string(),
-                message: format!("subtask {subtask} owns only {} rows (did source.rows change?)", end - start),
-            });
+            return Err(bad(p, format!("subtask {subtask} owns only {} rows (did source.rows change?)", end - start)));
         }
-        Ok(GeneratorReader { next: start + emitted, start, end })
+        reader.next = start + emitted;
+        if let (Some(chunk_end), Some(delivered)) =
+            (p.get("chunk_end").and_then(|v| v.as_u64()), p.get("delivered").and_then(|v| v.as_u64()))
+        {
+            if chunk_end > end - start || chunk_end < emitted {
+                return Err(bad(p, format!("the chunk ends outside subtask {subtask}'s rows")));
+            }
+            reader.open_chunk(start + chunk_end);
+            if let Some(chunk) = &mut reader.chunk {
+                for _ in 0..delivered {
+                    chunk.batches.pop_front();
+                }
+                chunk.delivered = delivered;
+            }
+        }
+        Ok(reader)
     }
+}
+
+/// The ids being delivered, split by table.
+struct Chunk {
+    /// The chunk's ids end here (exclusive); they start at the reader's `next`.
+    end: u64,
+    batches: VecDeque<TableBatch>,
+    /// Batches of the chunk already delivered.
+    delivered: u64,
 }
 
 pub struct GeneratorReader {
+    shape: Shape,
+    /// The first id not yet delivered whole (the chunk's start, while one is open).
     next: u64,
     start: u64,
     end: u64,
+    chunk: Option<Chunk>,
+}
+
+impl GeneratorReader {
+    fn open_chunk(&mut self, stop: u64) {
+        let tables = self.shape.tables.len().max(1);
+        let batches: VecDeque<TableBatch> = (0..tables)
+            .map(|t| TableBatch {
+                table: self.shape.table_name(t).to_string(),
+                batch: Generator::rows_for(&self.shape, self.next, stop, t),
+            })
+            .filter(|b| b.batch.num_rows() > 0)
+            .collect();
+        self.chunk = Some(Chunk { end: stop, batches, delivered: 0 });
+    }
 }
 
 impl SourceReader for GeneratorReader {
-    fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>, SourceError> {
-        if self.next >= self.end || max_rows == 0 {
-            return Ok(None);
+    fn next_batch(&mut self, max_rows: usize) -> Result<Option<TableBatch>, SourceError> {
+        loop {
+            if let Some(chunk) = &mut self.chunk {
+                if let Some(batch) = chunk.batches.pop_front() {
+                    chunk.delivered += 1;
+                    return Ok(Some(batch));
+                }
+                self.next = chunk.end;
+                self.chunk = None;
+            }
+            if self.next >= self.end || max_rows == 0 {
+                return Ok(None);
+            }
+            let mut stop = self.end.min(self.next + max_rows as u64);
+            // A chunk never straddles a change of shape.
+            for k in [self.shape.evolve_at, self.shape.new_table_at].into_iter().flatten() {
+                if self.next < k && k < stop {
+                    stop = k;
+                }
+            }
+            self.open_chunk(stop);
         }
-        let stop = self.end.min(self.next + max_rows as u64);
-        let batch = Generator::batch_for(self.next, stop);
-        self.next = stop;
-        Ok(Some(batch))
     }
 
     fn position(&self) -> serde_json::Value {
-        json!({ "emitted": self.next - self.start })
+        match &self.chunk {
+            Some(c) if !c.batches.is_empty() => json!({
+                "emitted": self.next - self.start,
+                "chunk_end": c.end - self.start,
+                "delivered": c.delivered,
+            }),
+            Some(c) => json!({ "emitted": c.end - self.start }),
+            None => json!({ "emitted": self.next - self.start }),
+        }
     }
 }
 
@@ -182,11 +346,46 @@ mod tests {
             let pos = r.position();
             let mut r2 = g.reader(s, Some(&pos)).unwrap();
             for b in std::iter::once(first).chain(std::iter::from_fn(|| r2.next_batch(3).unwrap())) {
-                let col = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                assert_eq!(b.table, "");
+                let col = b.batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
                 ids.extend(col.values().iter().copied());
             }
         }
         assert_eq!(ids, (0..10).collect::<Vec<i64>>());
+    }
+
+    /// Every id lands once, in its table and shape, however a subtask is
+    /// stopped and restored (even between the tables' batches of a chunk).
+    #[test]
+    fn tables_and_shape_changes_resume_exactly() {
+        let shape =
+            Shape { tables: vec!["a".into(), "b".into(), "c".into()], evolve_at: Some(11), new_table_at: Some(7) };
+        let g = Generator::new(20, None, 4, 2).with_shape(shape.clone());
+        assert_eq!(g.tables().iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        let mut seen: Vec<(String, i64, bool)> = Vec::new();
+        for s in 0..2 {
+            let mut r = g.reader(s, None).unwrap();
+            loop {
+                // Stop and restore after every batch.
+                let pos = r.position();
+                r = g.reader(s, Some(&pos)).unwrap();
+                let Some(b) = r.next_batch(4).unwrap() else { break };
+                let evolved = b.batch.schema().field_with_name("tag").is_ok();
+                let col = b.batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                for id in col.values().iter() {
+                    seen.push((b.table.clone(), *id, evolved));
+                }
+            }
+        }
+        seen.sort_by_key(|(_, id, _)| *id);
+        assert_eq!(seen.iter().map(|(_, id, _)| *id).collect::<Vec<_>>(), (0..20).collect::<Vec<i64>>());
+        for (table, id, evolved) in &seen {
+            let id = *id as u64;
+            assert_eq!(table, shape.table_name(shape.table_of(id)), "id {id}");
+            assert_eq!(*evolved, id >= 11, "id {id}");
+        }
+        assert!(seen.iter().all(|(t, id, _)| t != "c" || *id >= 7));
+        assert!(seen.iter().any(|(t, _, _)| t == "c"));
     }
 
     #[test]

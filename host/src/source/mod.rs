@@ -6,7 +6,11 @@
 //!   timing, so a restored subtask reads exactly what it read before;
 //! - a position taken after a batch points just past that batch; resuming
 //!   from it yields the remaining rows, each exactly once;
-//! - rows are produced as Arrow record batches of a schema fixed at start.
+//! - every batch names its table (`""` for a single-table source) and holds
+//!   rows of one schema; a table's schema may change between batches (the
+//!   engine evolves the target at a barrier, see `engine::tables`);
+//! - the tables a source knows at start, with the schemas of their first
+//!   rows, are [`Source::tables`]; a source may meet more later.
 
 pub mod file;
 pub mod generator;
@@ -27,10 +31,19 @@ pub enum SourceError {
     Other(String),
 }
 
+/// Rows of one table.
+#[derive(Debug, Clone)]
+pub struct TableBatch {
+    /// The table's name; `""` for a single-table source.
+    pub table: String,
+    pub batch: RecordBatch,
+}
+
 /// One subtask's reader.
 pub trait SourceReader: Send {
-    /// Up to `max_rows` rows, or `None` when this subtask's share is exhausted.
-    fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>, SourceError>;
+    /// Up to `max_rows` rows of one table, or `None` when this subtask's
+    /// share is exhausted.
+    fn next_batch(&mut self, max_rows: usize) -> Result<Option<TableBatch>, SourceError>;
     /// Where to resume after the rows returned so far.
     fn position(&self) -> serde_json::Value;
 }
@@ -44,19 +57,35 @@ pub enum Source {
 impl Source {
     pub fn open(spec: &SourceSpec, parallelism: u32) -> Result<Self, SourceError> {
         match spec {
-            SourceSpec::Generator { rows, first_id, rate, batch_rows } => Ok(Source::Generator(
-                generator::Generator::new(*rows, *rate, *batch_rows, parallelism).starting_at(*first_id),
-            )),
-            SourceSpec::File { path, format, batch_rows, csv_header } => {
-                Ok(Source::File(file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism)?))
+            SourceSpec::Generator { rows, first_id, rate, batch_rows, tables, evolve_at, new_table_at } => {
+                let shape =
+                    generator::Shape { tables: tables.clone(), evolve_at: *evolve_at, new_table_at: *new_table_at };
+                Ok(Source::Generator(
+                    generator::Generator::new(*rows, *rate, *batch_rows, parallelism)
+                        .starting_at(*first_id)
+                        .with_shape(shape),
+                ))
             }
+            SourceSpec::File { path, format, batch_rows, csv_header, rate } => Ok(Source::File(
+                file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism)?.with_rate(*rate),
+            )),
         }
     }
 
-    pub fn schema(&self) -> SchemaRef {
+    /// The tables known at start, with the schemas of their first rows.
+    pub fn tables(&self) -> Vec<(String, SchemaRef)> {
         match self {
-            Source::Generator(g) => g.schema(),
-            Source::File(f) => f.schema(),
+            Source::Generator(g) => g.tables(),
+            Source::File(f) => f.tables(),
+        }
+    }
+
+    /// Whether the source names its tables (a single-table source has one
+    /// table, `""`).
+    pub fn is_multi_table(&self) -> bool {
+        match self {
+            Source::Generator(g) => !g.shape().tables.is_empty(),
+            Source::File(f) => f.is_tree(),
         }
     }
 
@@ -72,7 +101,7 @@ impl Source {
     pub fn rate(&self) -> Option<f64> {
         match self {
             Source::Generator(g) => g.rate(),
-            Source::File(_) => None,
+            Source::File(f) => f.rate(),
         }
     }
 

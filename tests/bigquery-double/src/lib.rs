@@ -3,7 +3,9 @@
 //! CreateWriteStream (COMMITTED, PENDING, BUFFERED), AppendRows with strict
 //! offsets and in-band errors carrying `StorageError` details, FlushRows
 //! (inclusive, cumulative), FinalizeWriteStream, GetWriteStream,
-//! BatchCommitWriteStreams, and a way to read back the **visible** rows.
+//! BatchCommitWriteStreams, and a way to read back the **visible** rows;
+//! and, on a second port, the BigQuery API's table methods (`tables.get`,
+//! `tables.insert`, `tables.patch`; see [`rest`]) over the same tables.
 //!
 //! Invariants:
 //! - rows become visible only as the stream type says (see [`state`]);
@@ -15,6 +17,7 @@
 //! https://cloud.google.com/bigquery/docs/reference/storage/rpc/google.cloud.bigquery.storage.v1.
 
 pub mod arrow_rows;
+mod rest;
 pub mod schema;
 mod service;
 pub mod state;
@@ -90,6 +93,27 @@ impl Reflush {
     pub const ALL: [Reflush; 3] = [Reflush::Ok, Reflush::AlreadyExists, Reflush::OutOfRange];
 }
 
+/// A fault of the nth call of a REST table method (counted from 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestFault {
+    /// Apply the call, then answer 503 `backendError`: the client cannot
+    /// tell whether it was applied.
+    ApplyThenFail,
+    /// Answer 503 without applying.
+    FailBeforeApply,
+}
+
+/// Whether `tables.patch` honours `If-Match` with the table's etag. The
+/// reference does not say, so the double does either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EtagMode {
+    /// A stale etag is answered 412 (Precondition Failed).
+    #[default]
+    Honour,
+    /// The header is ignored: the last patch wins.
+    Ignore,
+}
+
 #[derive(Debug, Error)]
 pub enum DoubleError {
     #[error("cannot bind the test double to {addr}: {source}")]
@@ -124,6 +148,11 @@ pub(crate) struct Shared {
     pub(crate) reflush: Mutex<Reflush>,
     /// Refuse FlushRows on a finalized stream (`STREAM_FINALIZED`).
     pub(crate) refuse_flush_when_finalized: std::sync::atomic::AtomicBool,
+    /// How `tables.patch` treats `If-Match`.
+    pub(crate) etag_mode: Mutex<EtagMode>,
+    /// Calls of the REST table methods, by method.
+    pub(crate) rest_calls: Mutex<std::collections::HashMap<&'static str, u64>>,
+    pub(crate) rest_faults: Mutex<Vec<(&'static str, u64, RestFault)>>,
 }
 
 impl Shared {
@@ -133,6 +162,18 @@ impl Shared {
     pub(crate) fn stats(&self) -> MutexGuard<'_, Stats> {
         self.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
+    /// Counts a REST call and returns the fault aimed at it, if any.
+    pub(crate) fn count_rest(&self, method: &'static str) -> Option<RestFault> {
+        let n = {
+            let mut calls = self.rest_calls.lock().unwrap_or_else(|p| p.into_inner());
+            let n = calls.entry(method).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let faults = self.rest_faults.lock().unwrap_or_else(|p| p.into_inner());
+        faults.iter().find(|(m, nth, _)| *m == method && *nth == n).map(|(_, _, f)| *f)
+    }
+
     /// Counts a call and returns the fault aimed at it, if any.
     pub(crate) fn next_call(&self, rpc: Rpc) -> Option<Fault> {
         let n = {
@@ -150,7 +191,8 @@ impl Shared {
 pub struct BigQueryDouble {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    rest_addr: SocketAddr,
+    shutdown: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -172,25 +214,73 @@ impl BigQueryDouble {
             .block_on(tokio::net::TcpListener::bind(addr))
             .map_err(|source| DoubleError::Bind { addr: addr.to_string(), source })?;
         let local = listener.local_addr().map_err(|source| DoubleError::Bind { addr: addr.to_string(), source })?;
+        // The table methods listen beside, on a port of their own.
+        let rest_bind = format!("{}:0", local.ip());
+        let rest_listener = runtime
+            .block_on(tokio::net::TcpListener::bind(&rest_bind))
+            .map_err(|source| DoubleError::Bind { addr: rest_bind.clone(), source })?;
+        let rest_addr = rest_listener.local_addr().map_err(|source| DoubleError::Bind { addr: rest_bind, source })?;
         let shared = Arc::new(Shared::default());
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (tx, rx) = tokio::sync::watch::channel(false);
         let svc = service::BigQueryWriteService { shared: shared.clone() };
+        let router = rest::router(shared.clone());
         let thread = std::thread::spawn(move || {
             runtime.block_on(async move {
+                let mut rest_rx = rx.clone();
+                let rest = tokio::spawn(async move {
+                    let served = axum::serve(rest_listener, router)
+                        .with_graceful_shutdown(async move {
+                            let _ = rest_rx.changed().await;
+                        })
+                        .await;
+                    if let Err(e) = served {
+                        tracing::error!("bigquery double (REST) stopped: {e}");
+                    }
+                });
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let mut grpc_rx = rx;
                 let served = tonic::transport::Server::builder()
                     .tcp_nodelay(true)
                     .add_service(svc)
-                    .serve_with_incoming_shutdown(incoming, async {
-                        let _ = rx.await;
+                    .serve_with_incoming_shutdown(incoming, async move {
+                        let _ = grpc_rx.changed().await;
                     })
                     .await;
                 if let Err(e) = served {
                     tracing::error!("bigquery double stopped: {e}");
                 }
+                let _ = rest.await;
             });
         });
-        Ok(Self { shared, addr: local, shutdown: Some(tx), thread: Some(thread) })
+        Ok(Self { shared, addr: local, rest_addr, shutdown: Some(tx), thread: Some(thread) })
+    }
+
+    /// `http://127.0.0.1:PORT` of the table methods, for a job's
+    /// `[sink.http.<name>] address`.
+    pub fn rest_address(&self) -> String {
+        format!("http://{}", self.rest_addr)
+    }
+
+    /// Aims `fault` at the `nth` call of a REST table method
+    /// (`tables.insert`, `tables.patch`, `tables.get`).
+    pub fn inject_rest(&self, method: &'static str, nth: u64, fault: RestFault) {
+        self.shared.rest_faults.lock().unwrap_or_else(|p| p.into_inner()).push((method, nth, fault));
+    }
+
+    /// Chooses whether `tables.patch` honours `If-Match`.
+    pub fn etag_mode(&self, mode: EtagMode) {
+        *self.shared.etag_mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+    }
+
+    /// How many calls of a REST table method (`tables.get`, `tables.insert`,
+    /// `tables.patch`) the double answered.
+    pub fn rest_calls(&self, method: &str) -> u64 {
+        self.shared.rest_calls.lock().unwrap_or_else(|p| p.into_inner()).get(method).copied().unwrap_or(0)
+    }
+
+    /// The table's schema now, if it exists.
+    pub fn table_schema(&self, table: &str) -> Option<TableSchema> {
+        self.shared.inner().tables.get(table).map(|t| t.schema.clone())
     }
 
     /// `http://127.0.0.1:PORT`, for a job's `[sink.grpc.<name>] address`.
@@ -204,7 +294,7 @@ impl BigQueryDouble {
 
     /// Creates (or replaces) a table: `projects/{p}/datasets/{d}/tables/{t}`.
     pub fn create_table(&self, table: &str, schema: TableSchema) {
-        self.shared.inner().tables.insert(table.to_string(), state::Table { schema });
+        self.shared.inner().tables.insert(table.to_string(), state::Table { schema, version: 1 });
     }
 
     /// Requires `authorization: Bearer <token>` on every call; others get
@@ -319,7 +409,7 @@ impl BigQueryDouble {
 impl Drop for BigQueryDouble {
     fn drop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+            let _ = tx.send(true);
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();

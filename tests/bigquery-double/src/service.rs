@@ -102,7 +102,9 @@ impl BigQueryWriteService {
         let hide = self.shared.hide_schema.load(std::sync::atomic::Ordering::Relaxed);
         inner.next_stream += 1;
         let name = format!("{}/streams/s{:06}", req.parent, inner.next_stream);
-        inner.streams.insert(name.clone(), Stream::new(&req.parent, kind));
+        let mut stream = Stream::new(&req.parent, kind);
+        stream.schema = Some(table_schema.clone());
+        inner.streams.insert(name.clone(), stream);
         drop(inner);
         self.shared.stats().streams_created += 1;
         let reply = WriteStream {
@@ -423,9 +425,10 @@ impl BigQueryWriteService {
                     ),
                 );
             };
-            let table = stream.table.clone();
+            let (table, own) = (stream.table.clone(), stream.schema.clone());
             match inner.tables.get(&table) {
-                Some(t) => t.schema.clone(),
+                // A stream checks rows against the schema it was created with.
+                Some(t) => own.unwrap_or_else(|| t.schema.clone()),
                 None => {
                     return in_band(
                         &name,

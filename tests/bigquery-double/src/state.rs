@@ -65,6 +65,10 @@ impl StoredRows {
 pub struct Stream {
     pub table: String,
     pub kind: StreamType,
+    /// The table's schema when the stream was created: appends are checked
+    /// against it ("the stream's schema"; `None` for `_default`, which
+    /// follows the table).
+    pub schema: Option<TableSchema>,
     pub batches: Vec<StoredRows>,
     /// Number of rows appended (the next offset).
     pub len: i64,
@@ -82,6 +86,7 @@ impl Stream {
         Self {
             table: table.to_string(),
             kind,
+            schema: None,
             batches: Vec::new(),
             len: 0,
             flushed: 0,
@@ -109,6 +114,8 @@ impl Stream {
 
 pub struct Table {
     pub schema: TableSchema,
+    /// Raised by every change of the table (its etag).
+    pub version: u64,
 }
 
 #[derive(Default)]

@@ -35,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         double.create_table(table, generator_schema());
     }
     println!("BigQuery Storage Write test double listening on {}", double.address());
+    println!("  table methods (REST, bigquery/v2) on {}", double.rest_address());
     for table in &args.tables {
         println!("  table {table}");
     }

@@ -1,0 +1,367 @@
+//! The BigQuery API's table methods (REST, `bigquery/v2`), as far as Sluice
+//! uses them: `tables.get`, `tables.insert` and `tables.patch`, over the same
+//! tables the Storage Write API side serves.
+//!
+//! Semantics (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables
+//! and "Modifying table schemas",
+//! https://cloud.google.com/bigquery/docs/managing-table-schemas):
+//! - `get` of a missing table: 404 `notFound` ("Not found: Table p:d.t");
+//! - `insert` of an existing table: 409 `duplicate` ("Already Exists: Table p:d.t");
+//! - `patch` "only replaces fields that are provided": a `schema` replaces
+//!   the whole schema, which may only add NULLABLE or REPEATED columns (also
+//!   in RECORDs) and relax REQUIRED to NULLABLE. Dropping, retyping or
+//!   tightening a column is 400 `invalid` ("Provided Schema does not match
+//!   Table ...");
+//! - the `etag` of a table changes with every change. Whether `If-Match` is
+//!   honoured by `tables.patch` is not documented, so the double answers
+//!   both ways ([`crate::EtagMode`]): 412 on a stale etag, or ignoring it;
+//! - errors are Google API error bodies: `{"error": {"code", "message", "status", "errors": [{"reason"}]}}`.
+//!
+//! Write streams keep the schema they were created with; only streams
+//! created after a change see it, as the Storage Write API documents.
+//!
+//! The JSON schema is read by the double's own parser, not the sink's.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
+    TableFieldSchema, TableSchema,
+    table_field_schema::{Mode, Type},
+};
+use serde_json::{Value, json};
+
+use crate::{EtagMode, RestFault, Shared, state};
+
+fn error(code: StatusCode, status: &str, reason: &str, message: String) -> Response {
+    let body = json!({
+        "error": {
+            "code": code.as_u16(),
+            "message": message,
+            "status": status,
+            "errors": [{ "message": message, "domain": "global", "reason": reason }],
+        }
+    });
+    (code, Json(body)).into_response()
+}
+
+fn type_name(t: i32) -> &'static str {
+    match Type::try_from(t).unwrap_or(Type::Unspecified) {
+        Type::Int64 => "INTEGER",
+        Type::Double => "FLOAT",
+        Type::Numeric => "NUMERIC",
+        Type::Bignumeric => "BIGNUMERIC",
+        Type::Bool => "BOOLEAN",
+        Type::String => "STRING",
+        Type::Bytes => "BYTES",
+        Type::Date => "DATE",
+        Type::Datetime => "DATETIME",
+        Type::Time => "TIME",
+        Type::Timestamp => "TIMESTAMP",
+        Type::Struct => "RECORD",
+        Type::Json => "JSON",
+        Type::Geography => "GEOGRAPHY",
+        Type::Interval => "INTERVAL",
+        Type::Range => "RANGE",
+        Type::Unspecified => "TYPE_UNSPECIFIED",
+    }
+}
+
+fn mode_name(m: i32) -> &'static str {
+    match Mode::try_from(m).unwrap_or(Mode::Nullable) {
+        Mode::Required => "REQUIRED",
+        Mode::Repeated => "REPEATED",
+        _ => "NULLABLE",
+    }
+}
+
+/// The REST form of a schema's fields (legacy type names, as `tables.get` answers).
+fn to_json(fields: &[TableFieldSchema]) -> Value {
+    Value::Array(
+        fields
+            .iter()
+            .map(|f| {
+                let mut v = json!({ "name": f.name, "type": type_name(f.r#type), "mode": mode_name(f.mode) });
+                if !f.fields.is_empty() {
+                    v["fields"] = to_json(&f.fields);
+                }
+                if f.precision > 0 {
+                    v["precision"] = Value::String(f.precision.to_string());
+                    v["scale"] = Value::String(f.scale.to_string());
+                }
+                v
+            })
+            .collect(),
+    )
+}
+
+/// Reads REST schema fields: standard and legacy type names, mode
+/// defaulting to NULLABLE, int64 numbers as strings or numbers.
+fn from_json(fields: &Value) -> Result<Vec<TableFieldSchema>, String> {
+    let Value::Array(list) = fields else { return Err("schema.fields must be an array".into()) };
+    let number = |v: Option<&Value>| match v {
+        Some(Value::String(s)) => s.parse::<i64>().map_err(|e| format!("{s:?}: {e}")),
+        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| format!("{n} is not an integer")),
+        _ => Ok(0),
+    };
+    list.iter()
+        .map(|f| {
+            let name = f.get("name").and_then(Value::as_str).ok_or("a field has no name")?.to_string();
+            let ty = match f.get("type").and_then(Value::as_str).unwrap_or("").to_ascii_uppercase().as_str() {
+                "INTEGER" | "INT64" => Type::Int64,
+                "FLOAT" | "FLOAT64" => Type::Double,
+                "NUMERIC" => Type::Numeric,
+                "BIGNUMERIC" => Type::Bignumeric,
+                "BOOLEAN" | "BOOL" => Type::Bool,
+                "STRING" => Type::String,
+                "BYTES" => Type::Bytes,
+                "DATE" => Type::Date,
+                "DATETIME" => Type::Datetime,
+                "TIME" => Type::Time,
+                "TIMESTAMP" => Type::Timestamp,
+                "RECORD" | "STRUCT" => Type::Struct,
+                "JSON" => Type::Json,
+                "GEOGRAPHY" => Type::Geography,
+                other => return Err(format!("Invalid field type {other:?} for field {name}")),
+            };
+            let mode = match f.get("mode").and_then(Value::as_str).map(str::to_ascii_uppercase).as_deref() {
+                None | Some("NULLABLE") => Mode::Nullable,
+                Some("REQUIRED") => Mode::Required,
+                Some("REPEATED") => Mode::Repeated,
+                Some(other) => return Err(format!("Invalid mode {other:?} for field {name}")),
+            };
+            let children = match f.get("fields") {
+                Some(v) => from_json(v)?,
+                None => Vec::new(),
+            };
+            Ok(TableFieldSchema {
+                name,
+                r#type: ty as i32,
+                mode: mode as i32,
+                fields: children,
+                precision: number(f.get("precision"))?,
+                scale: number(f.get("scale"))?,
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// Why `new` may not replace `old` ("Modifying table schemas").
+fn check_patch(old: &[TableFieldSchema], new: &[TableFieldSchema], prefix: &str) -> Result<(), String> {
+    for o in old {
+        let path = format!("{prefix}{}", o.name);
+        let Some(n) = new.iter().find(|n| n.name.eq_ignore_ascii_case(&o.name)) else {
+            return Err(format!("Field {path} is missing in new schema"));
+        };
+        if n.r#type != o.r#type {
+            return Err(format!(
+                "Field {path} has changed type from {} to {}",
+                type_name(o.r#type),
+                type_name(n.r#type)
+            ));
+        }
+        let relaxed = o.mode == Mode::Required as i32 && n.mode == Mode::Nullable as i32;
+        if n.mode != o.mode && !relaxed {
+            return Err(format!("Field {path} has changed mode from {} to {}", mode_name(o.mode), mode_name(n.mode)));
+        }
+        check_patch(&o.fields, &n.fields, &format!("{path}."))?;
+    }
+    for n in new {
+        if !old.iter().any(|o| o.name.eq_ignore_ascii_case(&n.name)) && n.mode == Mode::Required as i32 {
+            return Err(format!("Cannot add required fields to an existing schema. (field: {prefix}{})", n.name));
+        }
+    }
+    Ok(())
+}
+
+fn unavailable() -> Response {
+    error(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", "backendError", "Backend error. Please try again.".into())
+}
+
+fn table_path(p: &str, d: &str, t: &str) -> String {
+    format!("projects/{p}/datasets/{d}/tables/{t}")
+}
+
+fn resource(p: &str, d: &str, t: &str, table: &state::Table) -> Value {
+    json!({
+        "kind": "bigquery#table",
+        "etag": etag(table),
+        "id": format!("{p}:{d}.{t}"),
+        "tableReference": { "projectId": p, "datasetId": d, "tableId": t },
+        "schema": { "fields": to_json(&table.schema.fields) },
+        "type": "TABLE",
+    })
+}
+
+fn etag(table: &state::Table) -> String {
+    format!("\"v{}\"", table.version)
+}
+
+/// UNAUTHENTICATED unless the call carries the token the double requires.
+fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+    let token = shared.token.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+    let given = headers.get("authorization").and_then(|v| v.to_str().ok());
+    if given == Some(format!("Bearer {token}").as_str()) {
+        return None;
+    }
+    Some(error(
+        StatusCode::UNAUTHORIZED,
+        "UNAUTHENTICATED",
+        "required",
+        "Request is missing required authentication credential.".into(),
+    ))
+}
+
+async fn get_table(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((p, d, t)): Path<(String, String, String)>,
+) -> Response {
+    if let Some(r) = unauthorized(&shared, &headers) {
+        return r;
+    }
+    if shared.count_rest("tables.get").is_some() {
+        return unavailable();
+    }
+    let inner = shared.inner();
+    match inner.tables.get(&table_path(&p, &d, &t)) {
+        Some(table) => Json(resource(&p, &d, &t, table)).into_response(),
+        None => error(StatusCode::NOT_FOUND, "NOT_FOUND", "notFound", format!("Not found: Table {p}:{d}.{t}")),
+    }
+}
+
+async fn insert_table(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((p, d)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(r) = unauthorized(&shared, &headers) {
+        return r;
+    }
+    let fault = shared.count_rest("tables.insert");
+    if fault == Some(RestFault::FailBeforeApply) {
+        return unavailable();
+    }
+    let Some(t) = body.pointer("/tableReference/tableId").and_then(Value::as_str).map(str::to_string) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            "invalid",
+            "tableReference.tableId is required".into(),
+        );
+    };
+    let fields = match from_json(body.pointer("/schema/fields").unwrap_or(&Value::Array(Vec::new()))) {
+        Ok(f) => f,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
+    };
+    let path = table_path(&p, &d, &t);
+    let mut inner = shared.inner();
+    if inner.tables.contains_key(&path) {
+        return error(
+            StatusCode::CONFLICT,
+            "ALREADY_EXISTS",
+            "duplicate",
+            format!("Already Exists: Table {p}:{d}.{t}"),
+        );
+    }
+    let table = state::Table { schema: TableSchema { fields }, version: 1 };
+    let reply = resource(&p, &d, &t, &table);
+    inner.tables.insert(path, table);
+    if fault == Some(RestFault::ApplyThenFail) {
+        return unavailable();
+    }
+    Json(reply).into_response()
+}
+
+async fn patch_table(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((p, d, t)): Path<(String, String, String)>,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(r) = unauthorized(&shared, &headers) {
+        return r;
+    }
+    let fault = shared.count_rest("tables.patch");
+    if fault == Some(RestFault::FailBeforeApply) {
+        return unavailable();
+    }
+    let honour = *shared.etag_mode.lock().unwrap_or_else(|e| e.into_inner()) == EtagMode::Honour;
+    let mut inner = shared.inner();
+    let Some(table) = inner.tables.get_mut(&table_path(&p, &d, &t)) else {
+        return error(StatusCode::NOT_FOUND, "NOT_FOUND", "notFound", format!("Not found: Table {p}:{d}.{t}"));
+    };
+    if honour
+        && let Some(given) = headers.get("if-match").and_then(|v| v.to_str().ok())
+        && given != etag(table)
+    {
+        return error(
+            StatusCode::PRECONDITION_FAILED,
+            "FAILED_PRECONDITION",
+            "conditionNotMet",
+            "Precondition check failed.".into(),
+        );
+    }
+    if let Some(fields) = body.pointer("/schema/fields") {
+        let fields = match from_json(fields) {
+            Ok(f) => f,
+            Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
+        };
+        if let Err(why) = check_patch(&table.schema.fields, &fields, "") {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_ARGUMENT",
+                "invalid",
+                format!("Provided Schema does not match Table {p}:{d}.{t}. {why}"),
+            );
+        }
+        table.schema = TableSchema { fields };
+        table.version += 1;
+    }
+    if fault == Some(RestFault::ApplyThenFail) {
+        return unavailable();
+    }
+    Json(resource(&p, &d, &t, table)).into_response()
+}
+
+/// The routes of the table methods.
+pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
+    axum::Router::new()
+        .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}", get(get_table).patch(patch_table))
+        .route("/bigquery/v2/projects/{p}/datasets/{d}/tables", post(insert_table))
+        .with_state(shared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(name: &str, ty: Type, mode: Mode) -> TableFieldSchema {
+        TableFieldSchema { name: name.into(), r#type: ty as i32, mode: mode as i32, ..Default::default() }
+    }
+
+    #[test]
+    fn patches_may_only_add_nullable_columns_and_relax_modes() {
+        let old = vec![field("id", Type::Int64, Mode::Required), field("qty", Type::Int64, Mode::Required)];
+        let ok = vec![
+            field("id", Type::Int64, Mode::Required),
+            field("qty", Type::Int64, Mode::Nullable),
+            field("tag", Type::String, Mode::Nullable),
+        ];
+        assert_eq!(check_patch(&old, &ok, ""), Ok(()));
+        let dropped = vec![field("id", Type::Int64, Mode::Required)];
+        assert!(check_patch(&old, &dropped, "").is_err_and(|m| m.contains("qty is missing")));
+        let retyped = vec![field("id", Type::String, Mode::Required), field("qty", Type::Int64, Mode::Required)];
+        assert!(check_patch(&old, &retyped, "").is_err_and(|m| m.contains("changed type")));
+        let mut required = ok.clone();
+        required[2].mode = Mode::Required as i32;
+        assert!(check_patch(&old, &required, "").is_err_and(|m| m.contains("Cannot add required")));
+        assert_eq!(from_json(&to_json(&ok)), Ok(ok));
+    }
+}
