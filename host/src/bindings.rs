@@ -38,7 +38,7 @@ pub mod v0_2 {
     });
 
     pub use exports::sluice::connector::sink::{CommitOutcome, PluginInfo, SinkContext, SinkError};
-    pub use sluice::connector::types::{ChangeKind, Table, TableChange};
+    pub use self::sluice::connector::types::{ChangeKind, Table, TableChange};
 }
 
 /// `sluice:connector@0.1.0`, as released: one table, a fixed schema.
