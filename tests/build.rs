@@ -4,8 +4,9 @@
 //!
 //! The components go to `<target-dir>/guests`, a target directory of their
 //! own: a nested cargo must not wait on the lock of the outer build's
-//! directory. `cargo build-plugins` uses the same place, so a developer
-//! compiles them once.
+//! directory. The sinks are the plugins' workspace (`guest/Cargo.toml`, built
+//! as `cargo build-plugins` builds it); the test-only chaos plugin is built
+//! from this workspace.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -19,20 +20,17 @@ const PLUGINS: &[(&str, &str)] = &[
     ("sluice-test-chaos", "sluice_test_chaos"),
 ];
 
-fn main() {
-    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let workspace = manifest.parent().expect("tests/ lives in the workspace").to_path_buf();
-    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    // OUT_DIR is <target-dir>/<profile>/build/<pkg>-<hash>/out.
-    let target_dir = out_dir.ancestors().nth(4).expect("OUT_DIR has the usual shape").to_path_buf();
-    let guest_dir = target_dir.join("guests");
-
+/// Builds `packages` of the workspace at `root/manifest` for wasm32-wasip2
+/// into `target_dir`, from the repository root `root` (where
+/// .cargo/config.toml holds the guests' settings).
+fn build(root: &Path, manifest: &str, packages: &[&str], target_dir: &Path) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&workspace)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
-        .arg(&guest_dir);
-    for (package, _) in PLUGINS {
+    cmd.current_dir(root)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path", manifest])
+        .arg("--target-dir")
+        .arg(target_dir);
+    for package in packages {
         cmd.args(["-p", package]);
     }
     // The outer build's flags and wrappers (clippy, coverage) are not meant for the guests.
@@ -44,10 +42,28 @@ fn main() {
     let status = cmd.status().expect("running cargo to build the plugin components");
     if !status.success() {
         panic!(
-            "building the plugin components failed ({status}); is the target installed? \
-             `rustup target add wasm32-wasip2`"
+            "building the plugin components of {} failed ({status}); is the target installed? \
+             `rustup target add wasm32-wasip2` (rust-toolchain.toml asks rustup for it)",
+            manifest
         );
     }
+}
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let workspace = manifest.parent().expect("tests/ lives in the workspace").to_path_buf();
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    // OUT_DIR is <target-dir>/<profile>/build/<pkg>-<hash>/out.
+    let target_dir = out_dir.ancestors().nth(4).expect("OUT_DIR has the usual shape").to_path_buf();
+    let guest_dir = target_dir.join("guests");
+
+    build(
+        &workspace,
+        "guest/Cargo.toml",
+        &["sluice-sink-files", "sluice-sink-iceberg", "sluice-sink-bigquery"],
+        &guest_dir,
+    );
+    build(&workspace, "Cargo.toml", &["sluice-test-chaos"], &guest_dir);
 
     let mut deps = BTreeSet::new();
     for (package, lib) in PLUGINS {
@@ -61,6 +77,7 @@ fn main() {
         println!("cargo:rerun-if-changed={dep}");
     }
     println!("cargo:rerun-if-changed={}", workspace.join("Cargo.lock").display());
+    println!("cargo:rerun-if-changed={}", workspace.join("guest/Cargo.lock").display());
     println!("cargo:rerun-if-changed={}", workspace.join("wit").display());
 }
 

@@ -37,8 +37,8 @@ pub mod v0_2 {
         },
     });
 
-    pub use exports::sluice::connector::sink::{CommitOutcome, PluginInfo, SinkContext, SinkError};
     pub use self::sluice::connector::types::{ChangeKind, Table, TableChange};
+    pub use exports::sluice::connector::sink::{CommitOutcome, PluginInfo, SinkContext, SinkError};
 }
 
 /// `sluice:connector@0.1.0`, as released: one table, a fixed schema.
