@@ -169,50 +169,158 @@ pub async fn create_generator_table(catalog: &SqlCatalog, table: &str, by_day: b
     Ok(catalog.create_table(&ns, creation).await?)
 }
 
+/// Writer properties of the native baselines: zstd, as the plugin writes.
+fn native_props() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::default()))
+        .build()
+}
+
+/// A data-file writer of iceberg-rust's stack for `table`, naming its files with `prefix`.
+async fn native_data_writer(
+    table: &Table,
+    prefix: String,
+) -> Result<impl IcebergWriter<RecordBatch, Vec<iceberg::spec::DataFile>> + 'static> {
+    let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
+    let rolling = RollingFileWriterBuilder::new(
+        ParquetWriterBuilder::new(native_props(), table.metadata().current_schema().clone()),
+        128 * 1024 * 1024,
+        table.file_io().clone(),
+        DefaultLocationGenerator::new(table.metadata())?,
+        names,
+    );
+    Ok(DataFileWriterBuilder::new(rolling).build(None).await?)
+}
+
 /// The native baseline: iceberg-rust's writer stack used directly, in this
-/// process, one data-file writer per checkpoint and one fast-append commit
-/// per checkpoint, on an unpartitioned table. Rows are generated inside the
-/// timed loop, as Sluice's source generates them.
+/// process, on an unpartitioned table. Each checkpoint's rows are split
+/// among `writers` concurrent writers (tokio tasks, as the plugin's writers
+/// are threads), and committed as one fast-append snapshot, as the fan-in
+/// committer does. Rows are generated inside the timed loop, as Sluice's
+/// source generates them.
 pub async fn native_iceberg_write(
     catalog: &SqlCatalog,
     table: &str,
     rows: u64,
     checkpoint_rows: u64,
     batch_rows: u64,
+    writers: u32,
 ) -> Result<Duration> {
     let ident = TableIdent::from_strs(table.split('.'))?;
     let started = Instant::now();
     let mut table = catalog.load_table(&ident).await?;
     let arrow_schema = Arc::new(schema_to_arrow_schema(table.metadata().current_schema())?);
-    let props = WriterProperties::builder()
-        .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::default()))
-        .build();
     let mut next = 0;
     let mut checkpoint = 0;
+    let writers = u64::from(writers.max(1));
     while next < rows {
         checkpoint += 1;
         let end = rows.min(next + checkpoint_rows);
-        let names = DefaultFileNameGenerator::new(format!("native-c{checkpoint}"), None, DataFileFormat::Parquet);
-        let rolling = RollingFileWriterBuilder::new(
-            ParquetWriterBuilder::new(props.clone(), table.metadata().current_schema().clone()),
-            128 * 1024 * 1024,
-            table.file_io().clone(),
-            DefaultLocationGenerator::new(table.metadata())?,
-            names,
-        );
-        let mut writer = DataFileWriterBuilder::new(rolling).build(None).await?;
-        while next < end {
-            let stop = end.min(next + batch_rows);
-            let batch = Generator::batch_for(next, stop);
-            writer.write(conform(&batch, &arrow_schema)?).await?;
-            next = stop;
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let (from, to) = (next + (end - next) * w / writers, next + (end - next) * (w + 1) / writers);
+            let mut writer = native_data_writer(&table, format!("native-c{checkpoint}-w{w}")).await?;
+            let arrow_schema = arrow_schema.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut at = from;
+                while at < to {
+                    let stop = to.min(at + batch_rows);
+                    writer.write(conform(&Generator::batch_for(at, stop), &arrow_schema)?).await?;
+                    at = stop;
+                }
+                anyhow::Ok(writer.close().await?)
+            }));
         }
-        let files = writer.close().await?;
+        let mut files = Vec::new();
+        for task in tasks {
+            files.extend(task.await??);
+        }
+        next = end;
         let tx = Transaction::new(&table);
         let tx = tx.fast_append().with_check_duplicate(false).add_data_files(files).apply(tx)?;
         table = tx.commit(catalog).await?;
     }
     Ok(started.elapsed())
+}
+
+/// The native end-to-end baseline: reads `files` (Parquet) in order with the
+/// parquet crate and appends their rows to `table` with one writer of
+/// iceberg-rust's stack, committing a snapshot every `commit_rows` rows.
+pub async fn native_iceberg_append_files(
+    catalog: &SqlCatalog,
+    table: &str,
+    files: &[PathBuf],
+    commit_rows: u64,
+    batch_rows: usize,
+) -> Result<Duration> {
+    let ident = TableIdent::from_strs(table.split('.'))?;
+    let started = Instant::now();
+    let mut table = catalog.load_table(&ident).await?;
+    let arrow_schema = Arc::new(schema_to_arrow_schema(table.metadata().current_schema())?);
+    let mut pending = 0u64;
+    let mut snapshot = 0;
+    let mut writer = native_data_writer(&table, "native-s0".to_string()).await?;
+    for path in files {
+        let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
+            .with_batch_size(batch_rows)
+            .build()?;
+        for batch in reader {
+            let batch = batch?;
+            let mut offset = 0;
+            while offset < batch.num_rows() {
+                let take = (batch.num_rows() - offset).min((commit_rows - pending) as usize);
+                writer.write(conform(&batch.slice(offset, take), &arrow_schema)?).await?;
+                offset += take;
+                pending += take as u64;
+                if pending == commit_rows {
+                    let files = writer.close().await?;
+                    let tx = Transaction::new(&table);
+                    let tx = tx.fast_append().with_check_duplicate(false).add_data_files(files).apply(tx)?;
+                    table = tx.commit(catalog).await?;
+                    snapshot += 1;
+                    writer = native_data_writer(&table, format!("native-s{snapshot}")).await?;
+                    pending = 0;
+                }
+            }
+        }
+    }
+    let files = writer.close().await?;
+    if !files.is_empty() {
+        let tx = Transaction::new(&table);
+        let tx = tx.fast_append().with_check_duplicate(false).add_data_files(files).apply(tx)?;
+        tx.commit(catalog).await?;
+    }
+    Ok(started.elapsed())
+}
+
+/// Peak resident memory of this process while `f` runs, sampled every 5 ms
+/// (Linux `VmRSS`), and `f`'s result.
+pub fn peak_rss_during<T>(f: impl FnOnce() -> T) -> (T, Option<u64>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    fn rss() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(rss().unwrap_or(0)));
+    let sampler = {
+        let (stop, peak) = (stop.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(now) = rss() {
+                    peak.fetch_max(now, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let out = f();
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let peak = peak.load(Ordering::Relaxed);
+    (out, (peak > 0).then_some(peak))
 }
 
 /// Casts a generator batch to a table's Arrow schema (field ids, `+00:00`).

@@ -5,18 +5,19 @@
 //!   checkpoint, the wasm boundary, the host's grpc capability);
 //! - a native Rust writer doing the same protocol with tonic's generated
 //!   client: the same rows (generated inside the timed loop, as Sluice's
-//!   source does), the same row encoder, one BUFFERED stream per writer,
-//!   the same number of requests in flight per stream, FlushRows at the same
+//!   source does), the same encoder, one BUFFERED stream per writer, the
+//!   same number of requests in flight per stream, FlushRows at the same
 //!   checkpoints.
 //!
 //! Both share the test double, whose work (decoding and checking every row)
 //! is part of both times.
 //!
-//! The plugin runs twice per repetition: with `format = "proto"` (ProtoRows,
-//! the same encoding as the native writer) and `format = "arrow"`
-//! (`arrow_rows`: the batches cross as Arrow IPC, cast to the API's types).
+//! Each encoding is compared with the native writer using that encoding:
+//! `format = "arrow"` (`arrow_rows`, the default: the batches cast to the
+//! API's types and sent as Arrow IPC) and `format = "proto"` (ProtoRows).
 //! The double checks Arrow rows column by column rather than row by row, so
-//! the Arrow figure includes a lighter load on the double as well.
+//! the two encodings' figures are not comparable with each other as a
+//! measure of the writers alone.
 //!
 //! `cargo build-plugins && cargo run --release -p sluice-bench --bin bigquery-bench`
 
@@ -32,11 +33,14 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
     big_query_write_client::BigQueryWriteClient,
     write_stream::Type as StreamType,
 };
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
+    ArrowRecordBatch, append_rows_request::ArrowData,
+};
 use sluice::plugin::PluginHost;
 use sluice::source::generator::Generator;
 use sluice_bench::{Measured, generator_job_toml, plugin, print_ratio_table, run_quiet, write_job};
 use sluice_bigquery_double::{BigQueryDouble, generator_schema};
-use sluice_bigquery_rows::{RowEncoder, split_by_size};
+use sluice_bigquery_rows::{ArrowEncoder, RowEncoder, split_by_size};
 
 #[derive(Parser)]
 struct Args {
@@ -66,7 +70,7 @@ fn run_plugin(
     address: &str,
     args: &Args,
     writers: u32,
-    format: &str,
+    format: Format,
 ) -> Result<Duration> {
     let dir = tempfile::tempdir()?;
     let sink = format!(
@@ -83,6 +87,7 @@ address = "{address}"
 memory_mb = 2048
 "#,
         wasm = wasm.display(),
+        format = format.option(),
     );
     let every = args.checkpoint_rows / u64::from(writers);
     let job = write_job(dir.path(), &generator_job_toml("bench", writers, every, args.rows, 0, BATCH_ROWS, &sink))?;
@@ -91,8 +96,75 @@ memory_mb = 2048
     Ok(summary.data_elapsed)
 }
 
+/// How rows travel in `AppendRows`.
+#[derive(Clone, Copy)]
+enum Format {
+    Proto,
+    Arrow,
+}
+
+impl Format {
+    fn option(self) -> &'static str {
+        match self {
+            Format::Proto => "proto",
+            Format::Arrow => "arrow",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Format::Proto => "ProtoRows",
+            Format::Arrow => "arrow_rows",
+        }
+    }
+}
+
+/// The requests' row payloads for one batch, in order: `(rows, payload)`,
+/// each under the request limit (as the plugin splits them).
+fn encode_requests(
+    format: Format,
+    proto: &RowEncoder,
+    arrow: &ArrowEncoder,
+    batch: &arrow_array::RecordBatch,
+) -> Result<Vec<(i64, Rows)>> {
+    let mut out = Vec::new();
+    match format {
+        Format::Proto => {
+            let mut rows = Vec::new();
+            proto.encode(batch, &mut rows)?;
+            let runs = split_by_size(&rows, MAX_REQUEST);
+            let mut rows = rows.into_iter();
+            for run in runs {
+                let chunk: Vec<Vec<u8>> = rows.by_ref().take(run.len()).collect();
+                let n = chunk.len() as i64;
+                out.push((
+                    n,
+                    Rows::ProtoRows(ProtoData {
+                        writer_schema: Some(proto.writer_schema()),
+                        rows: Some(ProtoRows { serialized_rows: chunk }),
+                    }),
+                ));
+            }
+        }
+        Format::Arrow => {
+            let schema = arrow.writer_schema();
+            let room = MAX_REQUEST.saturating_sub(schema.serialized_schema.len() + 1024);
+            for (n, serialized_record_batch) in arrow.encode(batch, room)? {
+                out.push((
+                    n as i64,
+                    Rows::ArrowRows(ArrowData {
+                        writer_schema: Some(schema.clone()),
+                        rows: Some(ArrowRecordBatch { serialized_record_batch, ..Default::default() }),
+                    }),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// One native writer: ids `[first, end)`, a flush every `every` rows.
-async fn native_writer(address: String, first: u64, end: u64, every: u64) -> Result<()> {
+async fn native_writer(address: String, first: u64, end: u64, every: u64, format: Format) -> Result<()> {
     let channel = tonic::transport::Endpoint::from_shared(address)?.tcp_nodelay(true).connect().await?;
     let mut client = BigQueryWriteClient::new(channel).max_decoding_message_size(64 << 20);
     let stream = client
@@ -102,8 +174,8 @@ async fn native_writer(address: String, first: u64, end: u64, every: u64) -> Res
         })
         .await?
         .into_inner();
-    let encoder = RowEncoder::new(Generator::schema_ref(), stream.table_schema.as_ref())?;
-    let writer_schema = encoder.writer_schema();
+    let proto = RowEncoder::new(Generator::schema_ref(), stream.table_schema.as_ref())?;
+    let arrow = ArrowEncoder::new(Generator::schema_ref(), stream.table_schema.as_ref())?;
     let (tx, rx) = tokio::sync::mpsc::channel::<AppendRowsRequest>(MAX_INFLIGHT);
     let mut replies = client.append_rows(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
     let mut in_flight = 0usize;
@@ -113,13 +185,7 @@ async fn native_writer(address: String, first: u64, end: u64, every: u64) -> Res
     while next < end {
         let stop = end.min(next + BATCH_ROWS);
         let batch = Generator::batch_for(next, stop);
-        let mut rows = Vec::new();
-        encoder.encode(&batch, &mut rows)?;
-        let runs = split_by_size(&rows, MAX_REQUEST);
-        let mut rows = rows.into_iter();
-        for run in runs {
-            let chunk: Vec<Vec<u8>> = rows.by_ref().take(run.len()).collect();
-            let n = chunk.len() as i64;
+        for (n, rows) in encode_requests(format, &proto, &arrow, &batch)? {
             // The same window as the plugin: at most MAX_INFLIGHT unacknowledged requests.
             while in_flight >= MAX_INFLIGHT {
                 check(replies.message().await?)?;
@@ -128,10 +194,7 @@ async fn native_writer(address: String, first: u64, end: u64, every: u64) -> Res
             tx.send(AppendRowsRequest {
                 write_stream: stream.name.clone(),
                 offset: Some(offset),
-                rows: Some(Rows::ProtoRows(ProtoData {
-                    writer_schema: Some(writer_schema.clone()),
-                    rows: Some(ProtoRows { serialized_rows: chunk }),
-                })),
+                rows: Some(rows),
                 ..Default::default()
             })
             .await?;
@@ -163,14 +226,20 @@ fn check(
     }
 }
 
-fn run_native(rt: &tokio::runtime::Runtime, address: &str, args: &Args, writers: u32) -> Result<Duration> {
+fn run_native(
+    rt: &tokio::runtime::Runtime,
+    address: &str,
+    args: &Args,
+    writers: u32,
+    format: Format,
+) -> Result<Duration> {
     let started = Instant::now();
     rt.block_on(async {
         let p = u64::from(writers);
         let tasks: Vec<_> = (0..p)
             .map(|s| {
                 let (first, end) = (s * args.rows / p, (s + 1) * args.rows / p);
-                tokio::spawn(native_writer(address.to_string(), first, end, args.checkpoint_rows / p))
+                tokio::spawn(native_writer(address.to_string(), first, end, args.checkpoint_rows / p, format))
             })
             .collect();
         for t in tasks {
@@ -189,54 +258,54 @@ fn main() -> Result<()> {
     host.load(&wasm)?; // compile (or load the cached compilation) before timing
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
-    let mut bytes_per_row = 0.0;
     for &w in &args.writers {
-        let mut native =
-            Measured { name: format!("native tonic writer, {w} stream(s)"), rows: args.rows, times: vec![] };
-        let mut plugin = Measured {
-            name: format!("sluice bigquery plugin, ProtoRows, {w} writer(s)"),
-            rows: args.rows,
-            times: vec![],
-        };
-        let mut arrow = Measured {
-            name: format!("sluice bigquery plugin, arrow_rows, {w} writer(s)"),
-            rows: args.rows,
-            times: vec![],
-        };
-        for rep in 0..args.reps {
-            eprintln!("{w} writer(s): repetition {}/{}", rep + 1, args.reps);
-            // A fresh double per run, so no run pays for another's stored rows.
-            let d = BigQueryDouble::start()?;
-            d.create_table(TABLE, generator_schema());
-            native.times.push(run_native(&rt, &d.address(), &args, w)?);
-            let stats = d.stats();
-            anyhow::ensure!(d.visible_count(TABLE) == args.rows, "native landed {} rows", d.visible_count(TABLE));
-            bytes_per_row = stats.bytes_appended as f64 / stats.rows_appended.max(1) as f64;
-            drop(d);
-            let d = BigQueryDouble::start()?;
-            d.create_table(TABLE, generator_schema());
-            plugin.times.push(run_plugin(&host, &wasm, &d.address(), &args, w, "proto")?);
-            anyhow::ensure!(d.visible_count(TABLE) == args.rows, "the plugin landed {} rows", d.visible_count(TABLE));
-            drop(d);
-            let d = BigQueryDouble::start()?;
-            d.create_table(TABLE, generator_schema());
-            arrow.times.push(run_plugin(&host, &wasm, &d.address(), &args, w, "arrow")?);
-            anyhow::ensure!(d.visible_count(TABLE) == args.rows, "arrow_rows landed {} rows", d.visible_count(TABLE));
+        for format in [Format::Arrow, Format::Proto] {
+            let label = format.label();
+            let mut native = Measured {
+                name: format!("native tonic writer, {label}, {w} stream(s)"),
+                rows: args.rows,
+                times: vec![],
+            };
+            let mut plugin = Measured {
+                name: format!("sluice bigquery plugin, {label}, {w} writer(s)"),
+                rows: args.rows,
+                times: vec![],
+            };
+            let mut bytes_per_row = 0.0;
+            for rep in 0..args.reps {
+                eprintln!("{w} writer(s), {label}: repetition {}/{}", rep + 1, args.reps);
+                // A fresh double per run, so no run pays for another's stored rows.
+                let d = BigQueryDouble::start()?;
+                d.create_table(TABLE, generator_schema());
+                native.times.push(run_native(&rt, &d.address(), &args, w, format)?);
+                let stats = d.stats();
+                anyhow::ensure!(d.visible_count(TABLE) == args.rows, "native landed {} rows", d.visible_count(TABLE));
+                bytes_per_row = stats.bytes_appended as f64 / stats.rows_appended.max(1) as f64;
+                drop(d);
+                let d = BigQueryDouble::start()?;
+                d.create_table(TABLE, generator_schema());
+                plugin.times.push(run_plugin(&host, &wasm, &d.address(), &args, w, format)?);
+                anyhow::ensure!(
+                    d.visible_count(TABLE) == args.rows,
+                    "the plugin landed {} rows",
+                    d.visible_count(TABLE)
+                );
+            }
+            let baseline = native.name.clone();
+            let pair = [native, plugin];
+            print_ratio_table(
+                &format!(
+                    "BigQuery sink, {label}, {w} writer(s): {} rows, {} rows per checkpoint, median of {}",
+                    args.rows, args.checkpoint_rows, args.reps
+                ),
+                &pair,
+                &baseline,
+            );
+            for m in &pair {
+                println!("{}: {:.1} MB/s of request payload", m.name, m.rows_per_sec() * bytes_per_row / 1e6);
+            }
+            println!();
         }
-        let baseline = native.name.clone();
-        let pair = [native, plugin, arrow];
-        print_ratio_table(
-            &format!(
-                "BigQuery sink, {w} writer(s): {} rows, {} rows per checkpoint, median of {}",
-                args.rows, args.checkpoint_rows, args.reps
-            ),
-            &pair,
-            &baseline,
-        );
-        for m in &pair[..2] {
-            println!("{}: {:.1} MB/s of serialized rows", m.name, m.rows_per_sec() * bytes_per_row / 1e6);
-        }
-        println!();
     }
     Ok(())
 }

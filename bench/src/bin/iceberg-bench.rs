@@ -1,11 +1,21 @@
-//! Iceberg sink throughput, measured in one run on the same generated rows:
-//! the Sluice plugin (through the engine, checkpoints and one snapshot per
-//! checkpoint), a native Rust program using iceberg-rust's writer directly
-//! (the practical limit), and PyIceberg's `append`.
+//! Iceberg sink benchmarks, each against a baseline measured in the same run
+//! on the same rows, at equal footing (same parallelism, same rows, same
+//! rows per snapshot, zstd on every side):
+//!
+//! 1. writers: the Sluice plugin (through the engine: checkpoints, one
+//!    snapshot per checkpoint) against iceberg-rust's writer used natively,
+//!    at 1 and 2 writers;
+//! 2. end to end: the same Parquet files landed in a table with a commit
+//!    every `--commit-rows` rows, by Sluice (file source), by native
+//!    iceberg-rust and by PyIceberg;
+//! 3. costs users feel: warm start (time to the first written row, plugins
+//!    loaded from the compiled cache), checkpoint overhead (a checkpoint
+//!    every second against one at the end), and peak memory against the
+//!    writers' buffer budget and the sandbox limit.
 //!
 //! `cargo build-plugins && cargo run --release -p sluice-bench --bin iceberg-bench`
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -14,35 +24,59 @@ use clap::Parser;
 use sluice::plugin::PluginHost;
 use sluice::source::generator::Generator;
 use sluice_bench::{
-    Measured, create_generator_table, generator_job_toml, native_iceberg_write, plugin, print_ratio_table, run_quiet,
-    sql_catalog, write_job,
+    Measured, create_generator_table, generator_job_toml, native_iceberg_append_files, native_iceberg_write, plugin,
+    print_ratio_table, run_quiet, sql_catalog, write_job,
 };
 
 #[derive(Parser)]
 struct Args {
-    /// Rows per measured run.
+    /// Rows per measured run of the writers' comparison.
     #[arg(long, default_value_t = 2_000_000)]
     rows: u64,
     /// Rows per checkpoint (per snapshot), over all writers.
     #[arg(long, default_value_t = 500_000)]
     checkpoint_rows: u64,
-    /// Repetitions of each path (the table shows the median).
+    /// Rows in the Parquet files of the end-to-end comparison.
+    #[arg(long, default_value_t = 2_000_000)]
+    e2e_rows: u64,
+    /// A snapshot every this many rows, end to end.
+    #[arg(long, default_value_t = 100_000)]
+    commit_rows: u64,
+    /// Rows of the checkpoint-overhead and memory runs (enough for several
+    /// seconds, so that a checkpoint every second means several).
+    #[arg(long, default_value_t = 8_000_000)]
+    cost_rows: u64,
+    /// Each writer's buffer budget in the memory runs (the sink's `buffer_mb`).
+    #[arg(long, default_value_t = 64)]
+    buffer_mb: u64,
+    /// Repetitions of each path (the tables show the median).
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// Skip the PyIceberg baseline.
     #[arg(long)]
     skip_python: bool,
+    /// Only these sections: `writers`, `e2e`, `costs` (all when absent).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Internal: run this job file in this process and print its peak memory.
+    #[arg(long, hide = true)]
+    probe: Option<PathBuf>,
 }
 
 const BATCH_ROWS: u64 = 8192;
 
-fn run_plugin(host: &PluginHost, wasm: &Path, args: &Args, parallelism: u32) -> Result<Duration> {
-    let dir = tempfile::tempdir()?;
-    let sink = format!(
+fn host() -> Result<PluginHost> {
+    let cache = sluice_bench::workspace().join("target/bench-component-cache");
+    Ok(PluginHost::new(Some(cache))?)
+}
+
+fn iceberg_sink(wasm: &Path, extra_options: &str) -> String {
+    format!(
         r#"[sink]
 plugin = "{wasm}"
 [sink.options]
 table = "bench.plugin"
+{extra_options}
 [sink.catalog]
 database = "warehouse/catalog.db"
 warehouse = "warehouse"
@@ -50,45 +84,115 @@ warehouse = "warehouse"
 memory_mb = 2048
 "#,
         wasm = wasm.display(),
-    );
+    )
+}
+
+fn run_plugin(host: &PluginHost, wasm: &Path, args: &Args, parallelism: u32) -> Result<Duration> {
+    let dir = tempfile::tempdir()?;
     let every = args.checkpoint_rows / u64::from(parallelism);
-    let job = write_job(dir.path(), &generator_job_toml("bench", parallelism, every, args.rows, 0, BATCH_ROWS, &sink))?;
+    let toml = generator_job_toml("bench", parallelism, every, args.rows, 0, BATCH_ROWS, &iceberg_sink(wasm, ""));
+    let job = write_job(dir.path(), &toml)?;
     let summary = run_quiet(&job, host)?;
     anyhow::ensure!(summary.rows_total == args.rows, "the plugin landed {} rows", summary.rows_total);
     Ok(summary.data_elapsed)
 }
 
-fn run_native(rt: &tokio::runtime::Runtime, args: &Args) -> Result<Duration> {
+fn run_native(args: &Args, writers: u32) -> Result<Duration> {
     let dir = tempfile::tempdir()?;
+    // As many worker threads as writers: the plugin's writers are threads too.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(writers as usize).enable_all().build()?;
     rt.block_on(async {
         let catalog = sql_catalog(dir.path()).await?;
         create_generator_table(&catalog, "bench.native", false).await?;
-        native_iceberg_write(&catalog, "bench.native", args.rows, args.checkpoint_rows, BATCH_ROWS).await
+        native_iceberg_write(&catalog, "bench.native", args.rows, args.checkpoint_rows, BATCH_ROWS, writers).await
     })
 }
 
-const PYICEBERG: &str = r#"
-import sys, time, pyarrow.parquet as pq
+/// The generator's rows as Parquet files of 200,000 rows (snappy), for the
+/// end-to-end runs (not timed).
+fn write_files(dir: &Path, rows: u64) -> Result<Vec<PathBuf>> {
+    const PER_FILE: u64 = 200_000;
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::SNAPPY)
+        .build();
+    let mut files = Vec::new();
+    let mut next = 0;
+    while next < rows {
+        let end = rows.min(next + PER_FILE);
+        let path = dir.join(format!("part-{:05}.parquet", files.len()));
+        let file = std::fs::File::create(&path)?;
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, Generator::schema_ref(), Some(props.clone()))?;
+        let mut at = next;
+        while at < end {
+            let stop = end.min(at + 100_000);
+            writer.write(&Generator::batch_for(at, stop))?;
+            at = stop;
+        }
+        writer.close()?;
+        files.push(path);
+        next = end;
+    }
+    Ok(files)
+}
+
+fn e2e_sluice(host: &PluginHost, wasm: &Path, data: &Path, args: &Args, parallelism: u32) -> Result<Duration> {
+    let dir = tempfile::tempdir()?;
+    let toml = format!(
+        r#"[job]
+id = "e2e"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every}
+[source]
+kind = "file"
+path = "{data}"
+batch_rows = {BATCH_ROWS}
+{sink}"#,
+        every = args.commit_rows / u64::from(parallelism),
+        data = data.display(),
+        sink = iceberg_sink(wasm, ""),
+    );
+    let job = write_job(dir.path(), &toml)?;
+    let summary = run_quiet(&job, host)?;
+    anyhow::ensure!(summary.rows_total == args.e2e_rows, "Sluice landed {} rows", summary.rows_total);
+    Ok(summary.data_elapsed)
+}
+
+fn e2e_native(files: &[PathBuf], args: &Args) -> Result<Duration> {
+    let dir = tempfile::tempdir()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    rt.block_on(async {
+        let catalog = sql_catalog(dir.path()).await?;
+        create_generator_table(&catalog, "bench.native", false).await?;
+        native_iceberg_append_files(&catalog, "bench.native", files, args.commit_rows, BATCH_ROWS as usize).await
+    })
+}
+
+const PYICEBERG_E2E: &str = r#"
+import sys, time, glob, pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 w, data, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3])
-t = pq.read_table(data)
+files = sorted(glob.glob(f'{data}/*.parquet'))
 cat = SqlCatalog('bench', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')
 cat.create_namespace('bench')
-tbl = cat.create_table('bench.py', schema=t.schema)
+tbl = cat.create_table('bench.py', schema=pq.read_schema(files[0]))
 start = time.perf_counter()
-for off in range(0, t.num_rows, chunk):
-    tbl.append(t.slice(off, chunk))
+for f in files:
+    t = pq.read_table(f)
+    for off in range(0, t.num_rows, chunk):
+        tbl.append(t.slice(off, chunk))
 print(time.perf_counter() - start)
 "#;
 
-fn run_pyiceberg(data: &Path, args: &Args) -> Result<Duration> {
+fn e2e_pyiceberg(data: &Path, args: &Args) -> Result<Duration> {
     let dir = tempfile::tempdir()?;
     let out = Command::new("python3")
         .arg("-c")
-        .arg(PYICEBERG)
+        .arg(PYICEBERG_E2E)
         .arg(dir.path())
         .arg(data)
-        .arg(args.checkpoint_rows.to_string())
+        .arg(args.commit_rows.to_string())
         .output()
         .context("running python3")?;
     if !out.status.success() {
@@ -101,61 +205,210 @@ fn run_pyiceberg(data: &Path, args: &Args) -> Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// The generator's rows as one Parquet file, for PyIceberg (not timed).
-fn write_rows(path: &Path, rows: u64) -> Result<()> {
-    let file = std::fs::File::create(path)?;
-    let mut writer = parquet::arrow::ArrowWriter::try_new(file, Generator::schema_ref(), None)?;
-    let mut next = 0;
-    while next < rows {
-        let stop = rows.min(next + 100_000);
-        writer.write(&Generator::batch_for(next, stop))?;
-        next = stop;
+/// Median time to the first written row of a 1,000-row job into `sink`.
+fn warm_start(host: &PluginHost, sink: &str, reps: usize) -> Result<Duration> {
+    let mut times = Vec::new();
+    for _ in 0..reps.max(3) {
+        let dir = tempfile::tempdir()?;
+        let job = write_job(dir.path(), &generator_job_toml("warm", 1, 1000, 1000, 0, 1000, sink))?;
+        let summary = run_quiet(&job, host)?;
+        times.push(summary.first_write.context("no row was written")?);
     }
-    writer.close()?;
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+/// The job of the overhead and memory runs: 4 writers, a day-partitioned
+/// table (30 partitions), as `examples/iceberg.toml`.
+fn cost_job(wasm: &Path, args: &Args, trigger: &str) -> String {
+    let sink = iceberg_sink(wasm, &format!("partition_by = \"day(day)\"\nbuffer_mb = {}", args.buffer_mb));
+    generator_job_toml("cost", 4, args.cost_rows, args.cost_rows, 0, BATCH_ROWS, &sink)
+        .replace(&format!("every_rows = {}", args.cost_rows), trigger)
+}
+
+/// What one probe run measured.
+#[derive(Clone, Copy)]
+struct Probe {
+    secs: f64,
+    checkpoints: u64,
+    /// The process's peak resident memory.
+    peak: u64,
+    /// The largest linear memory of one writer instance.
+    writer: u64,
+}
+
+/// Runs `toml` `reps` times, each in a child process (this binary with
+/// `--probe`) so that its peak memory is its own; the run of median time.
+fn probe_median(toml: &str, reps: usize) -> Result<Probe> {
+    let mut runs = (0..reps.max(1)).map(|_| probe(toml)).collect::<Result<Vec<_>>>()?;
+    runs.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+    Ok(runs[runs.len() / 2])
+}
+
+/// Runs `toml` in a child process (this binary with `--probe`).
+fn probe(toml: &str) -> Result<Probe> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("job.toml"), toml)?;
+    let out = Command::new(std::env::current_exe()?)
+        .arg("--probe")
+        .arg(dir.path().join("job.toml"))
+        .output()
+        .context("running the memory probe")?;
+    if !out.status.success() {
+        bail!("the probe failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    match fields.as_slice() {
+        [secs, checkpoints, peak, writer] => Ok(Probe {
+            secs: secs.parse()?,
+            checkpoints: checkpoints.parse()?,
+            peak: peak.parse()?,
+            writer: writer.parse()?,
+        }),
+        _ => bail!("unexpected probe output: {text}"),
+    }
+}
+
+fn run_probe(job: &Path) -> Result<()> {
+    let job = sluice::job::Job::load(job, &[])?;
+    let summary = run_quiet(&job, &host()?)?;
+    println!(
+        "{} {} {} {}",
+        summary.data_elapsed.as_secs_f64(),
+        summary.checkpoints_this_run,
+        summary.peak_memory.unwrap_or(0),
+        summary.writer_memory.unwrap_or(0)
+    );
     Ok(())
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(job) = &args.probe {
+        return run_probe(job);
+    }
     let wasm = plugin("sluice_sink_iceberg.wasm")?;
-    let cache = sluice_bench::workspace().join("target/bench-component-cache");
-    let host = PluginHost::new(Some(cache))?;
+    let host = host()?;
     host.load(&wasm)?; // compile (or load the cached compilation) before timing
-    let rt = tokio::runtime::Runtime::new()?;
-    let data_dir = tempfile::tempdir()?;
-    let data = data_dir.path().join("rows.parquet");
-    if !args.skip_python {
-        write_rows(&data, args.rows)?;
+
+    let wanted = |section: &str| args.only.is_empty() || args.only.iter().any(|s| s == section);
+
+    // 1. Writers, at equal parallelism.
+    let name = |what: &str, w: u32| format!("{what}, {w} writer{}", if w == 1 { "" } else { "s" });
+    let mut writers = Vec::new();
+    for w in [1u32, 2].into_iter().filter(|_| wanted("writers")) {
+        let mut native = Measured { name: name("native iceberg-rust", w), rows: args.rows, times: vec![] };
+        let mut plugin = Measured { name: name("sluice iceberg plugin", w), rows: args.rows, times: vec![] };
+        for rep in 0..args.reps {
+            eprintln!("writers: {w} writer(s), repetition {}/{}", rep + 1, args.reps);
+            native.times.push(run_native(&args, w)?);
+            plugin.times.push(run_plugin(&host, &wasm, &args, w)?);
+        }
+        writers.push((native, plugin));
+    }
+    for (native, plugin) in &writers {
+        print_ratio_table(
+            &format!(
+                "Iceberg writers: {} generated rows, {} rows per snapshot, unpartitioned, zstd, median of {}",
+                args.rows, args.checkpoint_rows, args.reps
+            ),
+            &[
+                Measured { name: native.name.clone(), rows: native.rows, times: native.times.clone() },
+                plugin_copy(plugin),
+            ],
+            &native.name,
+        );
     }
 
-    let mut plugin1 = Measured { name: "sluice iceberg plugin, 1 writer".into(), rows: args.rows, times: vec![] };
-    let mut plugin2 = Measured { name: "sluice iceberg plugin, 2 writers".into(), rows: args.rows, times: vec![] };
-    let mut native = Measured { name: "native iceberg-rust, 1 writer".into(), rows: args.rows, times: vec![] };
-    let mut python = Measured { name: "PyIceberg append".into(), rows: args.rows, times: vec![] };
-    for rep in 0..args.reps {
-        eprintln!("repetition {}/{}", rep + 1, args.reps);
-        native.times.push(run_native(&rt, &args)?);
-        plugin1.times.push(run_plugin(&host, &wasm, &args, 1)?);
-        plugin2.times.push(run_plugin(&host, &wasm, &args, 2)?);
-        if !args.skip_python {
-            python.times.push(run_pyiceberg(&data, &args)?);
-        }
+    if wanted("e2e") {
+        end_to_end(&host, &wasm, &args)?;
     }
-    let mut rows = vec![native, plugin1, plugin2];
-    if !args.skip_python {
-        rows.push(python);
-    }
-    print_ratio_table(
-        &format!(
-            "Iceberg sink: {} rows, {} rows per snapshot, unpartitioned, zstd, median of {}",
-            args.rows, args.checkpoint_rows, args.reps
-        ),
-        &rows,
-        "native iceberg-rust, 1 writer",
-    );
-    if let Some(py) = rows.iter().find(|m| m.name == "PyIceberg append") {
-        let p1 = rows[1].rows_per_sec();
-        println!("plugin (1 writer) / PyIceberg append: {:.1}×", p1 / py.rows_per_sec().max(f64::MIN_POSITIVE));
+    if wanted("costs") {
+        costs(&host, &wasm, &args)?;
     }
     Ok(())
+}
+
+/// 2. End to end, from the same Parquet files.
+fn end_to_end(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
+    let data_dir = tempfile::tempdir()?;
+    let files = write_files(data_dir.path(), args.e2e_rows)?;
+    let mut py = Measured { name: "PyIceberg append, 1 process".into(), rows: args.e2e_rows, times: vec![] };
+    let mut native = Measured { name: "native iceberg-rust, 1 writer".into(), rows: args.e2e_rows, times: vec![] };
+    let mut sluice1 =
+        Measured { name: "sluice (file source → plugin), 1 writer".into(), rows: args.e2e_rows, times: vec![] };
+    let mut sluice2 =
+        Measured { name: "sluice (file source → plugin), 2 writers".into(), rows: args.e2e_rows, times: vec![] };
+    for rep in 0..args.reps {
+        eprintln!("end to end: repetition {}/{}", rep + 1, args.reps);
+        native.times.push(e2e_native(&files, args)?);
+        sluice1.times.push(e2e_sluice(host, wasm, data_dir.path(), args, 1)?);
+        sluice2.times.push(e2e_sluice(host, wasm, data_dir.path(), args, 2)?);
+        if !args.skip_python {
+            py.times.push(e2e_pyiceberg(data_dir.path(), args)?);
+        }
+    }
+    let title = format!(
+        "End to end: {} rows in {} Parquet files, a snapshot every {} rows, zstd, median of {}",
+        args.e2e_rows,
+        files.len(),
+        args.commit_rows,
+        args.reps
+    );
+    if args.skip_python {
+        print_ratio_table(&title, &[native, sluice1, sluice2], "native iceberg-rust, 1 writer");
+    } else {
+        print_ratio_table(&title, &[py, native, sluice1, sluice2], "PyIceberg append, 1 process");
+    }
+    Ok(())
+}
+
+/// 3. Costs users feel.
+fn costs(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
+    let files_wasm = plugin("sluice_sink_files.wasm")?;
+    host.load(&files_wasm)?;
+    let files_sink = format!(
+        "[sink]\nplugin = \"{}\"\n[sink.options]\npath = \"out\"\n[sink.grants]\nlocations = [\"out\", \"out.staging\"]\n",
+        files_wasm.display()
+    );
+    let files_start = warm_start(host, &files_sink, args.reps)?;
+    let iceberg_start = warm_start(host, &iceberg_sink(wasm, ""), args.reps)?;
+    println!("### Warm start: from `sluice run` to the first written row, plugin from the compiled cache (median)\n");
+    println!("| plugin | time to first row |\n|---|---:|");
+    println!("| files | {:.1} ms |", files_start.as_secs_f64() * 1e3);
+    println!("| iceberg (table created in the run) | {:.1} ms |\n", iceberg_start.as_secs_f64() * 1e3);
+
+    // Pay the plugin's compilation (if any) outside the measured runs.
+    probe(&cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows)))?;
+    let one = probe_median(&cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows)), args.reps)?;
+    let quarter = probe_median(&cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows / 16)), args.reps)?;
+    let second = probe_median(&cost_job(wasm, args, "interval_secs = 1.0"), args.reps)?;
+    let rate = |p: &Probe| args.cost_rows as f64 / p.secs.max(f64::MIN_POSITIVE);
+    let per_ck = (second.secs - one.secs) / (second.checkpoints.saturating_sub(one.checkpoints).max(1) as f64);
+    println!(
+        "### Checkpoint overhead and peak memory: {} rows, 4 writers, a day-partitioned table (30 partitions), buffer_mb = {} per writer, sandbox limit 2048 MB per instance, median of {}\n",
+        args.cost_rows, args.buffer_mb, args.reps
+    );
+    println!(
+        "| checkpoints | rows/s | × one checkpoint | peak memory of the process | largest writer instance |\n|---|---:|---:|---:|---:|"
+    );
+    for (label, p) in
+        [("one at the end", &one), ("every 1/4 of each writer's rows", &quarter), ("one every second", &second)]
+    {
+        println!(
+            "| {} ({label}) | {:.0} | {:.2} | {} MB | {} MB |",
+            p.checkpoints,
+            rate(p),
+            rate(p) / rate(&one),
+            p.peak >> 20,
+            p.writer >> 20
+        );
+    }
+    println!("\nabout {:.0} ms per extra checkpoint", per_ck * 1e3);
+    Ok(())
+}
+
+fn plugin_copy(m: &Measured) -> Measured {
+    Measured { name: m.name.clone(), rows: m.rows, times: m.times.clone() }
 }

@@ -34,6 +34,12 @@ pub fn option_specs() -> Vec<OptionSpec> {
             Some("128"),
         ),
         option_spec("compression", "Parquet compression codec: `zstd`, `snappy` or `none`", false, Some("zstd")),
+        option_spec(
+            "buffer_mb",
+            "each writer's memory budget for rows encoded but not yet written out: row groups are cut so that all the files a writer holds open stay within it, whatever the checkpoint interval",
+            false,
+            Some("64"),
+        ),
     ]
 }
 
@@ -51,6 +57,8 @@ pub struct Config {
     pub create_table: bool,
     pub partition_by: Option<Vec<PartitionField>>,
     pub target_file_bytes: usize,
+    /// Each writer's budget for buffered row groups.
+    pub buffer_bytes: usize,
     pub compression: parquet::basic::Compression,
 }
 
@@ -76,7 +84,18 @@ impl Config {
                 )));
             }
         };
-        Ok(Self { table, create_table, partition_by, target_file_bytes: target_mb * 1024 * 1024, compression })
+        let buffer_mb: usize = opts.parsed("buffer_mb")?.unwrap_or(64);
+        if buffer_mb == 0 {
+            return Err(error::config("option `buffer_mb` must be at least 1"));
+        }
+        Ok(Self {
+            table,
+            create_table,
+            partition_by,
+            target_file_bytes: target_mb * 1024 * 1024,
+            buffer_bytes: buffer_mb * 1024 * 1024,
+            compression,
+        })
     }
 
     /// The Iceberg table a source table lands in.

@@ -10,6 +10,10 @@
 //!   it makes nothing visible (only the committer's snapshots do);
 //! - after a schema change the table is reloaded, so files of the new shape
 //!   are written with the evolved schema's field ids;
+//! - memory stays within `buffer_mb` per writer whatever the checkpoint
+//!   interval: Parquet keeps a row group in memory until it is cut, so row
+//!   groups are cut at the budget shared by the files the writer holds open
+//!   (one per partition it has met);
 //! - `close` reports nothing: rows no checkpoint covers stay invisible (their
 //!   files are orphans that table maintenance may remove).
 
@@ -38,6 +42,10 @@ use crate::config::Config;
 use crate::host_io::{self, LoadError};
 use crate::runtime::block_on;
 use crate::schema::{self, BatchConverter};
+
+/// Row groups are never cut smaller than this (tiny row groups cost more
+/// in metadata and scans than they save in memory).
+const MIN_ROW_GROUP_BYTES: usize = 256 * 1024;
 
 type FileBuilder = DataFileWriterBuilder<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
 type UnpartitionedWriter = DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
@@ -75,12 +83,13 @@ struct TableWriter {
     converter: BatchConverter,
     splitter: Option<RecordBatchPartitionSplitter>,
     open: Option<OpenFiles>,
+    /// The most partitions one checkpoint's rows of this table spread over.
+    partitions: usize,
 }
 
 struct Inner {
     cfg: Config,
     ctx: SinkContext,
-    props: WriterProperties,
     tables: BTreeMap<String, TableWriter>,
     /// Writer generation: one per set of files.
     seq: u64,
@@ -154,7 +163,7 @@ fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result
         )
     };
     let converter = BatchConverter::new(&table_schema)?;
-    Ok(TableWriter { table, converter, splitter, open: None })
+    Ok(TableWriter { table, converter, splitter, open: None, partitions: 1 })
 }
 
 impl Inner {
@@ -164,11 +173,26 @@ impl Inner {
         })
     }
 
+    /// Parquet settings for files of a table whose rows spread over
+    /// `partitions` open files: each file's row groups are cut at its share
+    /// of the writer's buffer. A file holds about four times its row group
+    /// at the peak (measured: the encoded columns, the buffer Parquet writes
+    /// them out of, dictionaries and page state), so the share is a quarter.
+    fn props(&self, partitions: usize) -> WriterProperties {
+        let share = (self.cfg.buffer_bytes / 6 / partitions.max(1)).max(MIN_ROW_GROUP_BYTES);
+        WriterProperties::builder()
+            .set_compression(self.cfg.compression)
+            .set_max_row_group_bytes(Some(share))
+            .set_created_by(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")))
+            .build()
+    }
+
     fn start_files(&mut self, table: &str) -> Result<OpenFiles, SinkError> {
         self.seq += 1;
         let prefix =
             format!("{}-s{}-a{}-w{}", incarnation::key(&self.ctx), self.ctx.subtask, self.ctx.attempt, self.seq);
-        let (props, target) = (self.props.clone(), self.cfg.target_file_bytes);
+        let partitions = self.table_mut(table)?.partitions;
+        let (props, target) = (self.props(partitions), self.cfg.target_file_bytes);
         let t = self.table_mut(table)?;
         let metadata = t.table.metadata();
         let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
@@ -186,23 +210,33 @@ impl Inner {
     }
 
     fn write_batch(&mut self, table: &str, batch: &arrow_array::RecordBatch) -> Result<(), SinkError> {
-        let batch = self.table_mut(table)?.converter.convert(batch)?;
+        let t = self.table_mut(table)?;
+        let batch = t.converter.convert(batch)?;
+        // Split first: how many partitions the rows meet sizes the row groups.
+        let parts = match &t.splitter {
+            Some(splitter) => {
+                let parts = splitter.split(&batch).map_err(|e| iceberg_error("splitting rows by partition", e))?;
+                t.partitions = t.partitions.max(parts.len());
+                Some(parts)
+            }
+            None => None,
+        };
         let mut open = match self.table_mut(table)?.open.take() {
             Some(open) => open,
             None => self.start_files(table)?,
         };
         let t = self.table_mut(table)?;
         let result = block_on(async {
-            match &mut open {
-                OpenFiles::Unpartitioned(w) => w.write(batch).await,
-                OpenFiles::Partitioned(w) => {
-                    let splitter = t.splitter.as_ref().ok_or_else(|| {
-                        iceberg::Error::new(iceberg::ErrorKind::Unexpected, "partitioned writer without a splitter")
-                    })?;
-                    for (key, part) in splitter.split(&batch)? {
+            match (&mut open, parts) {
+                (OpenFiles::Unpartitioned(w), _) => w.write(batch).await,
+                (OpenFiles::Partitioned(w), Some(parts)) => {
+                    for (key, part) in parts {
                         w.write(key, part).await?;
                     }
                     Ok(())
+                }
+                (OpenFiles::Partitioned(_), None) => {
+                    Err(iceberg::Error::new(iceberg::ErrorKind::Unexpected, "partitioned writer without a splitter"))
                 }
             }
         });
@@ -254,11 +288,7 @@ impl GuestWriter for IcebergWriter {
         for table in &tables {
             writers.insert(table.name.clone(), table_writer(&cfg, table)?);
         }
-        let props = WriterProperties::builder()
-            .set_compression(cfg.compression)
-            .set_created_by(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")))
-            .build();
-        let inner = Inner { cfg, ctx, props, tables: writers, seq: 0, prepared: BTreeMap::new(), state };
+        let inner = Inner { cfg, ctx, tables: writers, seq: 0, prepared: BTreeMap::new(), state };
         Ok(sluice_guest_sdk::Writer::new(IcebergWriter { inner: RefCell::new(inner) }))
     }
 

@@ -31,7 +31,9 @@ pub fn join(base: &str, name: &str) -> String {
 
 /// A `std::io::Write` over an `output-file`, buffering so that each
 /// boundary crossing carries a large chunk (up to 1 MiB). The buffer grows
-/// with what is written, so many small open files stay cheap.
+/// with what is written and is released after each flush, and a large write
+/// (a whole Parquet row group) goes straight through, so a writer holding
+/// many files open holds little memory for them.
 pub struct OutputWriter {
     file: Option<OutputFile>,
     /// `Some(overwrite)` until the host file is created (deferred writers).
@@ -42,6 +44,8 @@ pub struct OutputWriter {
 }
 
 const CHUNK: usize = 1 << 20;
+/// Writes this large cross at once, without a copy into the buffer.
+const DIRECT: usize = 64 << 10;
 
 impl OutputWriter {
     /// Creates the file now.
@@ -81,7 +85,11 @@ impl OutputWriter {
         let file =
             self.file.as_ref().ok_or_else(|| IoError::Other(format!("{} is already finished", self.location)))?;
         file.write(&self.buf)?;
-        self.buf.clear();
+        if self.buf.capacity() > DIRECT {
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
+        }
         Ok(())
     }
 
@@ -98,8 +106,19 @@ impl OutputWriter {
 
 impl std::io::Write for OutputWriter {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(data);
         self.written += data.len() as u64;
+        if self.buf.is_empty() && data.len() >= DIRECT {
+            let mut direct = || -> Result<(), IoError> {
+                self.open_if_deferred()?;
+                let location = &self.location;
+                let file =
+                    self.file.as_ref().ok_or_else(|| IoError::Other(format!("{location} is already finished")))?;
+                file.write(data)
+            };
+            direct().map_err(|e| std::io::Error::other(describe(&e)))?;
+            return Ok(data.len());
+        }
+        self.buf.extend_from_slice(data);
         if self.buf.len() >= CHUNK {
             self.flush_buf().map_err(|e| std::io::Error::other(describe(&e)))?;
         }

@@ -2,10 +2,16 @@
 //! snappy, gzip). Pure compute on whole buffers: nothing outside the sandbox
 //! is touched, so it is always granted.
 //!
-//! Invariant: a decompression never yields more than the caller's
-//! `max-size`, so a malicious or corrupt buffer cannot make the host
-//! allocate without bound.
+//! Invariants:
+//! - a decompression never yields more than the caller's `max-size`, nor
+//!   more than [`MAX_OUTPUT`], so a malicious or corrupt buffer cannot make
+//!   the host allocate without bound;
+//! - zstd contexts are made once per thread and level and reused: a plugin
+//!   compresses one Parquet page per call, and a fresh context per page
+//!   would cost more than the page.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::{Read, Write};
 
 use wasmtime::component::{HasData, Linker};
@@ -27,10 +33,31 @@ pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmti
     wit::add_to_linker::<T, Codec>(linker, |_| CodecView)
 }
 
+/// The most one decompression may yield, whatever the plugin asks (a
+/// plugin's whole memory is capped well below it).
+pub const MAX_OUTPUT: u64 = 1 << 30;
+
+thread_local! {
+    static ZSTD_COMPRESSORS: RefCell<HashMap<i32, zstd::bulk::Compressor<'static>>> = RefCell::new(HashMap::new());
+}
+
+fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>, String> {
+    ZSTD_COMPRESSORS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let compressor = match cache.entry(level) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(zstd::bulk::Compressor::new(level).map_err(|e| format!("zstd level {level}: {e}"))?)
+            }
+        };
+        compressor.compress(data).map_err(|e| format!("zstd compression failed: {e}"))
+    })
+}
+
 /// Compresses `data` with `algorithm` at `level`.
 pub fn compress(algorithm: Algorithm, level: i32, data: &[u8]) -> Result<Vec<u8>, String> {
     match algorithm {
-        Algorithm::Zstd => zstd::bulk::compress(data, level).map_err(|e| format!("zstd compression failed: {e}")),
+        Algorithm::Zstd => zstd_compress(data, level),
         Algorithm::Snappy => {
             snap::raw::Encoder::new().compress_vec(data).map_err(|e| format!("snappy compression failed: {e}"))
         }
@@ -83,7 +110,7 @@ impl Host for CodecView {
     }
 
     fn decompress(&mut self, algorithm: Algorithm, data: Vec<u8>, max_size: u64) -> Result<Vec<u8>, String> {
-        decompress(algorithm, &data, max_size)
+        decompress(algorithm, &data, max_size.min(MAX_OUTPUT))
     }
 }
 

@@ -42,7 +42,7 @@ use crate::job::{CatalogConfig, Job, JobError};
 use crate::plugin::{
     CommitterInstance, ContractVersion, Limits, Plugin, PluginError, PluginHost, SinkCtx, SinkErrorKind, reserved,
 };
-use crate::progress::Progress;
+use crate::progress::{Progress, peak_memory};
 use crate::source::Source;
 
 /// What a run did.
@@ -66,6 +66,14 @@ pub struct RunSummary {
     /// Time spent moving rows (from the first read to the end), without
     /// loading the plugin and recovering.
     pub data_elapsed: Duration,
+    /// From the start of the run to the first rows written (plugin loaded,
+    /// recovered, writers opened): the start-up cost a user waits through.
+    pub first_write: Option<Duration>,
+    /// The process's peak resident memory so far (Linux), in bytes.
+    pub peak_memory: Option<u64>,
+    /// The largest linear memory a writer instance had (its sandbox limit
+    /// is `sink.sandbox.memory_mb`), in bytes.
+    pub writer_memory: Option<u64>,
     /// `commit-table` calls and conflicts the catalog saw (Iceberg sinks).
     pub catalog_commits: u64,
     pub catalog_conflicts: u64,
@@ -104,7 +112,11 @@ impl std::fmt::Display for RunSummary {
             self.attempt,
             self.incarnation,
             if self.new_incarnation { " (new)" } else { "" },
-        )
+        )?;
+        if let Some(bytes) = self.peak_memory {
+            write!(f, ", peak memory {} MB", bytes / (1024 * 1024))?;
+        }
+        Ok(())
     }
 }
 
@@ -321,6 +333,8 @@ struct Coordinator<'a> {
     /// Rows covered by the newest persisted checkpoint.
     rows_total: u64,
     progress: Arc<Progress>,
+    /// The largest linear memory of a writer instance, once they closed.
+    writer_memory: Option<u64>,
     #[cfg(feature = "fault-injection")]
     fault: Option<crate::fault::Fault>,
 }
@@ -339,12 +353,13 @@ pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary
         return Ok(co.summary(started, recovered, co.first, true));
     }
     let subtasks = co.spawn_subtasks()?;
+    co.progress.data_started();
     let mut c = co.first;
     start_round(&subtasks, c)?;
     while !co.checkpoint(&subtasks, c)? {
         c += 1;
     }
-    shutdown(&subtasks)?;
+    co.writer_memory = Some(shutdown(&subtasks)?);
     Ok(co.summary(started, recovered, c + 1, false))
 }
 
@@ -364,15 +379,19 @@ fn abort_prepare(subtasks: &[SubtaskHandle], c: u64) {
     }
 }
 
-/// Closes every writer after the last checkpoint.
-fn shutdown(subtasks: &[SubtaskHandle]) -> Result<(), EngineError> {
+/// Closes every writer after the last checkpoint; the largest linear
+/// memory a writer instance had.
+fn shutdown(subtasks: &[SubtaskHandle]) -> Result<u64, EngineError> {
     for handle in subtasks {
         handle.send(Command::Close)?;
     }
+    let mut peak = 0;
     for handle in subtasks {
-        handle.recv()?;
+        if let Reply::Closed(p) = handle.recv()? {
+            peak = peak.max(p);
+        }
     }
-    Ok(())
+    Ok(peak)
 }
 
 impl<'a> Coordinator<'a> {
@@ -472,6 +491,7 @@ impl<'a> Coordinator<'a> {
             new_incarnation,
             attempt,
             progress,
+            writer_memory: None,
             #[cfg(feature = "fault-injection")]
             fault: opts.fault,
         })
@@ -516,7 +536,9 @@ impl<'a> Coordinator<'a> {
     /// combine, persist, then commit, with the next round already running.
     /// Returns whether the source is exhausted.
     fn checkpoint(&mut self, subtasks: &[SubtaskHandle], c: u64) -> Result<bool, EngineError> {
+        let waited = Instant::now();
         let reports = self.gather(subtasks, c)?;
+        let gathered = Instant::now();
         let (mut records, mut infos, mut changes, mut refusal) = (Vec::new(), Vec::new(), Vec::new(), None);
         for report in reports {
             records.push(report.record);
@@ -531,7 +553,9 @@ impl<'a> Coordinator<'a> {
                 return Err(e);
             }
         };
+        let combined_at = Instant::now();
         let record = self.persist(subtasks, c, records, combined)?;
+        let persisted = Instant::now();
         crash_point!(self.fault, AfterPersist, c);
         let finished = record.finished();
         // At a barrier the next round waits for the target to change.
@@ -548,6 +572,14 @@ impl<'a> Coordinator<'a> {
             }
             return Err(e);
         }
+        tracing::debug!(
+            checkpoint = c,
+            wait_ms = (gathered - waited).as_millis() as u64,
+            combine_ms = (combined_at - gathered).as_millis() as u64,
+            persist_ms = (persisted - combined_at).as_millis() as u64,
+            commit_ms = persisted.elapsed().as_millis() as u64,
+            "checkpoint done"
+        );
         if let Some(refused) = refusal {
             return Err(refused.into());
         }
@@ -818,6 +850,9 @@ impl<'a> Coordinator<'a> {
             last_committed: self.last_committed,
             elapsed: started.elapsed(),
             data_elapsed: if already { Duration::ZERO } else { self.progress.elapsed() },
+            first_write: self.progress.first_write(),
+            peak_memory: peak_memory(),
+            writer_memory: self.writer_memory,
             catalog_commits: catalog.map_or(0, |c| c.stats.commit_calls.load(Ordering::Relaxed)),
             catalog_conflicts: catalog.map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
             already_complete: already,

@@ -58,7 +58,8 @@ pub(crate) enum Reply {
     Round(RoundReport),
     Applied,
     Aborted,
-    Closed,
+    /// The writer closed; the largest linear memory its instance had.
+    Closed(u64),
 }
 
 /// Everything a subtask thread needs.
@@ -156,7 +157,8 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
                 Ok(Reply::Aborted)
             }
             Command::Close => {
-                let r = subtask.writer.close().map(|()| Reply::Closed).map_err(EngineError::from);
+                let peak = subtask.writer.memory_peak();
+                let r = subtask.writer.close().map(|()| Reply::Closed(peak)).map_err(EngineError::from);
                 let _ = replies.send(r);
                 return;
             }
@@ -311,9 +313,17 @@ impl Subtask {
         }
         // The cut: rows up to here belong to checkpoint `c`.
         self.position = cut.unwrap_or_else(|| self.reader.position());
+        let preparing = Instant::now();
         let info = self.writer.prepare_commit(c)?;
         crash_point!(self.setup.fault, AfterPrepareCommit, c, self.setup.subtask);
         let state = self.writer.snapshot_state(c)?;
+        tracing::debug!(
+            subtask = self.setup.subtask,
+            checkpoint = c,
+            rows = rows_in_round,
+            prepare_ms = preparing.elapsed().as_millis() as u64,
+            "round ended"
+        );
         crash_point!(self.setup.fault, AfterSnapshotState, c, self.setup.subtask);
         Ok(RoundReport {
             c,

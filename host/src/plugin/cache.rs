@@ -121,10 +121,32 @@ impl ComponentCache {
     }
 }
 
+/// Megabytes of WebAssembly one core compiles per second (Cranelift,
+/// measured on the 2-core development machine): only for the estimate shown
+/// while compiling.
+const COMPILE_MB_PER_CORE_SEC: f64 = 1.4;
+
 fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<(Component, f64), PluginError> {
     let start = Instant::now();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mb = bytes.len() as f64 / 1e6;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let estimate = (mb / (COMPILE_MB_PER_CORE_SEC * cores)).max(1.0);
+    tracing::info!(
+        plugin = %path.display(),
+        size_mb = format!("{mb:.1}"),
+        "compiling the plugin for this machine, about {estimate:.0} s; this happens once, later runs load it from the cache"
+    );
+    let ticker = crate::progress::Ticker::start(move |elapsed| {
+        let done = (elapsed.as_secs_f64() / estimate * 100.0).min(99.0);
+        format!(
+            "compiling {name} ({mb:.1} MB) for this machine, once: {:.0} s, about {done:.0} %",
+            elapsed.as_secs_f64()
+        )
+    });
     let component = Component::new(engine, bytes)
         .map_err(|e| PluginError::Invalid { path: path.to_path_buf(), message: format!("{e:#}") })?;
+    drop(ticker);
     Ok((component, start.elapsed().as_secs_f64()))
 }
 

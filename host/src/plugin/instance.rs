@@ -400,6 +400,11 @@ impl WriterInstance {
         })
     }
 
+    /// The largest linear memory this writer's instance has had, in bytes.
+    pub fn memory_peak(&self) -> u64 {
+        self.inst.store.data().limits.peak() as u64
+    }
+
     pub fn close(&mut self) -> Result<(), PluginError> {
         let h = self.handle;
         self.inst.call("close", |b, s| match b {

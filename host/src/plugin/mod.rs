@@ -195,6 +195,11 @@ impl PluginHost {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model(true);
+        // `SLUICE_WASM_PROFILER=perfmap`: plugin code shows by name in `perf`
+        // (for finding where a plugin spends its time; off otherwise).
+        if std::env::var("SLUICE_WASM_PROFILER").is_ok_and(|v| v == "perfmap") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config).map_err(|e| PluginError::Setup(format!("{e:#}")))?;
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| PluginError::Setup(format!("{e:#}")))?;

@@ -148,6 +148,8 @@ impl tokio::io::AsyncWrite for GuestOutput {
 pub struct MemoryCap {
     limits: StoreLimits,
     exceeded: bool,
+    /// The largest linear memory granted so far, in bytes.
+    peak: usize,
 }
 
 impl MemoryCap {
@@ -156,7 +158,13 @@ impl MemoryCap {
         Self {
             limits: StoreLimitsBuilder::new().memory_size(bytes).trap_on_grow_failure(true).build(),
             exceeded: false,
+            peak: 0,
         }
+    }
+
+    /// The largest linear memory the instance has had (wasm memory never shrinks).
+    pub fn peak(&self) -> usize {
+        self.peak
     }
 
     /// Whether a memory growth was refused since the store was made.
@@ -168,8 +176,9 @@ impl MemoryCap {
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
         let allowed = self.limits.memory_growing(current, desired, maximum);
-        if !matches!(allowed, Ok(true)) {
-            self.exceeded = true;
+        match allowed {
+            Ok(true) => self.peak = self.peak.max(desired),
+            _ => self.exceeded = true,
         }
         allowed
     }
