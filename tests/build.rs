@@ -56,6 +56,8 @@ fn main() {
     // OUT_DIR is <target-dir>/<profile>/build/<pkg>-<hash>/out.
     let target_dir = out_dir.ancestors().nth(4).expect("OUT_DIR has the usual shape").to_path_buf();
     let guest_dir = target_dir.join("guests");
+    // Where the tests may make their Python environment (see `python`).
+    println!("cargo:rustc-env=SLUICE_TEST_TARGET_DIR={}", target_dir.display());
 
     build(
         &workspace,

@@ -170,9 +170,12 @@ pub async fn create_generator_table(catalog: &SqlCatalog, table: &str, by_day: b
 }
 
 /// Writer properties of the native baselines: zstd, as the plugin writes.
+/// The plugin's Parquet settings for an unpartitioned table at its default
+/// `buffer_mb` (64): zstd, row groups cut at a sixth of the buffer.
 fn native_props() -> WriterProperties {
     WriterProperties::builder()
         .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::default()))
+        .set_max_row_group_bytes(Some(64 * 1024 * 1024 / 6))
         .build()
 }
 

@@ -448,14 +448,81 @@ pub fn run_example(file: &str, sets: &[String], cwd: &Path) -> (i32, String, Str
     run_cli(&args, cwd)
 }
 
-/// Runs a Python snippet; `None` with the reason when Python or a module is missing.
+/// The pinned Python packages the interop checks use (`.ci/run` installs
+/// the same file).
+const PYTHON_REQUIREMENTS: &str = "requirements.txt";
+
+/// A Python that imports pyiceberg, pyarrow and duckdb: the `python3` on
+/// PATH when it has them (CI's virtual environment), otherwise a virtual
+/// environment of the pinned versions (`tests/requirements.txt`), made once
+/// under the target directory from the package registry, so that the test
+/// command needs nothing installed first but Python itself.
+fn interpreter() -> Result<&'static Path, String> {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PYTHON.get_or_init(find_or_make_python).as_deref().map_err(Clone::clone)
+}
+
+fn imports_all(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import pyiceberg.catalog.sql, pyarrow, duckdb"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn find_or_make_python() -> Result<PathBuf, String> {
+    let system = PathBuf::from("python3");
+    if imports_all(&system) {
+        return Ok(system);
+    }
+    let venv = Path::new(env!("SLUICE_TEST_TARGET_DIR")).join("python-venv");
+    let python = venv.join("bin/python3");
+    std::fs::create_dir_all(&venv).map_err(|e| format!("creating {}: {e}", venv.display()))?;
+    // One maker at a time, across test processes too.
+    let lock_path = venv.with_extension("lock");
+    let lock = std::fs::File::create(&lock_path).map_err(|e| format!("creating {}: {e}", lock_path.display()))?;
+    lock.lock().map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
+    if imports_all(&python) {
+        return Ok(python);
+    }
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join(PYTHON_REQUIREMENTS);
+    eprintln!(
+        "the interop checks need pyiceberg, pyarrow and duckdb: installing {} into {} (once)",
+        requirements.display(),
+        venv.display()
+    );
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("{what}: {e} (is python3 installed?)"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr)))
+        }
+    };
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv")?;
+    run(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(&requirements),
+        "pip install -r tests/requirements.txt",
+    )?;
+    if imports_all(&python) {
+        Ok(python)
+    } else {
+        Err(format!("{} still cannot import pyiceberg, pyarrow and duckdb", python.display()))
+    }
+}
+
+/// Runs a Python snippet with a Python that has the interop packages (see
+/// `interpreter`); `Err` with the reason when that fails.
 pub fn python(script: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new("python3")
+    let out = Command::new(interpreter()?)
         .arg("-c")
         .arg(script)
         .args(args)
         .output()
-        .map_err(|e| format!("python3 not runnable: {e}"))?;
+        .map_err(|e| format!("python not runnable: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
