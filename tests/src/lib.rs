@@ -133,6 +133,23 @@ impl TestJob {
         Self::files_with(FILES_PLUGIN, id, rows, parallelism, every_rows)
     }
 
+    /// A generator → Python JSON Lines sink job (`guest/python-jsonl`),
+    /// writing under `out/jsonl`, batches of `batch_rows`.
+    pub fn python_jsonl(id: &str, rows: u64, parallelism: u32, every_rows: u64) -> Self {
+        let plugin = python_jsonl_plugin();
+        let sink = format!(
+            r#"[sink]
+id = "out"
+plugin = "{plugin}"
+[sink.options]
+path = "out/jsonl"
+[sink.grants]
+locations = ["out"]
+"#
+        );
+        Self::generator(id, parallelism, every_rows, rows, 0, 700, &sink)
+    }
+
     /// [`TestJob::files`] with another build of the files sink (`plugin`).
     pub fn files_with(plugin: &str, id: &str, rows: u64, parallelism: u32, every_rows: u64) -> Self {
         let sink = format!(
@@ -452,8 +469,8 @@ pub fn run_example(file: &str, sets: &[String], cwd: &Path) -> (i32, String, Str
 /// the same file).
 const PYTHON_REQUIREMENTS: &str = "requirements.txt";
 
-/// A Python that imports pyiceberg, pyarrow and duckdb: the `python3` on
-/// PATH when it has them (CI's virtual environment), otherwise a virtual
+/// A Python that imports pyiceberg, pyarrow, duckdb and componentize-py:
+/// the `python3` on PATH when it has them (CI's virtual environment), otherwise a virtual
 /// environment of the pinned versions (`tests/requirements.txt`), made once
 /// under the target directory from the package registry, so that the test
 /// command needs nothing installed first but Python itself.
@@ -464,7 +481,7 @@ fn interpreter() -> Result<&'static Path, String> {
 
 fn imports_all(python: &Path) -> bool {
     Command::new(python)
-        .args(["-c", "import pyiceberg.catalog.sql, pyarrow, duckdb"])
+        .args(["-c", "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -488,7 +505,7 @@ fn find_or_make_python() -> Result<PathBuf, String> {
     }
     let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join(PYTHON_REQUIREMENTS);
     eprintln!(
-        "the interop checks need pyiceberg, pyarrow and duckdb: installing {} into {} (once)",
+        "the interop checks need pyiceberg, pyarrow, duckdb and componentize-py: installing {} into {} (once)",
         requirements.display(),
         venv.display()
     );
@@ -510,8 +527,95 @@ fn find_or_make_python() -> Result<PathBuf, String> {
     if imports_all(&python) {
         Ok(python)
     } else {
-        Err(format!("{} still cannot import pyiceberg, pyarrow and duckdb", python.display()))
+        Err(format!("{} still cannot import pyiceberg, pyarrow, duckdb and componentize-py", python.display()))
     }
+}
+
+/// The Python sink plugin (`guest/python-jsonl`), built with componentize-py
+/// into `<target>/python-jsonl/` the first time a test asks for it, and again
+/// whenever a source file or the contract is newer than the build.
+pub fn python_jsonl_plugin() -> &'static str {
+    static PLUGIN: OnceLock<Result<String, String>> = OnceLock::new();
+    match PLUGIN.get_or_init(build_python_jsonl) {
+        Ok(path) => path,
+        Err(e) => panic!("building the Python sink plugin: {e}"),
+    }
+}
+
+fn newest_mtime(dir: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let time = if path.is_dir() {
+                newest_mtime(&path)
+            } else {
+                entry.metadata().and_then(|m| m.modified()).unwrap_or(std::time::SystemTime::UNIX_EPOCH)
+            };
+            newest = newest.max(time);
+        }
+    }
+    newest
+}
+
+fn build_python_jsonl() -> Result<String, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let source = root.join("guest/python-jsonl");
+    let wit = root.join("wit/0.2");
+    let out_dir = Path::new(env!("SLUICE_TEST_TARGET_DIR")).join("python-jsonl");
+    let wasm = out_dir.join("sluice_sink_python_jsonl.wasm");
+    let deps = out_dir.join("deps");
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
+    let lock_path = out_dir.join("build.lock");
+    let lock = std::fs::File::create(&lock_path).map_err(|e| format!("creating {}: {e}", lock_path.display()))?;
+    lock.lock().map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
+    let built = std::fs::metadata(&wasm).and_then(|m| m.modified()).ok();
+    let sources = newest_mtime(&source).max(newest_mtime(&wit));
+    if built.is_some_and(|b| b > sources) && deps.exists() {
+        return Ok(wasm.display().to_string());
+    }
+    let python = interpreter()?;
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    if !deps.join("flatbuffers").exists() {
+        // Only the packages the plugin imports go into the component.
+        run(
+            Command::new(python)
+                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+                .arg(&deps)
+                .arg("flatbuffers==25.12.19"),
+            "pip install --target flatbuffers",
+        )?;
+    }
+    let started = Instant::now();
+    run(
+        Command::new(python)
+            .args([
+                "-c",
+                "import sys; from componentize_py import script; sys.argv[0] = 'componentize-py'; sys.exit(script())",
+            ])
+            .arg("-d")
+            .arg(&wit)
+            .args(["-w", "sink-plugin", "componentize", "app", "-p"])
+            .arg(&source)
+            .arg("-p")
+            .arg(&deps)
+            .arg("-o")
+            .arg(&wasm),
+        "componentize-py",
+    )?;
+    eprintln!("built {} with componentize-py in {:.1} s", wasm.display(), started.elapsed().as_secs_f64());
+    Ok(wasm.display().to_string())
 }
 
 /// Runs a Python snippet with a Python that has the interop packages (see
