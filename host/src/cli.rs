@@ -76,6 +76,15 @@ enum Command {
 enum PluginCommand {
     /// Shows a plugin's world, version, options and the capabilities it imports.
     Inspect { file: PathBuf },
+    /// Proves a sink plugin exactly once against a scratch target:
+    /// `sluice plugin test PLUGIN.wasm --job JOB.toml [--verify-cmd CMD]`.
+    /// Runs `sluice-plugin-test` from beside this binary (build it with
+    /// `cargo build --release -p sluice-conformance`), which holds the crash
+    /// machinery this binary never carries.
+    Test {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -170,6 +179,28 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("job {}: {} problem(s)", job.spec.job.id, report.problems.len());
                 Ok(ExitCode::FAILURE)
             }
+        }
+        Command::Plugin { command: PluginCommand::Test { args } } => {
+            let exe = std::env::current_exe().context("finding the sluice binary")?;
+            let runner = exe.with_file_name("sluice-plugin-test");
+            if !runner.exists() {
+                anyhow::bail!(
+                    "the conformance runner {} is not built: run `cargo build --release -p sluice-conformance` \
+                     (it is a binary of its own so that the crash machinery never ships in sluice)",
+                    runner.display()
+                );
+            }
+            let mut cmd = std::process::Command::new(&runner);
+            cmd.args(&args);
+            if let Some(dir) = cli.cache_dir {
+                cmd.env("SLUICE_CACHE_DIR", dir);
+            }
+            let status = cmd.status().with_context(|| format!("running {}", runner.display()))?;
+            Ok(match status.code() {
+                Some(0) => ExitCode::SUCCESS,
+                Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+                None => ExitCode::FAILURE,
+            })
         }
         Command::Plugin { command: PluginCommand::Inspect { file } } => {
             let host = host(cli.cache_dir)?;

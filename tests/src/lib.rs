@@ -349,7 +349,16 @@ pub fn sluice_bin() -> PathBuf {
             // `--workspace` resolves features as the outer `cargo test --workspace`
             // does, so most crates are already built (`-p sluice` alone would
             // rebuild every crate whose features differ).
-            .args(["build", "--workspace", "--bin", "sluice", "--message-format=json-render-diagnostics"])
+            // The conformance runner beside it, for `sluice plugin test`.
+            .args([
+                "build",
+                "--workspace",
+                "--bin",
+                "sluice",
+                "--bin",
+                "sluice-plugin-test",
+                "--message-format=json-render-diagnostics",
+            ])
             .output()
             .expect("running cargo build for the sluice binary");
         assert!(out.status.success(), "building sluice failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -616,6 +625,11 @@ fn build_python_jsonl() -> Result<String, String> {
     )?;
     eprintln!("built {} with componentize-py in {:.1} s", wasm.display(), started.elapsed().as_secs_f64());
     Ok(wasm.display().to_string())
+}
+
+/// The Python with the interop packages (see `interpreter`).
+pub fn python_interpreter() -> &'static Path {
+    interpreter().unwrap_or_else(|e| panic!("no Python for the interop checks: {e}"))
 }
 
 /// Runs a Python snippet with a Python that has the interop packages (see

@@ -188,6 +188,12 @@ fn table_label(table: &str) -> String {
     if table.is_empty() { "the source's table".to_string() } else { format!("{table:?}") }
 }
 
+/// What a run of `job` grants its plugin instances, and their limits: for
+/// tools that drive a plugin directly (the conformance suite).
+pub fn grants_and_limits(job: &Job) -> Result<(Granted, Limits), EngineError> {
+    Ok((grants(job, &RunOptions::default())?, limits(job)))
+}
+
 fn limits(job: &Job) -> Limits {
     Limits { call_timeout: job.spec.sink.sandbox.call_timeout(), memory_mb: job.spec.sink.sandbox.memory_mb }
 }

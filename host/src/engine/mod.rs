@@ -27,7 +27,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use coordinator::{CheckReport, RunSummary, check, run};
+pub use coordinator::{CheckReport, RunSummary, check, grants_and_limits, run};
 
 use crate::capability::catalog::CatalogSetupError;
 use crate::capability::file_io::GrantError;

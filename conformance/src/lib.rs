@@ -1,0 +1,474 @@
+//! The plugin conformance suite: proves a sink plugin exactly once against
+//! its own target, with the grants of a user's job file.
+//!
+//! Each case runs the engine on a generator job built from the user's job:
+//! its `[sink]` section (options, grants, catalog, endpoints, sandbox) with
+//! the plugin under test, a job id of its own and a state directory in a
+//! temporary folder. Each case's rows have an id range of their own, so one
+//! reading of the target checks every case, whatever else it holds.
+//!
+//! Invariants:
+//! - a case passes only on what became visible, read back from the target
+//!   (Parquet file trees and Iceberg tables natively, anything else through
+//!   the user's `--verify-cmd`), never on what the plugin answered;
+//! - the suite writes only through the plugin and the job's grants, and
+//!   removes what it made visible in file trees when it ends (Iceberg
+//!   tables keep the suite's snapshots: point the job at a scratch table);
+//! - a crash is the engine's own (`fault-injection`): it stops at once
+//!   without any cleanup call, as a killed process would.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sluice::bindings::CommitOutcome;
+use sluice::engine::{self, CrashPoint, EngineError, Fault, RunOptions, RunSummary};
+use sluice::job::Job;
+use sluice::plugin::{PluginHost, SinkCtx, SourceTable, WriterInstance};
+use sluice::progress::ProgressMode;
+use sluice::source::generator::Generator;
+
+/// Why the suite cannot run at all (as opposed to a failing case).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("reading the job file {path}: {source}")]
+    ReadJob { path: PathBuf, source: std::io::Error },
+    #[error("the job file {path} is not valid TOML: {source}")]
+    ParseJob { path: PathBuf, source: toml::de::Error },
+    #[error("the job file {path} has no [sink] section")]
+    NoSink { path: PathBuf },
+    #[error(
+        "no built-in checker fits this sink (it reads Parquet file trees under option `path`, and Iceberg tables named by option `table` with a [sink.catalog]): pass --verify-cmd, a command that prints the visible ids"
+    )]
+    NoChecker,
+    #[error("making a temporary directory: {0}")]
+    Temp(std::io::Error),
+}
+
+/// How the suite reads what became visible.
+#[derive(Debug, Clone)]
+pub enum Checker {
+    /// Every `*.parquet` file under this directory, column `id`.
+    ParquetTree(PathBuf),
+    /// An Iceberg table of the job's catalog, column `id`.
+    Iceberg { table: String },
+    /// A shell command printing the visible ids (whitespace-separated).
+    Command(String),
+}
+
+/// The outcome of one case.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub name: &'static str,
+    pub passed: bool,
+    pub elapsed: Duration,
+    pub detail: String,
+}
+
+/// The suite's settings.
+pub struct Suite {
+    plugin: PathBuf,
+    job_path: PathBuf,
+    job: toml::Table,
+    checker: Checker,
+    rows: u64,
+    /// Ids of case `k` start at `base + k * STRIDE`.
+    base: u64,
+    nonce: String,
+    temp: tempfile::TempDir,
+    host: PluginHost,
+}
+
+const STRIDE: u64 = 1_000_000;
+const PARALLELISM: u64 = 2;
+
+type CaseFn = fn(&Suite, u64) -> Result<String, String>;
+
+/// The cases, in the order they run.
+pub const CASES: &[(&str, CaseFn)] = &[
+    ("describe and validate answer", case_describe_validate),
+    ("crash after a write, then restore", |s, k| s.crash_case(k, CrashPoint::AfterWrite)),
+    ("crash after prepare-commit, then restore", |s, k| s.crash_case(k, CrashPoint::AfterPrepareCommit)),
+    ("crash after snapshot-state, then restore", |s, k| s.crash_case(k, CrashPoint::AfterSnapshotState)),
+    ("crash after the checkpoint is persisted, then restore", |s, k| s.crash_case(k, CrashPoint::AfterPersist)),
+    ("commit reply lost after its side effect, then restore", |s, k| s.crash_case(k, CrashPoint::DuringCommit)),
+    ("crash after commit: the second commit answers already-committed", |s, k| {
+        s.crash_case(k, CrashPoint::AfterCommit)
+    }),
+    ("a replay batched differently", case_rebatched_replay),
+    ("nothing visible before commit", case_nothing_before_commit),
+    ("abort-prepare and abort leave nothing visible", case_aborts),
+];
+
+impl Suite {
+    /// Prepares the suite for `plugin` with the sink section of `job_path`.
+    pub fn new(
+        plugin: &Path,
+        job_path: &Path,
+        verify_cmd: Option<String>,
+        rows: u64,
+        cache_dir: Option<PathBuf>,
+    ) -> Result<Self, anyhow::Error> {
+        let text = std::fs::read_to_string(job_path)
+            .map_err(|source| SetupError::ReadJob { path: job_path.to_path_buf(), source })?;
+        let job: toml::Table =
+            text.parse().map_err(|source| SetupError::ParseJob { path: job_path.to_path_buf(), source })?;
+        let sink = job.get("sink").and_then(|s| s.as_table()).ok_or(SetupError::NoSink { path: job_path.into() })?;
+        let options = sink.get("options").and_then(|o| o.as_table());
+        let option = |name: &str| options.and_then(|o| o.get(name)).and_then(|v| v.as_str()).map(str::to_string);
+        let base_dir = job_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let checker = match (verify_cmd, sink.get("catalog").is_some(), option("table"), option("path")) {
+            (Some(cmd), ..) => Checker::Command(cmd),
+            (None, true, Some(table), _) => Checker::Iceberg { table },
+            (None, _, _, Some(path)) => Checker::ParquetTree(base_dir.join(path)),
+            _ => return Err(SetupError::NoChecker.into()),
+        };
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let temp = tempfile::Builder::new().prefix("sluice-plugin-test-").tempdir().map_err(SetupError::Temp)?;
+        Ok(Self {
+            plugin: sluice::job::absolute(plugin).map_err(anyhow::Error::msg)?,
+            job_path: job_path.to_path_buf(),
+            job,
+            checker,
+            rows: rows.max(PARALLELISM * 6),
+            base: (now.as_secs() % 1_000_000) * 1_000 * STRIDE,
+            nonce: format!("{:x}", now.as_millis() % 0xff_ffff),
+            temp,
+            host: PluginHost::new(cache_dir)?,
+        })
+    }
+
+    pub fn checker(&self) -> &Checker {
+        &self.checker
+    }
+
+    /// The job id of case `k`: it prefixes every name the sink makes.
+    fn job_id(&self, k: u64) -> String {
+        format!("conformance-{}-{k}", self.nonce)
+    }
+
+    fn first_id(&self, k: u64) -> u64 {
+        self.base + k * STRIDE
+    }
+
+    /// The job of case `k`, with `batch_rows` rows per source batch.
+    fn job(&self, k: u64, batch_rows: u64) -> Result<Job, String> {
+        let mut table = self.job.clone();
+        let every = self.rows / PARALLELISM / 3;
+        let state = self.temp.path().join(format!("state-{k}"));
+        let job: toml::Table = toml::toml! {
+            parallelism = 2
+            [checkpoint]
+            every_rows = 0
+        };
+        let mut job = job;
+        job.insert("id".into(), self.job_id(k).into());
+        job.insert("state_dir".into(), state.display().to_string().into());
+        if let Some(toml::Value::Table(c)) = job.get_mut("checkpoint") {
+            c.insert("every_rows".into(), toml::Value::Integer(every as i64));
+        }
+        table.insert("job".into(), job.into());
+        let mut source = toml::Table::new();
+        source.insert("kind".into(), "generator".into());
+        source.insert("rows".into(), toml::Value::Integer(self.rows as i64));
+        source.insert("first_id".into(), toml::Value::Integer(self.first_id(k) as i64));
+        source.insert("batch_rows".into(), toml::Value::Integer(batch_rows as i64));
+        table.insert("source".into(), source.into());
+        if let Some(toml::Value::Table(sink)) = table.get_mut("sink") {
+            sink.insert("plugin".into(), self.plugin.display().to_string().into());
+        }
+        let text = toml::to_string(&table).map_err(|e| format!("writing the case's job: {e}"))?;
+        Job::from_str(&text, &self.job_path, &[]).map_err(|e| format!("the case's job: {e}"))
+    }
+
+    fn run(&self, job: &Job, fault: Option<Fault>) -> Result<RunSummary, EngineError> {
+        let mut opts = RunOptions::new(ProgressMode::Quiet, false);
+        opts.fault = fault;
+        engine::run(job, &self.host, &opts)
+    }
+
+    /// The visible ids of case `k`, sorted.
+    fn visible(&self, k: u64) -> Result<Vec<i64>, String> {
+        let (lo, hi) = (self.first_id(k) as i64, (self.first_id(k) + self.rows) as i64);
+        let mut ids: Vec<i64> = self.read_all()?.into_iter().filter(|id| (lo..hi).contains(id)).collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn read_all(&self) -> Result<Vec<i64>, String> {
+        match &self.checker {
+            Checker::ParquetTree(dir) => read_parquet_tree(dir),
+            Checker::Iceberg { table } => self.read_iceberg(table),
+            Checker::Command(cmd) => read_command(cmd),
+        }
+    }
+
+    fn read_iceberg(&self, table: &str) -> Result<Vec<i64>, String> {
+        use futures::TryStreamExt;
+        let job = self.job(0, 700)?;
+        let (grants, _) = engine::grants_and_limits(&job).map_err(|e| e.to_string())?;
+        let catalog = grants.catalog.ok_or("the job has no [sink.catalog]")?;
+        let ident = iceberg::TableIdent::from_strs(table.split('.')).map_err(|e| format!("table {table}: {e}"))?;
+        let table = match catalog.load(&ident) {
+            Ok(t) => t,
+            Err(e) => {
+                let text = format!("{e:?}");
+                if text.contains("NoSuchTable") || text.contains("does not exist") || text.contains("not found") {
+                    return Ok(Vec::new());
+                }
+                return Err(format!("loading {ident}: {text}"));
+            }
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
+        let batches: Vec<arrow_array::RecordBatch> = rt.block_on(async {
+            let scan = table.scan().select(["id"]).build().map_err(|e| e.to_string())?;
+            let stream = scan.to_arrow().await.map_err(|e| e.to_string())?;
+            stream.try_collect().await.map_err(|e| e.to_string())
+        })?;
+        let mut ids = Vec::new();
+        for b in &batches {
+            ids.extend(id_column(b)?);
+        }
+        Ok(ids)
+    }
+
+    /// Every id of case `k` visible exactly once.
+    fn expect_exactly_once(&self, k: u64) -> Result<(), String> {
+        let ids = self.visible(k)?;
+        let first = self.first_id(k) as i64;
+        let expected: Vec<i64> = (first..first + self.rows as i64).collect();
+        if ids == expected {
+            return Ok(());
+        }
+        let mut seen = BTreeMap::new();
+        for id in &ids {
+            *seen.entry(*id).or_insert(0u32) += 1;
+        }
+        let twice = seen.iter().filter(|(_, n)| **n > 1).count();
+        let missing = expected.iter().filter(|id| !seen.contains_key(id)).count();
+        Err(format!("{} rows visible of {}: {missing} missing, {twice} visible more than once", ids.len(), self.rows))
+    }
+
+    fn expect_no_duplicates(&self, k: u64, when: &str) -> Result<usize, String> {
+        let ids = self.visible(k)?;
+        let mut dedup = ids.clone();
+        dedup.dedup();
+        if dedup.len() != ids.len() {
+            return Err(format!("{} ids visible more than once {when}", ids.len() - dedup.len()));
+        }
+        Ok(ids.len())
+    }
+
+    fn crash_case(&self, k: u64, point: CrashPoint) -> Result<String, String> {
+        let job = self.job(k, 700)?;
+        let fault = Fault { point, checkpoint: 2, subtask: 1 };
+        match self.run(&job, Some(fault)) {
+            Err(e) if e.is_injected_crash() => {}
+            Err(e) => return Err(format!("the run failed before the crash: {e}")),
+            Ok(_) => return Err(format!("the crash at {point} never happened (too few rows?)")),
+        }
+        let after_crash = self.expect_no_duplicates(k, &format!("right after the crash at {point}"))?;
+        let summary = self.run(&job, None).map_err(|e| format!("the recovery run failed: {e}"))?;
+        if summary.rows_total != self.rows {
+            return Err(format!("the recovery reported {} rows in total, not {}", summary.rows_total, self.rows));
+        }
+        // Recovery commits checkpoint 2 again: a commit that completed must
+        // answer already-committed; one cut after its first side effect may
+        // answer either (that effect need not be the one that publishes).
+        let allowed: &[CommitOutcome] = match point {
+            CrashPoint::AfterPersist => &[CommitOutcome::Committed],
+            CrashPoint::DuringCommit => &[CommitOutcome::Committed, CommitOutcome::AlreadyCommitted],
+            CrashPoint::AfterCommit => &[CommitOutcome::AlreadyCommitted],
+            _ => &[],
+        };
+        if !allowed.is_empty() && !matches!(summary.recovered.as_slice(), [(2, o)] if allowed.contains(o)) {
+            return Err(format!(
+                "recovery re-committed {:?}; expected checkpoint 2 answering {allowed:?}",
+                summary.recovered
+            ));
+        }
+        self.expect_exactly_once(k)?;
+        Ok(format!("{after_crash} rows visible after the crash, all {} after the restore", self.rows))
+    }
+}
+
+fn case_describe_validate(s: &Suite, _k: u64) -> Result<String, String> {
+    let plugin = s.host.load(&s.plugin).map_err(|e| e.to_string())?;
+    let job = s.job(0, 700)?;
+    let report = engine::check(&job, &s.host);
+    if !report.problems.is_empty() {
+        return Err(report.problems.join("; "));
+    }
+    let version = plugin.info().map(|i| i.version.clone()).unwrap_or_default();
+    Ok(format!("{} {version} (contract {})", plugin.name, plugin.version()))
+}
+
+fn case_rebatched_replay(s: &Suite, k: u64) -> Result<String, String> {
+    let first = Fault { point: CrashPoint::AfterSnapshotState, checkpoint: 2, subtask: 0 };
+    match s.run(&s.job(k, 700)?, Some(first)) {
+        Err(e) if e.is_injected_crash() => {}
+        other => return Err(format!("expected the first crash, got {other:?}")),
+    }
+    let second = Fault { point: CrashPoint::DuringCommit, checkpoint: 3, subtask: 0 };
+    match s.run(&s.job(k, 333)?, Some(second)) {
+        Err(e) if e.is_injected_crash() => {}
+        other => return Err(format!("expected the second crash, got {other:?}")),
+    }
+    s.expect_no_duplicates(k, "after two crashes")?;
+    s.run(&s.job(k, 1001)?, None).map_err(|e| format!("the last run failed: {e}"))?;
+    s.expect_exactly_once(k)?;
+    Ok("batches of 700, then 333, then 1001 rows".into())
+}
+
+fn case_nothing_before_commit(s: &Suite, k: u64) -> Result<String, String> {
+    let job = s.job(k, 700)?;
+    let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 };
+    match s.run(&job, Some(fault)) {
+        Err(e) if e.is_injected_crash() => {}
+        other => return Err(format!("expected the crash, got {other:?}")),
+    }
+    let visible = s.visible(k)?;
+    if !visible.is_empty() {
+        return Err(format!("{} rows visible although no checkpoint was committed", visible.len()));
+    }
+    s.run(&job, None).map_err(|e| format!("the recovery run failed: {e}"))?;
+    s.expect_exactly_once(k)?;
+    Ok("0 rows visible with checkpoint 1 persisted but not committed".into())
+}
+
+/// Drives one writer and the committer directly: rows written and prepared,
+/// then `abort-prepare`; rows prepared and combined, then `abort`. Neither
+/// may leave a row visible.
+fn case_aborts(s: &Suite, k: u64) -> Result<String, String> {
+    let job = s.job(k, 700)?;
+    let plugin = s.host.load(&s.plugin).map_err(|e| e.to_string())?;
+    let (grants, limits) = engine::grants_and_limits(&job).map_err(|e| e.to_string())?;
+    let ctx = |subtask: u32| SinkCtx {
+        job_id: job.spec.job.id.clone(),
+        sink_id: job.spec.sink.id.clone(),
+        incarnation: format!("abort{}", s.nonce),
+        refuse_other_incarnations: false,
+        subtask,
+        parallelism: 1,
+        attempt: 1,
+    };
+    let schema = sluice::ipc::encode_schema(&Generator::schema_ref()).map_err(|e| e.to_string())?;
+    let tables = [SourceTable { name: String::new(), schema }];
+    let options = plugin.options_for(job.sink_options(), &ctx(0));
+    let first = s.first_id(k);
+    let batch = |from: u64, to: u64| sluice::ipc::encode_batch(&Generator::batch_for(from, to));
+    let err = |e: sluice::plugin::PluginError| e.to_string();
+
+    let inst = plugin.instantiate("conformance-writer", &grants, limits).map_err(err)?;
+    let mut writer = WriterInstance::open(inst, &ctx(0), &options, &tables, None).map_err(err)?;
+    writer.write("", &batch(first, first + 500).map_err(|e| e.to_string())?).map_err(err)?;
+    let info1 = writer.prepare_commit(1).map_err(err)?;
+    writer.snapshot_state(1).map_err(err)?;
+    writer.abort_prepare(1).map_err(err)?;
+    writer.write("", &batch(first + 500, first + 1000).map_err(|e| e.to_string())?).map_err(err)?;
+    let info2 = writer.prepare_commit(2).map_err(err)?.ok_or("prepare-commit(2) reported no rows")?;
+    writer.snapshot_state(2).map_err(err)?;
+    let inst = plugin.instantiate("conformance-committer", &grants, limits).map_err(err)?;
+    let mut committer = sluice::plugin::CommitterInstance::open(inst, &ctx(0), &options, &tables).map_err(err)?;
+    let combined = committer.combine(2, &[info2]).map_err(err)?;
+    committer.abort(2, &combined).map_err(err)?;
+    writer.close().map_err(err)?;
+    let visible = s.visible(k)?;
+    if !visible.is_empty() {
+        return Err(format!("{} rows visible after abort-prepare and abort", visible.len()));
+    }
+    Ok(format!(
+        "prepare-commit(1) {} then abort-prepare; checkpoint 2 combined then aborted: 0 rows visible",
+        if info1.is_some() { "prepared rows" } else { "prepared nothing" }
+    ))
+}
+
+/// Removes what the suite's cases made visible or staged in a file tree:
+/// entries whose names start with the suite's job ids, under the output
+/// directory (and its tables' directories) and its `.staging` sibling.
+pub fn clean_file_tree(suite: &Suite) -> usize {
+    let Checker::ParquetTree(dir) = &suite.checker else { return 0 };
+    let prefix = format!("conformance-{}-", suite.nonce);
+    let staging = PathBuf::from(format!("{}.staging", dir.display()));
+    let mut removed = 0;
+    for root in [dir.clone(), staging] {
+        let Ok(entries) = std::fs::read_dir(&root) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) {
+                let ok = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+                removed += usize::from(ok.is_ok());
+            }
+        }
+    }
+    removed
+}
+
+/// Runs every case in order; `progress` hears each case start.
+pub fn run_cases(suite: &Suite, mut progress: impl FnMut(usize, &str)) -> Vec<CaseResult> {
+    let mut results = Vec::new();
+    for (k, (name, case)) in CASES.iter().enumerate() {
+        progress(k, name);
+        let started = Instant::now();
+        let outcome = case(suite, k as u64 + 1);
+        results.push(CaseResult {
+            name,
+            passed: outcome.is_ok(),
+            elapsed: started.elapsed(),
+            detail: outcome.unwrap_or_else(|e| e),
+        });
+    }
+    results
+}
+
+fn id_column(batch: &arrow_array::RecordBatch) -> Result<Vec<i64>, String> {
+    use arrow_array::Array;
+    let column = batch.column_by_name("id").ok_or("the target has no `id` column")?;
+    let ids = column
+        .as_any()
+        .downcast_ref::<arrow_array::Int64Array>()
+        .ok_or_else(|| format!("column `id` is {}, not Int64", column.data_type()))?;
+    Ok(ids.iter().flatten().collect())
+}
+
+fn read_parquet_tree(dir: &Path) -> Result<Vec<i64>, String> {
+    let mut ids = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("listing {}: {e}", d.display())),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "parquet") {
+                let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .and_then(|b| b.build())
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                for batch in reader {
+                    ids.extend(id_column(&batch.map_err(|e| format!("{}: {e}", path.display()))?)?);
+                }
+            }
+        }
+    }
+    Ok(ids)
+}
+
+fn read_command(cmd: &str) -> Result<Vec<i64>, String> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map_err(|e| format!("--verify-cmd could not start: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("--verify-cmd failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|w| w.parse::<i64>().map_err(|_| format!("--verify-cmd printed {w:?}, not an id")))
+        .collect()
+}

@@ -1,0 +1,126 @@
+//! `sluice plugin test`, the conformance suite, run through the CLI against
+//! the files, Iceberg and Python sinks (each must pass every case and leave
+//! the file tree as it found it), and against a target whose reader sees
+//! uncommitted rows (which must fail).
+
+use std::path::Path;
+
+use sluice_tests::{FILES_PLUGIN, ICEBERG_PLUGIN, python_interpreter, python_jsonl_plugin, run_cli};
+
+fn plugin_test(plugin: &str, job: &Path, extra: &[&str]) -> (i32, String, String) {
+    let job = job.display().to_string();
+    let mut args = vec!["plugin", "test", plugin, "--job", job.as_str(), "--rows", "1800"];
+    args.extend(extra);
+    run_cli(&args, Path::new(&job).parent().unwrap_or(Path::new(".")))
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("writing the job file");
+    path
+}
+
+const FILE_SINK: &str = r#"[job]
+id = "scratch"
+[source]
+kind = "generator"
+rows = 1
+[sink]
+id = "out"
+plugin = "replaced-by-the-suite.wasm"
+[sink.options]
+path = "out/data"
+[sink.grants]
+locations = ["out"]
+"#;
+
+fn assert_all_passed(code: i32, stdout: &str, stderr: &str) {
+    assert_eq!(code, 0, "the suite failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all 10 cases passed"), "{stdout}");
+    for case in ["crash after prepare-commit", "nothing visible before commit", "abort-prepare and abort"] {
+        assert!(stdout.lines().any(|l| l.contains(case) && l.contains("| pass |")), "{case}: {stdout}");
+    }
+}
+
+#[test]
+fn the_files_sink_passes_and_the_tree_is_left_clean() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir_all(dir.path().join("out/data")).expect("dir");
+    std::fs::write(dir.path().join("out/data/keep.txt"), "not the suite's").expect("file");
+    let job = write(dir.path(), "job.toml", FILE_SINK);
+    let (code, stdout, stderr) = plugin_test(FILES_PLUGIN, &job, &[]);
+    assert_all_passed(code, &stdout, &stderr);
+    let left: Vec<String> = std::fs::read_dir(dir.path().join("out/data"))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["keep.txt"], "the suite left its checkpoints behind or removed what was there");
+}
+
+#[test]
+fn the_iceberg_sink_passes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = write(
+        dir.path(),
+        "job.toml",
+        r#"[job]
+id = "scratch"
+[source]
+kind = "generator"
+rows = 1
+[sink]
+id = "lake"
+plugin = "replaced-by-the-suite.wasm"
+[sink.options]
+table = "scratch.events"
+[sink.catalog]
+database = "warehouse/catalog.db"
+warehouse = "warehouse"
+"#,
+    );
+    let (code, stdout, stderr) = plugin_test(ICEBERG_PLUGIN, &job, &[]);
+    assert_all_passed(code, &stdout, &stderr);
+}
+
+/// The verify command's Python: prints the ids DuckDB reads from the JSON
+/// Lines under `out/data` (and, with `staging`, also the staged ones, as a
+/// reader that sees uncommitted rows would).
+fn duckdb_ids(staging: bool) -> String {
+    let globs =
+        if staging { "['out/data/**/*.jsonl', 'out/data.staging/**/*.jsonl']" } else { "['out/data/**/*.jsonl']" };
+    format!(
+        "{} -c \"import duckdb, glob; f = [p for g in {globs} for p in glob.glob(g, recursive=True)]; \
+         print(' '.join(str(r[0]) for r in duckdb.sql(f'select id from read_json_auto({{f!r}})').fetchall()) if f else '')\"",
+        python_interpreter().display()
+    )
+}
+
+#[test]
+fn the_python_sink_passes_with_a_verify_command() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = write(dir.path(), "job.toml", FILE_SINK);
+    let cmd = duckdb_ids(false);
+    let (code, stdout, stderr) = plugin_test(python_jsonl_plugin(), &job, &["--verify-cmd", &cmd]);
+    assert_all_passed(code, &stdout, &stderr);
+}
+
+#[test]
+fn a_target_that_shows_uncommitted_rows_fails() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = write(dir.path(), "job.toml", FILE_SINK);
+    let cmd = duckdb_ids(true);
+    let (code, stdout, _) = plugin_test(python_jsonl_plugin(), &job, &["--verify-cmd", &cmd]);
+    assert_ne!(code, 0, "{stdout}");
+    for case in ["nothing visible before commit", "crash after prepare-commit"] {
+        assert!(stdout.lines().any(|l| l.contains(case) && l.contains("| FAIL |")), "{case}: {stdout}");
+    }
+}
+
+#[test]
+fn a_sink_without_a_checker_is_told_to_pass_a_verify_command() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = write(dir.path(), "job.toml", &FILE_SINK.replace("path = \"out/data\"", "folder = \"out/data\""));
+    let (code, _, stderr) = plugin_test(FILES_PLUGIN, &job, &[]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--verify-cmd"), "{stderr}");
+}
