@@ -12,8 +12,10 @@
 //!   (Parquet file trees and Iceberg tables natively, anything else through
 //!   the user's `--verify-cmd`), never on what the plugin answered;
 //! - the suite writes only through the plugin and the job's grants, and
-//!   removes what it made visible in file trees when it ends (Iceberg
-//!   tables keep the suite's snapshots: point the job at a scratch table);
+//!   when it ends removes what it made in file trees (entries named after
+//!   its job ids) and an Iceberg table it created (with its files); a table
+//!   that existed before keeps the suite's snapshots: point the job at a
+//!   scratch target;
 //! - a crash is the engine's own (`fault-injection`): it stops at once
 //!   without any cleanup call, as a killed process would.
 
@@ -92,9 +94,7 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("crash after snapshot-state, then restore", |s, k| s.crash_case(k, CrashPoint::AfterSnapshotState)),
     ("crash after the checkpoint is persisted, then restore", |s, k| s.crash_case(k, CrashPoint::AfterPersist)),
     ("commit reply lost after its side effect, then restore", |s, k| s.crash_case(k, CrashPoint::DuringCommit)),
-    ("crash after commit: the second commit answers already-committed", |s, k| {
-        s.crash_case(k, CrashPoint::AfterCommit)
-    }),
+    ("crash after commit: a second commit changes nothing", |s, k| s.crash_case(k, CrashPoint::AfterCommit)),
     ("a replay batched differently", case_rebatched_replay),
     ("nothing visible before commit", case_nothing_before_commit),
     ("abort-prepare and abort leave nothing visible", case_aborts),
@@ -272,23 +272,26 @@ impl Suite {
         if summary.rows_total != self.rows {
             return Err(format!("the recovery reported {} rows in total, not {}", summary.rows_total, self.rows));
         }
-        // Recovery commits checkpoint 2 again: a commit that completed must
-        // answer already-committed; one cut after its first side effect may
-        // answer either (that effect need not be the one that publishes).
-        let allowed: &[CommitOutcome] = match point {
-            CrashPoint::AfterPersist => &[CommitOutcome::Committed],
-            CrashPoint::DuringCommit => &[CommitOutcome::Committed, CommitOutcome::AlreadyCommitted],
-            CrashPoint::AfterCommit => &[CommitOutcome::AlreadyCommitted],
-            _ => &[],
-        };
-        if !allowed.is_empty() && !matches!(summary.recovered.as_slice(), [(2, o)] if allowed.contains(o)) {
-            return Err(format!(
-                "recovery re-committed {:?}; expected checkpoint 2 answering {allowed:?}",
-                summary.recovered
-            ));
+        // Recovery commits checkpoint 2 again (the visible rows decide the
+        // case; the answer is reported). A commit that completed should
+        // answer already-committed, but a plugin whose service cannot tell
+        // (BigQuery's FlushRows may answer a repeated flush with OK) answers
+        // committed, and that is no loss as long as nothing shows twice.
+        let mut answer = String::new();
+        if point >= CrashPoint::AfterPersist {
+            match summary.recovered.as_slice() {
+                [(2, CommitOutcome::AlreadyCommitted)] => {
+                    answer = ", the second commit answered already-committed".into()
+                }
+                [(2, CommitOutcome::Committed)] if point == CrashPoint::AfterCommit => {
+                    answer = ", the second commit answered committed (the plugin could not tell it was done)".into()
+                }
+                [(2, CommitOutcome::Committed)] => answer = ", the restore committed it".into(),
+                other => return Err(format!("recovery committed {other:?}; expected checkpoint 2")),
+            }
         }
         self.expect_exactly_once(k)?;
-        Ok(format!("{after_crash} rows visible after the crash, all {} after the restore", self.rows))
+        Ok(format!("{after_crash} rows visible after the crash, all {} after the restore{answer}", self.rows))
     }
 }
 
@@ -383,10 +386,48 @@ fn case_aborts(s: &Suite, k: u64) -> Result<String, String> {
     ))
 }
 
+impl Suite {
+    /// The catalog and the Iceberg table the suite checks, when it checks one.
+    fn iceberg(&self) -> Option<(std::sync::Arc<sluice::capability::catalog::CatalogGrant>, iceberg::TableIdent)> {
+        let Checker::Iceberg { table } = &self.checker else { return None };
+        let job = self.job(0, 700).ok()?;
+        let (grants, _) = engine::grants_and_limits(&job).ok()?;
+        Some((grants.catalog?, iceberg::TableIdent::from_strs(table.split('.')).ok()?))
+    }
+
+    /// Whether the Iceberg table the suite checks is missing before it runs
+    /// (then the suite made it, and drops it at the end).
+    pub fn iceberg_table_missing(&self) -> bool {
+        self.iceberg().is_some_and(|(catalog, ident)| catalog.load(&ident).is_err())
+    }
+}
+
+/// Removes what the suite made: entries named after its job ids in a file
+/// tree, or the Iceberg table it created (`created`) with its files.
+/// Returns a line saying what was removed.
+pub fn clean_up(suite: &Suite, created: bool) -> Option<String> {
+    if let Some((catalog, ident)) = suite.iceberg() {
+        if !created {
+            return Some(format!("{ident} existed before: it keeps the suite's snapshots"));
+        }
+        let location = catalog.load(&ident).ok().map(|t| t.metadata().location().to_string());
+        if let Err(e) = catalog.drop_table(&ident) {
+            return Some(format!("could not drop the table {ident} the suite created: {e}"));
+        }
+        let dir = location.map(|l| PathBuf::from(l.strip_prefix("file://").unwrap_or(&l)));
+        if let Some(dir) = dir.filter(|d| d.is_dir()) {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return Some(format!("dropped the table {ident} the suite created"));
+    }
+    let removed = clean_file_tree(suite);
+    (removed > 0).then(|| format!("removed the {removed} directories the cases left in the target"))
+}
+
 /// Removes what the suite's cases made visible or staged in a file tree:
 /// entries whose names start with the suite's job ids, under the output
 /// directory (and its tables' directories) and its `.staging` sibling.
-pub fn clean_file_tree(suite: &Suite) -> usize {
+fn clean_file_tree(suite: &Suite) -> usize {
     let Checker::ParquetTree(dir) = &suite.checker else { return 0 };
     let prefix = format!("conformance-{}-", suite.nonce);
     let staging = PathBuf::from(format!("{}.staging", dir.display()));

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice_conformance::{CASES, Checker, Suite, clean_file_tree, run_cases};
+use sluice_conformance::{CASES, Checker, Suite, clean_up, run_cases};
 
 #[derive(Parser)]
 #[command(name = "sluice plugin test", about = "Proves a sink plugin exactly once against its target")]
@@ -55,6 +55,7 @@ fn main() -> ExitCode {
         args.plugin.display(),
         args.job.display()
     );
+    let created = suite.iceberg_table_missing();
     let terminal = std::io::stderr().is_terminal();
     let results = run_cases(&suite, |k, name| {
         if terminal {
@@ -64,7 +65,7 @@ fn main() -> ExitCode {
     if terminal {
         eprint!("\r\x1b[2K");
     }
-    let removed = clean_file_tree(&suite);
+    let cleaned = clean_up(&suite, created);
     println!("| case | result | time | detail |\n|---|---|---:|---|");
     for r in &results {
         println!(
@@ -77,11 +78,8 @@ fn main() -> ExitCode {
     }
     let failed = results.iter().filter(|r| !r.passed).count();
     println!();
-    if removed > 0 {
-        println!("removed the {removed} directories the cases left in the target");
-    }
-    if let Checker::Iceberg { table } = suite.checker() {
-        println!("the cases' rows stay in {table} (ids from the suite's own ranges): use a scratch table");
+    if let Some(line) = cleaned {
+        println!("{line}");
     }
     if failed == 0 {
         println!("all {} cases passed", results.len());

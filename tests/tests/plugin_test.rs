@@ -1,6 +1,6 @@
 //! `sluice plugin test`, the conformance suite, run through the CLI against
-//! the files, Iceberg and Python sinks (each must pass every case and leave
-//! the file tree as it found it), and against a target whose reader sees
+//! the files, Iceberg, BigQuery (the double) and Python sinks (each must pass
+//! every case, and file trees are left as they were found), and against a target whose reader sees
 //! uncommitted rows (which must fail).
 
 use std::path::Path;
@@ -80,6 +80,11 @@ warehouse = "warehouse"
     );
     let (code, stdout, stderr) = plugin_test(ICEBERG_PLUGIN, &job, &[]);
     assert_all_passed(code, &stdout, &stderr);
+    // The suite created the table, so it drops it again.
+    assert!(stdout.contains("dropped the table scratch.events"), "{stdout}");
+    let catalog = sluice_tests::catalog(&dir.path().join("warehouse"));
+    let ident = iceberg::TableIdent::from_strs(["scratch", "events"]).expect("ident");
+    assert!(catalog.load(&ident).is_err(), "the scratch table is still in the catalog");
 }
 
 /// The verify command's Python: prints the ids DuckDB reads from the JSON
@@ -123,4 +128,44 @@ fn a_sink_without_a_checker_is_told_to_pass_a_verify_command() {
     let (code, _, stderr) = plugin_test(FILES_PLUGIN, &job, &[]);
     assert_ne!(code, 0);
     assert!(stderr.contains("--verify-cmd"), "{stderr}");
+}
+
+#[test]
+fn the_bigquery_sink_passes_against_the_double() {
+    use sluice_bigquery_double::{BigQueryDouble, generator_schema};
+    const TABLE: &str = "projects/p/datasets/d/tables/scratch";
+    let double = BigQueryDouble::start().expect("the BigQuery double starts");
+    double.create_table(TABLE, generator_schema());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = write(
+        dir.path(),
+        "job.toml",
+        &format!(
+            r#"[job]
+id = "scratch"
+[source]
+kind = "generator"
+rows = 1
+[sink]
+id = "bq"
+plugin = "replaced-by-the-suite.wasm"
+[sink.options]
+table = "{TABLE}"
+rpc_timeout_ms = 10000
+backoff_ms = 10
+[sink.grpc.bigquery]
+address = "{}"
+"#,
+            double.address()
+        ),
+    );
+    // What readers see, through the API's tabledata.list (the double's REST side).
+    let cmd = format!(
+        "{} -c \"import json, urllib.request; r = json.load(urllib.request.urlopen('{}/bigquery/v2/{TABLE}/data')); \
+         print(' '.join(row['f'][0]['v'] for row in r.get('rows', [])))\"",
+        python_interpreter().display(),
+        double.rest_address()
+    );
+    let (code, stdout, stderr) = plugin_test(sluice_tests::BIGQUERY_PLUGIN, &job, &["--verify-cmd", &cmd]);
+    assert_all_passed(code, &stdout, &stderr);
 }

@@ -314,6 +314,12 @@ impl CatalogGrant {
         super::runtime().block_on(self.catalog.load_table(ident)).map_err(load_error)
     }
 
+    /// Drops `ident` from the catalog (its files stay): for tools that made a
+    /// scratch table (the conformance suite), never called by a run.
+    pub fn drop_table(&self, ident: &TableIdent) -> Result<(), CatalogError> {
+        super::runtime().block_on(self.catalog.drop_table(ident)).map_err(load_error)
+    }
+
     fn load_table(&self, ident: &TableIdent) -> Result<LoadedTable, CatalogError> {
         let table = self.load(ident)?;
         loaded(&table)

@@ -383,20 +383,7 @@ impl BigQueryDouble {
     }
 
     fn visible_batches(&self, table: &str) -> Vec<state::StoredRows> {
-        let inner = self.shared.inner();
-        let mut out = Vec::new();
-        for stream in inner.streams.values().filter(|s| s.table == table) {
-            let mut left = stream.visible();
-            for b in &stream.batches {
-                if left <= 0 {
-                    break;
-                }
-                let take = (b.len() as i64).min(left);
-                left -= take;
-                out.push(b.head(take as usize));
-            }
-        }
-        out
+        self.shared.inner().visible_batches(table)
     }
 
     /// Rows appended to `table`'s streams but not visible (never flushed).

@@ -1,6 +1,7 @@
 //! The BigQuery API's table methods (REST, `bigquery/v2`), as far as Sluice
 //! uses them: `tables.get`, `tables.insert` and `tables.patch`, over the same
-//! tables the Storage Write API side serves.
+//! tables the Storage Write API side serves; and `tabledata.list`, for tools
+//! that read back what became visible (`sluice plugin test --verify-cmd`).
 //!
 //! Semantics (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables
 //! and "Modifying table schemas",
@@ -19,6 +20,12 @@
 //!
 //! Write streams keep the schema they were created with; only streams
 //! created after a change see it, as the Storage Write API documents.
+//!
+//! `tabledata.list` (https://cloud.google.com/bigquery/docs/reference/rest/v2/tabledata/list)
+//! answers `{"kind": "bigquery#tableDataList", "totalRows", "rows": [{"f": [{"v"}]}]}`
+//! with cells in the schema's column order and scalars as strings, as the
+//! API does. The API pages at a size of its choosing; the double answers
+//! with one page (no `pageToken`), which a client must accept.
 //!
 //! The JSON schema is read by the double's own parser, not the sink's.
 
@@ -330,10 +337,57 @@ async fn patch_table(
     Json(resource(&p, &d, &t, table)).into_response()
 }
 
+/// A cell of `tabledata.list`: scalars as strings, REPEATED as a list of
+/// cells, RECORD as a row.
+fn cell(value: &Value) -> Value {
+    match value {
+        Value::Null => Value::Null,
+        Value::String(s) => Value::String(s.clone()),
+        Value::Array(items) => Value::Array(items.iter().map(|v| serde_json::json!({ "v": cell(v) })).collect()),
+        Value::Object(fields) => {
+            serde_json::json!({ "f": fields.values().map(|v| serde_json::json!({ "v": cell(v) })).collect::<Vec<_>>() })
+        }
+        other => Value::String(other.to_string()),
+    }
+}
+
+async fn list_table_data(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((p, d, t)): Path<(String, String, String)>,
+) -> Response {
+    if let Some(r) = unauthorized(&shared, &headers) {
+        return r;
+    }
+    let inner = shared.inner();
+    let path = table_path(&p, &d, &t);
+    let Some(table) = inner.tables.get(&path) else {
+        return error(StatusCode::NOT_FOUND, "NOT_FOUND", "notFound", format!("Not found: Table {p}:{d}.{t}"));
+    };
+    let names: Vec<&str> = table.schema.fields.iter().map(|f| f.name.as_str()).collect();
+    let rows: Vec<Value> = inner
+        .visible_batches(&path)
+        .iter()
+        .flat_map(crate::state::StoredRows::to_json)
+        .map(|row| {
+            let cells: Vec<Value> =
+                names.iter().map(|n| serde_json::json!({ "v": cell(row.get(*n).unwrap_or(&Value::Null)) })).collect();
+            serde_json::json!({ "f": cells })
+        })
+        .collect();
+    Json(serde_json::json!({
+        "kind": "bigquery#tableDataList",
+        "totalRows": rows.len().to_string(),
+        "rows": rows,
+    }))
+    .into_response()
+}
+
 /// The routes of the table methods.
 pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
     axum::Router::new()
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}", get(get_table).patch(patch_table))
+        .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}/data", get(list_table_data))
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables", post(insert_table))
         .with_state(shared)
 }

@@ -126,6 +126,24 @@ pub struct Inner {
 }
 
 impl Inner {
+    /// The rows readers of `table` see now: each stream's rows up to what
+    /// is visible of it (flushed, committed, or all for `_default`).
+    pub fn visible_batches(&self, table: &str) -> Vec<StoredRows> {
+        let mut out = Vec::new();
+        for stream in self.streams.values().filter(|s| s.table == table) {
+            let mut left = stream.visible();
+            for b in &stream.batches {
+                if left <= 0 {
+                    break;
+                }
+                let take = (b.len() as i64).min(left);
+                left -= take;
+                out.push(b.head(take as usize));
+            }
+        }
+        out
+    }
+
     /// The table a stream name belongs to, and whether it names `_default`.
     pub fn default_stream_table(name: &str) -> Option<&str> {
         name.strip_suffix("/streams/_default")
