@@ -261,17 +261,14 @@ impl Suite {
 
     fn crash_case(&self, k: u64, point: CrashPoint) -> Result<String, String> {
         let job = self.job(k, 700)?;
-        let fault = Fault { point, checkpoint: 2, subtask: 1 };
-        match self.run(&job, Some(fault)) {
-            Err(e) if e.is_injected_crash() => {}
-            Err(e) => return Err(format!("the run failed before the crash: {e}")),
-            Ok(_) => return Err(format!("the crash at {point} never happened (too few rows?)")),
-        }
-        let after_crash = self.expect_no_duplicates(k, &format!("right after the crash at {point}"))?;
-        let summary = self.run(&job, None).map_err(|e| format!("the recovery run failed: {e}"))?;
-        if summary.rows_total != self.rows {
-            return Err(format!("the recovery reported {} rows in total, not {}", summary.rows_total, self.rows));
-        }
+        let first = self.first_id(k);
+        let Restored { after_crash, summary } = crash_and_restore(&CrashCheck {
+            fault: Fault { point, checkpoint: 2, subtask: 1 },
+            first_id: first,
+            rows: self.rows,
+            run: &|fault| self.run(&job, fault),
+            visible: &|| self.read_all(),
+        })?;
         // Recovery commits checkpoint 2 again (the visible rows decide the
         // case; the answer is reported). A commit that completed should
         // answer already-committed, but a plugin whose service cannot tell
@@ -290,7 +287,6 @@ impl Suite {
                 other => return Err(format!("recovery committed {other:?}; expected checkpoint 2")),
             }
         }
-        self.expect_exactly_once(k)?;
         Ok(format!("{after_crash} rows visible after the crash, all {} after the restore{answer}", self.rows))
     }
 }
@@ -337,6 +333,70 @@ fn case_nothing_before_commit(s: &Suite, k: u64) -> Result<String, String> {
     s.run(&job, None).map_err(|e| format!("the recovery run failed: {e}"))?;
     s.expect_exactly_once(k)?;
     Ok("0 rows visible with checkpoint 1 persisted but not committed".into())
+}
+
+/// One crash followed by a restore, as the suite and the engine's own
+/// crash matrices run it.
+pub struct CrashCheck<'a> {
+    pub fault: Fault,
+    /// The job's rows have ids `first_id..first_id + rows`.
+    pub first_id: u64,
+    pub rows: u64,
+    /// Runs the job (with the fault, then without).
+    pub run: &'a dyn Fn(Option<Fault>) -> Result<RunSummary, EngineError>,
+    /// Every id visible in the target now (others than the job's are ignored).
+    pub visible: &'a dyn Fn() -> Result<Vec<i64>, String>,
+}
+
+/// What a crash and its restore left.
+pub struct Restored {
+    /// Rows of the job visible right after the crash (each once).
+    pub after_crash: usize,
+    /// The restore run's summary.
+    pub summary: RunSummary,
+}
+
+/// Runs the job into the injected crash, checks that no row shows twice,
+/// runs it again, and checks that every row shows exactly once.
+pub fn crash_and_restore(check: &CrashCheck<'_>) -> Result<Restored, String> {
+    let point = check.fault.point;
+    match (check.run)(Some(check.fault)) {
+        Err(e) if e.is_injected_crash() => {}
+        Err(e) => return Err(format!("the run failed before the crash at {point}: {e}")),
+        Ok(_) => return Err(format!("the crash at {point} never happened (too few rows?)")),
+    }
+    let (lo, hi) = (check.first_id as i64, (check.first_id + check.rows) as i64);
+    let visible = || -> Result<Vec<i64>, String> {
+        let mut ids: Vec<i64> = (check.visible)()?.into_iter().filter(|id| (lo..hi).contains(id)).collect();
+        ids.sort_unstable();
+        Ok(ids)
+    };
+    let ids = visible()?;
+    let mut dedup = ids.clone();
+    dedup.dedup();
+    if dedup.len() != ids.len() {
+        return Err(format!(
+            "{} rows visible more than once right after the crash at {point}",
+            ids.len() - dedup.len()
+        ));
+    }
+    let summary = (check.run)(None).map_err(|e| format!("the restore after the crash at {point} failed: {e}"))?;
+    if summary.rows_total != check.rows {
+        return Err(format!("the restore reported {} rows in total, not {}", summary.rows_total, check.rows));
+    }
+    let after = visible()?;
+    if after != (lo..hi).collect::<Vec<_>>() {
+        let mut dedup = after.clone();
+        dedup.dedup();
+        return Err(format!(
+            "after the restore {} rows are visible of {}: {} missing, {} more than once",
+            after.len(),
+            check.rows,
+            check.rows as usize - dedup.len(),
+            after.len() - dedup.len()
+        ));
+    }
+    Ok(Restored { after_crash: ids.len(), summary })
 }
 
 /// Drives one writer and the committer directly: rows written and prepared,

@@ -74,18 +74,18 @@ fn tracing_subscriber_init() -> Result<(), String> {
 /// every row visible exactly once, having finished exactly what the crash
 /// interrupted.
 pub fn crash_and_recover(job: &TestJob, rows: u64, point: CrashPoint, checkpoint: u64) {
-    let fault = Fault { point, checkpoint, subtask: 1 };
-    let err = job.run(Some(fault)).expect_err("the injected crash stops the run");
-    assert!(err.is_injected_crash(), "expected the injected crash, got: {err}");
-
-    let partial = ids(&read_visible(&job.out()));
-    let mut dedup = partial.clone();
-    dedup.dedup();
-    assert_eq!(partial, dedup, "duplicates visible right after the crash at {point}");
-
-    let summary = job.run(None).expect("the recovery run completes");
+    // The check `sluice plugin test` runs, on the files tree; then what the
+    // engine promises beyond it.
+    let restored = sluice_conformance::crash_and_restore(&sluice_conformance::CrashCheck {
+        fault: Fault { point, checkpoint, subtask: 1 },
+        first_id: 0,
+        rows,
+        run: &|fault| job.run(fault),
+        visible: &|| Ok(ids(&read_visible(&job.out()))),
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let summary = restored.summary;
     assert_exactly_once(&read_visible(&job.out()), rows);
-    assert_eq!(summary.rows_total, rows);
     assert_eq!(summary.resumed_from.is_some(), checkpoint > 1 || point >= CrashPoint::AfterPersist);
 
     let recovered: Vec<(u64, CommitOutcome)> = summary.recovered.clone();

@@ -35,14 +35,17 @@ fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
     let warehouse = tempfile::tempdir().expect("warehouse");
     let id = format!("ice-{point}-{checkpoint}");
     let job = job(&id, warehouse.path());
-    let fault = Fault { point, checkpoint, subtask: 1 };
-    let err = job.run(Some(fault)).expect_err("the injected crash stops the run");
-    assert!(err.is_injected_crash(), "expected the injected crash, got: {err}");
-
-    let summary = job.run(None).expect("the recovery run completes");
+    // The check `sluice plugin test` runs; then what this sink promises beyond it.
+    let restored = sluice_conformance::crash_and_restore(&sluice_conformance::CrashCheck {
+        fault: Fault { point, checkpoint, subtask: 1 },
+        first_id: 0,
+        rows: ROWS,
+        run: &|fault| job.run(fault),
+        visible: &|| Ok(sluice_tests::ids(&read_iceberg(warehouse.path(), TABLE).rows)),
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_landed_once(warehouse.path(), &id);
-    assert_eq!(summary.rows_total, ROWS);
-    let recovered = summary.recovered.clone();
+    let recovered = restored.summary.recovered.clone();
     match point {
         // The crash hit after the snapshot's first manifest was written, before the catalog commit.
         CrashPoint::AfterPersist | CrashPoint::DuringCommit => {
