@@ -82,6 +82,7 @@ pub fn crash_and_recover(job: &TestJob, rows: u64, point: CrashPoint, checkpoint
         rows,
         run: &|fault| job.run(fault),
         visible: &|| Ok(ids(&read_visible(&job.out()))),
+        may_not_happen: false,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let summary = restored.summary;

@@ -74,6 +74,7 @@ fn crash_then_recover_with(point: CrashPoint, checkpoint: u64, reflush: Reflush)
         rows: ROWS,
         run: &|fault| job.run(fault),
         visible: &|| Ok(visible_ids(&d)),
+        may_not_happen: false,
     })
     .unwrap_or_else(|e| panic!("{reflush:?}: {e}"));
     let summary = restored.summary;

@@ -42,6 +42,7 @@ fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
         rows: ROWS,
         run: &|fault| job.run(fault),
         visible: &|| Ok(sluice_tests::ids(&read_iceberg(warehouse.path(), TABLE).rows)),
+        may_not_happen: false,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert_landed_once(warehouse.path(), &id);

@@ -36,7 +36,7 @@ locations = ["out"]
 
 fn assert_all_passed(code: i32, stdout: &str, stderr: &str) {
     assert_eq!(code, 0, "the suite failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("all 10 cases passed"), "{stdout}");
+    assert!(stdout.contains("all 12 cases passed"), "{stdout}");
     for case in ["crash after prepare-commit", "nothing visible before commit", "abort-prepare and abort"] {
         assert!(stdout.lines().any(|l| l.contains(case) && l.contains("| pass |")), "{case}: {stdout}");
     }
@@ -55,6 +55,17 @@ fn the_files_sink_passes_and_the_tree_is_left_clean() {
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(left, ["keep.txt"], "the suite left its checkpoints behind or removed what was there");
+}
+
+#[test]
+fn a_plugin_built_for_contract_0_1_passes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = write(dir.path(), "job.toml", FILE_SINK);
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/sluice_sink_files_0.1.wasm");
+    let (code, stdout, stderr) = plugin_test(&fixture.display().to_string(), &job, &[]);
+    assert_all_passed(code, &stdout, &stderr);
+    assert!(stdout.contains("(contract 0.1.0)"), "{stdout}");
+    assert!(stdout.contains("not applicable: contract 0.1 has no schema changes"), "{stdout}");
 }
 
 #[test]
@@ -155,8 +166,11 @@ rpc_timeout_ms = 10000
 backoff_ms = 10
 [sink.grpc.bigquery]
 address = "{}"
+[sink.http.bigquery]
+address = "{}"
 "#,
-            double.address()
+            double.address(),
+            double.rest_address()
         ),
     );
     // What readers see, through the API's tabledata.list (the double's REST side).
