@@ -14,18 +14,18 @@ fn plugin_test(plugin: &str, job: &Path, extra: &[&str]) -> (i32, String, String
     run_cli(&args, Path::new(&job).parent().unwrap_or(Path::new(".")))
 }
 
+/// A job file around `sink`: the suite replaces its job and source anyway.
+fn scratch_job(sink: &str) -> String {
+    format!("[job]\nid = \"scratch\"\n[source]\nkind = \"generator\"\nrows = 1\n{sink}")
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("writing the job file");
     path
 }
 
-const FILE_SINK: &str = r#"[job]
-id = "scratch"
-[source]
-kind = "generator"
-rows = 1
-[sink]
+const FILE_SINK: &str = r#"[sink]
 id = "out"
 plugin = "replaced-by-the-suite.wasm"
 [sink.options]
@@ -47,7 +47,7 @@ fn the_files_sink_passes_and_the_tree_is_left_clean() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir_all(dir.path().join("out/data")).expect("dir");
     std::fs::write(dir.path().join("out/data/keep.txt"), "not the suite's").expect("file");
-    let job = write(dir.path(), "job.toml", FILE_SINK);
+    let job = write(dir.path(), "job.toml", &scratch_job(FILE_SINK));
     let (code, stdout, stderr) = plugin_test(FILES_PLUGIN, &job, &[]);
     assert_all_passed(code, &stdout, &stderr);
     let left: Vec<String> = std::fs::read_dir(dir.path().join("out/data"))
@@ -60,7 +60,7 @@ fn the_files_sink_passes_and_the_tree_is_left_clean() {
 #[test]
 fn a_plugin_built_for_contract_0_1_passes() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let job = write(dir.path(), "job.toml", FILE_SINK);
+    let job = write(dir.path(), "job.toml", &scratch_job(FILE_SINK));
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/sluice_sink_files_0.1.wasm");
     let (code, stdout, stderr) = plugin_test(&fixture.display().to_string(), &job, &[]);
     assert_all_passed(code, &stdout, &stderr);
@@ -74,12 +74,8 @@ fn the_iceberg_sink_passes() {
     let job = write(
         dir.path(),
         "job.toml",
-        r#"[job]
-id = "scratch"
-[source]
-kind = "generator"
-rows = 1
-[sink]
+        &scratch_job(
+            r#"[sink]
 id = "lake"
 plugin = "replaced-by-the-suite.wasm"
 [sink.options]
@@ -88,6 +84,7 @@ table = "scratch.events"
 database = "warehouse/catalog.db"
 warehouse = "warehouse"
 "#,
+        ),
     );
     let (code, stdout, stderr) = plugin_test(ICEBERG_PLUGIN, &job, &[]);
     assert_all_passed(code, &stdout, &stderr);
@@ -114,7 +111,7 @@ fn duckdb_ids(staging: bool) -> String {
 #[test]
 fn the_python_sink_passes_with_a_verify_command() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let job = write(dir.path(), "job.toml", FILE_SINK);
+    let job = write(dir.path(), "job.toml", &scratch_job(FILE_SINK));
     let cmd = duckdb_ids(false);
     let (code, stdout, stderr) = plugin_test(python_jsonl_plugin(), &job, &["--verify-cmd", &cmd]);
     assert_all_passed(code, &stdout, &stderr);
@@ -123,7 +120,7 @@ fn the_python_sink_passes_with_a_verify_command() {
 #[test]
 fn a_target_that_shows_uncommitted_rows_fails() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let job = write(dir.path(), "job.toml", FILE_SINK);
+    let job = write(dir.path(), "job.toml", &scratch_job(FILE_SINK));
     let cmd = duckdb_ids(true);
     let (code, stdout, _) = plugin_test(python_jsonl_plugin(), &job, &["--verify-cmd", &cmd]);
     assert_ne!(code, 0, "{stdout}");
@@ -135,7 +132,8 @@ fn a_target_that_shows_uncommitted_rows_fails() {
 #[test]
 fn a_sink_without_a_checker_is_told_to_pass_a_verify_command() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let job = write(dir.path(), "job.toml", &FILE_SINK.replace("path = \"out/data\"", "folder = \"out/data\""));
+    let job =
+        write(dir.path(), "job.toml", &scratch_job(&FILE_SINK.replace("path = \"out/data\"", "folder = \"out/data\"")));
     let (code, _, stderr) = plugin_test(FILES_PLUGIN, &job, &[]);
     assert_ne!(code, 0);
     assert!(stderr.contains("--verify-cmd"), "{stderr}");
@@ -151,13 +149,8 @@ fn the_bigquery_sink_passes_against_the_double() {
     let job = write(
         dir.path(),
         "job.toml",
-        &format!(
-            r#"[job]
-id = "scratch"
-[source]
-kind = "generator"
-rows = 1
-[sink]
+        &scratch_job(&format!(
+            r#"[sink]
 id = "bq"
 plugin = "replaced-by-the-suite.wasm"
 [sink.options]
@@ -171,7 +164,7 @@ address = "{}"
 "#,
             double.address(),
             double.rest_address()
-        ),
+        )),
     );
     // What readers see, through the API's tabledata.list (the double's REST side).
     let cmd = format!(
