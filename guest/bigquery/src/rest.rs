@@ -175,6 +175,9 @@ impl RestTable {
 pub(crate) struct Tables<'a> {
     pub endpoint: &'a str,
     pub timeout_ms: u32,
+    /// How reads are retried on transient failures (a read changes
+    /// nothing, so it is always safe to send again).
+    pub retry: sluice_retry::Policy,
 }
 
 /// `projects/P/datasets/D/tables/T` → (`P`, `D`, `T`).
@@ -189,11 +192,14 @@ fn parts(table: &str) -> (&str, &str, &str) {
 impl Tables<'_> {
     /// `tables.get`: `None` when the table does not exist.
     pub fn get(&self, table: &str) -> Result<Option<RestTable>, RestError> {
-        let reply = send(self.endpoint, Method::Get, &format!("/bigquery/v2/{table}"), &[], None, self.timeout_ms)?;
-        if reply.status == 404 {
-            return Ok(None);
-        }
-        json_reply(reply).map(|v| Some(RestTable::from_json(v)))
+        let once = |_| {
+            let reply = send(self.endpoint, Method::Get, &format!("/bigquery/v2/{table}"), &[], None, self.timeout_ms)?;
+            if reply.status == 404 {
+                return Ok(None);
+            }
+            json_reply(reply).map(|v| Some(RestTable::from_json(v)))
+        };
+        self.retry.run(once, RestError::is_transient, |_, _, _| {}).map_err(|failed| failed.error)
     }
 
     /// `tables.insert`: `Ok(false)` when the table exists already (409).

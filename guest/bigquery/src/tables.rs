@@ -102,7 +102,7 @@ pub(crate) fn check(cfg: &Config, source: &Table) -> Result<(), SinkError> {
 }
 
 fn tables(cfg: &Config) -> Tables<'_> {
-    Tables { endpoint: &cfg.rest_endpoint, timeout_ms: cfg.rpc_timeout_ms }
+    Tables { endpoint: &cfg.rest_endpoint, timeout_ms: cfg.rpc_timeout_ms, retry: cfg.retry() }
 }
 
 /// Makes the table of `source` take its rows: created when missing (and
