@@ -479,7 +479,7 @@ pub fn run_example(file: &str, sets: &[String], cwd: &Path) -> (i32, String, Str
 /// the same file).
 const PYTHON_REQUIREMENTS: &str = "requirements.txt";
 
-/// A Python that imports pyiceberg, pyarrow, duckdb and componentize-py:
+/// A Python that imports pyiceberg, pyarrow, duckdb, componentize-py, maturin and Ray:
 /// the `python3` on PATH when it has them (CI's virtual environment), otherwise a virtual
 /// environment of the pinned versions (`tests/requirements.txt`), made once
 /// under the target directory from the package registry, so that the test
@@ -491,7 +491,7 @@ fn interpreter() -> Result<&'static Path, String> {
 
 fn imports_all(python: &Path) -> bool {
     Command::new(python)
-        .args(["-c", "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers"])
+        .args(["-c", "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()

@@ -29,7 +29,8 @@ use sluice_retry::{Failed, Policy};
 use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, DroppedCommit, Incarnation, PendingCommit, SubtaskRecord, now_ms,
 };
-use super::subtask::{Command, Reply, RoundReport, SubtaskHandle, SubtaskSetup};
+use super::pool::{LocalPool, WriterEnv, WriterPool, WriterSetup};
+use super::subtask::RoundReport;
 use super::tables::{self, Change, TableSet};
 use super::{EngineError, RunOptions, crash_point};
 use crate::bindings::{CommitOutcome, PluginInfo};
@@ -194,11 +195,11 @@ pub fn grants_and_limits(job: &Job) -> Result<(Granted, Limits), EngineError> {
     Ok((grants(job, &RunOptions::default())?, limits(job)))
 }
 
-fn limits(job: &Job) -> Limits {
+pub(crate) fn limits(job: &Job) -> Limits {
     Limits { call_timeout: job.spec.sink.sandbox.call_timeout(), memory_mb: job.spec.sink.sandbox.memory_mb }
 }
 
-fn grants(job: &Job, #[allow(unused_variables)] opts: &RunOptions) -> Result<Granted, EngineError> {
+pub(crate) fn grants(job: &Job, #[allow(unused_variables)] opts: &RunOptions) -> Result<Granted, EngineError> {
     let g = &job.spec.sink.grants;
     let mut locations = g.locations.clone();
     let catalog = match &job.catalog {
@@ -345,8 +346,23 @@ struct Coordinator<'a> {
     fault: Option<crate::fault::Fault>,
 }
 
-/// Runs a job to the end of its source, resuming from its last checkpoint.
+/// Runs a job to the end of its source, resuming from its last checkpoint,
+/// with its writers on threads of this process.
 pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary, EngineError> {
+    run_on(job, host, opts, &mut LocalPool::default())
+}
+
+/// Like [`run`], with the writers in `pool` (for example Ray actors on
+/// other machines). The coordinator, the committer and the checkpoint store
+/// stay in this process. A pool that loses a writer fails the run like a
+/// crash: nothing is lost, and a new run (with a new pool) resumes from the
+/// last persisted checkpoint.
+pub fn run_on(
+    job: &Job,
+    host: &PluginHost,
+    opts: &RunOptions,
+    pool: &mut dyn WriterPool,
+) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
     let progress = Progress::new(opts.progress);
     let _status = progress.start_status_line();
@@ -358,46 +374,21 @@ pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary
     if co.restored.as_ref().is_some_and(CheckpointRecord::finished) {
         return Ok(co.summary(started, recovered, co.first, true));
     }
-    let subtasks = co.spawn_subtasks()?;
+    co.open_writers(pool)?;
     co.progress.data_started();
     let mut c = co.first;
-    start_round(&subtasks, c)?;
-    while !co.checkpoint(&subtasks, c)? {
+    pool.start_round(c)?;
+    while !co.checkpoint(pool, c)? {
         c += 1;
     }
-    co.writer_memory = Some(shutdown(&subtasks)?);
+    co.writer_memory = Some(pool.close()?);
     Ok(co.summary(started, recovered, c + 1, false))
 }
 
-fn start_round(subtasks: &[SubtaskHandle], c: u64) -> Result<(), EngineError> {
-    for handle in subtasks {
-        handle.send(Command::Round(c))?;
-    }
-    Ok(())
-}
-
 /// Best effort: every writer releases what `prepare-commit(c)` prepared.
-fn abort_prepare(subtasks: &[SubtaskHandle], c: u64) {
-    for handle in subtasks {
-        if handle.send(Command::AbortPrepare(c)).is_ok() {
-            let _ = handle.recv();
-        }
-    }
-}
-
-/// Closes every writer after the last checkpoint; the largest linear
-/// memory a writer instance had.
-fn shutdown(subtasks: &[SubtaskHandle]) -> Result<u64, EngineError> {
-    for handle in subtasks {
-        handle.send(Command::Close)?;
-    }
-    let mut peak = 0;
-    for handle in subtasks {
-        if let Reply::Closed(p) = handle.recv()? {
-            peak = peak.max(p);
-        }
-    }
-    Ok(peak)
+fn abort_prepare(pool: &mut dyn WriterPool, c: u64) {
+    let all: Vec<u32> = (0..pool.len() as u32).collect();
+    pool.abort_prepare(c, &all);
 }
 
 impl<'a> Coordinator<'a> {
@@ -503,47 +494,40 @@ impl<'a> Coordinator<'a> {
         })
     }
 
-    /// Starts one subtask (source reader and writer) per writer, restored
-    /// from the last checkpoint, and waits until every writer is open.
-    fn spawn_subtasks(&self) -> Result<Vec<SubtaskHandle>, EngineError> {
+    /// Opens one writer (source reader and plugin writer) per subtask,
+    /// restored from the last checkpoint, and waits until every one is open.
+    fn open_writers(&self, pool: &mut dyn WriterPool) -> Result<(), EngineError> {
         let (every_rows, interval) = self.job.checkpoint_trigger();
-        let mut subtasks = Vec::new();
-        for s in 0..self.job.spec.job.parallelism {
-            subtasks.push(SubtaskHandle::spawn(SubtaskSetup {
+        let env = WriterEnv {
+            plugin: self.plugin.clone(),
+            grants: self.grants.clone(),
+            limits: limits(self.job),
+            options: self.options.clone(),
+            source: self.source.clone(),
+            every_rows,
+            interval,
+            #[cfg(feature = "fault-injection")]
+            fault: self.fault,
+            progress: self.progress.clone(),
+        };
+        let tables = self.tables.records()?;
+        let setups = (0..self.job.spec.job.parallelism)
+            .map(|s| WriterSetup {
                 subtask: s,
-                plugin: self.plugin.clone(),
-                grants: self.grants.clone(),
-                limits: limits(self.job),
                 ctx: sink_ctx(self.job, &self.incarnation.id, self.refuse_others, s, self.attempt),
-                options: self.options.clone(),
-                tables: self.tables.clone(),
+                tables: tables.clone(),
                 restored: self.restored.as_ref().and_then(|r| r.subtasks.get(s as usize).cloned()),
-                source: self.source.clone(),
-                every_rows,
-                interval,
-                #[cfg(feature = "fault-injection")]
-                fault: self.fault,
-                progress: self.progress.clone(),
-            })?);
-        }
-        let mut open_error = None;
-        for handle in &subtasks {
-            if let Err(e) = handle.recv() {
-                open_error.get_or_insert(e);
-            }
-        }
-        match open_error {
-            Some(e) => Err(e),
-            None => Ok(subtasks),
-        }
+            })
+            .collect();
+        pool.open(&env, setups)
     }
 
     /// Checkpoint `c`, whose round is running: gather every writer's part,
     /// combine, persist, then commit, with the next round already running.
     /// Returns whether the source is exhausted.
-    fn checkpoint(&mut self, subtasks: &[SubtaskHandle], c: u64) -> Result<bool, EngineError> {
+    fn checkpoint(&mut self, pool: &mut dyn WriterPool, c: u64) -> Result<bool, EngineError> {
         let waited = Instant::now();
-        let reports = self.gather(subtasks, c)?;
+        let reports = self.gather(pool, c)?;
         let gathered = Instant::now();
         let (mut records, mut infos, mut changes, mut refusal) = (Vec::new(), Vec::new(), Vec::new(), None);
         for report in reports {
@@ -555,25 +539,25 @@ impl<'a> Coordinator<'a> {
         let combined = match self.combine(c, &infos) {
             Ok(combined) => combined,
             Err(e) => {
-                abort_prepare(subtasks, c);
+                abort_prepare(pool, c);
                 return Err(e);
             }
         };
         let combined_at = Instant::now();
-        let record = self.persist(subtasks, c, records, combined)?;
+        let record = self.persist(pool, c, records, combined)?;
         let persisted = Instant::now();
         crash_point!(self.fault, AfterPersist, c);
         let finished = record.finished();
         // At a barrier the next round waits for the target to change.
         let barrier = !changes.is_empty() || refusal.is_some();
         if !finished && !barrier {
-            start_round(subtasks, c + 1)?;
+            pool.start_round(c + 1)?;
         }
         if let Err(e) = self.commit_pending(true) {
             if !finished && !barrier && !e.is_injected_crash() {
                 // Let the running round end, then release what it prepared.
-                if self.gather(subtasks, c + 1).is_ok() {
-                    abort_prepare(subtasks, c + 1);
+                if self.gather(pool, c + 1).is_ok() {
+                    abort_prepare(pool, c + 1);
                 }
             }
             return Err(e);
@@ -594,13 +578,8 @@ impl<'a> Coordinator<'a> {
             self.evolve(c, &changes)?;
             crash_point!(self.fault, AfterEvolve, c);
             self.tables.apply(&changes);
-            for handle in subtasks {
-                handle.send(Command::Apply(changes.clone()))?;
-            }
-            for handle in subtasks {
-                handle.recv()?;
-            }
-            start_round(subtasks, c + 1)?;
+            pool.apply(&changes)?;
+            pool.start_round(c + 1)?;
         }
         Ok(finished)
     }
@@ -670,7 +649,7 @@ impl<'a> Coordinator<'a> {
     /// exist, so what it prepared is released.
     fn persist(
         &mut self,
-        subtasks: &[SubtaskHandle],
+        pool: &mut dyn WriterPool,
         c: u64,
         subtask_records: Vec<SubtaskRecord>,
         combined: Option<Vec<u8>>,
@@ -704,7 +683,7 @@ impl<'a> Coordinator<'a> {
             {
                 tracing::warn!(checkpoint = c, error = %ae, "abort of an unpersisted checkpoint failed");
             }
-            abort_prepare(subtasks, c);
+            abort_prepare(pool, c);
             return Err(e.into());
         }
         self.pending = record.pending.clone();
@@ -716,18 +695,15 @@ impl<'a> Coordinator<'a> {
     /// Waits for every subtask's report of round `c`. On a failure the other
     /// subtasks' rounds are waited for and released, then the first error
     /// is returned.
-    fn gather(&mut self, subtasks: &[SubtaskHandle], c: u64) -> Result<Vec<RoundReport>, EngineError> {
-        let mut reports = Vec::with_capacity(subtasks.len());
+    fn gather(&mut self, pool: &mut dyn WriterPool, c: u64) -> Result<Vec<RoundReport>, EngineError> {
+        let mut reports = Vec::with_capacity(pool.len());
         let mut first_error: Option<EngineError> = None;
         let mut succeeded = Vec::new();
-        for handle in subtasks {
-            match handle.recv() {
-                Ok(Reply::Round(report)) if report.c == c => {
-                    succeeded.push(handle);
+        for (subtask, result) in pool.gather(c).into_iter().enumerate() {
+            match result {
+                Ok(report) => {
+                    succeeded.push(subtask as u32);
                     reports.push(report);
-                }
-                Ok(_) => {
-                    first_error.get_or_insert(EngineError::SubtaskLost(handle.subtask));
                 }
                 Err(e) => {
                     // A crash wins: it must not be turned into a cleanup.
@@ -741,11 +717,7 @@ impl<'a> Coordinator<'a> {
         match first_error {
             None => Ok(reports),
             Some(e) => {
-                for handle in succeeded {
-                    if handle.send(Command::AbortPrepare(c)).is_ok() {
-                        let _ = handle.recv();
-                    }
-                }
+                pool.abort_prepare(c, &succeeded);
                 Err(e)
             }
         }

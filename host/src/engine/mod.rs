@@ -19,6 +19,7 @@
 
 pub mod checkpoint;
 mod coordinator;
+pub mod pool;
 pub mod state;
 mod subtask;
 pub mod tables;
@@ -27,7 +28,8 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use coordinator::{CheckReport, RunSummary, check, grants_and_limits, run};
+pub use coordinator::{CheckReport, RunSummary, check, grants_and_limits, run, run_on};
+pub use subtask::RoundReport;
 
 use crate::capability::catalog::CatalogSetupError;
 use crate::capability::file_io::GrantError;
@@ -152,6 +154,19 @@ pub enum EngineError {
     NotPending { job: String, checkpoint: u64, pending: String },
     #[error("subtask {0} stopped unexpectedly")]
     SubtaskLost(u32),
+    #[error("writer {subtask} was lost: {message}")]
+    WriterLost { subtask: u32, message: String },
+    /// Writers of a pool were lost, not one named writer.
+    #[error("writers were lost: {message}")]
+    WritersLost { message: String },
+    /// A remote writer failed; the message is the one its process gave.
+    #[error("writer {subtask}: {message}")]
+    Remote { subtask: u32, message: String },
+    /// The pool running the writers failed (not one writer).
+    #[error("{message}")]
+    Pool { message: String },
+    #[error("cannot read {what} from another process: {message}")]
+    Wire { what: String, message: String },
     #[error("cannot start a thread: {0}")]
     Thread(#[source] std::io::Error),
     #[error("encoding rows as Arrow IPC: {0}")]

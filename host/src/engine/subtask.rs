@@ -43,10 +43,12 @@ pub(crate) enum Command {
 
 /// What a subtask hands the coordinator at the end of round `c`.
 #[derive(Debug)]
-pub(crate) struct RoundReport {
+pub struct RoundReport {
     pub c: u64,
     pub info: Option<Vec<u8>>,
     pub record: SubtaskRecord,
+    /// Rows written in this round.
+    pub rows: u64,
     /// The round ended at a barrier: the target must change first.
     pub changes: Vec<Change>,
     /// The round ended at a schema change that is refused.
@@ -120,7 +122,7 @@ impl Drop for SubtaskHandle {
     }
 }
 
-struct Subtask {
+pub(crate) struct Subtask {
     setup: SubtaskSetup,
     writer: WriterInstance,
     reader: Box<dyn SourceReader>,
@@ -151,15 +153,13 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
             Command::Round(c) => subtask.round(c).map(Reply::Round),
             Command::Apply(changes) => subtask.apply(&changes).map(|()| Reply::Applied),
             Command::AbortPrepare(c) => {
-                if let Err(e) = subtask.writer.abort_prepare(c) {
+                if let Err(e) = subtask.abort_prepare(c) {
                     tracing::warn!(subtask = subtask.setup.subtask, checkpoint = c, error = %e, "abort-prepare failed");
                 }
                 Ok(Reply::Aborted)
             }
             Command::Close => {
-                let peak = subtask.writer.memory_peak();
-                let r = subtask.writer.close().map(|()| Reply::Closed(peak)).map_err(EngineError::from);
-                let _ = replies.send(r);
+                let _ = replies.send(subtask.close().map(Reply::Closed));
                 return;
             }
         };
@@ -171,7 +171,22 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
 }
 
 impl Subtask {
-    fn open(setup: SubtaskSetup) -> Result<Self, EngineError> {
+    pub(crate) fn id(&self) -> u32 {
+        self.setup.subtask
+    }
+
+    pub(crate) fn abort_prepare(&mut self, c: u64) -> Result<(), crate::plugin::PluginError> {
+        self.writer.abort_prepare(c)
+    }
+
+    /// Closes the writer; the largest linear memory its instance had.
+    pub(crate) fn close(&mut self) -> Result<u64, EngineError> {
+        let peak = self.writer.memory_peak();
+        self.writer.close()?;
+        Ok(peak)
+    }
+
+    pub(crate) fn open(setup: SubtaskSetup) -> Result<Self, EngineError> {
         let instance = setup.plugin.instantiate(&format!("writer[{}]", setup.subtask), &setup.grants, setup.limits)?;
         let restored_state = setup.restored.as_ref().map(|r| r.writer_state.0.as_slice());
         let writer =
@@ -207,7 +222,7 @@ impl Subtask {
 
     /// The target took `changes`: the writer applies them, and batches of
     /// the changed tables are conformed to the new schemas from now on.
-    fn apply(&mut self, changes: &[Change]) -> Result<(), EngineError> {
+    pub(crate) fn apply(&mut self, changes: &[Change]) -> Result<(), EngineError> {
         self.writer.apply_changes(&tables::contract_changes(changes)?)?;
         self.setup.tables.apply(changes);
         Ok(())
@@ -237,7 +252,7 @@ impl Subtask {
         self.setup.source.rate().map(|r| r / f64::from(self.setup.ctx.parallelism.max(1)))
     }
 
-    fn round(&mut self, c: u64) -> Result<RoundReport, EngineError> {
+    pub(crate) fn round(&mut self, c: u64) -> Result<RoundReport, EngineError> {
         let deadline = self.setup.interval.map(|d| Instant::now() + d);
         let mut rows_in_round = 0u64;
         let mut wrote = false;
@@ -328,6 +343,7 @@ impl Subtask {
         Ok(RoundReport {
             c,
             info,
+            rows: rows_in_round,
             record: SubtaskRecord {
                 position: self.position.clone(),
                 writer_state: Blob(state),

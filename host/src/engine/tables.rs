@@ -27,7 +27,7 @@ use crate::ipc;
 use crate::plugin::{ChangeKind, SourceTable, TableChange};
 
 /// A schema change the source asks for, refused.
-#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[error(
     "table {table:?}: {message}; nothing of the new shape was written, and the job stops here until the source or the target is fixed"
 )]

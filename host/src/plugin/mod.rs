@@ -139,7 +139,7 @@ impl PluginError {
 }
 
 /// Who an instance is (the WIT `sink-context`, owned).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SinkCtx {
     pub job_id: String,
     pub sink_id: String,
@@ -162,7 +162,7 @@ pub struct SourceTable {
 }
 
 /// How a table changes at a checkpoint barrier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ChangeKind {
     NewTable,
     Evolved,

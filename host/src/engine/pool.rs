@@ -1,0 +1,343 @@
+//! Where the writers of a run live: threads of this process (`sluice run`),
+//! or other processes and machines (Ray actors, driven through the Python
+//! package). The coordinator speaks to them only through [`WriterPool`].
+//!
+//! Invariants:
+//! - a pool moves commands and reports, nothing else: every protocol
+//!   decision (what is persisted, committed, aborted) stays in the
+//!   coordinator, so a run on many machines keeps the guarantees of a run
+//!   in one process;
+//! - a remote writer is a [`Worker`] built from the same job file and the
+//!   [`WriterSetup`] the coordinator made, so it reads the same split of the
+//!   source and opens the same writer a local subtask would;
+//! - what crosses a process boundary ([`WriterSetup`], a round's report, a
+//!   barrier's changes) is a versioned JSON document whose binary parts are
+//!   base64, like the checkpoint record.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::EngineError;
+use super::checkpoint::{Blob, SubtaskRecord, TableRecord};
+use super::subtask::{Command, Reply, RoundReport, Subtask, SubtaskHandle, SubtaskSetup};
+use super::tables::{Change, SchemaRefusal, TableSet};
+use crate::capability::Granted;
+use crate::ipc;
+use crate::job::Job;
+use crate::plugin::{ChangeKind, Limits, Plugin, PluginHost, SinkCtx};
+use crate::progress::{Progress, ProgressMode};
+use crate::source::Source;
+
+/// What every writer of a run shares; the coordinator holds it. A local
+/// pool hands it to its threads; a remote writer rebuilds it from the job.
+pub struct WriterEnv {
+    pub plugin: Plugin,
+    pub grants: Granted,
+    pub limits: Limits,
+    /// The options every instance opens with (the job's and the host's own).
+    pub options: Vec<(String, String)>,
+    pub source: Arc<Source>,
+    pub every_rows: Option<u64>,
+    pub interval: Option<Duration>,
+    #[cfg(feature = "fault-injection")]
+    pub fault: Option<crate::fault::Fault>,
+    pub progress: Arc<Progress>,
+}
+
+/// What makes one writer: who it is, the tables it knows and what it
+/// resumes from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WriterSetup {
+    pub subtask: u32,
+    pub ctx: SinkCtx,
+    pub tables: Vec<TableRecord>,
+    pub restored: Option<SubtaskRecord>,
+}
+
+/// The writers of a run.
+pub trait WriterPool {
+    /// Opens one writer per setup and waits until every one is open.
+    fn open(&mut self, env: &WriterEnv, setups: Vec<WriterSetup>) -> Result<(), EngineError>;
+    /// Starts round `c` on every writer.
+    fn start_round(&mut self, c: u64) -> Result<(), EngineError>;
+    /// Waits for every writer's report of round `c`, in subtask order.
+    fn gather(&mut self, c: u64) -> Vec<Result<RoundReport, EngineError>>;
+    /// Best effort: the named writers release what `prepare-commit(c)` prepared.
+    fn abort_prepare(&mut self, c: u64, subtasks: &[u32]);
+    /// Every writer applies the changes the target took.
+    fn apply(&mut self, changes: &[Change]) -> Result<(), EngineError>;
+    /// Closes every writer; the largest linear memory a writer instance had.
+    fn close(&mut self) -> Result<u64, EngineError>;
+    /// How many writers are open.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Writers on threads of this process.
+#[derive(Default)]
+pub struct LocalPool {
+    subtasks: Vec<SubtaskHandle>,
+}
+
+impl WriterPool for LocalPool {
+    fn open(&mut self, env: &WriterEnv, setups: Vec<WriterSetup>) -> Result<(), EngineError> {
+        for setup in setups {
+            self.subtasks.push(SubtaskHandle::spawn(SubtaskSetup {
+                subtask: setup.subtask,
+                plugin: env.plugin.clone(),
+                grants: env.grants.clone(),
+                limits: env.limits,
+                ctx: setup.ctx,
+                options: env.options.clone(),
+                tables: TableSet::from_records(&setup.tables)?,
+                restored: setup.restored,
+                source: env.source.clone(),
+                every_rows: env.every_rows,
+                interval: env.interval,
+                #[cfg(feature = "fault-injection")]
+                fault: env.fault,
+                progress: env.progress.clone(),
+            })?);
+        }
+        let mut open_error = None;
+        for handle in &self.subtasks {
+            if let Err(e) = handle.recv() {
+                open_error.get_or_insert(e);
+            }
+        }
+        match open_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn start_round(&mut self, c: u64) -> Result<(), EngineError> {
+        for handle in &self.subtasks {
+            handle.send(Command::Round(c))?;
+        }
+        Ok(())
+    }
+
+    fn gather(&mut self, c: u64) -> Vec<Result<RoundReport, EngineError>> {
+        self.subtasks
+            .iter()
+            .map(|handle| match handle.recv() {
+                Ok(Reply::Round(report)) if report.c == c => Ok(report),
+                Ok(_) => Err(EngineError::SubtaskLost(handle.subtask)),
+                Err(e) => Err(e),
+            })
+            .collect()
+    }
+
+    fn abort_prepare(&mut self, c: u64, subtasks: &[u32]) {
+        for handle in self.subtasks.iter().filter(|h| subtasks.contains(&h.subtask)) {
+            if handle.send(Command::AbortPrepare(c)).is_ok() {
+                let _ = handle.recv();
+            }
+        }
+    }
+
+    fn apply(&mut self, changes: &[Change]) -> Result<(), EngineError> {
+        for handle in &self.subtasks {
+            handle.send(Command::Apply(changes.to_vec()))?;
+        }
+        for handle in &self.subtasks {
+            handle.recv()?;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<u64, EngineError> {
+        for handle in &self.subtasks {
+            handle.send(Command::Close)?;
+        }
+        let mut peak = 0;
+        for handle in &self.subtasks {
+            if let Reply::Closed(p) = handle.recv()? {
+                peak = peak.max(p);
+            }
+        }
+        Ok(peak)
+    }
+
+    fn len(&self) -> usize {
+        self.subtasks.len()
+    }
+}
+
+/// The version of the documents below; a peer of another version is refused.
+const WIRE_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct Envelope<T> {
+    sluice_wire: u32,
+    #[serde(flatten)]
+    body: T,
+}
+
+/// A change as it crosses a process boundary.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChangeWire {
+    kind: ChangeKind,
+    table: String,
+    /// The schema after the change, as an Arrow IPC stream without batches.
+    schema: Blob,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ReportWire {
+    c: u64,
+    info: Option<Blob>,
+    record: SubtaskRecord,
+    rows: u64,
+    changes: Vec<ChangeWire>,
+    refusal: Option<SchemaRefusal>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ChangesWire {
+    changes: Vec<ChangeWire>,
+}
+
+fn encode<T: Serialize>(what: &str, body: T) -> Result<Vec<u8>, EngineError> {
+    serde_json::to_vec(&Envelope { sluice_wire: WIRE_VERSION, body })
+        .map_err(|e| EngineError::Wire { what: what.to_string(), message: e.to_string() })
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T, EngineError> {
+    let wire = |message: String| EngineError::Wire { what: what.to_string(), message };
+    let envelope: Envelope<T> = serde_json::from_slice(bytes).map_err(|e| wire(e.to_string()))?;
+    if envelope.sluice_wire != WIRE_VERSION {
+        return Err(wire(format!(
+            "it is of wire version {}, this host speaks {WIRE_VERSION}: run the same Sluice version on every node",
+            envelope.sluice_wire
+        )));
+    }
+    Ok(envelope.body)
+}
+
+fn changes_to_wire(changes: &[Change]) -> Result<Vec<ChangeWire>, EngineError> {
+    changes
+        .iter()
+        .map(|c| Ok(ChangeWire { kind: c.kind, table: c.table.clone(), schema: Blob(ipc::encode_schema(&c.schema)?) }))
+        .collect()
+}
+
+fn changes_from_wire(changes: Vec<ChangeWire>) -> Result<Vec<Change>, EngineError> {
+    changes
+        .into_iter()
+        .map(|c| Ok(Change { kind: c.kind, table: c.table, schema: ipc::decode_schema(&c.schema.0)? }))
+        .collect()
+}
+
+impl WriterSetup {
+    pub fn encode(&self) -> Result<Vec<u8>, EngineError> {
+        encode("a writer setup", self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, EngineError> {
+        decode("a writer setup", bytes)
+    }
+}
+
+impl RoundReport {
+    /// The report as it crosses a process boundary.
+    pub fn encode(&self) -> Result<Vec<u8>, EngineError> {
+        encode(
+            "a round report",
+            ReportWire {
+                c: self.c,
+                info: self.info.clone().map(Blob),
+                record: self.record.clone(),
+                rows: self.rows,
+                changes: changes_to_wire(&self.changes)?,
+                refusal: self.refusal.clone(),
+            },
+        )
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, EngineError> {
+        let w: ReportWire = decode("a round report", bytes)?;
+        Ok(RoundReport {
+            c: w.c,
+            info: w.info.map(|b| b.0),
+            record: w.record,
+            rows: w.rows,
+            changes: changes_from_wire(w.changes)?,
+            refusal: w.refusal,
+        })
+    }
+}
+
+/// A barrier's changes as they cross a process boundary.
+pub fn encode_changes(changes: &[Change]) -> Result<Vec<u8>, EngineError> {
+    encode("a barrier's changes", ChangesWire { changes: changes_to_wire(changes)? })
+}
+
+pub fn decode_changes(bytes: &[u8]) -> Result<Vec<Change>, EngineError> {
+    let w: ChangesWire = decode("a barrier's changes", bytes)?;
+    changes_from_wire(w.changes)
+}
+
+/// One writer in a process of its own (a Ray actor): the same subtask a
+/// local pool runs on a thread, called directly.
+pub struct Worker {
+    subtask: Subtask,
+}
+
+impl Worker {
+    /// Opens the writer `setup` describes, for `job` (parsed from the same
+    /// job file the coordinator runs), loading the plugin through `host`.
+    pub fn open(job: &Job, host: &PluginHost, setup: WriterSetup) -> Result<Self, EngineError> {
+        let plugin = host.load(&job.spec.sink.plugin)?;
+        let grants = super::coordinator::grants(job, &super::RunOptions::default())?;
+        let options = plugin.options_for(job.sink_options(), &setup.ctx);
+        let source = Arc::new(Source::open(&job.spec.source, job.spec.job.parallelism)?);
+        let (every_rows, interval) = job.checkpoint_trigger();
+        let subtask = Subtask::open(SubtaskSetup {
+            subtask: setup.subtask,
+            plugin,
+            grants,
+            limits: super::coordinator::limits(job),
+            ctx: setup.ctx,
+            options,
+            tables: TableSet::from_records(&setup.tables)?,
+            restored: setup.restored,
+            source,
+            every_rows,
+            interval,
+            #[cfg(feature = "fault-injection")]
+            fault: None,
+            progress: Progress::new(ProgressMode::Quiet),
+        })?;
+        Ok(Self { subtask })
+    }
+
+    pub fn subtask(&self) -> u32 {
+        self.subtask.id()
+    }
+
+    /// Round `c`: reads this writer's split up to the checkpoint trigger,
+    /// writes, prepares and snapshots.
+    pub fn round(&mut self, c: u64) -> Result<RoundReport, EngineError> {
+        self.subtask.round(c)
+    }
+
+    pub fn apply(&mut self, changes: &[Change]) -> Result<(), EngineError> {
+        self.subtask.apply(changes)
+    }
+
+    /// Releases what `prepare-commit(c)` prepared.
+    pub fn abort_prepare(&mut self, c: u64) -> Result<(), EngineError> {
+        Ok(self.subtask.abort_prepare(c)?)
+    }
+
+    /// Closes the writer; the largest linear memory its instance had.
+    pub fn close(&mut self) -> Result<u64, EngineError> {
+        self.subtask.close()
+    }
+}

@@ -1,0 +1,186 @@
+"""Sluice on a local Ray cluster of three nodes (one CPU each).
+
+Run by tests/tests/ray.rs, which writes the job files, starts the BigQuery
+double and checks what landed; this script runs the jobs through
+`sluice.ray` and reads Iceberg tables back with PyIceberg. It prints one
+JSON document (the results) as its last line.
+
+Usage: cluster_suite.py SPEC.json, where SPEC names each scenario's job
+file and expectations (see tests/tests/ray.rs).
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+import ray
+from ray.cluster_utils import Cluster
+
+import sluice
+import sluice.ray
+
+NODE = {"num_cpus": 1, "object_store_memory": 128 * 1024 * 1024}
+
+
+def pyiceberg_ids(warehouse, table):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    cat = SqlCatalog("sluice", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+    t = cat.load_table(table)
+    ids = t.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+    checkpoints = [s.summary.additional_properties.get("sluice.checkpoint-id") for s in t.snapshots()]
+    return ids, checkpoints
+
+
+def exactly_once(ids, first, rows):
+    """None when `ids` is first..first+rows once each, else what is wrong."""
+    if len(ids) != len(set(ids)):
+        return f"{len(ids) - len(set(ids))} duplicated ids"
+    missing = set(range(first, first + rows)) - set(ids)
+    extra = set(ids) - set(range(first, first + rows))
+    if missing or extra:
+        return f"{len(missing)} ids missing, {len(extra)} unexpected"
+    return None
+
+
+def run_job(spec, cache_dir, cpus_per_writer=0.5, **kw):
+    started = time.time()
+    summary = sluice.ray.run(
+        spec["job"], cache_dir=cache_dir, cpus_per_writer=cpus_per_writer, open_timeout=180, quiet=True, **kw
+    )
+    summary["wall"] = time.time() - started
+    return summary
+
+
+def scenario_iceberg(spec, cache_dir, cluster):
+    summary = run_job(spec, cache_dir)
+    ids, checkpoints = pyiceberg_ids(spec["warehouse"], spec["table"])
+    return {
+        "summary": summary,
+        "pyiceberg_rows": len(ids),
+        "problem": exactly_once(ids, 0, spec["rows"]),
+        "snapshots": len(checkpoints),
+        "distinct_checkpoints": len(set(checkpoints)),
+    }
+
+
+def scenario_node_loss(spec, cache_dir, cluster):
+    """Removes a worker node once the run has persisted a checkpoint, and
+    adds a node back a few seconds later. The run goes on in a thread: Ray
+    starts and stops nodes from the main thread only."""
+    checkpoints = os.path.join(spec["state_dir"], "checkpoints")
+    events = []
+    outcome = {}
+
+    def job():
+        try:
+            # Two writers per node: after the loss four run, and two wait
+            # until a node comes back.
+            outcome["summary"] = run_job(spec, cache_dir, overrides=[f"source.rate={spec['rate']}"])
+        except Exception as e:  # reported with the scenario's result
+            outcome["error"] = e
+
+    t = threading.Thread(target=job, daemon=True)
+    t.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and t.is_alive():
+        if os.path.isdir(checkpoints) and any(n.endswith(".json") for n in os.listdir(checkpoints)):
+            break
+        time.sleep(0.05)
+    if not t.is_alive():
+        events.append("the run ended before a node could be removed")
+    else:
+        victim = cluster.worker_nodes[-1] if isinstance(cluster.worker_nodes, list) else list(cluster.worker_nodes)[-1]
+        events.append(f"removing a node after {len(os.listdir(checkpoints))} record(s)")
+        cluster.remove_node(victim, allow_graceful=False)
+        time.sleep(3)
+        cluster.add_node(**NODE)
+        events.append("added a node back")
+    t.join(timeout=300)
+    if "error" in outcome:
+        raise RuntimeError(f"{outcome['error']} (events: {events})") from outcome["error"]
+    if "summary" not in outcome:
+        raise RuntimeError(f"the run did not end within 300 s (events: {events})")
+    ids, checkpoints_seen = pyiceberg_ids(spec["warehouse"], spec["table"])
+    return {
+        "summary": outcome["summary"],
+        "events": events,
+        "pyiceberg_rows": len(ids),
+        "problem": exactly_once(ids, 0, spec["rows"]),
+        "snapshots": len(checkpoints_seen),
+        "distinct_checkpoints": len(set(checkpoints_seen)),
+    }
+
+
+def scenario_plain(spec, cache_dir, cluster):
+    return {"summary": run_job(spec, cache_dir)}
+
+
+def scenario_datasink(spec, cache_dir, cluster):
+    import pyarrow as pa
+
+    rows = spec["rows"]
+
+    def shape(batch):
+        ids = batch["id"]
+        return {
+            "id": ids.astype("int64"),
+            "name": [f"row-{i}" for i in ids],
+            "amount": (ids * 3).astype("int64"),
+        }
+
+    ds = ray.data.range(rows, override_num_blocks=6).map_batches(shape, batch_format="numpy")
+    sink = sluice.ray.Datasink(spec["job"], cache_dir=cache_dir)
+    ds.write_datasink(sink)
+    ids, checkpoints = pyiceberg_ids(spec["warehouse"], spec["table"])
+    first = {"pyiceberg_rows": len(ids), "problem": exactly_once(ids, 0, rows), "snapshots": len(checkpoints)}
+    # The same state directory again: refused, nothing lands twice.
+    again = None
+    try:
+        ds.write_datasink(sluice.ray.Datasink(spec["job"], cache_dir=cache_dir))
+    except Exception as e:  # Ray wraps the driver-side error
+        again = str(e)
+    ids_after, _ = pyiceberg_ids(spec["warehouse"], spec["table"])
+    return dict(first, second_write_error=again, rows_after_second=len(ids_after))
+
+
+SCENARIOS = {
+    "iceberg": scenario_iceberg,
+    "files": scenario_plain,
+    "bigquery": scenario_plain,
+    "datasink": scenario_datasink,
+    "node_loss": scenario_node_loss,
+}
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    cache_dir = spec["cache_dir"]
+    started = time.time()
+    cluster = Cluster(initialize_head=True, head_node_args=dict(NODE, include_dashboard=False))
+    cluster.add_node(**NODE)
+    cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    results = {"cluster_start": time.time() - started, "nodes": len(ray.nodes())}
+    try:
+        for name in spec["order"]:
+            began = time.time()
+            try:
+                results[name] = SCENARIOS[name](spec[name], cache_dir, cluster)
+            except Exception as e:  # reported to the Rust test, which fails with it
+                results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+            results[name]["seconds"] = time.time() - began
+            print(f"{name}: {time.time() - began:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    print(json.dumps(results, default=str))
+
+
+if __name__ == "__main__":
+    main()

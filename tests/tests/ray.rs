@@ -1,0 +1,175 @@
+//! Sluice on a local Ray cluster of three nodes (one CPU each), through the
+//! Python package (`python/`, built here as a wheel with maturin):
+//! - six writers, as actors spread over the nodes, land every row of an
+//!   Iceberg table exactly once, read back by PyIceberg;
+//! - a node removed in the middle of a run and added back: the driver
+//!   resumes from the last persisted checkpoint with new actors, and every
+//!   row still lands exactly once;
+//! - the files sink and the BigQuery double through the same runner;
+//! - a Ray Dataset written through `sluice.ray.Datasink`, with one commit,
+//!   and a second write into the same state directory refused.
+//!
+//! One cluster serves every scenario (`tests/ray/cluster_suite.py`): on two
+//! cores a cluster per scenario would cost more than the scenarios.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::Value;
+use sluice_bigquery_double::{BigQueryDouble, generator_schema};
+use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows, cache_dir, python_interpreter, read_visible};
+
+const TARGET: &str = env!("SLUICE_TEST_TARGET_DIR");
+const BQ_TABLE: &str = "projects/p/datasets/d/tables/ray";
+
+/// Builds the `sluice` wheel (abi3, the dev profile: it shares the test
+/// build's compiled crates) and installs it into a directory of its own;
+/// returns that directory, for PYTHONPATH.
+fn install_wheel(python: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let wheels = Path::new(TARGET).join("python-wheels");
+    let site = Path::new(TARGET).join("python-site");
+    let _ = std::fs::remove_dir_all(&wheels);
+    let started = Instant::now();
+    let out = Command::new(python)
+        .args(["-m", "maturin", "build", "--profile", "dev", "--quiet", "--manifest-path"])
+        .arg(root.join("python/Cargo.toml"))
+        .arg("--out")
+        .arg(&wheels)
+        .env("CARGO_TARGET_DIR", TARGET)
+        .output()
+        .expect("running maturin");
+    assert!(out.status.success(), "maturin build failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let wheel = std::fs::read_dir(&wheels)
+        .expect("wheel directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .expect("maturin wrote a wheel");
+    let name = wheel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    assert!(name.contains("-abi3-"), "the wheel is not abi3: {name}");
+    let _ = std::fs::remove_dir_all(&site);
+    let out = Command::new(python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--target"])
+        .arg(&site)
+        .arg(&wheel)
+        .output()
+        .expect("running pip");
+    assert!(out.status.success(), "pip install of {name} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("built and installed {name} in {:.1} s", started.elapsed().as_secs_f64());
+    site
+}
+
+/// Writes a job's file; its path, for the suite.
+fn job_file(job: &TestJob) -> String {
+    std::fs::write(job.path(), &job.toml).expect("writing job file");
+    job.path().display().to_string()
+}
+
+fn summary<'a>(results: &'a Value, scenario: &str) -> &'a Value {
+    let r = &results[scenario];
+    assert!(r.get("error").is_none(), "scenario {scenario} failed: {}\n{}", r["error"], r["trace"]);
+    &r["summary"]
+}
+
+#[test]
+fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
+    let python = python_interpreter();
+    let site = install_wheel(python);
+
+    // Six writers into one Iceberg table.
+    let ice_wh = tempfile::tempdir().expect("warehouse");
+    let ice = TestJob::iceberg("ray-ice", ice_wh.path(), "ray.events", 60_000, 0, 6, 2_000);
+    // The same, rate-limited so that a node can be removed mid-run.
+    let loss_wh = tempfile::tempdir().expect("warehouse");
+    let loss = TestJob::iceberg("ray-loss", loss_wh.path(), "ray.loss", 120_000, 0, 6, 2_000);
+    let files = TestJob::files("ray-files", 30_000, 6, 1_000);
+    let double = BigQueryDouble::start().expect("starting the BigQuery double");
+    double.create_table(BQ_TABLE, generator_schema());
+    let bq = TestJob::bigquery("ray-bq", &double.address(), BQ_TABLE, 30_000, 6, 1_000);
+    // The Datasink reads only the job's [sink]; the dataset is the source.
+    let ds_wh = tempfile::tempdir().expect("warehouse");
+    let datasink = TestJob::iceberg("ray-datasink", ds_wh.path(), "ray.dataset", 1, 0, 1, 1_000);
+
+    let spec = serde_json::json!({
+        "cache_dir": cache_dir(),
+        "order": ["iceberg", "files", "bigquery", "datasink", "node_loss"],
+        "iceberg": {"job": job_file(&ice), "warehouse": ice_wh.path(), "table": "ray.events", "rows": 60_000},
+        "node_loss": {
+            "job": job_file(&loss), "warehouse": loss_wh.path(), "table": "ray.loss", "rows": 120_000,
+            "rate": 24_000, "state_dir": loss.state(),
+        },
+        "files": {"job": job_file(&files)},
+        "bigquery": {"job": job_file(&bq)},
+        "datasink": {"job": job_file(&datasink), "warehouse": ds_wh.path(), "table": "ray.dataset", "rows": 50_000},
+    });
+    let spec_path = ice.dir.path().join("ray-suite.json");
+    std::fs::write(&spec_path, spec.to_string()).expect("writing the suite's spec");
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("ray/cluster_suite.py");
+    let started = Instant::now();
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(&spec_path)
+        .env("PYTHONPATH", &site)
+        .env("RAY_AUTH_MODE", "disabled")
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        .output()
+        .expect("running the Ray suite");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the Ray suite failed:\n{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let results: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("the Ray suite printed no results ({e}):\n{stdout}\n{stderr}"));
+    eprintln!("Ray suite: {:.1} s in all; {results}", started.elapsed().as_secs_f64());
+    assert_eq!(results["nodes"], 3, "the cluster has three nodes");
+
+    // Six writers, spread over the three nodes, into one Iceberg table.
+    let s = summary(&results, "iceberg");
+    assert_eq!(s["rows_total"], 60_000, "{s}");
+    assert_eq!(s["nodes"], 3, "the writers were not spread over the three nodes: {s}");
+    let r = &results["iceberg"];
+    assert_eq!(r["problem"], Value::Null, "PyIceberg: {r}");
+    assert_eq!(r["pyiceberg_rows"], 60_000, "{r}");
+    assert_eq!(r["snapshots"], r["distinct_checkpoints"], "a checkpoint was committed twice: {r}");
+    let native = sluice_tests::read_iceberg(ice_wh.path(), "ray.events");
+    assert_exactly_once_range(&native.rows, 0, 60_000);
+    native.assert_no_checkpoint_twice();
+
+    // A node removed mid-run, then added back.
+    let s = summary(&results, "node_loss");
+    let r = &results["node_loss"];
+    let recoveries = s["recoveries"].as_array().map_or(0, Vec::len);
+    assert!(recoveries >= 1, "the run did not notice the lost node: {r}");
+    assert!(
+        s["recoveries"][0].as_str().is_some_and(|m| m.contains("was lost")),
+        "the recovery does not say a writer was lost: {r}"
+    );
+    assert_eq!(r["problem"], Value::Null, "PyIceberg after a lost node: {r}");
+    assert_eq!(r["pyiceberg_rows"], 120_000, "{r}");
+    assert_eq!(r["snapshots"], r["distinct_checkpoints"], "a checkpoint was committed twice: {r}");
+    let native = sluice_tests::read_iceberg(loss_wh.path(), "ray.loss");
+    assert_exactly_once_range(&native.rows, 0, 120_000);
+    native.assert_no_checkpoint_twice();
+
+    // The files sink and the BigQuery double through the same runner.
+    let s = summary(&results, "files");
+    assert_eq!(s["rows_total"], 30_000, "{s}");
+    assert_exactly_once_range(&read_visible(&files.out()), 0, 30_000);
+    let s = summary(&results, "bigquery");
+    assert_eq!(s["rows_total"], 30_000, "{s}");
+    assert_exactly_once_range(&bigquery_rows(&double.visible_rows(BQ_TABLE)), 0, 30_000);
+
+    // The Datasink: one commit, and no second landing from the same state directory.
+    let r = &results["datasink"];
+    assert!(r.get("error").is_none(), "datasink: {}\n{}", r["error"], r["trace"]);
+    assert_eq!(r["problem"], Value::Null, "PyIceberg after the Datasink: {r}");
+    assert_eq!(r["pyiceberg_rows"], 50_000, "{r}");
+    assert_eq!(r["snapshots"], 1, "the Datasink commits once: {r}");
+    assert!(
+        r["second_write_error"].as_str().is_some_and(|e| e.contains("already landed a dataset")),
+        "a second write into the same state directory was not refused: {r}"
+    );
+    assert_eq!(r["rows_after_second"], 50_000, "{r}");
+}
