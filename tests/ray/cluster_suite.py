@@ -147,7 +147,108 @@ def scenario_datasink(spec, cache_dir, cluster):
     return dict(first, second_write_error=again, rows_after_second=len(ids_after))
 
 
+def scenario_low_level(spec, cache_dir, cluster):
+    """The package without Ray: a writer and the committer driven by hand
+    through one checkpoint, with the record persisted before the commit;
+    the GIL is free while the plugin works; errors read as the CLI's."""
+    import base64
+
+    import pyarrow as pa
+
+    job = sluice.Job.load(spec["job"])
+    host = sluice.Host(cache_dir)
+    sink = sluice.Sink(job, host)
+    store = sluice.CheckpointStore(str(job.state_dir), job.id, job.retain)
+    incarnation = store.start_incarnation()
+    rows = spec["rows"]
+    batch = pa.record_batch(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "name": pa.array([f"row-{i}" for i in range(rows)], pa.string()),
+        }
+    )
+    tables = sluice.tables(batch.schema)
+    committer = sink.open_committer(sluice.sink_context(job, incarnation, 0, 1, 1, True), tables)
+    writer = sink.open_writer(sluice.sink_context(job, incarnation, 0, 1, 1, True), tables)
+
+    # A Python thread counts while the plugin writes. With a switch
+    # interval of 10 s the interpreter never takes the GIL from the writing
+    # thread, so the counter runs only while a call has released it.
+    counted = [0]
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            counted[0] += 1
+            time.sleep(0)  # hands the GIL back whenever the writer wants it
+
+    ipc = sluice.ipc_batch(batch)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        t = threading.Thread(target=count, daemon=True)
+        t.start()
+        began = time.perf_counter()
+        writes = 0
+        while time.perf_counter() - began < 1.0:
+            writer.write(ipc, "")
+            writes += 1
+        stop.set()
+        t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    info = writer.prepare_commit(1)
+    state = writer.snapshot_state(1)
+    combined = committer.combine(1, [info])
+    record = {
+        "job_id": job.id,
+        "sink_id": job.sink_id,
+        "checkpoint": 1,
+        "attempt": 1,
+        "parallelism": 1,
+        "subtasks": [
+            {"position": None, "writer_state": base64.b64encode(state).decode(), "rows": rows * writes, "finished": True}
+        ],
+        "pending": [{"checkpoint": 1, "combined": base64.b64encode(combined).decode(), "rows": rows * writes}],
+        "last_committed": None,
+        "created_at_ms": int(time.time() * 1000),
+    }
+    store.persist(json.dumps(record))
+    first = committer.commit(1, combined)
+    again = committer.commit(1, combined)
+    writer.close()
+    latest = json.loads(store.latest())
+    # A job error, as a Python exception with the CLI's message.
+    try:
+        sluice.Sink(sluice.Job.load(spec["bad_job"]), host).open_writer(
+            sluice.sink_context(job, incarnation, 0), tables
+        )
+        error = None
+    except sluice.SluiceError as e:
+        error = str(e)
+    return {
+        "writes": writes,
+        "rows": rows * writes,
+        "counted_while_writing": counted[0],
+        "first_commit": first,
+        "second_commit": again,
+        "persisted_pending": len(latest["pending"]),
+        "error": None,
+        "bad_job_error": error,
+        "ray_error": ray_error(spec["bad_job"], cache_dir),
+    }
+
+
+def ray_error(path, cache_dir):
+    try:
+        sluice.ray.run(path, cache_dir=cache_dir, quiet=True)
+    except sluice.SluiceError as e:
+        return str(e)
+    return None
+
+
 SCENARIOS = {
+    "low_level": scenario_low_level,
     "iceberg": scenario_iceberg,
     "files": scenario_plain,
     "bigquery": scenario_plain,
@@ -174,6 +275,7 @@ def main():
                 results[name] = SCENARIOS[name](spec[name], cache_dir, cluster)
             except Exception as e:  # reported to the Rust test, which fails with it
                 results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+            results[name].setdefault("error", None)
             results[name]["seconds"] = time.time() - began
             print(f"{name}: {time.time() - began:.1f} s", file=sys.stderr, flush=True)
     finally:

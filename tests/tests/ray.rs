@@ -7,7 +7,10 @@
 //!   row still lands exactly once;
 //! - the files sink and the BigQuery double through the same runner;
 //! - a Ray Dataset written through `sluice.ray.Datasink`, with one commit,
-//!   and a second write into the same state directory refused.
+//!   and a second write into the same state directory refused;
+//! - the package's own calls without Ray: a writer and the committer driven
+//!   through one checkpoint, the GIL free during plugin calls, and errors
+//!   carrying the message the CLI prints.
 //!
 //! One cluster serves every scenario (`tests/ray/cluster_suite.py`): on two
 //! cores a cluster per scenario would cost more than the scenarios.
@@ -18,7 +21,10 @@ use std::time::Instant;
 
 use serde_json::Value;
 use sluice_bigquery_double::{BigQueryDouble, generator_schema};
-use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows, cache_dir, python_interpreter, read_visible};
+use sluice_tests::{
+    TestJob, assert_exactly_once_range, bigquery_rows, cache_dir, count_visible, python_interpreter, read_visible,
+    run_cli,
+};
 
 const TARGET: &str = env!("SLUICE_TEST_TARGET_DIR");
 const BQ_TABLE: &str = "projects/p/datasets/d/tables/ray";
@@ -68,9 +74,13 @@ fn job_file(job: &TestJob) -> String {
 }
 
 fn summary<'a>(results: &'a Value, scenario: &str) -> &'a Value {
+    &passed(results, scenario)["summary"]
+}
+
+fn passed<'a>(results: &'a Value, scenario: &str) -> &'a Value {
     let r = &results[scenario];
-    assert!(r.get("error").is_none(), "scenario {scenario} failed: {}\n{}", r["error"], r["trace"]);
-    &r["summary"]
+    assert!(r["error"].is_null(), "scenario {scenario} failed: {}\n{}", r["error"], r["trace"]);
+    r
 }
 
 #[test]
@@ -88,13 +98,18 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     let double = BigQueryDouble::start().expect("starting the BigQuery double");
     double.create_table(BQ_TABLE, generator_schema());
     let bq = TestJob::bigquery("ray-bq", &double.address(), BQ_TABLE, 30_000, 6, 1_000);
+    // The package without Ray: a writer and the committer by hand; and a
+    // job whose plugin is missing, for the error message.
+    let low = TestJob::files("ray-low", 1, 1, 1_000);
+    let bad = TestJob::files_with("/nonexistent/sluice_sink_files.wasm", "ray-bad", 1, 1, 1_000);
     // The Datasink reads only the job's [sink]; the dataset is the source.
     let ds_wh = tempfile::tempdir().expect("warehouse");
     let datasink = TestJob::iceberg("ray-datasink", ds_wh.path(), "ray.dataset", 1, 0, 1, 1_000);
 
     let spec = serde_json::json!({
         "cache_dir": cache_dir(),
-        "order": ["iceberg", "files", "bigquery", "datasink", "node_loss"],
+        "order": ["low_level", "iceberg", "files", "bigquery", "datasink", "node_loss"],
+        "low_level": {"job": job_file(&low), "bad_job": job_file(&bad), "rows": 20_000},
         "iceberg": {"job": job_file(&ice), "warehouse": ice_wh.path(), "table": "ray.events", "rows": 60_000},
         "node_loss": {
             "job": job_file(&loss), "warehouse": loss_wh.path(), "table": "ray.loss", "rows": 120_000,
@@ -124,6 +139,30 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         .unwrap_or_else(|e| panic!("the Ray suite printed no results ({e}):\n{stdout}\n{stderr}"));
     eprintln!("Ray suite: {:.1} s in all; {results}", started.elapsed().as_secs_f64());
     assert_eq!(results["nodes"], 3, "the cluster has three nodes");
+
+    // The package's own calls: one checkpoint by hand, persisted before its
+    // commit, and idempotent.
+    let r = passed(&results, "low_level");
+    assert_eq!(r["first_commit"], "committed", "{r}");
+    assert_eq!(r["second_commit"], "already-committed", "{r}");
+    assert_eq!(r["persisted_pending"], 1, "the record was not persisted before the commit: {r}");
+    let written = r["rows"].as_u64().unwrap_or(0);
+    assert!(written >= 20_000, "{r}");
+    assert_eq!(count_visible(&low.out()) as u64, written, "the files sink shows other rows: {r}");
+    // The GIL is released during plugin calls: another Python thread ran
+    // while the writer was inside the plugin (with a 10 s switch interval).
+    assert!(
+        r["counted_while_writing"].as_u64().unwrap_or(0) > r["writes"].as_u64().unwrap_or(0),
+        "the GIL was held during plugin calls: {r}"
+    );
+    // The same error message as the CLI prints, from the package and the Ray runner.
+    let bad_path = bad.path().display().to_string();
+    let (code, _, stderr) = run_cli(&["run", &bad_path], bad.dir.path());
+    assert_ne!(code, 0);
+    let cli = stderr.lines().find_map(|l| l.strip_prefix("error: ")).unwrap_or_default().to_string();
+    assert!(cli.contains("no plugin file at /nonexistent/sluice_sink_files.wasm"), "{stderr}");
+    assert_eq!(r["bad_job_error"].as_str(), Some(cli.as_str()), "the package's message differs from the CLI's");
+    assert_eq!(r["ray_error"].as_str(), Some(cli.as_str()), "sluice.ray's message differs from the CLI's");
 
     // Six writers, spread over the three nodes, into one Iceberg table.
     let s = summary(&results, "iceberg");
@@ -162,8 +201,7 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     assert_exactly_once_range(&bigquery_rows(&double.visible_rows(BQ_TABLE)), 0, 30_000);
 
     // The Datasink: one commit, and no second landing from the same state directory.
-    let r = &results["datasink"];
-    assert!(r.get("error").is_none(), "datasink: {}\n{}", r["error"], r["trace"]);
+    let r = passed(&results, "datasink");
     assert_eq!(r["problem"], Value::Null, "PyIceberg after the Datasink: {r}");
     assert_eq!(r["pyiceberg_rows"], 50_000, "{r}");
     assert_eq!(r["snapshots"], 1, "the Datasink commits once: {r}");
