@@ -35,7 +35,8 @@ use sluice::engine::tables::Change;
 use sluice::engine::{self, EngineError, RoundReport, RunOptions};
 use sluice::job::Job as JobFile;
 use sluice::plugin::{
-    CommitterInstance, ComponentCache, Limits, Plugin, PluginHost, SinkCtx, SourceTable, WriterInstance,
+    CommitterInstance, ComponentCache, Limits, Plugin, PluginError, PluginHost, SinkCtx, SinkErrorKind, SourceTable,
+    WriterInstance,
 };
 use sluice::progress::{Progress, ProgressMode};
 
@@ -45,6 +46,12 @@ create_exception!(
     WriterLost,
     SluiceError,
     "A writer's process or machine was lost; the job resumes from its last checkpoint."
+);
+create_exception!(
+    _native,
+    Retryable,
+    SluiceError,
+    "The plugin answered `retryable`: the same call may succeed when made again (Sluice's own runs retry commits with backoff)."
 );
 
 /// `error: cause: cause`, as the CLI prints an error.
@@ -63,10 +70,21 @@ fn message(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 fn to_py(e: impl std::error::Error + 'static) -> PyErr {
-    let is_lost = (&e as &dyn std::error::Error)
-        .downcast_ref::<EngineError>()
-        .is_some_and(|e| matches!(e, EngineError::WriterLost { .. } | EngineError::WritersLost { .. }));
-    if is_lost { WriterLost::new_err(message(&e)) } else { SluiceError::new_err(message(&e)) }
+    let dynamic = &e as &dyn std::error::Error;
+    let engine = dynamic.downcast_ref::<EngineError>();
+    let is_lost = engine.is_some_and(|e| matches!(e, EngineError::WriterLost { .. } | EngineError::WritersLost { .. }));
+    let plugin = dynamic.downcast_ref::<PluginError>().or(match engine {
+        Some(EngineError::Plugin(p)) => Some(p),
+        _ => None,
+    });
+    let retryable = plugin.is_some_and(|p| p.sink_kind() == Some(SinkErrorKind::Retryable));
+    if is_lost {
+        WriterLost::new_err(message(&e))
+    } else if retryable {
+        Retryable::new_err(message(&e))
+    } else {
+        SluiceError::new_err(message(&e))
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
@@ -345,13 +363,22 @@ impl Writer {
 
 #[pymethods]
 impl Writer {
-    /// Writes one batch of `table` (`""` for a single-table sink), as an
-    /// Arrow IPC stream (`sluice.ipc_batch` makes one from a pyarrow batch).
+    /// Writes one batch of `table` (`""` for a single-table sink): a pyarrow
+    /// `RecordBatch`, or the bytes of an Arrow IPC stream
+    /// (`sluice.ipc_batch`). Either way the batch crosses into the plugin
+    /// whole, as Arrow IPC.
     #[pyo3(signature = (batch, table = String::new()))]
-    fn write(&self, py: Python<'_>, batch: &Bound<'_, PyBytes>, table: String) -> PyResult<()> {
-        // The bytes are read in place; the GIL stays released while the
-        // plugin runs (the bytes object is kept alive by the caller).
-        let bytes: &[u8] = batch.as_bytes();
+    fn write(&self, py: Python<'_>, batch: &Bound<'_, PyAny>, table: String) -> PyResult<()> {
+        let encoded;
+        let bytes: &[u8] = match batch.cast::<PyBytes>() {
+            Ok(b) => b.as_bytes(),
+            Err(_) => {
+                encoded = py.import("sluice")?.getattr("ipc_batch")?.call1((batch,))?;
+                encoded.cast::<PyBytes>().map_err(PyErr::from)?.as_bytes()
+            }
+        };
+        // The bytes are read in place while the GIL is released: the caller
+        // (or `encoded`) keeps them alive for the call.
         self.with(py, |w| w.write(&table, bytes))?.map_err(to_py)
     }
 
@@ -399,20 +426,14 @@ impl Committer {
     }
 
     /// Commits a combined checkpoint: `"committed"`, or `"already-committed"`
-    /// when its idempotence key is in the target already.
+    /// when its idempotence key is in the target already. Raises `Retryable`
+    /// when the plugin asks for the commit to be made again.
     fn commit(&self, py: Python<'_>, checkpoint: u64, combined: Vec<u8>) -> PyResult<&'static str> {
         let outcome = py.detach(|| lock(&self.inner).map(|mut c| c.commit(checkpoint, &combined)))?.map_err(to_py)?;
         Ok(match outcome {
             CommitOutcome::Committed => "committed",
             CommitOutcome::AlreadyCommitted => "already-committed",
         })
-    }
-
-    /// Whether an error of `commit` asks to be retried (the plugin said
-    /// `retryable`): the message starts the same for every such error.
-    #[staticmethod]
-    fn is_retryable(message: &str) -> bool {
-        message.contains("(retryable error)")
     }
 
     fn abort(&self, py: Python<'_>, checkpoint: u64, combined: Vec<u8>) -> PyResult<()> {
@@ -695,6 +716,7 @@ fn init_logging(level: &str) {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SluiceError", m.py().get_type::<SluiceError>())?;
     m.add("WriterLost", m.py().get_type::<WriterLost>())?;
+    m.add("Retryable", m.py().get_type::<Retryable>())?;
     m.add_class::<Job>()?;
     m.add_class::<Host>()?;
     m.add_class::<Sink>()?;

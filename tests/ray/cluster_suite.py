@@ -197,6 +197,9 @@ def scenario_low_level(spec, cache_dir, cluster):
         t.join()
     finally:
         sys.setswitchinterval(interval)
+    # A pyarrow batch is taken as it is, too.
+    writer.write(batch)
+    writes += 1
     info = writer.prepare_commit(1)
     state = writer.snapshot_state(1)
     combined = committer.combine(1, [info])

@@ -35,7 +35,7 @@ import ray
 import ray.data
 import ray.exceptions
 
-from .. import CheckpointStore, Committer, Host, Job, Sink, SluiceError, Worker, WriterLost, _native
+from .. import CheckpointStore, Committer, Host, Job, Retryable, Sink, SluiceError, Worker, WriterLost, _native
 from .. import ipc_batch, ipc_schema, sink_context
 
 __all__ = ["Datasink", "RayPool", "run"]
@@ -74,8 +74,8 @@ class WriterActor:
         self._worker: Optional[Worker] = None
         try:
             self._worker = Worker(_job_from(job), Host(cache_dir), setup)
-        except SluiceError as e:
-            self._error = str(e)
+        except Exception as e:  # noqa: BLE001 - a job error, or a node without the package: the driver says which
+            self._error = str(e) if isinstance(e, SluiceError) else f"{type(e).__name__}: {e}"
 
     def ready(self):
         if self._error is not None:
@@ -103,7 +103,7 @@ class WriterActor:
         return self._call(lambda: self._worker.close())
 
 
-def _answer(result, what: str):
+def _answer(result):
     """The value of an actor's ``("ok", value)``; raises its error."""
     kind, value = result
     if kind == "ok":
@@ -154,7 +154,7 @@ class RayPool:
         nodes = []
         for i, ref in enumerate(refs):
             try:
-                nodes.append(_answer(ray.get(ref), "open"))
+                nodes.append(_answer(ray.get(ref)))
             except _LOST as e:
                 raise WriterLost(f"writer {i} was lost while opening: {type(e).__name__}") from None
         self.nodes = nodes
@@ -180,15 +180,15 @@ class RayPool:
         refs = [self.actors[i].abort_prepare.remote(c) for i in subtasks]
         for ref in refs:
             try:
-                ray.get(ref)
-            except ray.exceptions.RayError as e:
+                _answer(ray.get(ref))
+            except (ray.exceptions.RayError, SluiceError) as e:
                 log.warning("abort-prepare of checkpoint %d failed: %s", c, _first_line(e))
 
     def apply(self, changes: bytes) -> None:
         refs = [a.apply.remote(changes) for a in self.actors]
         for i, ref in enumerate(refs):
             try:
-                _answer(ray.get(ref), "apply")
+                _answer(ray.get(ref))
             except _LOST as e:
                 raise WriterLost(f"writer {i} was lost applying a schema change: {type(e).__name__}") from None
 
@@ -197,7 +197,7 @@ class RayPool:
         peak = 0
         for i, ref in enumerate(refs):
             try:
-                peak = max(peak, int(_answer(ray.get(ref), "close")))
+                peak = max(peak, int(_answer(ray.get(ref))))
             except _LOST as e:
                 raise WriterLost(f"writer {i} was lost while closing: {type(e).__name__}") from None
         return peak
@@ -423,8 +423,8 @@ def _commit_with_retries(committer: Committer, c: int, combined: bytes, attempts
     for attempt in range(1, attempts + 1):
         try:
             return committer.commit(c, combined)
-        except SluiceError as e:
-            if attempt == attempts or not Committer.is_retryable(str(e)):
+        except Retryable as e:
+            if attempt == attempts:
                 raise
             log.warning("commit of checkpoint %d failed (attempt %d): %s; retrying", c, attempt, e)
             time.sleep(wait)
