@@ -607,9 +607,18 @@ fn build_python_jsonl() -> Result<String, String> {
             "pip install --target flatbuffers",
         )?;
     }
+    // componentize-py adds the site-packages of `$VIRTUAL_ENV` (else of the
+    // `python3` on PATH) to the component's path. Pointing it at an empty
+    // one keeps the build to what the plugin bundles (`deps`): a numpy in
+    // the test environment (Ray's) would otherwise be imported inside the
+    // sandbox by flatbuffers, and fail there.
+    let no_site = out_dir.join("no-site");
+    let empty = no_site.join("lib/python3/site-packages");
+    std::fs::create_dir_all(&empty).map_err(|e| format!("creating {}: {e}", empty.display()))?;
     let started = Instant::now();
     run(
         Command::new(python)
+            .env("VIRTUAL_ENV", &no_site)
             .args([
                 "-c",
                 "import sys; from componentize_py import script; sys.argv[0] = 'componentize-py'; sys.exit(script())",
