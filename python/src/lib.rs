@@ -584,7 +584,7 @@ fn remote_error(py: Python<'_>, subtask: Option<u32>, e: &PyErr) -> EngineError 
 }
 
 impl WriterPool for PyPool {
-    fn open(&mut self, env: &WriterEnv, setups: Vec<WriterSetup>) -> Result<(), EngineError> {
+    fn open(&mut self, env: Arc<WriterEnv>, setups: Vec<WriterSetup>) -> Result<(), EngineError> {
         self.writers = setups.len();
         self.progress = Some(env.progress.clone());
         let encoded = setups.iter().map(WriterSetup::encode).collect::<Result<Vec<_>, _>>()?;

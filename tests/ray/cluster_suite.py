@@ -55,16 +55,21 @@ def run_job(spec, cache_dir, cpus_per_writer=0.5, **kw):
     return summary
 
 
-def scenario_iceberg(spec, cache_dir, cluster):
-    summary = run_job(spec, cache_dir)
+def iceberg_result(spec, summary, **more):
+    """A run's summary with what PyIceberg reads back from its table."""
     ids, checkpoints = pyiceberg_ids(spec["warehouse"], spec["table"])
-    return {
-        "summary": summary,
-        "pyiceberg_rows": len(ids),
-        "problem": exactly_once(ids, 0, spec["rows"]),
-        "snapshots": len(checkpoints),
-        "distinct_checkpoints": len(set(checkpoints)),
-    }
+    return dict(
+        more,
+        summary=summary,
+        pyiceberg_rows=len(ids),
+        problem=exactly_once(ids, 0, spec["rows"]),
+        snapshots=len(checkpoints),
+        distinct_checkpoints=len(set(checkpoints)),
+    )
+
+
+def scenario_iceberg(spec, cache_dir, cluster):
+    return iceberg_result(spec, run_job(spec, cache_dir))
 
 
 def scenario_node_loss(spec, cache_dir, cluster):
@@ -104,15 +109,7 @@ def scenario_node_loss(spec, cache_dir, cluster):
         raise RuntimeError(f"{outcome['error']} (events: {events})") from outcome["error"]
     if "summary" not in outcome:
         raise RuntimeError(f"the run did not end within 300 s (events: {events})")
-    ids, checkpoints_seen = pyiceberg_ids(spec["warehouse"], spec["table"])
-    return {
-        "summary": outcome["summary"],
-        "events": events,
-        "pyiceberg_rows": len(ids),
-        "problem": exactly_once(ids, 0, spec["rows"]),
-        "snapshots": len(checkpoints_seen),
-        "distinct_checkpoints": len(set(checkpoints_seen)),
-    }
+    return iceberg_result(spec, outcome["summary"], events=events)
 
 
 def scenario_plain(spec, cache_dir, cluster):

@@ -83,6 +83,22 @@ fn passed<'a>(results: &'a Value, scenario: &str) -> &'a Value {
     r
 }
 
+/// Asserts that a scenario landed `rows` rows in `table` exactly once, as
+/// PyIceberg (in the suite) and iceberg-rust read it, with no checkpoint
+/// committed twice; its run summary.
+fn assert_iceberg_once<'a>(results: &'a Value, scenario: &str, warehouse: &Path, table: &str, rows: u64) -> &'a Value {
+    let s = summary(results, scenario);
+    let r = &results[scenario];
+    assert_eq!(s["rows_total"], rows, "{s}");
+    assert_eq!(r["problem"], Value::Null, "PyIceberg, {scenario}: {r}");
+    assert_eq!(r["pyiceberg_rows"], rows, "{r}");
+    assert_eq!(r["snapshots"], r["distinct_checkpoints"], "a checkpoint was committed twice: {r}");
+    let native = sluice_tests::read_iceberg(warehouse, table);
+    assert_exactly_once_range(&native.rows, 0, rows);
+    native.assert_no_checkpoint_twice();
+    s
+}
+
 #[test]
 fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     let python = python_interpreter();
@@ -165,32 +181,17 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     assert_eq!(r["ray_error"].as_str(), Some(cli.as_str()), "sluice.ray's message differs from the CLI's");
 
     // Six writers, spread over the three nodes, into one Iceberg table.
-    let s = summary(&results, "iceberg");
-    assert_eq!(s["rows_total"], 60_000, "{s}");
+    let s = assert_iceberg_once(&results, "iceberg", ice_wh.path(), "ray.events", 60_000);
     assert_eq!(s["nodes"], 3, "the writers were not spread over the three nodes: {s}");
-    let r = &results["iceberg"];
-    assert_eq!(r["problem"], Value::Null, "PyIceberg: {r}");
-    assert_eq!(r["pyiceberg_rows"], 60_000, "{r}");
-    assert_eq!(r["snapshots"], r["distinct_checkpoints"], "a checkpoint was committed twice: {r}");
-    let native = sluice_tests::read_iceberg(ice_wh.path(), "ray.events");
-    assert_exactly_once_range(&native.rows, 0, 60_000);
-    native.assert_no_checkpoint_twice();
 
     // A node removed mid-run, then added back.
-    let s = summary(&results, "node_loss");
-    let r = &results["node_loss"];
+    let s = assert_iceberg_once(&results, "node_loss", loss_wh.path(), "ray.loss", 120_000);
     let recoveries = s["recoveries"].as_array().map_or(0, Vec::len);
-    assert!(recoveries >= 1, "the run did not notice the lost node: {r}");
+    assert!(recoveries >= 1, "the run did not notice the lost node: {}", results["node_loss"]);
     assert!(
         s["recoveries"][0].as_str().is_some_and(|m| m.contains("was lost")),
-        "the recovery does not say a writer was lost: {r}"
+        "the recovery does not say a writer was lost: {s}"
     );
-    assert_eq!(r["problem"], Value::Null, "PyIceberg after a lost node: {r}");
-    assert_eq!(r["pyiceberg_rows"], 120_000, "{r}");
-    assert_eq!(r["snapshots"], r["distinct_checkpoints"], "a checkpoint was committed twice: {r}");
-    let native = sluice_tests::read_iceberg(loss_wh.path(), "ray.loss");
-    assert_exactly_once_range(&native.rows, 0, 120_000);
-    native.assert_no_checkpoint_twice();
 
     // The files sink and the BigQuery double through the same runner.
     let s = summary(&results, "files");

@@ -519,7 +519,7 @@ impl<'a> Coordinator<'a> {
                 restored: self.restored.as_ref().and_then(|r| r.subtasks.get(s as usize).cloned()),
             })
             .collect();
-        pool.open(&env, setups)
+        pool.open(Arc::new(env), setups)
     }
 
     /// Checkpoint `c`, whose round is running: gather every writer's part,

@@ -59,7 +59,7 @@ pub struct WriterSetup {
 /// The writers of a run.
 pub trait WriterPool {
     /// Opens one writer per setup and waits until every one is open.
-    fn open(&mut self, env: &WriterEnv, setups: Vec<WriterSetup>) -> Result<(), EngineError>;
+    fn open(&mut self, env: Arc<WriterEnv>, setups: Vec<WriterSetup>) -> Result<(), EngineError>;
     /// Starts round `c` on every writer.
     fn start_round(&mut self, c: u64) -> Result<(), EngineError>;
     /// Waits for every writer's report of round `c`, in subtask order.
@@ -84,23 +84,14 @@ pub struct LocalPool {
 }
 
 impl WriterPool for LocalPool {
-    fn open(&mut self, env: &WriterEnv, setups: Vec<WriterSetup>) -> Result<(), EngineError> {
+    fn open(&mut self, env: Arc<WriterEnv>, setups: Vec<WriterSetup>) -> Result<(), EngineError> {
         for setup in setups {
             self.subtasks.push(SubtaskHandle::spawn(SubtaskSetup {
+                env: env.clone(),
                 subtask: setup.subtask,
-                plugin: env.plugin.clone(),
-                grants: env.grants.clone(),
-                limits: env.limits,
                 ctx: setup.ctx,
-                options: env.options.clone(),
                 tables: TableSet::from_records(&setup.tables)?,
                 restored: setup.restored,
-                source: env.source.clone(),
-                every_rows: env.every_rows,
-                interval: env.interval,
-                #[cfg(feature = "fault-injection")]
-                fault: env.fault,
-                progress: env.progress.clone(),
             })?);
         }
         let mut open_error = None;
@@ -298,21 +289,24 @@ impl Worker {
         let options = plugin.options_for(job.sink_options(), &setup.ctx);
         let source = Arc::new(Source::open(&job.spec.source, job.spec.job.parallelism)?);
         let (every_rows, interval) = job.checkpoint_trigger();
-        let subtask = Subtask::open(SubtaskSetup {
-            subtask: setup.subtask,
+        let env = WriterEnv {
             plugin,
             grants,
             limits: super::coordinator::limits(job),
-            ctx: setup.ctx,
             options,
-            tables: TableSet::from_records(&setup.tables)?,
-            restored: setup.restored,
             source,
             every_rows,
             interval,
             #[cfg(feature = "fault-injection")]
             fault: None,
             progress: Progress::new(ProgressMode::Quiet),
+        };
+        let subtask = Subtask::open(SubtaskSetup {
+            env: Arc::new(env),
+            subtask: setup.subtask,
+            ctx: setup.ctx,
+            tables: TableSet::from_records(&setup.tables)?,
+            restored: setup.restored,
         })?;
         Ok(Self { subtask })
     }

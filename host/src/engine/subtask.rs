@@ -23,14 +23,13 @@ use std::time::{Duration, Instant};
 
 use arrow_schema::SchemaRef;
 
+use super::pool::WriterEnv;
 use super::tables::{self, Change, Fit, SchemaRefusal, TableSet};
 use super::{EngineError, crash_point};
-use crate::capability::Granted;
 use crate::engine::checkpoint::{Blob, SubtaskRecord};
 use crate::ipc;
-use crate::plugin::{Limits, Plugin, SinkCtx, WriterInstance};
-use crate::progress::Progress;
-use crate::source::{Source, SourceReader, TableBatch};
+use crate::plugin::{SinkCtx, WriterInstance};
+use crate::source::{SourceReader, TableBatch};
 
 pub(crate) enum Command {
     Round(u64),
@@ -64,23 +63,14 @@ pub(crate) enum Reply {
     Closed(u64),
 }
 
-/// Everything a subtask thread needs.
+/// Everything a subtask thread needs: what all writers share, and its own.
 pub(crate) struct SubtaskSetup {
+    pub env: Arc<WriterEnv>,
     pub subtask: u32,
-    pub plugin: Plugin,
-    pub grants: Granted,
-    pub limits: Limits,
     pub ctx: SinkCtx,
-    pub options: Vec<(String, String)>,
     /// The tables the writers know, with their current schemas.
     pub tables: TableSet,
     pub restored: Option<SubtaskRecord>,
-    pub source: Arc<Source>,
-    pub every_rows: Option<u64>,
-    pub interval: Option<Duration>,
-    #[cfg(feature = "fault-injection")]
-    pub fault: Option<crate::fault::Fault>,
-    pub progress: Arc<Progress>,
 }
 
 pub(crate) struct SubtaskHandle {
@@ -187,12 +177,18 @@ impl Subtask {
     }
 
     pub(crate) fn open(setup: SubtaskSetup) -> Result<Self, EngineError> {
-        let instance = setup.plugin.instantiate(&format!("writer[{}]", setup.subtask), &setup.grants, setup.limits)?;
+        let instance =
+            setup.env.plugin.instantiate(&format!("writer[{}]", setup.subtask), &setup.env.grants, setup.env.limits)?;
         let restored_state = setup.restored.as_ref().map(|r| r.writer_state.0.as_slice());
-        let writer =
-            WriterInstance::open(instance, &setup.ctx, &setup.options, &setup.tables.source_tables()?, restored_state)?;
+        let writer = WriterInstance::open(
+            instance,
+            &setup.ctx,
+            &setup.env.options,
+            &setup.tables.source_tables()?,
+            restored_state,
+        )?;
         let position = setup.restored.as_ref().map(|r| r.position.clone());
-        let reader = setup.source.reader(setup.subtask, position.as_ref())?;
+        let reader = setup.env.source.reader(setup.subtask, position.as_ref())?;
         let rows_total = setup.restored.as_ref().map_or(0, |r| r.rows);
         let finished = setup.restored.as_ref().is_some_and(|r| r.finished);
         let mut seen = BTreeMap::new();
@@ -241,7 +237,7 @@ impl Subtask {
     /// Rows per batch: the source's preference, smaller when rate-limited so
     /// that a round can end on time.
     fn batch_rows(&self) -> usize {
-        let preferred = self.setup.source.batch_rows();
+        let preferred = self.setup.env.source.batch_rows();
         match self.rate() {
             Some(rate) => preferred.min(((rate / 10.0) as usize).max(1)),
             None => preferred,
@@ -249,11 +245,11 @@ impl Subtask {
     }
 
     fn rate(&self) -> Option<f64> {
-        self.setup.source.rate().map(|r| r / f64::from(self.setup.ctx.parallelism.max(1)))
+        self.setup.env.source.rate().map(|r| r / f64::from(self.setup.ctx.parallelism.max(1)))
     }
 
     pub(crate) fn round(&mut self, c: u64) -> Result<RoundReport, EngineError> {
-        let deadline = self.setup.interval.map(|d| Instant::now() + d);
+        let deadline = self.setup.env.interval.map(|d| Instant::now() + d);
         let mut rows_in_round = 0u64;
         let mut wrote = false;
         let mut changes = Vec::new();
@@ -262,7 +258,7 @@ impl Subtask {
         let mut cut = None;
         while !self.finished {
             if self.held.is_empty() {
-                if self.setup.every_rows.is_some_and(|k| rows_in_round >= k) {
+                if self.setup.env.every_rows.is_some_and(|k| rows_in_round >= k) {
                     break;
                 }
                 if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -273,7 +269,7 @@ impl Subtask {
                 Some(held) => held,
                 None => {
                     let mut want = self.batch_rows() as u64;
-                    if let Some(k) = self.setup.every_rows {
+                    if let Some(k) = self.setup.env.every_rows {
                         want = want.min(k - rows_in_round);
                     }
                     let before = self.reader.position();
@@ -319,10 +315,10 @@ impl Subtask {
             rows_in_round += n;
             self.rows_total += n;
             self.rows_this_run += n;
-            self.setup.progress.add_rows(n);
+            self.setup.env.progress.add_rows(n);
             if !wrote {
                 wrote = true;
-                crash_point!(self.setup.fault, AfterWrite, c, self.setup.subtask);
+                crash_point!(self.setup.env.fault, AfterWrite, c, self.setup.subtask);
             }
             self.throttle(deadline);
         }
@@ -330,7 +326,7 @@ impl Subtask {
         self.position = cut.unwrap_or_else(|| self.reader.position());
         let preparing = Instant::now();
         let info = self.writer.prepare_commit(c)?;
-        crash_point!(self.setup.fault, AfterPrepareCommit, c, self.setup.subtask);
+        crash_point!(self.setup.env.fault, AfterPrepareCommit, c, self.setup.subtask);
         let state = self.writer.snapshot_state(c)?;
         tracing::debug!(
             subtask = self.setup.subtask,
@@ -339,7 +335,7 @@ impl Subtask {
             prepare_ms = preparing.elapsed().as_millis() as u64,
             "round ended"
         );
-        crash_point!(self.setup.fault, AfterSnapshotState, c, self.setup.subtask);
+        crash_point!(self.setup.env.fault, AfterSnapshotState, c, self.setup.subtask);
         Ok(RoundReport {
             c,
             info,
