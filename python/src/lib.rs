@@ -15,7 +15,7 @@
 //!   GIL released; the coordinator takes it back only to call the pool;
 //! - rows cross into a plugin as whole Arrow IPC batches, never row by row;
 //! - every error is a `SluiceError` whose message is the one `sluice` prints
-//!   (the error and its causes, joined by `: `); a writer that its pool
+//!   (formatted as the CLI formats it, through anyhow); a writer that its pool
 //!   reports lost is a `WriterLost`, so a runner can tell a lost machine
 //!   (recover and replay) from a job error (stop and say why).
 
@@ -54,22 +54,13 @@ create_exception!(
     "The plugin answered `retryable`: the same call may succeed when made again (Sluice's own runs retry commits with backoff)."
 );
 
-/// `error: cause: cause`, as the CLI prints an error.
-fn message(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+/// The message `sluice` prints for an error (`error: {:#}` of the anyhow
+/// error its `?` makes): the error and each of its causes, joined by `: `.
+fn message(e: impl std::error::Error + Send + Sync + 'static) -> String {
+    format!("{:#}", anyhow::Error::new(e))
 }
 
-fn to_py(e: impl std::error::Error + 'static) -> PyErr {
+fn to_py(e: impl std::error::Error + Send + Sync + 'static) -> PyErr {
     let dynamic = &e as &dyn std::error::Error;
     let engine = dynamic.downcast_ref::<EngineError>();
     let is_lost = engine.is_some_and(|e| matches!(e, EngineError::WriterLost { .. } | EngineError::WritersLost { .. }));
@@ -78,12 +69,13 @@ fn to_py(e: impl std::error::Error + 'static) -> PyErr {
         _ => None,
     });
     let retryable = plugin.is_some_and(|p| p.sink_kind() == Some(SinkErrorKind::Retryable));
+    let text = message(e);
     if is_lost {
-        WriterLost::new_err(message(&e))
+        WriterLost::new_err(text)
     } else if retryable {
-        Retryable::new_err(message(&e))
+        Retryable::new_err(text)
     } else {
-        SluiceError::new_err(message(&e))
+        SluiceError::new_err(text)
     }
 }
 
@@ -663,7 +655,7 @@ fn clone_error(e: &EngineError) -> EngineError {
         EngineError::WriterLost { message, .. } | EngineError::WritersLost { message } => {
             EngineError::WritersLost { message: message.clone() }
         }
-        other => EngineError::Pool { message: message(other) },
+        other => EngineError::Pool { message: other.to_string() },
     }
 }
 

@@ -133,7 +133,23 @@ def scenario_datasink(spec, cache_dir, cluster):
     sink = sluice.ray.Datasink(spec["job"], cache_dir=cache_dir)
     ds.write_datasink(sink)
     ids, checkpoints = pyiceberg_ids(spec["warehouse"], spec["table"])
-    first = {"pyiceberg_rows": len(ids), "problem": exactly_once(ids, 0, rows), "snapshots": len(checkpoints)}
+    # The values too: every row as the dataset made it.
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    w = spec["warehouse"]
+    cat = SqlCatalog("sluice", uri=f"sqlite:///{w}/catalog.db", warehouse=f"file://{w}")
+    landed = cat.load_table(spec["table"]).scan().to_arrow().to_pydict()
+    wrong = sum(
+        1
+        for i, name, amount in zip(landed["id"], landed["name"], landed["amount"])
+        if name != f"row-{i}" or amount != 3 * i
+    )
+    first = {
+        "pyiceberg_rows": len(ids),
+        "problem": exactly_once(ids, 0, rows),
+        "snapshots": len(checkpoints),
+        "wrong_values": wrong,
+    }
     # The same state directory again: refused, nothing lands twice.
     again = None
     try:

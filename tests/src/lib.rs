@@ -293,6 +293,23 @@ pub fn read_visible(dir: &Path) -> RecordBatch {
 
 /// The rows of the checkpoint directories under `dir` whose name passes `keep`.
 pub fn read_visible_where(dir: &Path, keep: impl Fn(&str) -> bool) -> RecordBatch {
+    let batches = read_parquet_files(dir, keep);
+    let schema = Generator::schema_ref();
+    let all = arrow_select::concat::concat_batches(&schema, &batches).expect("concat");
+    sort_by_id(&all)
+}
+
+/// Every row under `dir/*/*.parquet`, in the files' own schema (not the
+/// generator's), in file order.
+pub fn read_parquet_tree(dir: &Path) -> RecordBatch {
+    let batches = read_parquet_files(dir, |_| true);
+    let schema = batches.first().map(RecordBatch::schema).expect("no Parquet file under the directory");
+    arrow_select::concat::concat_batches(&schema, &batches).expect("concat")
+}
+
+/// The batches of the Parquet files in the checkpoint directories under
+/// `dir` whose name passes `keep`, files in name order.
+fn read_parquet_files(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<RecordBatch> {
     let mut batches = Vec::new();
     let mut files = Vec::new();
     if let Ok(entries) = std::fs::read_dir(dir) {
@@ -315,9 +332,7 @@ pub fn read_visible_where(dir: &Path, keep: impl Fn(&str) -> bool) -> RecordBatc
             batches.push(b.expect("batch"));
         }
     }
-    let schema = Generator::schema_ref();
-    let all = arrow_select::concat::concat_batches(&schema, &batches).expect("concat");
-    sort_by_id(&all)
+    batches
 }
 
 pub fn sort_by_id(batch: &RecordBatch) -> RecordBatch {

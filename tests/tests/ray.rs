@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use arrow_array::{Array, Int64Array, StringArray};
 use serde_json::Value;
 use sluice_bigquery_double::{BigQueryDouble, generator_schema};
 use sluice_tests::{
-    TestJob, assert_exactly_once_range, bigquery_rows, cache_dir, count_visible, python_interpreter, read_visible,
-    run_cli,
+    TestJob, assert_exactly_once_range, bigquery_rows, cache_dir, python_interpreter, read_visible, run_cli,
 };
 
 const TARGET: &str = env!("SLUICE_TEST_TARGET_DIR");
@@ -81,6 +81,24 @@ fn passed<'a>(results: &'a Value, scenario: &str) -> &'a Value {
     let r = &results[scenario];
     assert!(r["error"].is_null(), "scenario {scenario} failed: {}\n{}", r["error"], r["trace"]);
     r
+}
+
+/// Asserts that the files sink shows the suite's hand-written batch (ids
+/// `0..rows`, names `row-<id>`) exactly `writes` times: every row, by value.
+fn assert_same_batch_repeated(dir: &Path, rows: u64, writes: u64) {
+    let visible = sluice_tests::read_parquet_tree(dir);
+    let ids = visible.column_by_name("id").and_then(|c| c.as_any().downcast_ref::<Int64Array>()).expect("id: int64");
+    let names =
+        visible.column_by_name("name").and_then(|c| c.as_any().downcast_ref::<StringArray>()).expect("name: string");
+    let mut seen = vec![0u64; rows as usize];
+    for i in 0..visible.num_rows() {
+        let id = ids.value(i);
+        assert_eq!(names.value(i), format!("row-{id}"), "row {i} has another name than its id's");
+        let slot = seen.get_mut(id as usize).unwrap_or_else(|| panic!("id {id} was never written"));
+        *slot += 1;
+    }
+    let wrong: Vec<(usize, u64)> = seen.iter().copied().enumerate().filter(|(_, n)| *n != writes).take(5).collect();
+    assert!(wrong.is_empty(), "ids not visible exactly {writes} times (id, times): {wrong:?}");
 }
 
 /// Asserts that a scenario landed `rows` rows in `table` exactly once, as
@@ -162,9 +180,10 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     assert_eq!(r["first_commit"], "committed", "{r}");
     assert_eq!(r["second_commit"], "already-committed", "{r}");
     assert_eq!(r["persisted_pending"], 1, "the record was not persisted before the commit: {r}");
-    let written = r["rows"].as_u64().unwrap_or(0);
-    assert!(written >= 20_000, "{r}");
-    assert_eq!(count_visible(&low.out()) as u64, written, "the files sink shows other rows: {r}");
+    let writes = r["writes"].as_u64().unwrap_or(0);
+    assert!(writes >= 2, "{r}");
+    assert_eq!(r["rows"].as_u64(), Some(writes * 20_000), "{r}");
+    assert_same_batch_repeated(&low.out(), 20_000, writes);
     // The GIL is released during plugin calls: another Python thread ran
     // while the writer was inside the plugin (with a 10 s switch interval).
     assert!(
@@ -206,6 +225,7 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     assert_eq!(r["problem"], Value::Null, "PyIceberg after the Datasink: {r}");
     assert_eq!(r["pyiceberg_rows"], 50_000, "{r}");
     assert_eq!(r["snapshots"], 1, "the Datasink commits once: {r}");
+    assert_eq!(r["wrong_values"], 0, "the Datasink landed other values than the dataset's: {r}");
     assert!(
         r["second_write_error"].as_str().is_some_and(|e| e.contains("already landed a dataset")),
         "a second write into the same state directory was not refused: {r}"
