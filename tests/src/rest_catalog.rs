@@ -17,6 +17,7 @@
 //! Faults: lose the reply of an applied commit (504, "CommitStateUnknown"),
 //! refuse a commit as a conflict (409), or fail before applying (503).
 
+use axum::serve::ListenerExt as _;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -285,6 +286,10 @@ impl RestCatalogDouble {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             runtime.block_on(async move {
+                // Replies leave at once (no Nagle delay), as from a real service.
+                let listener = listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
                 let _ = axum::serve(listener, app)
                     .with_graceful_shutdown(async {
                         let _ = rx.await;

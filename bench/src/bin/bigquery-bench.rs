@@ -56,6 +56,9 @@ struct Args {
     /// Writer counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     writers: Vec<u32>,
+    /// Row encodings to measure: `arrow`, `proto`.
+    #[arg(long, value_delimiter = ',', default_value = "arrow,proto")]
+    formats: Vec<String>,
 }
 
 const BATCH_ROWS: u64 = 8192;
@@ -259,7 +262,9 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
     for &w in &args.writers {
-        for format in [Format::Arrow, Format::Proto] {
+        for format in
+            [Format::Arrow, Format::Proto].into_iter().filter(|f| args.formats.iter().any(|o| o == f.option()))
+        {
             let label = format.label();
             let mut native = Measured {
                 name: format!("native tonic writer, {label}, {w} stream(s)"),

@@ -26,10 +26,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use axum::serve::ListenerExt as _;
 pub use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1 as proto;
 use proto::table_field_schema::{Mode, Type};
 use proto::{TableFieldSchema, TableSchema};
 use thiserror::Error;
+use tonic::transport::server::TcpIncoming;
 
 /// The RPCs a fault can target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -228,6 +230,10 @@ impl BigQueryDouble {
             runtime.block_on(async move {
                 let mut rest_rx = rx.clone();
                 let rest = tokio::spawn(async move {
+                    // As below for gRPC: replies leave at once (no Nagle delay).
+                    let rest_listener = rest_listener.tap_io(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
                     let served = axum::serve(rest_listener, router)
                         .with_graceful_shutdown(async move {
                             let _ = rest_rx.changed().await;
@@ -237,10 +243,15 @@ impl BigQueryDouble {
                         tracing::error!("bigquery double (REST) stopped: {e}");
                     }
                 });
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                // `Server::tcp_nodelay` applies only to listeners the server
+                // binds itself, so the accepted connections get it here.
+                // Without it, Nagle's algorithm held each small reply back
+                // until the client's delayed ACK: a client that waits for
+                // replies with requests in flight (as BigQuery clients do)
+                // was paced by the double, not by its own work.
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
                 let mut grpc_rx = rx;
                 let served = tonic::transport::Server::builder()
-                    .tcp_nodelay(true)
                     .add_service(svc)
                     .serve_with_incoming_shutdown(incoming, async move {
                         let _ = grpc_rx.changed().await;
