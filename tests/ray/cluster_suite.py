@@ -210,6 +210,15 @@ def scenario_low_level(spec, cache_dir, cluster):
         t.join()
     finally:
         sys.setswitchinterval(interval)
+    # Bytes that are not a whole Arrow IPC stream are refused with a message
+    # that says so; nothing of them lands, and the writer goes on.
+    refused = {}
+    for name, payload in (("garbage", b"not arrow at all"), ("truncated", ipc[: len(ipc) // 2])):
+        try:
+            writer.write(payload, "")
+            refused[name] = None
+        except sluice.SluiceError as e:
+            refused[name] = str(e)
     # A pyarrow batch is taken as it is, too.
     writer.write(batch)
     writes += 1
@@ -244,6 +253,7 @@ def scenario_low_level(spec, cache_dir, cluster):
         error = str(e)
     return {
         "writes": writes,
+        "refused": refused,
         "rows": rows * writes,
         "counted_while_writing": counted[0],
         "first_commit": first,

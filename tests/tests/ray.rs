@@ -184,6 +184,12 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     assert!(writes >= 2, "{r}");
     assert_eq!(r["rows"].as_u64(), Some(writes * 20_000), "{r}");
     assert_same_batch_repeated(&low.out(), 20_000, writes);
+    // Bytes that are not a whole IPC stream: refused by name, nothing landed
+    // (the batch count above), and the writer went on.
+    for bad in ["garbage", "truncated"] {
+        let message = r["refused"][bad].as_str().unwrap_or_default();
+        assert!(message.contains("Arrow IPC stream") || message.contains("corrupt Arrow"), "{bad}: {r}");
+    }
     // The GIL is released during plugin calls: another Python thread ran
     // while the writer was inside the plugin (with a 10 s switch interval).
     assert!(

@@ -543,8 +543,7 @@ impl GuestWriter for BigQueryWriter {
 
     fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
-        let (_, batches) = ipc::decode(&rows)?;
-        drop(rows);
+        let (_, batches) = ipc::decode(rows)?;
         let (cfg, subtask) = (inner.cfg.clone(), inner.ctx.subtask);
         let t = inner.tables.get_mut(&table).ok_or_else(|| {
             error::invalid_data(format!("rows of table {table:?}, which the engine has not announced to this writer"))

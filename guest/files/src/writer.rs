@@ -179,7 +179,7 @@ impl GuestWriter for FilesWriter {
 
     fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
-        let (schema, batches) = ipc::decode(&rows)?;
+        let (schema, batches) = ipc::decode(rows)?;
         let expected = inner.table_mut(&table)?.schema.clone();
         if schema.fields() != expected.fields() {
             return Err(error::invalid_data(format!(

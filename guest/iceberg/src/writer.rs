@@ -294,7 +294,7 @@ impl GuestWriter for IcebergWriter {
 
     fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
-        let (_, batches) = ipc::decode(&rows)?;
+        let (_, batches) = ipc::decode(rows)?;
         for batch in batches.iter().filter(|b| b.num_rows() > 0) {
             inner.write_batch(&table, batch)?;
         }

@@ -1,18 +1,37 @@
 //! Arrow IPC stream decoding for batches that cross the component boundary.
+//!
+//! Invariants:
+//! - the batches read the bytes the host handed over in place (no copy of
+//!   the column data, except a buffer Arrow finds misaligned);
+//! - every batch is validated as Arrow's readers validate: the bytes may come
+//!   from any host, including a user's own IPC bytes through the Python
+//!   package, so they are never trusted blindly;
+//! - a stream cut short is an error, not fewer rows.
 
 use crate::SinkError;
 use arrow_array::RecordBatch;
-use arrow_ipc::reader::StreamReader;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::{StreamDecoder, StreamReader};
 use arrow_schema::SchemaRef;
 
 /// Decodes an Arrow IPC stream into its schema and record batches.
-pub fn decode(bytes: &[u8]) -> Result<(SchemaRef, Vec<RecordBatch>), SinkError> {
-    let reader = StreamReader::try_new(bytes, None)
-        .map_err(|e| SinkError::InvalidData(format!("batch is not a valid Arrow IPC stream: {e}")))?;
-    let schema = reader.schema();
-    let batches = reader
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| SinkError::InvalidData(format!("batch holds a corrupt Arrow record batch: {e}")))?;
+///
+/// Takes the bytes by value: the batches' columns are slices of them.
+pub fn decode(bytes: Vec<u8>) -> Result<(SchemaRef, Vec<RecordBatch>), SinkError> {
+    let corrupt = |e| SinkError::InvalidData(format!("batch holds a corrupt Arrow record batch: {e}"));
+    let mut buffer = Buffer::from_vec(bytes);
+    let mut decoder = StreamDecoder::new();
+    let mut batches = Vec::new();
+    // `decode` consumes the buffer until a batch is complete or nothing is left.
+    while !buffer.is_empty() {
+        if let Some(batch) = decoder.decode(&mut buffer).map_err(corrupt)? {
+            batches.push(batch);
+        }
+    }
+    decoder.finish().map_err(|e| SinkError::InvalidData(format!("batch is not a whole Arrow IPC stream: {e}")))?;
+    let schema = decoder
+        .schema()
+        .ok_or_else(|| SinkError::InvalidData("batch is not a valid Arrow IPC stream: it has no schema".into()))?;
     Ok((schema, batches))
 }
 

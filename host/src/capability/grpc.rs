@@ -262,7 +262,14 @@ impl BidiStream {
                 Status::failed_precondition("the stream has already ended"),
             ));
         };
-        if super::runtime().block_on(tx.send(message)).is_ok() {
+        // A free slot takes the message at once; only a full queue waits
+        // (on the I/O runtime) for the call to take one.
+        let sent = match tx.try_send(message) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(message)) => super::runtime().block_on(tx.send(message)).is_ok(),
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        };
+        if sent {
             return Ok(());
         }
         // The call is over: report how it ended.
@@ -279,13 +286,25 @@ impl BidiStream {
 
     fn receive(&mut self, timeout: Duration) -> Result<Received, GrpcError> {
         let timeout = timeout.min(MAX_TIMEOUT);
-        let replies = &mut self.replies;
-        // The timer must be made inside the runtime.
-        match super::runtime().block_on(async move { tokio::time::timeout(timeout, replies.recv()).await }) {
-            Err(_) => Ok(Received::Pending),
-            Ok(None) => Ok(Received::Ended),
-            Ok(Some(Ok(m))) => Ok(Received::Message(m)),
-            Ok(Some(Err(s))) => {
+        // A reply already queued (or a poll that finds none) needs neither
+        // the runtime nor a timer.
+        let next = match self.replies.try_recv() {
+            Ok(reply) => Some(reply),
+            Err(mpsc::error::TryRecvError::Disconnected) => None,
+            Err(mpsc::error::TryRecvError::Empty) if timeout.is_zero() => return Ok(Received::Pending),
+            Err(mpsc::error::TryRecvError::Empty) => {
+                let replies = &mut self.replies;
+                // The timer must be made inside the runtime.
+                match super::runtime().block_on(async move { tokio::time::timeout(timeout, replies.recv()).await }) {
+                    Err(_) => return Ok(Received::Pending),
+                    Ok(next) => next,
+                }
+            }
+        };
+        match next {
+            None => Ok(Received::Ended),
+            Some(Ok(m)) => Ok(Received::Message(m)),
+            Some(Err(s)) => {
                 self.requests = None;
                 Err(status(&self.endpoint, &self.address, s))
             }

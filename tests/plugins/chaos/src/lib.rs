@@ -203,7 +203,7 @@ impl GuestWriter for ChaosWriter {
     }
 
     fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
-        let (_, batches) = ipc::decode(&rows)?;
+        let (_, batches) = ipc::decode(rows)?;
         let n: usize = batches.iter().map(|b| b.num_rows()).sum();
         *self.rows.borrow_mut() += n as u64;
         let line = if table.is_empty() { format!("write rows={n}") } else { format!("write table={table} rows={n}") };
