@@ -56,9 +56,9 @@ struct Args {
     /// Writer counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     writers: Vec<u32>,
-    /// Row encodings to measure: `arrow`, `proto`.
-    #[arg(long, value_delimiter = ',', default_value = "arrow,proto")]
-    formats: Vec<String>,
+    /// Row encodings to measure, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "arrow,proto")]
+    formats: Vec<Format>,
 }
 
 const BATCH_ROWS: u64 = 8192;
@@ -100,7 +100,7 @@ memory_mb = 2048
 }
 
 /// How rows travel in `AppendRows`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, clap::ValueEnum)]
 enum Format {
     Proto,
     Arrow,
@@ -262,9 +262,7 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
 
     for &w in &args.writers {
-        for format in
-            [Format::Arrow, Format::Proto].into_iter().filter(|f| args.formats.iter().any(|o| o == f.option()))
-        {
+        for &format in &args.formats {
             let label = format.label();
             let mut native = Measured {
                 name: format!("native tonic writer, {label}, {w} stream(s)"),
