@@ -10,7 +10,9 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+#[path = "src/nested_cargo.rs"]
+mod nested_cargo;
 
 /// (package, library name) of every component the tests need.
 const PLUGINS: &[(&str, &str)] = &[
@@ -24,20 +26,13 @@ const PLUGINS: &[(&str, &str)] = &[
 /// into `target_dir`, from the repository root `root` (where
 /// .cargo/config.toml holds the guests' settings).
 fn build(root: &Path, manifest: &str, packages: &[&str], target_dir: &Path) {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(root)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path", manifest])
-        .arg("--target-dir")
-        .arg(target_dir);
+    let mut cmd = nested_cargo::nested_cargo(
+        root,
+        &["build", "--release", "--target", "wasm32-wasip2", "--manifest-path", manifest],
+    );
+    cmd.arg("--target-dir").arg(target_dir);
     for package in packages {
         cmd.args(["-p", package]);
-    }
-    // The outer build's flags and wrappers (clippy, coverage) are not meant for the guests.
-    for var in
-        ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"]
-    {
-        cmd.env_remove(var);
     }
     let status = cmd.status().expect("running cargo to build the plugin components");
     if !status.success() {

@@ -1,26 +1,18 @@
 //! The plugins' own unit tests: `guest/` is a workspace of its own (it
 //! builds for wasm32-wasip2), so `cargo test --workspace` at the root does
 //! not reach them. They run natively here, in a target directory of their
-//! own under the test build's (a nested cargo must not wait on the outer
-//! build's lock), with the outer build's flags removed as `build.rs` does.
+//! own under the test build's, through the same nested cargo as `build.rs`.
 
 use std::path::Path;
-use std::process::Command;
+
+use sluice_tests::nested_cargo::nested_cargo;
 
 #[test]
 fn the_plugins_unit_tests_pass() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ lives in the workspace");
     let target = Path::new(env!("SLUICE_TEST_TARGET_DIR")).join("guests-native");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(root)
-        .args(["test", "--manifest-path", "guest/Cargo.toml", "--workspace", "--target-dir"])
-        .arg(&target);
-    for var in
-        ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"]
-    {
-        cmd.env_remove(var);
-    }
+    let mut cmd = nested_cargo(root, &["test", "--manifest-path", "guest/Cargo.toml", "--workspace", "--target-dir"]);
+    cmd.arg(&target);
     let out = cmd.output().expect("running cargo test on the plugins' workspace");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
