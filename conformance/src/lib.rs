@@ -466,6 +466,7 @@ fn case_aborts(s: &Suite, k: u64) -> Result<String, String> {
         sink_id: job.spec.sink.id.clone(),
         incarnation: format!("abort{}", s.nonce),
         refuse_other_incarnations: false,
+        beside: false,
         subtask,
         parallelism: 1,
         attempt: 1,
@@ -536,7 +537,8 @@ pub fn clean_up(suite: &Suite, created: bool) -> Option<String> {
         return Some(format!("dropped the table {ident} the suite created"));
     }
     let removed = clean_file_tree(suite);
-    (removed > 0).then(|| format!("removed the {removed} directories the cases left in the target"))
+    (removed > 0)
+        .then(|| format!("removed the {removed} checkpoint directories and claims the cases left in the target"))
 }
 
 /// Removes what the suite's cases made visible or staged in a file tree:
@@ -552,7 +554,9 @@ fn clean_file_tree(suite: &Suite) -> usize {
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) {
+            // The cases' checkpoint directories, and the claims their sinks took (`_sluice_claim.<job>.<sink>`).
+            let claim = name.strip_prefix("_sluice_claim.").is_some_and(|n| n.starts_with(&prefix));
+            if name.starts_with(&prefix) || claim {
                 let ok = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
                 removed += usize::from(ok.is_ok());
             }

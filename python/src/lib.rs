@@ -230,6 +230,7 @@ fn sink_ctx(d: &Bound<'_, PyDict>) -> PyResult<SinkCtx> {
         sink_id: get(d, "sink_id")?.ok_or_else(|| required("sink_id"))?,
         incarnation: get(d, "incarnation")?.ok_or_else(|| required("incarnation"))?,
         refuse_other_incarnations: get(d, "refuse_other_incarnations")?.unwrap_or(false),
+        beside: get(d, "beside")?.unwrap_or(false),
         subtask: get(d, "subtask")?.ok_or_else(|| required("subtask"))?,
         parallelism: get(d, "parallelism")?.ok_or_else(|| required("parallelism"))?,
         attempt: get(d, "attempt")?.unwrap_or(0),

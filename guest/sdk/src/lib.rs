@@ -19,6 +19,7 @@ pub mod bindings {
     });
 }
 
+pub mod claim;
 pub mod files;
 pub mod incarnation;
 pub mod ipc;

@@ -127,6 +127,11 @@ pub struct Incarnation {
     pub id: String,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
+    /// Started with `sluice run --new-incarnation`: it lands beside the
+    /// job's other incarnations on purpose, so it neither takes nor checks
+    /// the target's claim (see the plugins' `sluice.claim` option).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub beside: bool,
 }
 
 impl Incarnation {
@@ -136,7 +141,7 @@ impl Incarnation {
             path: PathBuf::from("(random source)"),
             source: std::io::Error::other(e.to_string()),
         })?;
-        Ok(Self { id: format!("{:012x}", random & 0xffff_ffff_ffff), created_at_ms: now_ms() })
+        Ok(Self { id: format!("{:012x}", random & 0xffff_ffff_ffff), created_at_ms: now_ms(), beside: false })
     }
 }
 

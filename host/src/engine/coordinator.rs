@@ -156,12 +156,13 @@ fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
 
 /// Who an instance is: writer `subtask`, or the committer (0), of
 /// `incarnation`; `refuse_others` on a fresh state directory's first run.
-fn sink_ctx(job: &Job, incarnation: &str, refuse_others: bool, subtask: u32, attempt: u32) -> SinkCtx {
+fn sink_ctx(job: &Job, incarnation: &Incarnation, refuse_others: bool, subtask: u32, attempt: u32) -> SinkCtx {
     SinkCtx {
         job_id: job.spec.job.id.clone(),
         sink_id: job.spec.sink.id.clone(),
-        incarnation: incarnation.to_string(),
+        incarnation: incarnation.id.clone(),
         refuse_other_incarnations: refuse_others,
+        beside: incarnation.beside,
         subtask,
         parallelism: job.spec.job.parallelism,
         attempt,
@@ -263,7 +264,7 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
             if let Some(halt) = &state.halted {
                 report.problems.push(format!("the state directory is halted: {}", halt.reason));
             }
-            state.incarnation.map(|i| (i.id, false))
+            state.incarnation.map(|i| (i, false))
         }
         Err(e) => {
             report.problems.push(e.to_string());
@@ -296,7 +297,13 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         // A new state directory: the first run would refuse another incarnation's checkpoints.
         let (incarnation, refuse) = match identity {
             Some(known) => known,
-            None => (Incarnation::generate().map(|i| i.id).unwrap_or_default(), true),
+            None => match Incarnation::generate() {
+                Ok(i) => (i, true),
+                Err(e) => {
+                    report.problems.push(e.to_string());
+                    return report;
+                }
+            },
         };
         let ctx = sink_ctx(job, &incarnation, refuse, 0, 0);
         let options = plugin.options_for(job.sink_options(), &ctx);
@@ -459,7 +466,7 @@ impl<'a> Coordinator<'a> {
         };
         check_tables(&plugin, &source, &tables)?;
         let grants = grants(job, opts)?;
-        let ctx = sink_ctx(job, &incarnation.id, refuse_others, 0, attempt);
+        let ctx = sink_ctx(job, &incarnation, refuse_others, 0, attempt);
         let options = plugin.options_for(job.sink_options(), &ctx);
         let instance = plugin.instantiate("committer", &grants, limits(job))?;
         let committer = CommitterInstance::open(instance, &ctx, &options, &tables.source_tables()?)?;
@@ -514,7 +521,7 @@ impl<'a> Coordinator<'a> {
         let setups = (0..self.job.spec.job.parallelism)
             .map(|s| WriterSetup {
                 subtask: s,
-                ctx: sink_ctx(self.job, &self.incarnation.id, self.refuse_others, s, self.attempt),
+                ctx: sink_ctx(self.job, &self.incarnation, self.refuse_others, s, self.attempt),
                 tables: tables.clone(),
                 restored: self.restored.as_ref().and_then(|r| r.subtasks.get(s as usize).cloned()),
             })
@@ -869,7 +876,8 @@ fn settle_incarnation(
             tracing::info!(incarnation = %incarnation.id, "the state directory predates incarnations; adopted one");
             Ok((incarnation, false))
         }
-        None => Ok((Incarnation::generate()?, true)),
+        // `--new-incarnation` lands beside the job's other incarnations, so it leaves the target's claim alone.
+        None => Ok((Incarnation { beside: opts.new_incarnation, ..Incarnation::generate()? }, true)),
     }
 }
 
@@ -883,6 +891,16 @@ fn warn_about_incarnation_support(job: &Job, plugin: &Plugin, incarnation: &Inca
             "the plugin does not take `{}`: the keys it writes cannot tell incarnation {} of job {} from another; \
              the engine still stops the job if a commit of this run finds its key already taken",
             reserved::INCARNATION,
+            incarnation.id,
+            job.spec.job.id
+        );
+    }
+    if !plugin.takes_claims() && !incarnation.beside {
+        tracing::warn!(
+            plugin = %plugin.name,
+            "the plugin does not take `{}`: it cannot claim its target for incarnation {} of job {}, so another \
+             fresh state directory of this job run at the same time could land the source a second time",
+            reserved::CLAIM,
             incarnation.id,
             job.spec.job.id
         );

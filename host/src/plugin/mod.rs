@@ -147,6 +147,11 @@ pub struct SinkCtx {
     pub incarnation: String,
     /// The committer must refuse another incarnation's checkpoints in the target.
     pub refuse_other_incarnations: bool,
+    /// The incarnation lands beside the others (`--new-incarnation`) and
+    /// leaves the target's claim alone ([`reserved::CLAIM`]). Host-side
+    /// only: plugins get it as an option.
+    #[serde(default)]
+    pub beside: bool,
     pub subtask: u32,
     pub parallelism: u32,
     pub attempt: u32,
@@ -322,9 +327,9 @@ impl Plugin {
         self.info.as_ref().is_some_and(|i| i.options.iter().any(|o| o.name == name))
     }
 
-    /// The options every instance opens with: the job's, plus, for a 0.1
-    /// plugin, the host's own that it declares (0.2 carries them in the
-    /// sink context; see [`reserved`]).
+    /// The options every instance opens with: the job's, plus the host's
+    /// own that the plugin declares (see [`reserved`]): for a 0.1 plugin
+    /// those 0.2 carries in the sink context, and for both the claim mode.
     pub fn options_for(&self, job_options: Vec<(String, String)>, ctx: &SinkCtx) -> Vec<(String, String)> {
         let mut options = job_options;
         if self.version() == ContractVersion::V0_1 {
@@ -336,7 +341,17 @@ impl Plugin {
                 options.push((reserved::OTHER_INCARNATIONS.to_string(), policy.to_string()));
             }
         }
+        if self.declares(reserved::CLAIM) {
+            let mode = if ctx.beside { "beside" } else { "exclusive" };
+            options.push((reserved::CLAIM.to_string(), mode.to_string()));
+        }
         options
+    }
+
+    /// Whether the plugin takes the target's claim ([`reserved::CLAIM`]), so
+    /// two fresh runs of a job started at once cannot both land.
+    pub fn takes_claims(&self) -> bool {
+        self.declares(reserved::CLAIM)
     }
 
     /// Whether the plugin can keep this incarnation's keys apart from

@@ -17,6 +17,16 @@ pub const INCARNATION: &str = "sluice.incarnation";
 /// incarnation, or `sluice run --new-incarnation`).
 pub const OTHER_INCARNATIONS: &str = "sluice.other-incarnations";
 
+/// `exclusive` or `beside`: how the incarnation treats the target's claim
+/// (contract 0.1 and 0.2 alike). A target is claimed by at most one
+/// incarnation of a job and sink, in an atomic step of the target (an
+/// exclusive create, or the commit that publishes the rows); an `exclusive`
+/// incarnation takes a free claim, goes on under its own and refuses,
+/// before anything of it is visible, a target another incarnation holds.
+/// `beside` (`sluice run --new-incarnation`) neither takes nor checks it.
+/// The guest SDK's `claim` module is the plugin side.
+pub const CLAIM: &str = "sluice.claim";
+
 /// Prefix no job-file option may use.
 pub const PREFIX: &str = "sluice.";
 
