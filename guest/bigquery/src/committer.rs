@@ -23,10 +23,12 @@
 //! checkpoint until the recovery flushes the rest, table by table. Readers
 //! never see a row twice.
 //!
-//! BigQuery tables keep no record of the checkpoints that landed in them,
-//! so the committer cannot see another incarnation's rows. It does not need
-//! to for exactly-once: write streams, the idempotence keys, are named by
-//! the service afresh for every writer. It says so when asked to refuse.
+//! BigQuery tables keep no record of the checkpoints that landed in them.
+//! Write streams, the idempotence keys, are named by the service afresh for
+//! every writer, so a checkpoint is never flushed twice; what keeps two
+//! incarnations of one job (two fresh state directories started at once, or
+//! one started over) from both landing the source is the dataset's claim
+//! ([`crate::claim`]): checked at open, and taken before the first flush.
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     FlushRowsRequest, FlushRowsResponse,
@@ -34,6 +36,7 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, Table, TableChange, error, log};
 
+use crate::claim::Claims;
 use crate::config::Config;
 use crate::rpc::{self, FlushFailure};
 use crate::tables;
@@ -48,6 +51,8 @@ struct Combined {
 
 pub struct BigQueryCommitter {
     cfg: Config,
+    ctx: SinkContext,
+    claims: Claims,
 }
 
 fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
@@ -98,21 +103,21 @@ impl GuestCommitter for BigQueryCommitter {
         tables: Vec<Table>,
     ) -> Result<sluice_guest_sdk::Committer, SinkError> {
         let cfg = Config::parse(options)?;
-        if ctx.refuse_other_incarnations {
-            log::info(
-                "BigQuery tables keep no record of checkpoints, so rows an earlier incarnation of this job landed \
-                 cannot be recognised; this run's rows land beside them (write streams never repeat)",
-            );
+        let claims = Claims::default();
+        // Another incarnation's dataset is refused before anything is written or changed.
+        for table in &tables {
+            claims.check(&cfg, &ctx, &cfg.table_path(&table.name)?)?;
         }
         // The tables the job starts with: created, or evolved to take the rows.
         for table in &tables {
             tables::prepare(&cfg, table)?;
         }
-        Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg }))
+        Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg, ctx, claims }))
     }
 
     fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
         for change in &changes {
+            self.claims.check(&self.cfg, &self.ctx, &self.cfg.table_path(&change.table.name)?)?;
             tables::prepare(&self.cfg, &change.table)?;
         }
         Ok(())
@@ -130,6 +135,10 @@ impl GuestCommitter for BigQueryCommitter {
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
         let combined = decode(&combined)?;
+        // Every dataset first: nothing is flushed where another incarnation holds the claim.
+        for info in &combined.flushes {
+            self.claims.take(&self.cfg, &self.ctx, &info.stream)?;
+        }
         for info in &combined.flushes {
             self.flush(c, info)?;
         }

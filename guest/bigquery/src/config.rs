@@ -4,7 +4,7 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 use std::time::Duration;
 
 use sluice_guest_sdk::options::Options;
-use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
+use sluice_guest_sdk::{OptionSpec, SinkError, claim, error, option_spec};
 use sluice_retry::Policy;
 
 pub(crate) fn option_specs() -> Vec<OptionSpec> {
@@ -70,6 +70,7 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("100"),
         ),
+        claim::option_spec(),
     ]
 }
 
@@ -89,6 +90,8 @@ pub(crate) struct Config {
     pub rpc_timeout_ms: u32,
     pub attempts: u32,
     pub backoff_ms: u64,
+    /// How this incarnation treats the datasets' claims.
+    pub claim: claim::Mode,
     pub format: RowFormat,
 }
 
@@ -147,6 +150,7 @@ impl Config {
             rpc_timeout_ms: o.parsed("rpc_timeout_ms")?.unwrap_or(60_000),
             attempts,
             backoff_ms: o.parsed("backoff_ms")?.unwrap_or(100),
+            claim: claim::Mode::from_options(&o)?,
         })
     }
 

@@ -15,6 +15,7 @@
 //! `wasi:http` capabilities, by endpoint name; the addresses and the
 //! credentials stay in the host.
 
+mod claim;
 mod committer;
 mod config;
 mod rest;

@@ -160,6 +160,8 @@ pub(crate) struct RestTable {
     /// `schema.fields`.
     pub fields: Value,
     pub etag: Option<String>,
+    /// `labels` (absent: none).
+    pub labels: serde_json::Map<String, Value>,
 }
 
 impl RestTable {
@@ -167,6 +169,7 @@ impl RestTable {
         RestTable {
             fields: v.pointer("/schema/fields").cloned().unwrap_or(Value::Array(Vec::new())),
             etag: v.get("etag").and_then(Value::as_str).map(str::to_string),
+            labels: v.get("labels").and_then(Value::as_object).cloned().unwrap_or_default(),
         }
     }
 }
@@ -204,11 +207,21 @@ impl Tables<'_> {
 
     /// `tables.insert`: `Ok(false)` when the table exists already (409).
     pub fn insert(&self, table: &str, fields: &Value) -> Result<bool, RestError> {
+        self.insert_with(table, json!({ "schema": { "fields": fields } }))
+    }
+
+    /// `tables.insert` of a table with no columns, a description and
+    /// labels: `Ok(false)` when it exists already (409). The API documents
+    /// the 409, which makes this an exclusive create.
+    pub fn insert_marker(&self, table: &str, description: &str, labels: &Value) -> Result<bool, RestError> {
+        self.insert_with(table, json!({ "description": description, "labels": labels }))
+    }
+
+    /// `tables.insert` of `resource` (given without its `tableReference`).
+    fn insert_with(&self, table: &str, mut resource: Value) -> Result<bool, RestError> {
         let (project, dataset, id) = parts(table);
-        let body = json!({
-            "tableReference": { "projectId": project, "datasetId": dataset, "tableId": id },
-            "schema": { "fields": fields },
-        });
+        resource["tableReference"] = json!({ "projectId": project, "datasetId": dataset, "tableId": id });
+        let body = resource;
         let path = format!("/bigquery/v2/projects/{project}/datasets/{dataset}/tables");
         let reply = send(self.endpoint, Method::Post, &path, &[], Some(body.to_string().as_bytes()), self.timeout_ms)?;
         if reply.status == 409 {

@@ -101,6 +101,10 @@ pub(crate) fn check(cfg: &Config, source: &Table) -> Result<(), SinkError> {
     }
 }
 
+pub(crate) fn api(cfg: &Config) -> Tables<'_> {
+    tables(cfg)
+}
+
 fn tables(cfg: &Config) -> Tables<'_> {
     Tables { endpoint: &cfg.rest_endpoint, timeout_ms: cfg.rpc_timeout_ms, retry: cfg.retry() }
 }

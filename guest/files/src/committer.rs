@@ -1,5 +1,6 @@
 //! The files sink's committer: one atomic directory rename per table per
-//! checkpoint.
+//! checkpoint, each only once this incarnation holds the output's claim
+//! (`layout::claim`).
 
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::Committer;
@@ -36,6 +37,9 @@ struct TableCommit {
 pub struct FilesCommitter {
     cfg: Config,
     ctx: SinkContext,
+    /// This committer has seen the output's claim held by its incarnation
+    /// (claims are never moved, so once is enough).
+    claimed: std::cell::Cell<bool>,
 }
 
 fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
@@ -83,9 +87,10 @@ impl GuestCommitter for FilesCommitter {
             layout::check_table_name(name)?;
         }
         layout::refuse_other_incarnations(&cfg, &ctx, &names)?;
+        layout::refuse_if_claimed(&cfg, &ctx)?;
         files::create_dir_all(&cfg.path)
             .map_err(|e| files::to_sink_error(&format!("creating output directory {}", cfg.path), e))?;
-        Ok(Committer::new(FilesCommitter { cfg, ctx }))
+        Ok(Committer::new(FilesCommitter { cfg, ctx, claimed: std::cell::Cell::new(false) }))
     }
 
     fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
@@ -131,6 +136,11 @@ impl GuestCommitter for FilesCommitter {
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
         let combined = decode(&combined)?;
+        // Nothing is published under another incarnation's claim.
+        if !self.claimed.get() {
+            layout::claim(&self.cfg, &self.ctx)?;
+            self.claimed.set(true);
+        }
         let mut published = false;
         if let Some(visible) = &combined.visible_dir {
             published |= self.publish(c, &combined.staging_dir, visible, &combined.files)?;

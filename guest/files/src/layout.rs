@@ -9,7 +9,7 @@
 //! the single table.
 
 use sluice_guest_sdk::files::{self, join};
-use sluice_guest_sdk::{SinkContext, SinkError, error, incarnation};
+use sluice_guest_sdk::{SinkContext, SinkError, claim, error, incarnation};
 
 use crate::Config;
 
@@ -106,6 +106,26 @@ pub fn refuse_other_incarnations(cfg: &Config, ctx: &SinkContext, tables: &[Stri
         }
     }
     Ok(())
+}
+
+/// The output's claim file: `<path>/_sluice_claim.<job>.<sink>`, naming the
+/// one incarnation of this job's sink that may publish under `<path>` (the
+/// leading `_` keeps Hadoop-style readers from taking it for data).
+pub fn claim_location(cfg: &Config, ctx: &SinkContext) -> String {
+    join(&cfg.path, &format!("_sluice_claim.{}.{}", ctx.job_id, ctx.sink_id))
+}
+
+/// Refuses an output whose claim another incarnation holds (a check before
+/// anything is written; the claim itself is taken by [`claim`]).
+pub fn refuse_if_claimed(cfg: &Config, ctx: &SinkContext) -> Result<(), SinkError> {
+    let holder = claim::file_holder(&claim_location(cfg, ctx))?;
+    claim::check(ctx, cfg.claim, &cfg.path, holder.as_deref()).map(|_| ())
+}
+
+/// Takes the output's claim for this incarnation (an exclusive create),
+/// or finds it held already; refuses when another incarnation holds it.
+pub fn claim(cfg: &Config, ctx: &SinkContext) -> Result<(), SinkError> {
+    claim::take_file(ctx, cfg.claim, &cfg.path, &claim_location(cfg, ctx))
 }
 
 pub fn file_name(subtask: u32, seq: u64) -> String {

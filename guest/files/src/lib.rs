@@ -24,6 +24,10 @@
 //!   (a new incarnation) never finds an earlier incarnation's directory;
 //! - a fresh state directory's first run refuses a `<path>` that holds
 //!   another incarnation's checkpoints of this job and sink, before writing;
+//! - `<path>/_sluice_claim.<job>.<sink>` names the one incarnation that may
+//!   publish there: created exclusively before its first rename, never
+//!   replaced, and checked by every committer (see `layout::claim`), so two
+//!   fresh runs started at once never both publish;
 //! - staging names carry the run attempt, so a restarted run never mixes its
 //!   files with what a crashed run left behind;
 //! - `close` publishes nothing: rows no checkpoint covers stay in staging.
@@ -33,7 +37,9 @@ mod layout;
 mod writer;
 
 use sluice_guest_sdk::options::Options;
-use sluice_guest_sdk::{Guest, OptionSpec, PluginInfo, SinkContext, SinkError, Table, error, files, option_spec};
+use sluice_guest_sdk::{
+    Guest, OptionSpec, PluginInfo, SinkContext, SinkError, Table, claim, error, files, option_spec,
+};
 
 pub(crate) const NAME: &str = "files";
 
@@ -58,6 +64,7 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             Some("128"),
         ),
         option_spec("compression", "Parquet compression codec: `snappy` or `none`", false, Some("snappy")),
+        claim::option_spec(),
     ]
 }
 
@@ -68,6 +75,8 @@ pub(crate) struct Config {
     pub staging: String,
     pub target_file_bytes: u64,
     pub compression: parquet::basic::Compression,
+    /// How this incarnation treats the output's claim.
+    pub claim: claim::Mode,
 }
 
 impl Config {
@@ -94,7 +103,8 @@ impl Config {
                 )));
             }
         };
-        Ok(Self { path, staging, target_file_bytes: target_mb * 1024 * 1024, compression })
+        let claim = claim::Mode::from_options(&opts)?;
+        Ok(Self { path, staging, target_file_bytes: target_mb * 1024 * 1024, compression, claim })
     }
 }
 

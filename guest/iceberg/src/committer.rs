@@ -21,12 +21,23 @@
 //! directory made before incarnations (no incarnation in the combined
 //! commit) are still recognised by their snapshot summaries.
 //!
+//! The claim is a table property too, `sluice.claim.<job>.<sink>`, naming
+//! the one incarnation of the job's sink that may commit to the table. It is
+//! read on every reload, before every commit attempt; a free claim is set
+//! by the same atomic commit as the first snapshot, whose
+//! `assert-ref-snapshot-id` requirement makes two incarnations racing for
+//! it conflict, so the loser reloads, finds the winner's claim and refuses
+//! before any of its rows are visible. A checkpoint's tables are committed
+//! in name order, after a check of every table's claim, so two runs of one
+//! job meet on the same first table.
+//!
 //! `evolve` creates new tables and evolves schemas with the REST spec's
 //! `add-schema` and `set-current-schema` updates, guarded by
 //! `assert-current-schema-id`; a table that already has the schema is left
 //! alone, so a replay after a crash changes nothing.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 
 use iceberg::TableIdent;
 use iceberg::spec::{DataFile, TableMetadata, deserialize_data_file_from_json};
@@ -37,7 +48,7 @@ use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::bindings::sluice::connector::iceberg_catalog::CatalogError;
 use sluice_guest_sdk::{
     ChangeKind, CommitOutcome, Committer, GuestCommitter, SinkContext, SinkError, Table as SourceTable, TableChange,
-    error, incarnation, ipc, log,
+    claim, error, incarnation, ipc, log,
 };
 
 use crate::config::Config;
@@ -79,6 +90,15 @@ impl Combined {
 pub struct IcebergCommitter {
     cfg: Config,
     ctx: SinkContext,
+    /// Tables whose claim this incarnation was seen to hold (claims are
+    /// never moved, so a table in here needs no second look).
+    claimed: RefCell<HashSet<String>>,
+}
+
+/// The table property naming the incarnation that holds the table's claim
+/// for this job and sink.
+fn claim_key(ctx: &SinkContext) -> String {
+    format!("sluice.claim.{}.{}", ctx.job_id, ctx.sink_id)
 }
 
 /// Prefix of the watermark properties of a job's sink.
@@ -200,6 +220,8 @@ impl IcebergCommitter {
         if part.files.is_empty() {
             return Ok(false);
         }
+        // Judged on this very reload; a claim taken meanwhile makes the commit conflict.
+        let take_claim = self.judge_claim(&ident, table.metadata())?;
         let files = decode_files(&table, part)?;
         let mut summary = HashMap::from([
             (SUMMARY_JOB.to_string(), self.ctx.job_id.clone()),
@@ -215,7 +237,16 @@ impl IcebergCommitter {
                 summary.insert(SUMMARY_INCARNATION.to_string(), inc.to_string());
                 let tx = append.set_snapshot_properties(summary).apply(tx);
                 let tx = tx.map_err(|e| iceberg_error("building the snapshot", e))?;
-                tx.update_table_properties().set(watermark_key(&self.ctx, inc), c.to_string()).apply(tx)
+                let mut properties = tx.update_table_properties().set(watermark_key(&self.ctx, inc), c.to_string());
+                if take_claim {
+                    properties = properties.set(claim_key(&self.ctx), self.ctx.incarnation.clone());
+                }
+                properties.apply(tx)
+            }
+            None if take_claim => {
+                let tx = append.set_snapshot_properties(summary).apply(tx);
+                let tx = tx.map_err(|e| iceberg_error("building the snapshot", e))?;
+                tx.update_table_properties().set(claim_key(&self.ctx), self.ctx.incarnation.clone()).apply(tx)
             }
             None => append.set_snapshot_properties(summary).apply(tx),
         }
@@ -225,6 +256,10 @@ impl IcebergCommitter {
         match (result, catalog.verdict()) {
             (Ok(_), _) | (Err(_), Some(Ok(()))) => {
                 log::debug(&format!("checkpoint {c}: snapshot committed to {ident}"));
+                if take_claim {
+                    log::info(&format!("incarnation {} claimed table {ident}", self.ctx.incarnation));
+                    self.claimed.borrow_mut().insert(ident.to_string());
+                }
                 Ok(true)
             }
             (Err(_), Some(Err(e))) => Err(catalog_failure(format!("committing checkpoint {c} to table {ident}"), e)),
@@ -233,12 +268,49 @@ impl IcebergCommitter {
         }
     }
 
+    /// Whether the claim of table `ident` (as `metadata` has it) is free and
+    /// to be taken by the commit being built; refuses a table another
+    /// incarnation holds.
+    fn judge_claim(&self, ident: &TableIdent, metadata: &TableMetadata) -> Result<bool, SinkError> {
+        let key = ident.to_string();
+        if self.claimed.borrow().contains(&key) {
+            return Ok(false);
+        }
+        let holder = metadata.properties().get(&claim_key(&self.ctx)).map(String::as_str);
+        let free = claim::check(&self.ctx, self.cfg.claim, &format!("table {ident}"), holder)?;
+        if !free && self.cfg.claim == claim::Mode::Exclusive {
+            self.claimed.borrow_mut().insert(key);
+        }
+        Ok(free)
+    }
+
+    /// Refuses the commit of checkpoint `c` before anything of it is visible
+    /// when another incarnation holds the claim of any of its tables.
+    fn check_claims(&self, parts: &[TableFiles]) -> Result<(), SinkError> {
+        for part in parts.iter().filter(|p| !p.files.is_empty()) {
+            let ident = self.cfg.ident(&part.table)?;
+            if self.claimed.borrow().contains(&ident.to_string()) {
+                continue;
+            }
+            match block_on(host_io::load_table(&ident)) {
+                Ok(table) => {
+                    self.judge_claim(&ident, table.metadata())?;
+                }
+                // A missing table fails its own commit, with its own message.
+                Err(_) => continue,
+            }
+        }
+        Ok(())
+    }
+
     /// Makes `table` take rows of `source`: created when missing, its schema
     /// evolved when the rows have more or wider columns.
     fn evolve_table(&self, source: &SourceTable) -> Result<(), SinkError> {
         let ident = self.cfg.ident(&source.name)?;
         let arrow = ipc::decode_schema(&source.schema)?;
         let table = ensure_table(&self.cfg, &ident, &arrow)?;
+        // Another incarnation's table is not changed either.
+        self.judge_claim(&ident, table.metadata())?;
         let Some(evolved) = schema::evolved_schema(&table, &arrow)? else { return Ok(()) };
         let requirements =
             vec![TableRequirement::CurrentSchemaIdMatch { current_schema_id: table.metadata().current_schema_id() }];
@@ -264,16 +336,17 @@ impl GuestCommitter for IcebergCommitter {
         tables: Vec<SourceTable>,
     ) -> Result<Committer, SinkError> {
         let cfg = Config::parse(options)?;
-        let committer = IcebergCommitter { cfg, ctx };
+        let committer = IcebergCommitter { cfg, ctx, claimed: RefCell::new(HashSet::new()) };
         for table in &tables {
             let ident = committer.cfg.ident(&table.name)?;
+            let Ok(existing) = block_on(host_io::load_table(&ident)) else { continue };
             if committer.ctx.refuse_other_incarnations
-                && let Ok(existing) = block_on(host_io::load_table(&ident))
                 && let Some(found) = other_incarnation(existing.metadata(), &committer.ctx)
             {
                 let target = format!("table {ident}");
                 return Err(incarnation::refuse(&committer.ctx, &target, "committed checkpoints", found.as_deref()));
             }
+            committer.judge_claim(&ident, existing.metadata())?;
         }
         // The tables the job starts with: created, or evolved to take the
         // source's rows (a job may start on a table an older run made).
@@ -322,10 +395,13 @@ impl GuestCommitter for IcebergCommitter {
         let combined: Combined = serde_json::from_slice(&combined)
             .map_err(|e| error::fatal(format!("combined commit of checkpoint {c} is not valid: {e}")))?;
         let incarnation = combined.incarnation.clone();
+        let mut parts = combined.parts();
+        parts.sort_by(|a, b| a.table.cmp(&b.table));
+        self.check_claims(&parts)?;
         let mut committed = false;
         // Table by table: a table where `c` is visible already is left alone.
-        for part in combined.parts() {
-            committed |= self.commit_table(c, incarnation.as_deref(), &part)?;
+        for part in &parts {
+            committed |= self.commit_table(c, incarnation.as_deref(), part)?;
         }
         Ok(if committed { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use iceberg::spec::Transform;
 use iceberg::{NamespaceIdent, TableIdent};
 use sluice_guest_sdk::options::Options;
-use sluice_guest_sdk::{OptionSpec, SinkError, error, option_spec};
+use sluice_guest_sdk::{OptionSpec, SinkError, claim, error, option_spec};
 
 pub fn option_specs() -> Vec<OptionSpec> {
     vec![
@@ -40,6 +40,7 @@ pub fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("64"),
         ),
+        claim::option_spec(),
     ]
 }
 
@@ -60,6 +61,8 @@ pub struct Config {
     /// Each writer's budget for buffered row groups.
     pub buffer_bytes: usize,
     pub compression: parquet::basic::Compression,
+    /// How this incarnation treats the tables' claims.
+    pub claim: claim::Mode,
 }
 
 impl Config {
@@ -95,6 +98,7 @@ impl Config {
             target_file_bytes: target_mb * 1024 * 1024,
             buffer_bytes: buffer_mb * 1024 * 1024,
             compression,
+            claim: claim::Mode::from_options(&opts)?,
         })
     }
 

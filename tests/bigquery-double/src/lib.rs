@@ -305,7 +305,7 @@ impl BigQueryDouble {
 
     /// Creates (or replaces) a table: `projects/{p}/datasets/{d}/tables/{t}`.
     pub fn create_table(&self, table: &str, schema: TableSchema) {
-        self.shared.inner().tables.insert(table.to_string(), state::Table { schema, version: 1 });
+        self.shared.inner().tables.insert(table.to_string(), state::Table::new(schema));
     }
 
     /// Requires `authorization: Bearer <token>` on every call; others get

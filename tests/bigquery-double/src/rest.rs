@@ -16,6 +16,9 @@
 //! - the `etag` of a table changes with every change. Whether `If-Match` is
 //!   honoured by `tables.patch` is not documented, so the double answers
 //!   both ways ([`crate::EtagMode`]): 412 on a stale etag, or ignoring it;
+//! - a table resource's `labels` and `description` are kept as `insert`
+//!   gave them and returned by `get`, left out when absent, as the API does;
+//!   labels are checked against the documented requirements;
 //! - errors are Google API error bodies: `{"error": {"code", "message", "status", "errors": [{"reason"}]}}`.
 //!
 //! Write streams keep the schema they were created with; only streams
@@ -195,14 +198,40 @@ fn table_path(p: &str, d: &str, t: &str) -> String {
 }
 
 fn resource(p: &str, d: &str, t: &str, table: &state::Table) -> Value {
-    json!({
+    let mut resource = json!({
         "kind": "bigquery#table",
         "etag": etag(table),
         "id": format!("{p}:{d}.{t}"),
         "tableReference": { "projectId": p, "datasetId": d, "tableId": t },
         "schema": { "fields": to_json(&table.schema.fields) },
         "type": "TABLE",
-    })
+    });
+    // Like the API, the resource leaves out what the table does not have.
+    if !table.labels.is_empty() {
+        resource["labels"] = Value::Object(table.labels.clone());
+    }
+    if let Some(description) = &table.description {
+        resource["description"] = Value::String(description.clone());
+    }
+    resource
+}
+
+/// The labels of a table resource as given: keys and values of at most 63
+/// lowercase letters, digits, `_` and `-`, keys starting with a letter
+/// (https://cloud.google.com/bigquery/docs/labels-intro#requirements).
+fn labels(body: &Value) -> Result<serde_json::Map<String, Value>, String> {
+    let Some(given) = body.get("labels") else { return Ok(serde_json::Map::new()) };
+    let Some(map) = given.as_object() else { return Err("labels must be an object".into()) };
+    let ok = |s: &str| {
+        s.len() <= 63 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+    };
+    for (key, value) in map {
+        let value = value.as_str().unwrap_or("");
+        if !ok(key) || !key.starts_with(|c: char| c.is_ascii_lowercase()) || !ok(value) {
+            return Err(format!("Invalid label: {key}:{value}"));
+        }
+    }
+    Ok(map.clone())
 }
 
 fn etag(table: &state::Table) -> String {
@@ -277,7 +306,13 @@ async fn insert_table(
             format!("Already Exists: Table {p}:{d}.{t}"),
         );
     }
-    let table = state::Table { schema: TableSchema { fields }, version: 1 };
+    let labels = match labels(&body) {
+        Ok(l) => l,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
+    };
+    let mut table = state::Table::new(TableSchema { fields });
+    table.labels = labels;
+    table.description = body.get("description").and_then(Value::as_str).map(str::to_string);
     let reply = resource(&p, &d, &t, &table);
     inner.tables.insert(path, table);
     if fault == Some(RestFault::ApplyThenFail) {

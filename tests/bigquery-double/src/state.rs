@@ -116,6 +116,15 @@ pub struct Table {
     pub schema: TableSchema,
     /// Raised by every change of the table (its etag).
     pub version: u64,
+    /// The table resource's `labels` and `description`, kept as given.
+    pub labels: serde_json::Map<String, serde_json::Value>,
+    pub description: Option<String>,
+}
+
+impl Table {
+    pub fn new(schema: TableSchema) -> Self {
+        Table { schema, version: 1, labels: serde_json::Map::new(), description: None }
+    }
 }
 
 #[derive(Default)]
