@@ -47,6 +47,64 @@ pub enum SetupError {
     Temp(std::io::Error),
 }
 
+/// Why a case failed. The suite reports a case's error as its detail; one
+/// kind ([`CaseError::NothingToRead`]) stops the whole suite, since every
+/// later case would fail the same way for a reason that is not the plugin's.
+#[derive(Debug, thiserror::Error)]
+pub enum CaseError {
+    /// What became visible (or what the engine answered) is not what
+    /// exactly-once requires.
+    #[error("{0}")]
+    Expected(String),
+    /// A run of the engine failed where the case needed it to finish.
+    #[error("{context}: {source}")]
+    Run {
+        context: String,
+        #[source]
+        source: EngineError,
+    },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Plugin(#[from] sluice::plugin::PluginError),
+    #[error("the case's job: {0}")]
+    Job(#[from] sluice::job::JobError),
+    #[error("writing the case's job: {0}")]
+    JobText(#[from] toml::ser::Error),
+    #[error("encoding rows: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Parquet {
+        path: PathBuf,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    #[error("reading the Iceberg table: {0}")]
+    Iceberg(#[from] iceberg::Error),
+    #[error("the Iceberg table {table}: {message}")]
+    Catalog { table: String, message: String },
+    #[error("the target's `id` column: {0}")]
+    IdColumn(String),
+    #[error("--verify-cmd: {0}")]
+    VerifyCmd(String),
+    /// The built-in checker found files in the target, none of its format.
+    #[error(
+        "the built-in checker reads Parquet files, and {location} holds files ({example}, ...) but no Parquet file: \
+         it cannot see what this plugin writes. Pass --verify-cmd, a command that prints the visible ids"
+    )]
+    NothingToRead { location: PathBuf, example: String },
+}
+
+fn expected(message: impl Into<String>) -> CaseError {
+    CaseError::Expected(message.into())
+}
+
 /// How the suite reads what became visible.
 #[derive(Debug, Clone)]
 pub enum Checker {
@@ -84,7 +142,7 @@ pub struct Suite {
 const STRIDE: u64 = 1_000_000;
 const PARALLELISM: u64 = 2;
 
-type CaseFn = fn(&Suite, u64) -> Result<String, String>;
+type CaseFn = fn(&Suite, u64) -> Result<String, CaseError>;
 
 /// The cases, in the order they run.
 pub const CASES: &[(&str, CaseFn)] = &[
@@ -154,13 +212,13 @@ impl Suite {
     }
 
     /// The job of case `k`, with `batch_rows` rows per source batch.
-    fn job(&self, k: u64, batch_rows: u64) -> Result<Job, String> {
+    fn job(&self, k: u64, batch_rows: u64) -> Result<Job, CaseError> {
         self.job_with(k, batch_rows, None)
     }
 
     /// [`Suite::job`] whose rows change shape (`qty` widened, a column
     /// added) at id `evolve_at`.
-    fn job_with(&self, k: u64, batch_rows: u64, evolve_at: Option<u64>) -> Result<Job, String> {
+    fn job_with(&self, k: u64, batch_rows: u64, evolve_at: Option<u64>) -> Result<Job, CaseError> {
         let mut table = self.job.clone();
         let every = self.rows / PARALLELISM / 3;
         let state = self.temp.path().join(format!("state-{k}"));
@@ -188,8 +246,8 @@ impl Suite {
         if let Some(toml::Value::Table(sink)) = table.get_mut("sink") {
             sink.insert("plugin".into(), self.plugin.display().to_string().into());
         }
-        let text = toml::to_string(&table).map_err(|e| format!("writing the case's job: {e}"))?;
-        Job::from_str(&text, &self.job_path, &[]).map_err(|e| format!("the case's job: {e}"))
+        let text = toml::to_string(&table)?;
+        Ok(Job::from_str(&text, &self.job_path, &[])?)
     }
 
     fn run(&self, job: &Job, fault: Option<Fault>) -> Result<RunSummary, EngineError> {
@@ -199,14 +257,14 @@ impl Suite {
     }
 
     /// The visible ids of case `k`, sorted.
-    fn visible(&self, k: u64) -> Result<Vec<i64>, String> {
+    fn visible(&self, k: u64) -> Result<Vec<i64>, CaseError> {
         let (lo, hi) = (self.first_id(k) as i64, (self.first_id(k) + self.rows) as i64);
         let mut ids: Vec<i64> = self.read_all()?.into_iter().filter(|id| (lo..hi).contains(id)).collect();
         ids.sort_unstable();
         Ok(ids)
     }
 
-    fn read_all(&self) -> Result<Vec<i64>, String> {
+    fn read_all(&self) -> Result<Vec<i64>, CaseError> {
         match &self.checker {
             Checker::ParquetTree(dir) => read_parquet_tree(dir),
             Checker::Iceberg { table } => self.read_iceberg(table),
@@ -214,27 +272,28 @@ impl Suite {
         }
     }
 
-    fn read_iceberg(&self, table: &str) -> Result<Vec<i64>, String> {
+    fn read_iceberg(&self, table: &str) -> Result<Vec<i64>, CaseError> {
         use futures::TryStreamExt;
+        use sluice::bindings::v0_2::sluice::connector::iceberg_catalog::CatalogError;
         let job = self.job(0, 700)?;
-        let (grants, _) = engine::grants_and_limits(&job).map_err(|e| e.to_string())?;
-        let catalog = grants.catalog.ok_or("the job has no [sink.catalog]")?;
-        let ident = iceberg::TableIdent::from_strs(table.split('.')).map_err(|e| format!("table {table}: {e}"))?;
+        let (grants, _) = engine::grants_and_limits(&job)?;
+        let catalog = grants.catalog.ok_or_else(|| CaseError::Catalog {
+            table: table.to_string(),
+            message: "the job has no [sink.catalog]".into(),
+        })?;
+        let ident = iceberg::TableIdent::from_strs(table.split('.'))?;
         let table = match catalog.load(&ident) {
             Ok(t) => t,
-            Err(e) => {
-                let text = format!("{e:?}");
-                if text.contains("NoSuchTable") || text.contains("does not exist") || text.contains("not found") {
-                    return Ok(Vec::new());
-                }
-                return Err(format!("loading {ident}: {text}"));
-            }
+            // Nothing was committed yet: the table is made by the first commit or `evolve`.
+            Err(CatalogError::NotFound(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(CaseError::Catalog { table: ident.to_string(), message: format!("{e:?}") }),
         };
-        let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
+        let io = |e: std::io::Error| CaseError::Io { path: PathBuf::from("(runtime)"), source: e };
+        let rt = tokio::runtime::Builder::new_current_thread().build().map_err(io)?;
         let batches: Vec<arrow_array::RecordBatch> = rt.block_on(async {
-            let scan = table.scan().select(["id"]).build().map_err(|e| e.to_string())?;
-            let stream = scan.to_arrow().await.map_err(|e| e.to_string())?;
-            stream.try_collect().await.map_err(|e| e.to_string())
+            let scan = table.scan().select(["id"]).build()?;
+            let stream = scan.to_arrow().await?;
+            stream.try_collect().await
         })?;
         let mut ids = Vec::new();
         for b in &batches {
@@ -244,11 +303,11 @@ impl Suite {
     }
 
     /// Every id of case `k` visible exactly once.
-    fn expect_exactly_once(&self, k: u64) -> Result<(), String> {
+    fn expect_exactly_once(&self, k: u64) -> Result<(), CaseError> {
         let ids = self.visible(k)?;
         let first = self.first_id(k) as i64;
-        let expected: Vec<i64> = (first..first + self.rows as i64).collect();
-        if ids == expected {
+        let all: Vec<i64> = (first..first + self.rows as i64).collect();
+        if ids == all {
             return Ok(());
         }
         let mut seen = BTreeMap::new();
@@ -256,21 +315,25 @@ impl Suite {
             *seen.entry(*id).or_insert(0u32) += 1;
         }
         let twice = seen.iter().filter(|(_, n)| **n > 1).count();
-        let missing = expected.iter().filter(|id| !seen.contains_key(id)).count();
-        Err(format!("{} rows visible of {}: {missing} missing, {twice} visible more than once", ids.len(), self.rows))
+        let missing = all.iter().filter(|id| !seen.contains_key(id)).count();
+        Err(expected(format!(
+            "{} rows visible of {}: {missing} missing, {twice} visible more than once",
+            ids.len(),
+            self.rows
+        )))
     }
 
-    fn expect_no_duplicates(&self, k: u64, when: &str) -> Result<usize, String> {
+    fn expect_no_duplicates(&self, k: u64, when: &str) -> Result<usize, CaseError> {
         let ids = self.visible(k)?;
         let mut dedup = ids.clone();
         dedup.dedup();
         if dedup.len() != ids.len() {
-            return Err(format!("{} ids visible more than once {when}", ids.len() - dedup.len()));
+            return Err(expected(format!("{} ids visible more than once {when}", ids.len() - dedup.len())));
         }
         Ok(ids.len())
     }
 
-    fn crash_case(&self, k: u64, point: CrashPoint) -> Result<String, String> {
+    fn crash_case(&self, k: u64, point: CrashPoint) -> Result<String, CaseError> {
         let job = self.job(k, 700)?;
         let first = self.first_id(k);
         let Restored { after_crash, summary, .. } = crash_and_restore(&CrashCheck {
@@ -296,53 +359,53 @@ impl Suite {
                     answer = ", the second commit answered committed (the plugin could not tell it was done)".into()
                 }
                 [(2, CommitOutcome::Committed)] => answer = ", the restore committed it".into(),
-                other => return Err(format!("recovery committed {other:?}; expected checkpoint 2")),
+                other => return Err(expected(format!("recovery committed {other:?}; expected checkpoint 2"))),
             }
         }
         Ok(format!("{after_crash} rows visible after the crash, all {} after the restore{answer}", self.rows))
     }
 }
 
-fn case_describe_validate(s: &Suite, _k: u64) -> Result<String, String> {
-    let plugin = s.host.load(&s.plugin).map_err(|e| e.to_string())?;
+fn case_describe_validate(s: &Suite, _k: u64) -> Result<String, CaseError> {
+    let plugin = s.host.load(&s.plugin)?;
     let job = s.job(0, 700)?;
     let report = engine::check(&job, &s.host);
     if !report.problems.is_empty() {
-        return Err(report.problems.join("; "));
+        return Err(expected(report.problems.join("; ")));
     }
     let version = plugin.info().map(|i| i.version.clone()).unwrap_or_default();
     Ok(format!("{} {version} (contract {})", plugin.name, plugin.version()))
 }
 
-fn case_rebatched_replay(s: &Suite, k: u64) -> Result<String, String> {
+fn case_rebatched_replay(s: &Suite, k: u64) -> Result<String, CaseError> {
     let first = Fault { point: CrashPoint::AfterSnapshotState, checkpoint: 2, subtask: 0 };
     match s.run(&s.job(k, 700)?, Some(first)) {
         Err(e) if e.is_injected_crash() => {}
-        other => return Err(format!("expected the first crash, got {other:?}")),
+        other => return Err(expected(format!("expected the first crash, got {other:?}"))),
     }
     let second = Fault { point: CrashPoint::DuringCommit, checkpoint: 3, subtask: 0 };
     match s.run(&s.job(k, 333)?, Some(second)) {
         Err(e) if e.is_injected_crash() => {}
-        other => return Err(format!("expected the second crash, got {other:?}")),
+        other => return Err(expected(format!("expected the second crash, got {other:?}"))),
     }
     s.expect_no_duplicates(k, "after two crashes")?;
-    s.run(&s.job(k, 1001)?, None).map_err(|e| format!("the last run failed: {e}"))?;
+    s.run(&s.job(k, 1001)?, None).map_err(|source| CaseError::Run { context: "the last run".into(), source })?;
     s.expect_exactly_once(k)?;
     Ok("batches of 700, then 333, then 1001 rows".into())
 }
 
-fn case_nothing_before_commit(s: &Suite, k: u64) -> Result<String, String> {
+fn case_nothing_before_commit(s: &Suite, k: u64) -> Result<String, CaseError> {
     let job = s.job(k, 700)?;
     let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 };
     match s.run(&job, Some(fault)) {
         Err(e) if e.is_injected_crash() => {}
-        other => return Err(format!("expected the crash, got {other:?}")),
+        other => return Err(expected(format!("expected the crash, got {other:?}"))),
     }
     let visible = s.visible(k)?;
     if !visible.is_empty() {
-        return Err(format!("{} rows visible although no checkpoint was committed", visible.len()));
+        return Err(expected(format!("{} rows visible although no checkpoint was committed", visible.len())));
     }
-    s.run(&job, None).map_err(|e| format!("the recovery run failed: {e}"))?;
+    s.run(&job, None).map_err(|source| CaseError::Run { context: "the recovery run".into(), source })?;
     s.expect_exactly_once(k)?;
     Ok("0 rows visible with checkpoint 1 persisted but not committed".into())
 }
@@ -352,8 +415,8 @@ impl Suite {
     /// barrier ends checkpoint 1 and the target evolves before checkpoint 2;
     /// the crash hits inside `committer.evolve` (after its first side
     /// effect) or right after it. Plugins of contract 0.1 take no changes.
-    fn evolve_case(&self, k: u64, point: CrashPoint) -> Result<String, String> {
-        let plugin = self.host.load(&self.plugin).map_err(|e| e.to_string())?;
+    fn evolve_case(&self, k: u64, point: CrashPoint) -> Result<String, CaseError> {
+        let plugin = self.host.load(&self.plugin)?;
         if plugin.version() == sluice::plugin::ContractVersion::V0_1 {
             return Ok("not applicable: contract 0.1 has no schema changes".into());
         }
@@ -388,7 +451,7 @@ pub struct CrashCheck<'a> {
     /// Runs the job (with the fault, then without).
     pub run: &'a dyn Fn(Option<Fault>) -> Result<RunSummary, EngineError>,
     /// Every id visible in the target now (others than the job's are ignored).
-    pub visible: &'a dyn Fn() -> Result<Vec<i64>, String>,
+    pub visible: &'a dyn Fn() -> Result<Vec<i64>, CaseError>,
     /// The crash may not come (a crash after a side effect of a call that
     /// has none): then the run must simply have landed every row once.
     pub may_not_happen: bool,
@@ -406,16 +469,16 @@ pub struct Restored {
 
 /// Runs the job into the injected crash, checks that no row shows twice,
 /// runs it again, and checks that every row shows exactly once.
-pub fn crash_and_restore(check: &CrashCheck<'_>) -> Result<Restored, String> {
+pub fn crash_and_restore(check: &CrashCheck<'_>) -> Result<Restored, CaseError> {
     let point = check.fault.point;
     let (lo, hi) = (check.first_id as i64, (check.first_id + check.rows) as i64);
     let uncrashed = match (check.run)(Some(check.fault)) {
         Err(e) if e.is_injected_crash() => None,
-        Err(e) => return Err(format!("the run failed before the crash at {point}: {e}")),
+        Err(source) => return Err(CaseError::Run { context: format!("the run before the crash at {point}"), source }),
         Ok(summary) if check.may_not_happen => Some(summary),
-        Ok(_) => return Err(format!("the crash at {point} never happened (too few rows?)")),
+        Ok(_) => return Err(expected(format!("the crash at {point} never happened (too few rows?)"))),
     };
-    let visible = || -> Result<Vec<i64>, String> {
+    let visible = || -> Result<Vec<i64>, CaseError> {
         let mut ids: Vec<i64> = (check.visible)()?.into_iter().filter(|id| (lo..hi).contains(id)).collect();
         ids.sort_unstable();
         Ok(ids)
@@ -423,33 +486,38 @@ pub fn crash_and_restore(check: &CrashCheck<'_>) -> Result<Restored, String> {
     let ids = visible()?;
     if let Some(summary) = uncrashed {
         if ids != (lo..hi).collect::<Vec<_>>() {
-            return Err(format!("the run without the crash left {} rows visible of {}", ids.len(), check.rows));
+            return Err(expected(format!(
+                "the run without the crash left {} rows visible of {}",
+                ids.len(),
+                check.rows
+            )));
         }
         return Ok(Restored { after_crash: ids.len(), summary, crashed: false });
     }
     let mut dedup = ids.clone();
     dedup.dedup();
     if dedup.len() != ids.len() {
-        return Err(format!(
+        return Err(expected(format!(
             "{} rows visible more than once right after the crash at {point}",
             ids.len() - dedup.len()
-        ));
+        )));
     }
-    let summary = (check.run)(None).map_err(|e| format!("the restore after the crash at {point} failed: {e}"))?;
+    let summary = (check.run)(None)
+        .map_err(|source| CaseError::Run { context: format!("the restore after the crash at {point}"), source })?;
     if summary.rows_total != check.rows {
-        return Err(format!("the restore reported {} rows in total, not {}", summary.rows_total, check.rows));
+        return Err(expected(format!("the restore reported {} rows in total, not {}", summary.rows_total, check.rows)));
     }
     let after = visible()?;
     if after != (lo..hi).collect::<Vec<_>>() {
         let mut dedup = after.clone();
         dedup.dedup();
-        return Err(format!(
+        return Err(expected(format!(
             "after the restore {} rows are visible of {}: {} missing, {} more than once",
             after.len(),
             check.rows,
             check.rows as usize - dedup.len(),
             after.len() - dedup.len()
-        ));
+        )));
     }
     Ok(Restored { after_crash: ids.len(), summary, crashed: true })
 }
@@ -457,10 +525,10 @@ pub fn crash_and_restore(check: &CrashCheck<'_>) -> Result<Restored, String> {
 /// Drives one writer and the committer directly: rows written and prepared,
 /// then `abort-prepare`; rows prepared and combined, then `abort`. Neither
 /// may leave a row visible.
-fn case_aborts(s: &Suite, k: u64) -> Result<String, String> {
+fn case_aborts(s: &Suite, k: u64) -> Result<String, CaseError> {
     let job = s.job(k, 700)?;
-    let plugin = s.host.load(&s.plugin).map_err(|e| e.to_string())?;
-    let (grants, limits) = engine::grants_and_limits(&job).map_err(|e| e.to_string())?;
+    let plugin = s.host.load(&s.plugin)?;
+    let (grants, limits) = engine::grants_and_limits(&job)?;
     let ctx = |subtask: u32| SinkCtx {
         job_id: job.spec.job.id.clone(),
         sink_id: job.spec.sink.id.clone(),
@@ -471,30 +539,29 @@ fn case_aborts(s: &Suite, k: u64) -> Result<String, String> {
         parallelism: 1,
         attempt: 1,
     };
-    let schema = sluice::ipc::encode_schema(&Generator::schema_ref()).map_err(|e| e.to_string())?;
+    let schema = sluice::ipc::encode_schema(&Generator::schema_ref())?;
     let tables = [SourceTable { name: String::new(), schema }];
     let options = plugin.options_for(job.sink_options(), &ctx(0));
     let first = s.first_id(k);
     let batch = |from: u64, to: u64| sluice::ipc::encode_batch(&Generator::batch_for(from, to));
-    let err = |e: sluice::plugin::PluginError| e.to_string();
 
-    let inst = plugin.instantiate("conformance-writer", &grants, limits).map_err(err)?;
-    let mut writer = WriterInstance::open(inst, &ctx(0), &options, &tables, None).map_err(err)?;
-    writer.write("", &batch(first, first + 500).map_err(|e| e.to_string())?).map_err(err)?;
-    let info1 = writer.prepare_commit(1).map_err(err)?;
-    writer.snapshot_state(1).map_err(err)?;
-    writer.abort_prepare(1).map_err(err)?;
-    writer.write("", &batch(first + 500, first + 1000).map_err(|e| e.to_string())?).map_err(err)?;
-    let info2 = writer.prepare_commit(2).map_err(err)?.ok_or("prepare-commit(2) reported no rows")?;
-    writer.snapshot_state(2).map_err(err)?;
-    let inst = plugin.instantiate("conformance-committer", &grants, limits).map_err(err)?;
-    let mut committer = sluice::plugin::CommitterInstance::open(inst, &ctx(0), &options, &tables).map_err(err)?;
-    let combined = committer.combine(2, &[info2]).map_err(err)?;
-    committer.abort(2, &combined).map_err(err)?;
-    writer.close().map_err(err)?;
+    let inst = plugin.instantiate("conformance-writer", &grants, limits)?;
+    let mut writer = WriterInstance::open(inst, &ctx(0), &options, &tables, None)?;
+    writer.write("", &batch(first, first + 500)?)?;
+    let info1 = writer.prepare_commit(1)?;
+    writer.snapshot_state(1)?;
+    writer.abort_prepare(1)?;
+    writer.write("", &batch(first + 500, first + 1000)?)?;
+    let info2 = writer.prepare_commit(2)?.ok_or_else(|| expected("prepare-commit(2) reported no rows"))?;
+    writer.snapshot_state(2)?;
+    let inst = plugin.instantiate("conformance-committer", &grants, limits)?;
+    let mut committer = sluice::plugin::CommitterInstance::open(inst, &ctx(0), &options, &tables)?;
+    let combined = committer.combine(2, &[info2])?;
+    committer.abort(2, &combined)?;
+    writer.close()?;
     let visible = s.visible(k)?;
     if !visible.is_empty() {
-        return Err(format!("{} rows visible after abort-prepare and abort", visible.len()));
+        return Err(expected(format!("{} rows visible after abort-prepare and abort", visible.len())));
     }
     Ok(format!(
         "prepare-commit(1) {} then abort-prepare; checkpoint 2 combined then aborted: 0 rows visible",
@@ -566,69 +633,98 @@ fn clean_file_tree(suite: &Suite) -> usize {
 }
 
 /// Runs every case in order; `progress` hears each case start.
-pub fn run_cases(suite: &Suite, mut progress: impl FnMut(usize, &str)) -> Vec<CaseResult> {
+///
+/// A case whose target the built-in checker cannot read
+/// ([`CaseError::NothingToRead`]) stops the suite with that error: the
+/// later cases would fail for the checker's sake, not the plugin's.
+pub fn run_cases(suite: &Suite, mut progress: impl FnMut(usize, &str)) -> Result<Vec<CaseResult>, CaseError> {
     let mut results = Vec::new();
     for (k, (name, case)) in CASES.iter().enumerate() {
         progress(k, name);
         let started = Instant::now();
         let outcome = case(suite, k as u64 + 1);
+        let detail = match outcome {
+            Err(e @ CaseError::NothingToRead { .. }) => return Err(e),
+            Err(e) => Err(e.to_string()),
+            Ok(detail) => Ok(detail),
+        };
         results.push(CaseResult {
             name,
-            passed: outcome.is_ok(),
+            passed: detail.is_ok(),
             elapsed: started.elapsed(),
-            detail: outcome.unwrap_or_else(|e| e),
+            detail: detail.unwrap_or_else(|e| e),
         });
     }
-    results
+    Ok(results)
 }
 
-fn id_column(batch: &arrow_array::RecordBatch) -> Result<Vec<i64>, String> {
+fn id_column(batch: &arrow_array::RecordBatch) -> Result<Vec<i64>, CaseError> {
     use arrow_array::Array;
-    let column = batch.column_by_name("id").ok_or("the target has no `id` column")?;
+    let column = batch.column_by_name("id").ok_or_else(|| CaseError::IdColumn("there is none".into()))?;
     let ids = column
         .as_any()
         .downcast_ref::<arrow_array::Int64Array>()
-        .ok_or_else(|| format!("column `id` is {}, not Int64", column.data_type()))?;
+        .ok_or_else(|| CaseError::IdColumn(format!("it is {}, not Int64", column.data_type())))?;
     Ok(ids.iter().flatten().collect())
 }
 
-fn read_parquet_tree(dir: &Path) -> Result<Vec<i64>, String> {
+/// The ids of every Parquet file under `dir`. A tree that holds files but
+/// none of them Parquet is [`CaseError::NothingToRead`]: the sink writes
+/// another format, and the built-in checker would report every row missing.
+fn read_parquet_tree(dir: &Path) -> Result<Vec<i64>, CaseError> {
     let mut ids = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
+    let (mut parquet_files, mut other) = (0usize, None::<PathBuf>);
     while let Some(d) = stack.pop() {
         let entries = match std::fs::read_dir(&d) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("listing {}: {e}", d.display())),
+            Err(source) => return Err(CaseError::Io { path: d, source }),
         };
         for entry in entries.flatten() {
             let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
             if path.is_dir() {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "parquet") {
-                let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                parquet_files += 1;
+                let parquet = |source| CaseError::Parquet { path: path.clone(), source };
+                let file = std::fs::File::open(&path).map_err(|source| CaseError::Io { path: path.clone(), source })?;
                 let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
                     .and_then(|b| b.build())
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .map_err(parquet)?;
                 for batch in reader {
-                    ids.extend(id_column(&batch.map_err(|e| format!("{}: {e}", path.display()))?)?);
+                    ids.extend(id_column(&batch?)?);
                 }
+            } else if !name.starts_with(['.', '_']) {
+                // Hidden and `_` files (claims, markers) are no data of any format.
+                other.get_or_insert(path);
             }
         }
     }
-    Ok(ids)
+    match other {
+        Some(file) if parquet_files == 0 => Err(CaseError::NothingToRead {
+            location: dir.to_path_buf(),
+            example: file.strip_prefix(dir).unwrap_or(&file).display().to_string(),
+        }),
+        _ => Ok(ids),
+    }
 }
 
-fn read_command(cmd: &str) -> Result<Vec<i64>, String> {
+fn read_command(cmd: &str) -> Result<Vec<i64>, CaseError> {
     let out = std::process::Command::new("sh")
         .args(["-c", cmd])
         .output()
-        .map_err(|e| format!("--verify-cmd could not start: {e}"))?;
+        .map_err(|e| CaseError::VerifyCmd(format!("could not start: {e}")))?;
     if !out.status.success() {
-        return Err(format!("--verify-cmd failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(CaseError::VerifyCmd(format!(
+            "failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
-        .map(|w| w.parse::<i64>().map_err(|_| format!("--verify-cmd printed {w:?}, not an id")))
+        .map(|w| w.parse::<i64>().map_err(|_| CaseError::VerifyCmd(format!("printed {w:?}, not an id"))))
         .collect()
 }

@@ -66,6 +66,16 @@ fn main() -> ExitCode {
         eprint!("\r\x1b[2K");
     }
     let cleaned = clean_up(&suite, created);
+    let results = match results {
+        Ok(results) => results,
+        Err(e) => {
+            if let Some(line) = cleaned {
+                println!("{line}");
+            }
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     println!("| case | result | time | detail |\n|---|---|---:|---|");
     for r in &results {
         println!(

@@ -117,6 +117,21 @@ fn the_python_sink_passes_with_a_verify_command() {
     assert_all_passed(code, &stdout, &stderr);
 }
 
+/// The built-in checker reads Parquet: a sink writing JSON Lines under
+/// `path` is told so once, and asked for `--verify-cmd`, instead of failing
+/// every case with "0 rows visible".
+#[test]
+fn a_target_of_another_format_asks_for_a_verify_command() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = write(dir.path(), "job.toml", &scratch_job(FILE_SINK));
+    let (code, stdout, stderr) = plugin_test(python_jsonl_plugin(), &job, &[]);
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    for part in ["holds files", "but no Parquet file", "--verify-cmd"] {
+        assert!(stderr.contains(part), "{part:?}: {stderr}");
+    }
+    assert!(!stdout.contains("| FAIL |"), "no case is failed for the checker's sake: {stdout}");
+}
+
 #[test]
 fn a_target_that_shows_uncommitted_rows_fails() {
     let dir = tempfile::tempdir().expect("temp dir");
