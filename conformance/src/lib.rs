@@ -61,12 +61,12 @@ pub enum CaseError {
     Run {
         context: String,
         #[source]
-        source: EngineError,
+        source: Box<EngineError>,
     },
     #[error(transparent)]
-    Engine(#[from] EngineError),
+    Engine(Box<EngineError>),
     #[error(transparent)]
-    Plugin(#[from] sluice::plugin::PluginError),
+    Plugin(Box<sluice::plugin::PluginError>),
     #[error("the case's job: {0}")]
     Job(#[from] sluice::job::JobError),
     #[error("writing the case's job: {0}")]
@@ -103,6 +103,25 @@ pub enum CaseError {
 
 fn expected(message: impl Into<String>) -> CaseError {
     CaseError::Expected(message.into())
+}
+
+/// The engine's errors are large; boxed, a case's `Result` stays small.
+impl From<EngineError> for CaseError {
+    fn from(e: EngineError) -> Self {
+        CaseError::Engine(Box::new(e))
+    }
+}
+
+impl From<sluice::plugin::PluginError> for CaseError {
+    fn from(e: sluice::plugin::PluginError) -> Self {
+        CaseError::Plugin(Box::new(e))
+    }
+}
+
+/// A run that failed where the case needed it to finish.
+fn run_failed(context: impl Into<String>) -> impl FnOnce(EngineError) -> CaseError {
+    let context = context.into();
+    move |source| CaseError::Run { context, source: Box::new(source) }
 }
 
 /// How the suite reads what became visible.
@@ -389,7 +408,7 @@ fn case_rebatched_replay(s: &Suite, k: u64) -> Result<String, CaseError> {
         other => return Err(expected(format!("expected the second crash, got {other:?}"))),
     }
     s.expect_no_duplicates(k, "after two crashes")?;
-    s.run(&s.job(k, 1001)?, None).map_err(|source| CaseError::Run { context: "the last run".into(), source })?;
+    s.run(&s.job(k, 1001)?, None).map_err(run_failed("the last run"))?;
     s.expect_exactly_once(k)?;
     Ok("batches of 700, then 333, then 1001 rows".into())
 }
@@ -405,7 +424,7 @@ fn case_nothing_before_commit(s: &Suite, k: u64) -> Result<String, CaseError> {
     if !visible.is_empty() {
         return Err(expected(format!("{} rows visible although no checkpoint was committed", visible.len())));
     }
-    s.run(&job, None).map_err(|source| CaseError::Run { context: "the recovery run".into(), source })?;
+    s.run(&job, None).map_err(run_failed("the recovery run"))?;
     s.expect_exactly_once(k)?;
     Ok("0 rows visible with checkpoint 1 persisted but not committed".into())
 }
@@ -474,7 +493,7 @@ pub fn crash_and_restore(check: &CrashCheck<'_>) -> Result<Restored, CaseError> 
     let (lo, hi) = (check.first_id as i64, (check.first_id + check.rows) as i64);
     let uncrashed = match (check.run)(Some(check.fault)) {
         Err(e) if e.is_injected_crash() => None,
-        Err(source) => return Err(CaseError::Run { context: format!("the run before the crash at {point}"), source }),
+        Err(e) => return Err(run_failed(format!("the run before the crash at {point}"))(e)),
         Ok(summary) if check.may_not_happen => Some(summary),
         Ok(_) => return Err(expected(format!("the crash at {point} never happened (too few rows?)"))),
     };
@@ -502,8 +521,7 @@ pub fn crash_and_restore(check: &CrashCheck<'_>) -> Result<Restored, CaseError> 
             ids.len() - dedup.len()
         )));
     }
-    let summary = (check.run)(None)
-        .map_err(|source| CaseError::Run { context: format!("the restore after the crash at {point}"), source })?;
+    let summary = (check.run)(None).map_err(run_failed(format!("the restore after the crash at {point}")))?;
     if summary.rows_total != check.rows {
         return Err(expected(format!("the restore reported {} rows in total, not {}", summary.rows_total, check.rows)));
     }
