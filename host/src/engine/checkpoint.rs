@@ -176,6 +176,11 @@ pub struct CheckpointRecord {
     /// source's one table then.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tables: Vec<TableRecord>,
+    /// What the source was when the checkpoint was taken (the generator's
+    /// parameters, the files consumed); a resume from another source is
+    /// refused. `None` in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<crate::source::SourceIdentity>,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
 }
@@ -463,6 +468,7 @@ mod tests {
             last_committed: None,
             dropped: Vec::new(),
             tables: vec![TableRecord { name: "orders".into(), schema: Blob(vec![1, 2]) }],
+            source: None,
             created_at_ms: 0,
         }
     }

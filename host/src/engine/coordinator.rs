@@ -257,12 +257,14 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         }
         report.problems.extend(option_errors.iter().map(ToString::to_string));
     }
+    let mut latest = None;
     let identity = match super::state::inspect(job) {
         Ok(state) => {
             report.passed.push(format!("state: {}", state.one_line()));
             if let Some(halt) = &state.halted {
                 report.problems.push(format!("the state directory is halted: {}", halt.reason));
             }
+            latest = state.latest;
             state.incarnation.map(|i| (i.id, false))
         }
         Err(e) => {
@@ -283,6 +285,13 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
     let source = match Source::open(&job.spec.source, job.spec.job.parallelism) {
         Ok(s) => {
             report.passed.push(format!("source: {}", s.describe()));
+            if let Some(r) = &latest
+                && let Err(change) = s.check_identity(r.source.as_ref())
+            {
+                report
+                    .problems
+                    .push(EngineError::SourceChanged { checkpoint: r.checkpoint, what: change.0 }.to_string());
+            }
             Some(s)
         }
         Err(e) => {
@@ -398,6 +407,15 @@ impl<'a> Coordinator<'a> {
     fn setup(job: &'a Job, host: &PluginHost, opts: &RunOptions, progress: Arc<Progress>) -> Result<Self, EngineError> {
         let spec = &job.spec;
         let parallelism = spec.job.parallelism;
+        // The plugin and the source first: a job that cannot start leaves
+        // the state directory as it was (not created, no attempt counted).
+        let plugin = host.load(&spec.sink.plugin)?;
+        if let Some(info) = plugin.info()
+            && let Some(e) = check_options(job, info).into_iter().next()
+        {
+            return Err(e.into());
+        }
+        let source = Arc::new(Source::open(&spec.source, parallelism)?);
         let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
         if let Some(halt) = store.halted()? {
             return Err(EngineError::Halted {
@@ -414,6 +432,9 @@ impl<'a> Coordinator<'a> {
                     recorded: r.parallelism,
                     now: parallelism,
                 });
+            }
+            if let Err(change) = source.check_identity(r.source.as_ref()) {
+                return Err(EngineError::SourceChanged { checkpoint: r.checkpoint, what: change.0 });
             }
             if r.sink_id != spec.sink.id {
                 return Err(EngineError::SinkChanged {
@@ -443,15 +464,8 @@ impl<'a> Coordinator<'a> {
             ),
         }
 
-        let plugin = host.load(&spec.sink.plugin)?;
-        if let Some(info) = plugin.info()
-            && let Some(e) = check_options(job, info).into_iter().next()
-        {
-            return Err(e.into());
-        }
         let refuse_others = new_incarnation && !opts.new_incarnation;
         warn_about_incarnation_support(job, &plugin, &incarnation, refuse_others);
-        let source = Arc::new(Source::open(&spec.source, parallelism)?);
         // The tables as the last checkpoint left them, else as the source starts.
         let tables = match restored.as_ref().filter(|r| !r.tables.is_empty()) {
             Some(r) => TableSet::from_records(&r.tables)?,
@@ -664,6 +678,7 @@ impl<'a> Coordinator<'a> {
             });
         }
         let spec = &self.job.spec;
+        let source = self.source.identity(&subtask_records.iter().map(|r| &r.position).collect::<Vec<_>>());
         let record = CheckpointRecord {
             job_id: spec.job.id.clone(),
             sink_id: spec.sink.id.clone(),
@@ -675,6 +690,7 @@ impl<'a> Coordinator<'a> {
             last_committed: self.last_committed,
             dropped: self.dropped.clone(),
             tables: self.tables.records()?,
+            source,
             created_at_ms: now_ms(),
         };
         if let Err(e) = self.store.persist(&record) {

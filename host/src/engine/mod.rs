@@ -119,6 +119,13 @@ pub enum EngineError {
     )]
     ParallelismChanged { checkpoint: u64, recorded: u32, now: u32 },
     #[error(
+        "the last checkpoint ({checkpoint}) was taken from another source than the job reads now: {what}. \
+         Restore needs the source as it was (a folder of files may only gain files that sort after those read). \
+         To land the source as it is now from the start, use a new job.state_dir and run with --new-incarnation \
+         (what earlier runs landed stays in the target)"
+    )]
+    SourceChanged { checkpoint: u64, what: String },
+    #[error(
         "the last checkpoint ({checkpoint}) belongs to sink {recorded:?}, but the job now names sink {now:?}; \
          use a new job.state_dir to start over"
     )]
