@@ -201,6 +201,15 @@ impl CheckpointRecord {
     pub fn finished(&self) -> bool {
         self.subtasks.iter().all(|s| s.finished)
     }
+
+    /// Rows of committed checkpoints, as far as the record knows: every row
+    /// delivered, less those of the pending checkpoints and of the dropped
+    /// ones.
+    pub fn committed_rows(&self) -> u64 {
+        let pending: u64 = self.pending.iter().map(|p| p.rows).sum();
+        let dropped: u64 = self.dropped.iter().map(|d| d.rows).sum();
+        self.total_rows().saturating_sub(pending).saturating_sub(dropped)
+    }
 }
 
 /// A job's state directory, locked for the lifetime of this value.

@@ -381,6 +381,7 @@ pub fn run_on(
         tracing::info!(checkpoint = c, outcome = ?outcome, "re-committed pending checkpoint on restore");
     }
     if co.restored.as_ref().is_some_and(CheckpointRecord::finished) {
+        co.settle_last_record()?;
         return Ok(co.summary(started, recovered, co.first, true));
     }
     co.open_writers(pool)?;
@@ -391,6 +392,7 @@ pub fn run_on(
         c += 1;
     }
     co.writer_memory = Some(pool.close()?);
+    co.settle_last_record()?;
     Ok(co.summary(started, recovered, c + 1, false))
 }
 
@@ -598,6 +600,29 @@ impl<'a> Coordinator<'a> {
         Ok(finished)
     }
 
+    /// Rows of committed checkpoints: those the newest record covers, less
+    /// the pending checkpoints' and the dropped ones'.
+    fn committed_rows(&self) -> u64 {
+        let pending: u64 = self.pending.iter().map(|p| p.rows).sum();
+        let dropped: u64 = self.dropped.iter().map(|d| d.rows).sum();
+        self.rows_total.saturating_sub(pending).saturating_sub(dropped)
+    }
+
+    /// After the last checkpoint of a finished run was committed, its record
+    /// says so (nothing pending), so that `sluice state` shows what the run
+    /// reported. A crash before this leaves the record as persisted, and the
+    /// next run commits it again (already committed).
+    fn settle_last_record(&self) -> Result<(), EngineError> {
+        let Some(mut record) = self.store.latest()? else { return Ok(()) };
+        if record.pending.is_empty() || !self.pending.is_empty() {
+            return Ok(());
+        }
+        record.pending.clear();
+        record.last_committed = self.last_committed;
+        self.store.persist(&record)?;
+        Ok(())
+    }
+
     /// How commits and evolutions are retried (job.commit).
     fn retry_policy(&self) -> Policy {
         let spec = &self.job.spec.job.commit;
@@ -747,7 +772,7 @@ impl<'a> Coordinator<'a> {
             let outcome = self.commit_one(&p, live)?;
             self.pending.remove(0);
             self.last_committed = Some(p.checkpoint);
-            self.progress.committed(p.checkpoint, self.rows_total);
+            self.progress.committed(p.checkpoint, self.committed_rows());
             done.push((p.checkpoint, outcome));
             if live {
                 crash_point!(self.fault, AfterCommit, p.checkpoint);
@@ -839,7 +864,7 @@ impl<'a> Coordinator<'a> {
             resumed_from: self.restored.as_ref().map(|r| r.checkpoint),
             recovered,
             rows_this_run: if already { 0 } else { self.progress.rows() },
-            rows_total: self.rows_total,
+            rows_total: self.committed_rows(),
             checkpoints_this_run: next - self.first,
             last_committed: self.last_committed,
             elapsed: started.elapsed(),
