@@ -120,10 +120,25 @@ pub fn main() -> ExitCode {
     match execute(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes joined by `: `, each said once: a cause whose
+/// text the message already quotes (an error that prints its source) is not
+/// repeated after it.
+pub fn render(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn host(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {

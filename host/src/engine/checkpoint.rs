@@ -46,10 +46,17 @@ pub enum CheckpointError {
     Locked { path: PathBuf },
     #[error(
         "checkpoint record {path} is corrupt ({reason}); refusing to resume from it. \
-         Nothing was changed. Restore the file from a backup, or move it away to resume from the \
-         previous record{older} (rows of the newer checkpoint may then be delivered again)"
+         Nothing was changed. Restore the file from a backup. Moving it away resumes from the previous \
+         record{older}, which is safe only if the checkpoint of this record was never committed to the \
+         target: if it was, resuming would deliver its rows twice, and the next run finds it committed and \
+         halts the state directory. `sluice state` shows what the previous record knew to be committed"
     )]
     Corrupt { path: PathBuf, reason: String, older: String },
+    #[error(
+        "state directory {state_dir}: {path} is not a directory (it is a file); set job.state_dir to a directory, \
+         or move the file away"
+    )]
+    NotADirectory { path: PathBuf, state_dir: PathBuf },
     #[error("checkpoint record {path} belongs to job {found:?}, not {expected:?}")]
     WrongJob { path: PathBuf, found: String, expected: String },
     #[error("cannot encode checkpoint {checkpoint}: {source}")]
@@ -260,13 +267,37 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
-    {
+    let written = (|| {
         let mut f = File::create(&tmp).map_err(io(&tmp))?;
         f.write_all(bytes).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
+        fs::rename(&tmp, path).map_err(io(path))
+    })();
+    if let Err(e) = written {
+        // A full disk, say: leave no half-written temporary file behind.
+        if let Err(rm) = fs::remove_file(&tmp)
+            && rm.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %tmp.display(), error = %rm, "could not remove a temporary file after a failed write");
+        }
+        return Err(e);
     }
-    fs::rename(&tmp, path).map_err(io(path))?;
     sync_dir(dir)
+}
+
+/// Refuses a state directory path that runs through a file: the OS would
+/// say only "File exists" or "Not a directory".
+fn ensure_dir_path(dir: &Path) -> Result<(), CheckpointError> {
+    for p in dir.ancestors() {
+        match fs::metadata(p) {
+            Ok(meta) if meta.is_dir() => return Ok(()),
+            Ok(_) => {
+                return Err(CheckpointError::NotADirectory { path: p.to_path_buf(), state_dir: dir.to_path_buf() });
+            }
+            Err(_) => continue,
+        }
+    }
+    Ok(())
 }
 
 fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
@@ -277,6 +308,7 @@ impl CheckpointStore {
     /// Opens (creating) and locks a job's state directory.
     pub fn open(dir: &Path, job_id: &str, retain: usize) -> Result<Self, CheckpointError> {
         let checkpoints = dir.join("checkpoints");
+        ensure_dir_path(&checkpoints)?;
         fs::create_dir_all(&checkpoints).map_err(io(&checkpoints))?;
         let lock_path = dir.join("lock");
         let lock =

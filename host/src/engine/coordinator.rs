@@ -840,13 +840,48 @@ impl<'a> Coordinator<'a> {
         }
     }
 
-    /// Halts the state directory after a reused idempotence key.
+    /// Halts the state directory after a reused idempotence key, saying
+    /// whose key it was: a plugin whose keys carry the incarnation found this
+    /// very incarnation's checkpoint, so the record of it is missing here (or
+    /// a copy of the state directory ran); one whose keys do not may have met
+    /// another incarnation's or another job's.
     fn key_reused(&self, checkpoint: u64) -> EngineError {
+        let dir = self.job.state_dir.display();
+        let delivered = format!(
+            "This run's rows of checkpoint {checkpoint} are not visible as its own, so nothing of it counts as \
+             delivered, and the state directory {dir} is now halted"
+        );
+        let why = if self.plugin.incarnation_support().0 {
+            let newest = self.restored.as_ref().map_or("none (the run started from the beginning)".to_string(), |r| {
+                format!("checkpoint {}", r.checkpoint)
+            });
+            format!(
+                "its keys carry this state directory's incarnation {inc}, so this incarnation committed checkpoint \
+                 {checkpoint} before, in a run whose record of it is not here (was it moved away or lost? or did a copy \
+                 of this state directory run?): the newest record was {newest}. Resuming from there would deliver the \
+                 rows of checkpoint {checkpoint} twice. {delivered}. Restore the record of checkpoint {checkpoint} \
+                 (and of any later one) from a backup into {checkpoints}, replacing the one this run wrote, remove \
+                 {halt}, and run again; without a backup, start over in a new job.state_dir with --new-incarnation \
+                 (the source then lands again beside what is there)",
+                inc = self.incarnation.id,
+                checkpoints =
+                    self.store.record_path(checkpoint).parent().map_or(dir.to_string(), |p| p.display().to_string()),
+                halt = self.job.state_dir.join("halted").display(),
+            )
+        } else {
+            format!(
+                "the target already holds a checkpoint under the same idempotence key, written by another incarnation \
+                 of this job (another state directory) or by another job with the same id (the plugin's keys do not \
+                 carry the incarnation). {delivered}. Give the job a job.id of its own (or remove the earlier output), \
+                 then start over with a new job.state_dir"
+            )
+        };
         let error = EngineError::KeyReused {
             job: self.job.spec.job.id.clone(),
             plugin: self.plugin.name.to_string(),
             checkpoint,
             state_dir: self.job.state_dir.clone(),
+            why,
         };
         if let Err(e) = self.store.halt(&error.to_string()) {
             tracing::error!(error = %e, "could not mark the state directory as halted");
