@@ -309,9 +309,13 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         };
         let ctx = sink_ctx(job, &incarnation, refuse, 0, 0);
         let options = plugin.options_for(job.sink_options(), &ctx);
-        let known = TableSet::new(source.tables());
-        let result =
-            check_tables(&plugin, &source, &known).and_then(|()| Ok(known.source_tables()?)).and_then(|tables| {
+        let result = source
+            .tables()
+            .map_err(EngineError::from)
+            .map(TableSet::new)
+            .and_then(|known| check_tables(&plugin, &source, &known).map(|()| known))
+            .and_then(|known| Ok(known.source_tables()?))
+            .and_then(|tables| {
                 let mut inst = plugin.instantiate("check", &grants, limits(job))?;
                 inst.validate(&ctx, &options, &tables).map_err(EngineError::from)
             });
@@ -471,7 +475,7 @@ impl<'a> Coordinator<'a> {
         // The tables as the last checkpoint left them, else as the source starts.
         let tables = match restored.as_ref().filter(|r| !r.tables.is_empty()) {
             Some(r) => TableSet::from_records(&r.tables)?,
-            None => TableSet::new(source.tables()),
+            None => TableSet::new(source.tables()?),
         };
         check_tables(&plugin, &source, &tables)?;
         let grants = grants(job, opts)?;

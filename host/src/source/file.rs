@@ -100,8 +100,6 @@ fn owner(name: &str, parallelism: u32) -> u32 {
 struct TableFiles {
     name: String,
     files: Vec<DataFile>,
-    /// The schema of its first file.
-    schema: SchemaRef,
 }
 
 pub struct FileSource {
@@ -217,14 +215,25 @@ impl FileSource {
         {
             return Err(file_err(odd, "has a different format than the other files; keep one format per source"));
         }
-        let schemas = SchemaCache::default();
+        // Only listed and stat'ed here: nothing is read before a resume has
+        // checked the files against its checkpoint (a changed file may no
+        // longer parse).
         let mut tables = Vec::with_capacity(layout.len());
         for (name, files) in layout {
             let files = files.into_iter().map(|(p, n)| DataFile::stat(p, n)).collect::<Result<Vec<_>, _>>()?;
-            let schema = cached_schema(&schemas, &files[0].path, format, csv_header)?;
-            tables.push(TableFiles { name, files, schema });
+            tables.push(TableFiles { name, files });
         }
-        Ok(Self { root, tables, tree, format, batch_rows, csv_header, parallelism, rate: None, schemas })
+        Ok(Self {
+            root,
+            tables,
+            tree,
+            format,
+            batch_rows,
+            csv_header,
+            parallelism,
+            rate: None,
+            schemas: SchemaCache::default(),
+        })
     }
 
     /// Limits the rows per second over all subtasks.
@@ -237,9 +246,14 @@ impl FileSource {
         self.rate
     }
 
-    /// The tables, with the schemas of their first files.
-    pub fn tables(&self) -> Vec<(String, SchemaRef)> {
-        self.tables.iter().map(|t| (t.name.clone(), t.schema.clone())).collect()
+    /// The tables, with the schemas of their first files (read now, once).
+    pub fn tables(&self) -> Result<Vec<(String, SchemaRef)>, SourceError> {
+        self.tables
+            .iter()
+            .map(|t| {
+                Ok((t.name.clone(), cached_schema(&self.schemas, &t.files[0].path, self.format, self.csv_header)?))
+            })
+            .collect()
     }
 
     /// One folder per table.
@@ -972,7 +986,7 @@ mod tests {
         }
         let src = FileSource::open(dir.path(), None, 2, true, 2).unwrap();
         assert!(src.is_tree());
-        let names: Vec<String> = src.tables().into_iter().map(|(t, _)| t).collect();
+        let names: Vec<String> = src.tables().unwrap().into_iter().map(|(t, _)| t).collect();
         assert_eq!(names, ["orders", "users"]);
         let mut r = src.reader(0, None).unwrap();
         let mut seen = Vec::new();
@@ -1128,7 +1142,7 @@ mod tests {
         let path = dir.path().join("drift.jsonl");
         std::fs::write(&path, &text).unwrap();
         let src = FileSource::open(&path, None, 256, true, 1).unwrap();
-        let schema = src.tables()[0].1.clone();
+        let schema = src.tables().unwrap()[0].1.clone();
         assert_eq!(schema.field_with_name("v").unwrap().data_type(), &arrow_schema::DataType::Float64);
         assert!(schema.field_with_name("tag").unwrap().is_nullable());
         let mut r = src.reader(0, None).unwrap();
@@ -1164,7 +1178,7 @@ mod tests {
         let mut text: String = (0..1700).map(|i| format!("{{\"id\": {i}, \"v\": {i}}}\n")).collect();
         text.push_str("{\"id\": 1700, \"v\": \"abc\"}\n");
         std::fs::write(&bad, &text).unwrap();
-        let err = FileSource::open(&bad, None, 256, true, 1).err().expect("refused").to_string();
+        let err = FileSource::open(&bad, None, 256, true, 1).unwrap().tables().unwrap_err().to_string();
         assert!(
             err.contains("bad.jsonl") && err.contains("line 1701") && err.contains("`v`") && err.contains("\"abc\""),
             "{err}"
@@ -1172,7 +1186,7 @@ mod tests {
 
         let inexact = dir.path().join("inexact.jsonl");
         std::fs::write(&inexact, "{\"v\": 9007199254740993}\n{\"v\": 0.5}\n").unwrap();
-        let err = FileSource::open(&inexact, None, 256, true, 1).err().expect("refused").to_string();
+        let err = FileSource::open(&inexact, None, 256, true, 1).unwrap().tables().unwrap_err().to_string();
         assert!(err.contains("line 1") && err.contains("9007199254740993") && err.contains("lose digits"), "{err}");
     }
 

@@ -134,10 +134,11 @@ impl Source {
         }
     }
 
-    /// The tables known at start, with the schemas of their first rows.
-    pub fn tables(&self) -> Vec<(String, SchemaRef)> {
+    /// The tables known at start, with the schemas of their first rows
+    /// (a file source reads its first files for them).
+    pub fn tables(&self) -> Result<Vec<(String, SchemaRef)>, SourceError> {
         match self {
-            Source::Generator(g) => g.tables(),
+            Source::Generator(g) => Ok(g.tables()),
             Source::File(f) => f.tables(),
         }
     }
