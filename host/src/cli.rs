@@ -258,3 +258,20 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    #[test]
+    fn a_cause_the_message_quotes_is_said_once() {
+        let full = std::io::Error::from_raw_os_error(28);
+        let e = crate::engine::checkpoint::CheckpointError::Io { path: "/state".into(), source: full };
+        let text = render(&anyhow::Error::new(e));
+        assert_eq!(text.matches("os error 28").count(), 1, "{text}");
+        let missing = std::io::Error::from_raw_os_error(2);
+        let shown = missing.to_string();
+        let wrapped = anyhow::Error::new(missing).context("reading job.toml");
+        assert_eq!(render(&wrapped), format!("reading job.toml: {shown}"), "a cause not quoted is appended");
+    }
+}

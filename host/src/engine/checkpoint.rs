@@ -577,6 +577,32 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // Renaming onto a directory that holds a file fails, after the
+        // temporary file was written (as a full disk fails the write).
+        let target = dir.path().join("chk-1.json");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("x"), b"x").unwrap();
+        assert!(write_atomic(&target, b"record").is_err());
+        let left: Vec<String> =
+            fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(left, ["chk-1.json"]);
+    }
+
+    #[test]
+    fn a_state_directory_through_a_file_is_refused_as_not_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("state");
+        fs::write(&file, b"x").unwrap();
+        for path in [file.clone(), file.join("below")] {
+            let err = CheckpointStore::open(&path, "j", 3).unwrap_err().to_string();
+            assert!(err.contains(&format!("{} is not a directory", file.display())), "{err}");
+            assert!(!err.contains("File exists") && !err.contains("os error"), "{err}");
+        }
+    }
+
+    #[test]
     fn second_open_is_locked_out() {
         let dir = tempfile::tempdir().unwrap();
         let _first = CheckpointStore::open(dir.path(), "j", 3).unwrap();
