@@ -9,7 +9,10 @@
 //!   substituted for it (that could replay rows already committed);
 //! - only one run holds a job's state directory at a time (an OS file lock,
 //!   released by the kernel even on SIGKILL);
-//! - the attempt counter is bumped durably before a run does anything else;
+//! - the attempt counter is bumped durably before a run writes anything
+//!   else (a run that cannot load its plugin or open its source never opens
+//!   the state directory);
+//! - a failed atomic write leaves no temporary file behind;
 //! - a state directory belongs to one *incarnation* of its job, named by a
 //!   random id made when the directory's first run starts (`incarnation`).
 //!   Sinks key everything they write with it, so a job started over in a

@@ -407,9 +407,11 @@ fn abort_prepare(pool: &mut dyn WriterPool, c: u64) {
 }
 
 impl<'a> Coordinator<'a> {
-    /// Opens the state directory, settles the incarnation, loads the plugin
-    /// and opens the committer. Nothing is written to the target before the
-    /// committer has accepted the incarnation.
+    /// Loads the plugin and opens the source, then opens the state
+    /// directory, checks the newest record against the job (parallelism,
+    /// source identity, sink), settles the incarnation and opens the
+    /// committer. Nothing is written to the target before the committer has
+    /// accepted the incarnation.
     fn setup(job: &'a Job, host: &PluginHost, opts: &RunOptions, progress: Arc<Progress>) -> Result<Self, EngineError> {
         let spec = &job.spec;
         let parallelism = spec.job.parallelism;
