@@ -120,10 +120,25 @@ pub fn main() -> ExitCode {
     match execute(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes joined by `: `, each said once: a cause whose
+/// text the message already quotes (an error that prints its source) is not
+/// repeated after it.
+pub fn render(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn host(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {
@@ -241,5 +256,22 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    #[test]
+    fn a_cause_the_message_quotes_is_said_once() {
+        let full = std::io::Error::from_raw_os_error(28);
+        let e = crate::engine::checkpoint::CheckpointError::Io { path: "/state".into(), source: full };
+        let text = render(&anyhow::Error::new(e));
+        assert_eq!(text.matches("os error 28").count(), 1, "{text}");
+        let missing = std::io::Error::from_raw_os_error(2);
+        let shown = missing.to_string();
+        let wrapped = anyhow::Error::new(missing).context("reading job.toml");
+        assert_eq!(render(&wrapped), format!("reading job.toml: {shown}"), "a cause not quoted is appended");
     }
 }

@@ -322,6 +322,9 @@ fn default_sink_id() -> String {
 fn default_call_timeout() -> f64 {
     300.0
 }
+/// The most linear memory a 32-bit WebAssembly instance can address (4 GiB).
+pub const MAX_MEMORY_MB: u64 = 4096;
+
 fn default_memory_mb() -> u64 {
     2048
 }
@@ -529,6 +532,16 @@ impl Job {
         }
         if sb.memory_mb < 16 {
             return Err(self.invalid("sink.sandbox.memory_mb", "must be at least 16"));
+        }
+        if sb.memory_mb > MAX_MEMORY_MB {
+            return Err(self.invalid(
+                "sink.sandbox.memory_mb",
+                format!(
+                    "{} is more than a plugin instance can use: a 32-bit WebAssembly instance addresses at most \
+                     {MAX_MEMORY_MB} MB; set at most {MAX_MEMORY_MB}",
+                    sb.memory_mb
+                ),
+            ));
         }
         for (key, value) in &self.spec.sink.options {
             if matches!(value, toml::Value::Table(_)) {

@@ -54,10 +54,11 @@ create_exception!(
     "The plugin answered `retryable`: the same call may succeed when made again (Sluice's own runs retry commits with backoff)."
 );
 
-/// The message `sluice` prints for an error (`error: {:#}` of the anyhow
-/// error its `?` makes): the error and each of its causes, joined by `: `.
+/// The message `sluice` prints for an error (`sluice::cli::render` of the
+/// anyhow error its `?` makes): the error and each of its causes, joined by
+/// `: `, each said once.
 fn message(e: impl std::error::Error + Send + Sync + 'static) -> String {
-    format!("{:#}", anyhow::Error::new(e))
+    sluice::cli::render(&anyhow::Error::new(e))
 }
 
 fn to_py(e: impl std::error::Error + Send + Sync + 'static) -> PyErr {

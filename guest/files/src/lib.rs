@@ -131,7 +131,7 @@ impl Guest for FilesSink {
         committer::describe(&combined)
     }
 
-    fn validate(_ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
+    fn validate(ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
         let cfg = Config::parse(options)?;
         for table in &tables {
             writer::table_writer(table)?;
@@ -139,8 +139,52 @@ impl Guest for FilesSink {
         for (what, location) in [("path", &cfg.path), ("staging_path", &cfg.staging)] {
             files::exists(location).map_err(|e| files::to_sink_error(&format!("option `{what}` ({location})"), e))?;
         }
-        Ok(())
+        probe_rename(&ctx, &cfg)
     }
 }
+
+/// Proves that a commit's rename from staging into the output can work: a
+/// small file is written in `staging_path`, renamed into `path` and deleted.
+/// A staging directory on another filesystem than the output is refused
+/// here, by `sluice check`, instead of at the first commit. The probe's name
+/// starts with a dot, so no reader of `*.parquet` ever lists it.
+fn probe_rename(ctx: &SinkContext, cfg: &Config) -> Result<(), SinkError> {
+    let name = format!(".sluice-probe-{}.{}", ctx.job_id, ctx.sink_id);
+    let (from, to) = (files::join(&cfg.staging, &name), files::join(&cfg.path, &name));
+    let io = |what: &str, e| files::to_sink_error(&format!("checking that commits can rename: {what}"), e);
+    for dir in [&cfg.staging, &cfg.path] {
+        files::create_dir_all(dir).map_err(|e| io(&format!("creating {dir}"), e))?;
+    }
+    // A probe left by an interrupted check.
+    if files::exists(&to).map_err(|e| io("looking for an old probe", e))? {
+        files::delete(&to).map_err(|e| io("removing an old probe", e))?;
+    }
+    files::write_file(&from, b"sluice rename probe\n", true).map_err(|e| io("writing a probe in staging_path", e))?;
+    let renamed = files::rename(&from, &to);
+    let cleanup = if renamed.is_ok() { &to } else { &from };
+    if let Err(e) = files::delete(cleanup) {
+        sluice_guest_sdk::log::warn(&format!("could not remove the rename probe {cleanup}: {}", files::describe(&e)));
+    }
+    match renamed {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let text = files::describe(&e);
+            if text.contains(CROSS_DEVICE) {
+                Err(error::config(format!(
+                    "option `staging_path` ({}) is on another filesystem than option `path` ({}): each commit makes a \
+                     checkpoint visible by renaming its directory from staging into the output, and a rename cannot \
+                     cross filesystems; put staging_path on the filesystem of path (the default, `<path>.staging`, \
+                     is beside it) [{text}]",
+                    cfg.staging, cfg.path
+                )))
+            } else {
+                Err(io(&format!("renaming {from} to {to}"), e))
+            }
+        }
+    }
+}
+
+/// What the host's file-io says when a rename would cross filesystems.
+const CROSS_DEVICE: &str = "different filesystems";
 
 sluice_guest_sdk::export_plugin!(FilesSink);

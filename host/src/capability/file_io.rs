@@ -8,7 +8,9 @@
 //!   on the grant's root, so a symbolic link cannot lead out of it either;
 //! - writes under a read-only grant are `denied`;
 //! - `write-file` and `rename` never replace an existing entry, and both are
-//!   durable when they return (data and directory entries synced).
+//!   durable when they return (data and directory entries synced);
+//! - a rename across filesystems (EXDEV) is `other` with the words
+//!   "different filesystems", which plugins match on (the WIT is frozen).
 //!
 //! The run's [`FileGrants`] are shared by its instances; each instance sees
 //! them through a [`FileIoView`], which the WIT interface is linked through.
@@ -66,6 +68,10 @@ fn io_error(location: &str, e: std::io::Error) -> IoError {
         std::io::ErrorKind::PermissionDenied => {
             IoError::Denied(format!("{location}: the operating system or the sandbox refused access ({e})"))
         }
+        // EXDEV: the contract's `other`, in words a plugin can recognise.
+        std::io::ErrorKind::CrossesDevices => IoError::Other(format!(
+            "{location}: the two locations are on different filesystems, and a rename cannot cross them ({e})"
+        )),
         _ => other(location, e),
     }
 }

@@ -9,7 +9,10 @@
 //!   substituted for it (that could replay rows already committed);
 //! - only one run holds a job's state directory at a time (an OS file lock,
 //!   released by the kernel even on SIGKILL);
-//! - the attempt counter is bumped durably before a run does anything else;
+//! - the attempt counter is bumped durably before a run writes anything
+//!   else (a run that cannot load its plugin or open its source never opens
+//!   the state directory);
+//! - a failed atomic write leaves no temporary file behind;
 //! - a state directory belongs to one *incarnation* of its job, named by a
 //!   random id made when the directory's first run starts (`incarnation`).
 //!   Sinks key everything they write with it, so a job started over in a
@@ -46,10 +49,17 @@ pub enum CheckpointError {
     Locked { path: PathBuf },
     #[error(
         "checkpoint record {path} is corrupt ({reason}); refusing to resume from it. \
-         Nothing was changed. Restore the file from a backup, or move it away to resume from the \
-         previous record{older} (rows of the newer checkpoint may then be delivered again)"
+         Nothing was changed. Restore the file from a backup. Moving it away resumes from the previous \
+         record{older}, which is safe only if the checkpoint of this record was never committed to the \
+         target: if it was, resuming would deliver its rows twice, and the next run finds it committed and \
+         halts the state directory. `sluice state` shows what the previous record knew to be committed"
     )]
     Corrupt { path: PathBuf, reason: String, older: String },
+    #[error(
+        "state directory {state_dir}: {path} is not a directory (it is a file); set job.state_dir to a directory, \
+         or move the file away"
+    )]
+    NotADirectory { path: PathBuf, state_dir: PathBuf },
     #[error("checkpoint record {path} belongs to job {found:?}, not {expected:?}")]
     WrongJob { path: PathBuf, found: String, expected: String },
     #[error("cannot encode checkpoint {checkpoint}: {source}")]
@@ -181,6 +191,11 @@ pub struct CheckpointRecord {
     /// source's one table then.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tables: Vec<TableRecord>,
+    /// What the source was when the checkpoint was taken (the generator's
+    /// parameters, the files consumed); a resume from another source is
+    /// refused. `None` in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<crate::source::SourceIdentity>,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
 }
@@ -200,6 +215,15 @@ impl CheckpointRecord {
 
     pub fn finished(&self) -> bool {
         self.subtasks.iter().all(|s| s.finished)
+    }
+
+    /// Rows of committed checkpoints, as far as the record knows: every row
+    /// delivered, less those of the pending checkpoints and of the dropped
+    /// ones.
+    pub fn committed_rows(&self) -> u64 {
+        let pending: u64 = self.pending.iter().map(|p| p.rows).sum();
+        let dropped: u64 = self.dropped.iter().map(|d| d.rows).sum();
+        self.total_rows().saturating_sub(pending).saturating_sub(dropped)
     }
 }
 
@@ -251,13 +275,37 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
-    {
+    let written = (|| {
         let mut f = File::create(&tmp).map_err(io(&tmp))?;
         f.write_all(bytes).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
+        fs::rename(&tmp, path).map_err(io(path))
+    })();
+    if let Err(e) = written {
+        // A full disk, say: leave no half-written temporary file behind.
+        if let Err(rm) = fs::remove_file(&tmp)
+            && rm.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %tmp.display(), error = %rm, "could not remove a temporary file after a failed write");
+        }
+        return Err(e);
     }
-    fs::rename(&tmp, path).map_err(io(path))?;
     sync_dir(dir)
+}
+
+/// Refuses a state directory path that runs through a file: the OS would
+/// say only "File exists" or "Not a directory".
+fn ensure_dir_path(dir: &Path) -> Result<(), CheckpointError> {
+    for p in dir.ancestors() {
+        match fs::metadata(p) {
+            Ok(meta) if meta.is_dir() => return Ok(()),
+            Ok(_) => {
+                return Err(CheckpointError::NotADirectory { path: p.to_path_buf(), state_dir: dir.to_path_buf() });
+            }
+            Err(_) => continue,
+        }
+    }
+    Ok(())
 }
 
 fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
@@ -268,6 +316,7 @@ impl CheckpointStore {
     /// Opens (creating) and locks a job's state directory.
     pub fn open(dir: &Path, job_id: &str, retain: usize) -> Result<Self, CheckpointError> {
         let checkpoints = dir.join("checkpoints");
+        ensure_dir_path(&checkpoints)?;
         fs::create_dir_all(&checkpoints).map_err(io(&checkpoints))?;
         let lock_path = dir.join("lock");
         let lock =
@@ -468,6 +517,7 @@ mod tests {
             last_committed: None,
             dropped: Vec::new(),
             tables: vec![TableRecord { name: "orders".into(), schema: Blob(vec![1, 2]) }],
+            source: None,
             created_at_ms: 0,
         }
     }
@@ -532,6 +582,32 @@ mod tests {
         let decoded = decode(&bytes).unwrap();
         assert_eq!(decoded.pending[0].rows, 0);
         assert!(decoded.dropped.is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // Renaming onto a directory that holds a file fails, after the
+        // temporary file was written (as a full disk fails the write).
+        let target = dir.path().join("chk-1.json");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("x"), b"x").unwrap();
+        assert!(write_atomic(&target, b"record").is_err());
+        let left: Vec<String> =
+            fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(left, ["chk-1.json"]);
+    }
+
+    #[test]
+    fn a_state_directory_through_a_file_is_refused_as_not_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("state");
+        fs::write(&file, b"x").unwrap();
+        for path in [file.clone(), file.join("below")] {
+            let err = CheckpointStore::open(&path, "j", 3).unwrap_err().to_string();
+            assert!(err.contains(&format!("{} is not a directory", file.display())), "{err}");
+            assert!(!err.contains("File exists") && !err.contains("os error"), "{err}");
+        }
     }
 
     #[test]

@@ -258,12 +258,14 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         }
         report.problems.extend(option_errors.iter().map(ToString::to_string));
     }
+    let mut latest = None;
     let identity = match super::state::inspect(job) {
         Ok(state) => {
             report.passed.push(format!("state: {}", state.one_line()));
             if let Some(halt) = &state.halted {
                 report.problems.push(format!("the state directory is halted: {}", halt.reason));
             }
+            latest = state.latest;
             state.incarnation.map(|i| (i, false))
         }
         Err(e) => {
@@ -284,6 +286,13 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
     let source = match Source::open(&job.spec.source, job.spec.job.parallelism) {
         Ok(s) => {
             report.passed.push(format!("source: {}", s.describe()));
+            if let Some(r) = &latest
+                && let Err(change) = s.check_identity(r.source.as_ref())
+            {
+                report
+                    .problems
+                    .push(EngineError::SourceChanged { checkpoint: r.checkpoint, what: change.0 }.to_string());
+            }
             Some(s)
         }
         Err(e) => {
@@ -307,9 +316,13 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         };
         let ctx = sink_ctx(job, &incarnation, refuse, 0, 0);
         let options = plugin.options_for(job.sink_options(), &ctx);
-        let known = TableSet::new(source.tables());
-        let result =
-            check_tables(&plugin, &source, &known).and_then(|()| Ok(known.source_tables()?)).and_then(|tables| {
+        let result = source
+            .tables()
+            .map_err(EngineError::from)
+            .map(TableSet::new)
+            .and_then(|known| check_tables(&plugin, &source, &known).map(|()| known))
+            .and_then(|known| Ok(known.source_tables()?))
+            .and_then(|tables| {
                 let mut inst = plugin.instantiate("check", &grants, limits(job))?;
                 inst.validate(&ctx, &options, &tables).map_err(EngineError::from)
             });
@@ -379,6 +392,7 @@ pub fn run_on(
         tracing::info!(checkpoint = c, outcome = ?outcome, "re-committed pending checkpoint on restore");
     }
     if co.restored.as_ref().is_some_and(CheckpointRecord::finished) {
+        co.settle_last_record()?;
         return Ok(co.summary(started, recovered, co.first, true));
     }
     co.open_writers(pool)?;
@@ -389,6 +403,7 @@ pub fn run_on(
         c += 1;
     }
     co.writer_memory = Some(pool.close()?);
+    co.settle_last_record()?;
     Ok(co.summary(started, recovered, c + 1, false))
 }
 
@@ -399,12 +414,23 @@ fn abort_prepare(pool: &mut dyn WriterPool, c: u64) {
 }
 
 impl<'a> Coordinator<'a> {
-    /// Opens the state directory, settles the incarnation, loads the plugin
-    /// and opens the committer. Nothing is written to the target before the
-    /// committer has accepted the incarnation.
+    /// Loads the plugin and opens the source, then opens the state
+    /// directory, checks the newest record against the job (parallelism,
+    /// source identity, sink), settles the incarnation and opens the
+    /// committer. Nothing is written to the target before the committer has
+    /// accepted the incarnation.
     fn setup(job: &'a Job, host: &PluginHost, opts: &RunOptions, progress: Arc<Progress>) -> Result<Self, EngineError> {
         let spec = &job.spec;
         let parallelism = spec.job.parallelism;
+        // The plugin and the source first: a job that cannot start leaves
+        // the state directory as it was (not created, no attempt counted).
+        let plugin = host.load(&spec.sink.plugin)?;
+        if let Some(info) = plugin.info()
+            && let Some(e) = check_options(job, info).into_iter().next()
+        {
+            return Err(e.into());
+        }
+        let source = Arc::new(Source::open(&spec.source, parallelism)?);
         let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
         if let Some(halt) = store.halted()? {
             return Err(EngineError::Halted {
@@ -421,6 +447,9 @@ impl<'a> Coordinator<'a> {
                     recorded: r.parallelism,
                     now: parallelism,
                 });
+            }
+            if let Err(change) = source.check_identity(r.source.as_ref()) {
+                return Err(EngineError::SourceChanged { checkpoint: r.checkpoint, what: change.0 });
             }
             if r.sink_id != spec.sink.id {
                 return Err(EngineError::SinkChanged {
@@ -450,19 +479,12 @@ impl<'a> Coordinator<'a> {
             ),
         }
 
-        let plugin = host.load(&spec.sink.plugin)?;
-        if let Some(info) = plugin.info()
-            && let Some(e) = check_options(job, info).into_iter().next()
-        {
-            return Err(e.into());
-        }
         let refuse_others = new_incarnation && !opts.new_incarnation;
         warn_about_incarnation_support(job, &plugin, &incarnation, refuse_others);
-        let source = Arc::new(Source::open(&spec.source, parallelism)?);
         // The tables as the last checkpoint left them, else as the source starts.
         let tables = match restored.as_ref().filter(|r| !r.tables.is_empty()) {
             Some(r) => TableSet::from_records(&r.tables)?,
-            None => TableSet::new(source.tables()),
+            None => TableSet::new(source.tables()?),
         };
         check_tables(&plugin, &source, &tables)?;
         let grants = grants(job, opts)?;
@@ -591,6 +613,29 @@ impl<'a> Coordinator<'a> {
         Ok(finished)
     }
 
+    /// Rows of committed checkpoints: those the newest record covers, less
+    /// the pending checkpoints' and the dropped ones'.
+    fn committed_rows(&self) -> u64 {
+        let pending: u64 = self.pending.iter().map(|p| p.rows).sum();
+        let dropped: u64 = self.dropped.iter().map(|d| d.rows).sum();
+        self.rows_total.saturating_sub(pending).saturating_sub(dropped)
+    }
+
+    /// After the last checkpoint of a finished run was committed, its record
+    /// says so (nothing pending), so that `sluice state` shows what the run
+    /// reported. A crash before this leaves the record as persisted, and the
+    /// next run commits it again (already committed).
+    fn settle_last_record(&self) -> Result<(), EngineError> {
+        let Some(mut record) = self.store.latest()? else { return Ok(()) };
+        if record.pending.is_empty() || !self.pending.is_empty() {
+            return Ok(());
+        }
+        record.pending.clear();
+        record.last_committed = self.last_committed;
+        self.store.persist(&record)?;
+        Ok(())
+    }
+
     /// How commits and evolutions are retried (job.commit).
     fn retry_policy(&self) -> Policy {
         let spec = &self.job.spec.job.commit;
@@ -671,6 +716,7 @@ impl<'a> Coordinator<'a> {
             });
         }
         let spec = &self.job.spec;
+        let source = self.source.identity(&subtask_records.iter().map(|r| &r.position).collect::<Vec<_>>());
         let record = CheckpointRecord {
             job_id: spec.job.id.clone(),
             sink_id: spec.sink.id.clone(),
@@ -682,6 +728,7 @@ impl<'a> Coordinator<'a> {
             last_committed: self.last_committed,
             dropped: self.dropped.clone(),
             tables: self.tables.records()?,
+            source,
             created_at_ms: now_ms(),
         };
         if let Err(e) = self.store.persist(&record) {
@@ -738,7 +785,7 @@ impl<'a> Coordinator<'a> {
             let outcome = self.commit_one(&p, live)?;
             self.pending.remove(0);
             self.last_committed = Some(p.checkpoint);
-            self.progress.committed(p.checkpoint, self.rows_total);
+            self.progress.committed(p.checkpoint, self.committed_rows());
             done.push((p.checkpoint, outcome));
             if live {
                 crash_point!(self.fault, AfterCommit, p.checkpoint);
@@ -806,13 +853,48 @@ impl<'a> Coordinator<'a> {
         }
     }
 
-    /// Halts the state directory after a reused idempotence key.
+    /// Halts the state directory after a reused idempotence key, saying
+    /// whose key it was: a plugin whose keys carry the incarnation found this
+    /// very incarnation's checkpoint, so the record of it is missing here (or
+    /// a copy of the state directory ran); one whose keys do not may have met
+    /// another incarnation's or another job's.
     fn key_reused(&self, checkpoint: u64) -> EngineError {
+        let dir = self.job.state_dir.display();
+        let delivered = format!(
+            "This run's rows of checkpoint {checkpoint} are not visible as its own, so nothing of it counts as \
+             delivered, and the state directory {dir} is now halted"
+        );
+        let why = if self.plugin.incarnation_support().0 {
+            let newest = self.restored.as_ref().map_or("none (the run started from the beginning)".to_string(), |r| {
+                format!("checkpoint {}", r.checkpoint)
+            });
+            format!(
+                "its keys carry this state directory's incarnation {inc}, so this incarnation committed checkpoint \
+                 {checkpoint} before, in a run whose record of it is not here (was it moved away or lost? or did a copy \
+                 of this state directory run?): the newest record was {newest}. Resuming from there would deliver the \
+                 rows of checkpoint {checkpoint} twice. {delivered}. Restore the record of checkpoint {checkpoint} \
+                 (and of any later one) from a backup into {checkpoints}, replacing the one this run wrote, remove \
+                 {halt}, and run again; without a backup, start over in a new job.state_dir with --new-incarnation \
+                 (the source then lands again beside what is there)",
+                inc = self.incarnation.id,
+                checkpoints =
+                    self.store.record_path(checkpoint).parent().map_or(dir.to_string(), |p| p.display().to_string()),
+                halt = self.job.state_dir.join("halted").display(),
+            )
+        } else {
+            format!(
+                "the target already holds a checkpoint under the same idempotence key, written by another incarnation \
+                 of this job (another state directory) or by another job with the same id (the plugin's keys do not \
+                 carry the incarnation). {delivered}. Give the job a job.id of its own (or remove the earlier output), \
+                 then start over with a new job.state_dir"
+            )
+        };
         let error = EngineError::KeyReused {
             job: self.job.spec.job.id.clone(),
             plugin: self.plugin.name.to_string(),
             checkpoint,
             state_dir: self.job.state_dir.clone(),
+            why,
         };
         if let Err(e) = self.store.halt(&error.to_string()) {
             tracing::error!(error = %e, "could not mark the state directory as halted");
@@ -830,7 +912,7 @@ impl<'a> Coordinator<'a> {
             resumed_from: self.restored.as_ref().map(|r| r.checkpoint),
             recovered,
             rows_this_run: if already { 0 } else { self.progress.rows() },
-            rows_total: self.rows_total,
+            rows_total: self.committed_rows(),
             checkpoints_this_run: next - self.first,
             last_committed: self.last_committed,
             elapsed: started.elapsed(),

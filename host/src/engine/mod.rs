@@ -119,6 +119,13 @@ pub enum EngineError {
     )]
     ParallelismChanged { checkpoint: u64, recorded: u32, now: u32 },
     #[error(
+        "the last checkpoint ({checkpoint}) was taken from another source than the job reads now: {what}. \
+         Restore needs the source as it was (a folder of files may only gain files that sort after those read). \
+         To land the source as it is now from the start, use a new job.state_dir and run with --new-incarnation \
+         (what earlier runs landed stays in the target)"
+    )]
+    SourceChanged { checkpoint: u64, what: String },
+    #[error(
         "the last checkpoint ({checkpoint}) belongs to sink {recorded:?}, but the job now names sink {now:?}; \
          use a new job.state_dir to start over"
     )]
@@ -141,15 +148,12 @@ pub enum EngineError {
          incarnation {incarnation}{checkpoint}. Resume it without the flag, or set job.state_dir to a new directory"
     )]
     IncarnationNotFresh { job: String, state_dir: PathBuf, incarnation: String, checkpoint: String },
+    /// `why` says whose key it was and what to do: see `Coordinator::key_reused`.
     #[error(
         "job {job}: plugin '{plugin}' answered already-committed the first time this run committed its own \
-         checkpoint {checkpoint}: the target already holds a checkpoint under the same idempotence key, written by \
-         another incarnation of this job (another state directory) or by another job with the same id. This run's \
-         rows of checkpoint {checkpoint} are not visible as its own, so nothing of it counts as delivered, and the \
-         state directory {state_dir} is now halted. Give the job a job.id of its own (or remove the earlier output), \
-         then start over with a new job.state_dir"
+         checkpoint {checkpoint}: {why}"
     )]
-    KeyReused { job: String, plugin: String, checkpoint: u64, state_dir: PathBuf },
+    KeyReused { job: String, plugin: String, checkpoint: u64, state_dir: PathBuf, why: String },
     #[error("job {job}: checkpoint {checkpoint} is not pending (pending: {pending})")]
     NotPending { job: String, checkpoint: u64, pending: String },
     #[error("subtask {0} stopped unexpectedly")]

@@ -172,6 +172,12 @@ impl std::fmt::Display for StateReport {
             Some(c) => writeln!(f, "committed:    up to checkpoint {c} (known when the record was written)")?,
             None => writeln!(f, "committed:    none known when the record was written")?,
         }
+        writeln!(
+            f,
+            "in total:     {} rows of committed checkpoints (dropped ones excluded{})",
+            r.committed_rows(),
+            if r.pending.is_empty() { "" } else { "; pending ones count once committed" }
+        )?;
         if r.pending.is_empty() {
             writeln!(f, "pending:      none")?;
         } else {

@@ -1,45 +1,110 @@
 //! `file`: JSON lines, CSV or Parquet, read with the arrow crates.
 //!
-//! Three layouts:
-//! - one file, or a directory of files: one table, `""`; files are sorted
-//!   by path and dealt out round-robin: file `i` belongs to subtask `i % p`;
-//! - a tree with one folder per table (`<path>/<table>/*`): the tables,
-//!   sorted by name, are dealt out round-robin (table `j` belongs to subtask
-//!   `j % p`), and a subtask reads each of its tables' files in name order,
-//!   so a table's rows keep their order.
+//! Layouts:
+//! - one file, or a directory of files: one table, `""`;
+//! - a tree with one folder per table (`<path>/<table>/*`): a subtask reads
+//!   each of its tables' files in name order, so a table's rows keep their
+//!   order.
 //!
-//! A subtask's position is `{file, row}`: the index among its own files and
-//! the rows already delivered from that file. Each file's schema is read
-//! (Parquet) or inferred from its first 1000 records (CSV, JSON), which gives
-//! the same answer on every run; schemas may change from one file to the
-//! next (the engine evolves the table).
+//! The split over subtasks is a pure function of a name and the
+//! parallelism: a file (a table, in a tree) belongs to subtask
+//! `fnv1a64(name) % p`. So files added to the folder never move a file
+//! that was there to another subtask, and each file is read by exactly one
+//! subtask however the folder grows. A subtask reads its files in name
+//! order (`<table>/<file>` in a tree, compared by path component).
+//!
+//! A subtask's position names a file, never an index: `{"at": name, "row":
+//! r}` (r rows of that file delivered) or `{"after": name}` (every file of
+//! the subtask up to that name delivered; `null`: none). The checkpoint's
+//! identity of the source lists each consumed file with its size and
+//! modification time; a resume refuses a consumed file that is gone or
+//! changed, and a new file that sorts before what its subtask already read
+//! (the folder is append-only). New files that sort after are read.
+//! Positions of earlier versions (`{"file": index, "row": r}`) resume with
+//! the split by index they were made with, unchecked.
+//!
+//! Schemas: Parquet files carry theirs; CSV is inferred from its first 1000
+//! records; JSON lines from every record of the file, so that a field that
+//! appears late becomes a nullable column and a number with a fraction
+//! makes the column a double, from the file's first row on. A value that
+//! fits no column type (a string among numbers, an integer that a double
+//! would round) is refused naming the file, the line, the field and the
+//! value. A UTF-8 byte order mark at the start of a JSON lines file is
+//! skipped. Error line numbers are the file's own (1 is its first line).
 
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Seek, SeekFrom};
+use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_schema::{ArrowError, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::{SourceError, SourceReader, TableBatch};
+use super::{FileIdentity, SourceChange, SourceError, SourceReader, TableBatch};
 use crate::job::FileFormat;
 
 const INFER_RECORDS: usize = 1000;
 
 type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>> + Send>;
 
+/// Schemas inferred so far, by file: a JSON file is read in full to infer
+/// its schema, so each file is inferred once per run.
+type SchemaCache = Arc<Mutex<HashMap<PathBuf, SchemaRef>>>;
+
+/// A data file as the source found it when it opened.
+#[derive(Debug, Clone)]
+struct DataFile {
+    path: PathBuf,
+    /// Relative to the source's root: `<file>`, or `<table>/<file>` in a tree.
+    name: String,
+    size: u64,
+    mtime_ns: u64,
+}
+
+impl DataFile {
+    fn stat(path: PathBuf, name: String) -> Result<Self, SourceError> {
+        let meta = std::fs::metadata(&path).map_err(|e| file_err(&path, e))?;
+        let mtime_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Ok(Self { path, name, size: meta.len(), mtime_ns })
+    }
+
+    fn identity(&self) -> FileIdentity {
+        FileIdentity { name: self.name.clone(), size: self.size, mtime_ns: self.mtime_ns }
+    }
+}
+
+/// Reading order of two names: by path component, as the folders are listed.
+fn before(a: &str, b: &str) -> bool {
+    Path::new(a) < Path::new(b)
+}
+
+/// The subtask a name belongs to: FNV-1a (64 bit) of its bytes, modulo the
+/// parallelism. Stable across runs, platforms and versions.
+fn owner(name: &str, parallelism: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(parallelism.max(1))) as u32
+}
+
 /// One table's files, in reading order.
 struct TableFiles {
     name: String,
-    files: Vec<PathBuf>,
-    /// The schema of its first file.
-    schema: SchemaRef,
+    files: Vec<DataFile>,
 }
 
 pub struct FileSource {
+    /// The folder names are relative to.
+    root: PathBuf,
     tables: Vec<TableFiles>,
     /// One folder per table.
     tree: bool,
@@ -48,6 +113,7 @@ pub struct FileSource {
     csv_header: bool,
     parallelism: u32,
     rate: Option<f64>,
+    schemas: SchemaCache,
 }
 
 fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
@@ -72,6 +138,18 @@ fn data_files(dir: &Path, format: Option<FileFormat>) -> Result<Vec<PathBuf>, So
     Ok(files)
 }
 
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// How a position is read: by name (this version), or by index into the
+/// split of earlier versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Split {
+    ByName,
+    LegacyIndex,
+}
+
 impl FileSource {
     pub fn open(
         path: &Path,
@@ -80,8 +158,10 @@ impl FileSource {
         csv_header: bool,
         parallelism: u32,
     ) -> Result<Self, SourceError> {
-        let mut layout: Vec<(String, Vec<PathBuf>)> = Vec::new();
+        let mut layout: Vec<(String, Vec<(PathBuf, String)>)> = Vec::new();
         let mut tree = false;
+        let root =
+            if path.is_dir() { path.to_path_buf() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
         if path.is_dir() {
             let files = data_files(path, format)?;
             let mut folders: Vec<PathBuf> = std::fs::read_dir(path)
@@ -97,45 +177,63 @@ impl FileSource {
                         "holds both data files and folders: keep one table's files in the directory, or one folder per table",
                     ));
                 }
-                (false, _) => layout.push((String::new(), files)),
+                (false, _) => {
+                    layout.push((String::new(), files.into_iter().map(|f| (f.clone(), file_name(&f))).collect()))
+                }
                 (true, false) => {
                     tree = true;
                     for folder in folders {
-                        let name = folder.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                        let name = file_name(&folder);
                         let files = data_files(&folder, format)?;
                         if files.is_empty() {
                             tracing::warn!(folder = %folder.display(), "the table folder holds no csv, json or parquet files; skipped");
                             continue;
                         }
-                        layout.push((name, files));
+                        let named =
+                            files.into_iter().map(|f| (f.clone(), format!("{name}/{}", file_name(&f)))).collect();
+                        layout.push((name, named));
                     }
                 }
                 (true, true) => {}
             }
         } else {
-            layout.push((String::new(), vec![path.to_path_buf()]));
+            layout.push((String::new(), vec![(path.to_path_buf(), file_name(path))]));
         }
         let first = layout
             .iter()
             .flat_map(|(_, f)| f.first())
             .next()
             .ok_or_else(|| file_err(path, "holds no csv, json or parquet files"))?
+            .0
             .clone();
         let format = match format.or_else(|| FileFormat::from_path(&first)) {
             Some(f) => f,
             None => return Err(file_err(&first, "cannot tell the format from the extension; set source.format")),
         };
-        if let Some(odd) =
-            layout.iter().flat_map(|(_, f)| f).find(|p| FileFormat::from_path(p).is_some_and(|f| f != format))
+        if let Some((odd, _)) =
+            layout.iter().flat_map(|(_, f)| f).find(|(p, _)| FileFormat::from_path(p).is_some_and(|f| f != format))
         {
             return Err(file_err(odd, "has a different format than the other files; keep one format per source"));
         }
+        // Only listed and stat'ed here: nothing is read before a resume has
+        // checked the files against its checkpoint (a changed file may no
+        // longer parse).
         let mut tables = Vec::with_capacity(layout.len());
         for (name, files) in layout {
-            let schema = infer_schema(&files[0], format, csv_header)?;
-            tables.push(TableFiles { name, files, schema });
+            let files = files.into_iter().map(|(p, n)| DataFile::stat(p, n)).collect::<Result<Vec<_>, _>>()?;
+            tables.push(TableFiles { name, files });
         }
-        Ok(Self { tables, tree, format, batch_rows, csv_header, parallelism, rate: None })
+        Ok(Self {
+            root,
+            tables,
+            tree,
+            format,
+            batch_rows,
+            csv_header,
+            parallelism,
+            rate: None,
+            schemas: SchemaCache::default(),
+        })
     }
 
     /// Limits the rows per second over all subtasks.
@@ -148,9 +246,14 @@ impl FileSource {
         self.rate
     }
 
-    /// The tables, with the schemas of their first files.
-    pub fn tables(&self) -> Vec<(String, SchemaRef)> {
-        self.tables.iter().map(|t| (t.name.clone(), t.schema.clone())).collect()
+    /// The tables, with the schemas of their first files (read now, once).
+    pub fn tables(&self) -> Result<Vec<(String, SchemaRef)>, SourceError> {
+        self.tables
+            .iter()
+            .map(|t| {
+                Ok((t.name.clone(), cached_schema(&self.schemas, &t.files[0].path, self.format, self.csv_header)?))
+            })
+            .collect()
     }
 
     /// One folder per table.
@@ -174,56 +277,183 @@ impl FileSource {
     }
 
     /// The files subtask `subtask` reads, in order, with their tables.
-    fn files_of(&self, subtask: u32) -> Vec<(String, PathBuf)> {
-        let p = self.parallelism.max(1) as usize;
-        let s = subtask as usize;
-        if self.tree {
-            self.tables
+    fn files_of(&self, subtask: u32, split: Split) -> Vec<(String, DataFile)> {
+        let p = self.parallelism.max(1);
+        let with_table = |t: &TableFiles, f: &DataFile| (t.name.clone(), f.clone());
+        match (split, self.tree) {
+            (Split::ByName, true) => self
+                .tables
+                .iter()
+                .filter(|t| owner(&t.name, p) == subtask)
+                .flat_map(|t| t.files.iter().map(move |f| with_table(t, f)))
+                .collect(),
+            (Split::ByName, false) => self
+                .tables
+                .iter()
+                .flat_map(|t| t.files.iter().filter(|f| owner(&f.name, p) == subtask).map(move |f| with_table(t, f)))
+                .collect(),
+            (Split::LegacyIndex, true) => self
+                .tables
                 .iter()
                 .enumerate()
-                .filter(|(j, _)| j % p == s)
-                .flat_map(|(_, t)| t.files.iter().map(|f| (t.name.clone(), f.clone())))
-                .collect()
-        } else {
-            self.tables
+                .filter(|(j, _)| *j as u32 % p == subtask)
+                .flat_map(|(_, t)| t.files.iter().map(move |f| with_table(t, f)))
+                .collect(),
+            (Split::LegacyIndex, false) => self
+                .tables
                 .iter()
-                .flat_map(|t| t.files.iter().map(|f| (t.name.clone(), f.clone())))
+                .flat_map(|t| t.files.iter().map(move |f| with_table(t, f)))
                 .enumerate()
-                .filter(|(i, _)| i % p == s)
+                .filter(|(i, _)| *i as u32 % p == subtask)
                 .map(|(_, f)| f)
-                .collect()
+                .collect(),
         }
     }
 
-    pub fn reader(&self, subtask: u32, position: Option<&serde_json::Value>) -> Result<FileReader, SourceError> {
-        let mine = self.files_of(subtask);
-        let (file_idx, row) = match position {
-            None => (0, 0),
-            Some(v) => {
-                let f = v.get("file").and_then(|x| x.as_u64());
-                let r = v.get("row").and_then(|x| x.as_u64());
-                match (f, r) {
-                    (Some(f), Some(r)) if f as usize <= mine.len() => (f as usize, r),
-                    _ => {
-                        return Err(SourceError::Position {
-                            position: v.to_string(),
-                            message: format!("subtask {subtask} has {} file(s) (did the input change?)", mine.len()),
-                        });
+    /// The name of the last file a position has consumed (in whole or in
+    /// part): `Ok(None)` when none, `Err(())` for an index position of an
+    /// earlier version.
+    fn frontier(position: &Value) -> Result<Option<&str>, ()> {
+        if let Some(at) = position.get("at").and_then(Value::as_str) {
+            return Ok(Some(at));
+        }
+        match position.get("after") {
+            Some(Value::String(after)) => Ok(Some(after)),
+            Some(Value::Null) => Ok(None),
+            _ => Err(()),
+        }
+    }
+
+    /// The files each subtask consumed at `positions`, as they were when
+    /// this run opened them; `None` for positions of an earlier version.
+    pub fn identity(&self, positions: &[&Value]) -> Option<super::SourceIdentity> {
+        let mut subtasks = Vec::with_capacity(positions.len());
+        for (s, position) in positions.iter().enumerate() {
+            let frontier = Self::frontier(position).ok()?;
+            let consumed = match frontier {
+                None => Vec::new(),
+                Some(last) => self
+                    .files_of(s as u32, Split::ByName)
+                    .into_iter()
+                    .filter(|(_, f)| !before(last, &f.name))
+                    .map(|(_, f)| f.identity())
+                    .collect(),
+            };
+            subtasks.push(consumed);
+        }
+        Some(super::SourceIdentity::File { subtasks })
+    }
+
+    /// Refuses to resume when a file a subtask consumed is gone or changed,
+    /// or a file new to the folder sorts before what its subtask read.
+    pub fn check_identity(&self, recorded: &[Vec<FileIdentity>]) -> Result<(), SourceChange> {
+        let now: HashMap<&str, &DataFile> =
+            self.tables.iter().flat_map(|t| t.files.iter()).map(|f| (f.name.as_str(), f)).collect();
+        let shown = |name: &str| self.root.join(name).display().to_string();
+        for consumed in recorded {
+            for was in consumed {
+                let problem = match now.get(was.name.as_str()) {
+                    None => "is gone".to_string(),
+                    Some(is) if is.size < was.size => format!("shrank from {} to {} bytes", was.size, is.size),
+                    Some(is) if is.size != was.size => format!("grew from {} to {} bytes", was.size, is.size),
+                    Some(is) if is.mtime_ns != was.mtime_ns => {
+                        format!("was modified (its modification time changed, size {} bytes)", is.size)
                     }
+                    Some(_) => continue,
+                };
+                return Err(SourceChange(format!(
+                    "source file {} {problem} since it was read; the checkpoint's positions count rows of the file as it was",
+                    shown(&was.name)
+                )));
+            }
+        }
+        for (s, consumed) in recorded.iter().enumerate() {
+            let Some(last) = consumed.last() else { continue };
+            let known: std::collections::HashSet<&str> = consumed.iter().map(|f| f.name.as_str()).collect();
+            if let Some((_, new)) = self
+                .files_of(s as u32, Split::ByName)
+                .into_iter()
+                .find(|(_, f)| !known.contains(f.name.as_str()) && before(&f.name, &last.name))
+            {
+                return Err(SourceChange(format!(
+                    "source file {} is new and sorts before {}, which was already read; files are read in name \
+                     order and the folder is append-only: a file added later must sort after every file already read",
+                    shown(&new.name),
+                    shown(&last.name)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn reader(&self, subtask: u32, position: Option<&Value>) -> Result<FileReader, SourceError> {
+        let bad = |v: &Value, message: String| SourceError::Position { position: v.to_string(), message };
+        let (split, file_idx, row, mine) = match position {
+            None => (Split::ByName, 0, 0, self.files_of(subtask, Split::ByName)),
+            Some(v) if v.get("file").is_some() => {
+                // A position of an earlier version: an index into the split by index.
+                let mine = self.files_of(subtask, Split::LegacyIndex);
+                let f = v.get("file").and_then(Value::as_u64);
+                let r = v.get("row").and_then(Value::as_u64);
+                match (f, r) {
+                    (Some(f), Some(r)) if f as usize <= mine.len() => (Split::LegacyIndex, f as usize, r, mine),
+                    _ => {
+                        return Err(bad(
+                            v,
+                            format!("subtask {subtask} has {} file(s) (did the input change?)", mine.len()),
+                        ));
+                    }
+                }
+            }
+            Some(v) => {
+                let mine = self.files_of(subtask, Split::ByName);
+                match Self::frontier(v) {
+                    Ok(Some(at)) if v.get("at").is_some() => {
+                        let row = v.get("row").and_then(Value::as_u64).ok_or_else(|| bad(v, "no row".into()))?;
+                        let idx = mine.iter().position(|(_, f)| f.name == at).ok_or_else(|| {
+                            bad(v, format!("subtask {subtask} no longer has file {at} (was it removed?)"))
+                        })?;
+                        (Split::ByName, idx, row, mine)
+                    }
+                    Ok(Some(after)) => {
+                        let idx = mine.iter().take_while(|(_, f)| !before(after, &f.name)).count();
+                        (Split::ByName, idx, 0, mine)
+                    }
+                    Ok(None) => (Split::ByName, 0, 0, mine),
+                    Err(()) => return Err(bad(v, "expected {\"at\": file, \"row\": n} or {\"after\": file}".into())),
                 }
             }
         };
         Ok(FileReader {
             files: mine,
+            split,
             format: self.format,
             batch_rows: self.batch_rows,
             csv_header: self.csv_header,
+            schemas: self.schemas.clone(),
             file_idx,
             row_in_file: row,
             current: None,
             pending: None,
         })
     }
+}
+
+/// `path`'s schema, inferred once per run.
+fn cached_schema(
+    cache: &SchemaCache,
+    path: &Path,
+    format: FileFormat,
+    csv_header: bool,
+) -> Result<SchemaRef, SourceError> {
+    if let Some(schema) = cache.lock().ok().and_then(|c| c.get(path).cloned()) {
+        return Ok(schema);
+    }
+    let schema = infer_schema(path, format, csv_header)?;
+    if let Ok(mut c) = cache.lock() {
+        c.insert(path.to_path_buf(), schema.clone());
+    }
+    Ok(schema)
 }
 
 fn infer_schema(path: &Path, format: FileFormat, csv_header: bool) -> Result<SchemaRef, SourceError> {
@@ -240,21 +470,39 @@ fn infer_schema(path: &Path, format: FileFormat, csv_header: bool) -> Result<Sch
                 .map_err(|e| file_err(path, e))?;
             Ok(Arc::new(schema))
         }
-        FileFormat::Json => {
-            let (schema, _) =
-                arrow_json::reader::infer_json_schema_from_seekable(BufReader::new(file), Some(INFER_RECORDS))
-                    .map_err(|e| file_err(path, e))?;
-            Ok(Arc::new(schema))
-        }
+        FileFormat::Json => json::infer(path, file),
+    }
+}
+
+/// CSV errors with the file's own line numbers: arrow-csv counts lines
+/// from 0, so its "at line N" names the line before the one meant.
+fn csv_error(e: ArrowError) -> ArrowError {
+    match e {
+        ArrowError::ParseError(m) => ArrowError::ParseError(one_based_line(&m)),
+        ArrowError::CsvError(m) => ArrowError::CsvError(one_based_line(&m)),
+        other => other,
+    }
+}
+
+fn one_based_line(message: &str) -> String {
+    const AT: &str = " at line ";
+    let Some(i) = message.find(AT) else { return message.to_string() };
+    let start = i + AT.len();
+    let digits: String = message[start..].chars().take_while(char::is_ascii_digit).collect();
+    match digits.parse::<u64>() {
+        Ok(n) => format!("{}{}{}", &message[..start], n + 1, &message[start + digits.len()..]),
+        Err(_) => message.to_string(),
     }
 }
 
 pub struct FileReader {
     /// This subtask's files, in reading order, with their tables.
-    files: Vec<(String, PathBuf)>,
+    files: Vec<(String, DataFile)>,
+    split: Split,
     format: FileFormat,
     batch_rows: usize,
     csv_header: bool,
+    schemas: SchemaCache,
     file_idx: usize,
     /// Rows of the current file already returned.
     row_in_file: u64,
@@ -266,7 +514,8 @@ pub struct FileReader {
 impl FileReader {
     /// Opens file `file_idx`, positioned after `skip` rows.
     fn open_current(&self, skip: u64) -> Result<BatchIter, SourceError> {
-        let path = &self.files[self.file_idx].1;
+        let path = &self.files[self.file_idx].1.path;
+        let schema = cached_schema(&self.schemas, path, self.format, self.csv_header)?;
         let mut file = File::open(path).map_err(|e| file_err(path, e))?;
         let iter: BatchIter = match self.format {
             FileFormat::Parquet => {
@@ -280,22 +529,17 @@ impl FileReader {
             }
             FileFormat::Csv => {
                 // Each file with its own schema: schemas may evolve file to file.
-                let schema = infer_schema(path, self.format, self.csv_header)?;
                 file.seek(SeekFrom::Start(0)).map_err(|e| file_err(path, e))?;
-                Box::new(
-                    arrow_csv::ReaderBuilder::new(schema)
-                        .with_header(self.csv_header)
-                        .with_batch_size(self.batch_rows)
-                        .build(file)
-                        .map_err(|e| file_err(path, e))?,
-                )
-            }
-            FileFormat::Json => Box::new(
-                arrow_json::ReaderBuilder::new(infer_schema(path, self.format, self.csv_header)?)
+                let reader = arrow_csv::ReaderBuilder::new(schema)
+                    .with_header(self.csv_header)
                     .with_batch_size(self.batch_rows)
-                    .build(BufReader::new(file))
-                    .map_err(|e| file_err(path, e))?,
-            ),
+                    .build(file)
+                    .map_err(|e| file_err(path, e))?;
+                Box::new(reader.map(|r| r.map_err(csv_error)))
+            }
+            FileFormat::Json => {
+                Box::new(json::Batches::open(file, schema, self.batch_rows).map_err(|e| file_err(path, e))?)
+            }
         };
         Ok(Box::new(SkipRows { inner: iter, skip }))
     }
@@ -355,7 +599,7 @@ impl SourceReader for FileReader {
                 Some(Ok(batch)) if batch.num_rows() == 0 => {}
                 Some(Ok(batch)) => self.pending = Some(batch),
                 Some(Err(e)) => {
-                    let path = &self.files[self.file_idx].1;
+                    let path = &self.files[self.file_idx].1.path;
                     return Err(file_err(path, format!("after row {}: {e}", self.row_in_file)));
                 }
                 None => {
@@ -367,15 +611,331 @@ impl SourceReader for FileReader {
         }
     }
 
-    fn position(&self) -> serde_json::Value {
-        json!({ "file": self.file_idx, "row": self.row_in_file })
+    fn position(&self) -> Value {
+        if self.split == Split::LegacyIndex {
+            return json!({ "file": self.file_idx, "row": self.row_in_file });
+        }
+        match self.files.get(self.file_idx) {
+            Some((_, f)) if self.row_in_file > 0 => json!({ "at": f.name, "row": self.row_in_file }),
+            _ => {
+                let last = self.file_idx.checked_sub(1).and_then(|i| self.files.get(i)).map(|(_, f)| f.name.clone());
+                json!({ "after": last })
+            }
+        }
+    }
+}
+
+/// JSON lines: a line reader that knows its line numbers, whole-file
+/// inference, and batches decoded by arrow-json.
+mod json {
+    use std::collections::HashMap;
+    use std::fs::File;
+    use std::io::{BufRead, BufReader};
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use arrow_array::RecordBatch;
+    use arrow_json::reader::{Decoder, ReaderBuilder, infer_json_schema_from_iterator};
+    use arrow_schema::{ArrowError, SchemaRef};
+    use serde_json::Value;
+
+    use super::{SourceError, file_err};
+
+    const BOM: &[u8] = b"\xEF\xBB\xBF";
+    /// The largest integer every double holds exactly.
+    const EXACT_IN_DOUBLE: u64 = 1 << 53;
+
+    /// The non-blank lines of a file, each with its line number (from 1),
+    /// a byte order mark at the start skipped.
+    pub(super) struct Lines<R> {
+        reader: R,
+        line: u64,
+        buf: Vec<u8>,
+    }
+
+    impl<R: BufRead> Lines<R> {
+        pub(super) fn new(reader: R) -> Self {
+            Self { reader, line: 0, buf: Vec::new() }
+        }
+
+        /// The next record's line number and bytes (with a final newline).
+        pub(super) fn next_record(&mut self) -> std::io::Result<Option<(u64, &[u8])>> {
+            loop {
+                self.buf.clear();
+                if self.reader.read_until(b'\n', &mut self.buf)? == 0 {
+                    return Ok(None);
+                }
+                self.line += 1;
+                if self.line == 1 && self.buf.starts_with(BOM) {
+                    self.buf.drain(..BOM.len());
+                }
+                if self.buf.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                if self.buf.last() != Some(&b'\n') {
+                    self.buf.push(b'\n');
+                }
+                return Ok(Some((self.line, &self.buf)));
+            }
+        }
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Kind {
+        Bool,
+        Int,
+        Float,
+        Str,
+        List,
+        Object,
+    }
+
+    impl Kind {
+        fn of(v: &Value) -> Option<Kind> {
+            Some(match v {
+                Value::Null => return None,
+                Value::Bool(_) => Kind::Bool,
+                Value::Number(n) if n.is_i64() || n.is_u64() => Kind::Int,
+                Value::Number(_) => Kind::Float,
+                Value::String(_) => Kind::Str,
+                Value::Array(_) => Kind::List,
+                Value::Object(_) => Kind::Object,
+            })
+        }
+
+        fn name(self) -> &'static str {
+            match self {
+                Kind::Bool => "booleans",
+                Kind::Int => "integers",
+                Kind::Float => "numbers with fractions (a double column)",
+                Kind::Str => "strings",
+                Kind::List => "lists",
+                Kind::Object => "objects",
+            }
+        }
+    }
+
+    /// What the records so far hold in one field.
+    struct Seen {
+        kind: Kind,
+        /// The line that set `kind`.
+        line: u64,
+        /// An integer a double would round, and its line.
+        inexact: Option<(u64, String)>,
+    }
+
+    fn shown(v: &Value) -> String {
+        let text = v.to_string();
+        if text.chars().count() <= 60 { text } else { format!("{}...", text.chars().take(60).collect::<String>()) }
+    }
+
+    /// Checks one record's top-level fields against what earlier records
+    /// held: one kind per field, integers widening to doubles only while
+    /// every integer stays exact.
+    fn check(
+        fields: &mut HashMap<String, Seen>,
+        line: u64,
+        record: &serde_json::Map<String, Value>,
+    ) -> Result<(), String> {
+        for (name, value) in record {
+            let Some(kind) = Kind::of(value) else { continue };
+            if let Value::Number(n) = value
+                && n.as_i64().is_none()
+                && let Some(u) = n.as_u64()
+            {
+                return Err(format!("line {line}: field `{name}` = {u} does not fit a 64-bit signed integer column"));
+            }
+            let big = match value {
+                Value::Number(n) if n.as_i64().is_some_and(|i| i.unsigned_abs() > EXACT_IN_DOUBLE) => {
+                    Some((line, n.to_string()))
+                }
+                _ => None,
+            };
+            let Some(seen) = fields.get_mut(name) else {
+                fields.insert(name.clone(), Seen { kind, line, inexact: big });
+                continue;
+            };
+            if seen.inexact.is_none() {
+                seen.inexact = big;
+            }
+            match (seen.kind, kind) {
+                (a, b) if a == b => {}
+                (Kind::Int, Kind::Float) => {
+                    seen.kind = Kind::Float;
+                    seen.line = line;
+                }
+                (Kind::Float, Kind::Int) => {}
+                (was, _) => {
+                    return Err(format!(
+                        "line {line}: field `{name}` = {} does not fit its column: line {} and the records after it hold {} there",
+                        shown(value),
+                        seen.line,
+                        was.name()
+                    ));
+                }
+            }
+            if seen.kind == Kind::Float
+                && let Some((at, digits)) = &seen.inexact
+            {
+                return Err(format!(
+                    "line {at}: field `{name}` = {digits} would lose digits: line {} holds a number with a fraction, \
+                     so the column is a double, and a double cannot hold this integer exactly",
+                    seen.line
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The schema of every record of the file: a field any record has is a
+    /// (nullable) column, integers mixed with fractions make a double.
+    pub(super) fn infer(path: &Path, file: File) -> Result<SchemaRef, SourceError> {
+        let mut lines = Lines::new(BufReader::new(file));
+        let mut fields: HashMap<String, Seen> = HashMap::new();
+        let mut failure: Option<String> = None;
+        let mut last_line = 0;
+        let records = std::iter::from_fn(|| {
+            let (line, bytes) = match lines.next_record() {
+                Ok(Some(next)) => next,
+                Ok(None) => return None,
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    return None;
+                }
+            };
+            last_line = line;
+            let value: Value = match serde_json::from_slice(bytes) {
+                Ok(v) => v,
+                Err(e) => {
+                    failure = Some(format!("line {line}: not valid JSON: {e}"));
+                    return None;
+                }
+            };
+            let Value::Object(record) = &value else {
+                failure = Some(format!("line {line}: expected one JSON object per line, found {}", shown(&value)));
+                return None;
+            };
+            if let Err(m) = check(&mut fields, line, record) {
+                failure = Some(m);
+                return None;
+            }
+            Some(Ok::<_, ArrowError>(value))
+        });
+        let inferred = infer_json_schema_from_iterator(records);
+        if let Some(message) = failure {
+            return Err(file_err(path, message));
+        }
+        let schema = inferred.map_err(|e| file_err(path, format!("line {last_line}: {e}")))?;
+        Ok(Arc::new(schema))
+    }
+
+    /// Batches of a JSON lines file decoded with its inferred schema.
+    pub(super) struct Batches {
+        lines: Lines<BufReader<File>>,
+        decoder: Decoder,
+        batch_rows: usize,
+        /// Line numbers of the records the decoder holds.
+        first: u64,
+        last: u64,
+        done: bool,
+    }
+
+    impl Batches {
+        pub(super) fn open(file: File, schema: SchemaRef, batch_rows: usize) -> Result<Self, ArrowError> {
+            let decoder = ReaderBuilder::new(schema)
+                .with_batch_size(batch_rows.max(1))
+                // Inference saw every field: one the schema lacks is a bug, never silently dropped.
+                .with_strict_mode(true)
+                .build_decoder()?;
+            Ok(Self {
+                lines: Lines::new(BufReader::new(file)),
+                decoder,
+                batch_rows: batch_rows.max(1),
+                first: 0,
+                last: 0,
+                done: false,
+            })
+        }
+
+        fn at(&self, e: ArrowError) -> ArrowError {
+            let lines = if self.first == self.last {
+                format!("line {}", self.first)
+            } else {
+                format!("lines {}-{}", self.first, self.last)
+            };
+            ArrowError::JsonError(format!("{lines}: {e}"))
+        }
+
+        fn flush(&mut self) -> Option<Result<RecordBatch, ArrowError>> {
+            match self.decoder.flush() {
+                Ok(Some(batch)) => Some(Ok(batch)),
+                Ok(None) => None,
+                Err(e) => {
+                    self.done = true;
+                    Some(Err(self.at(e)))
+                }
+            }
+        }
+    }
+
+    impl Iterator for Batches {
+        type Item = Result<RecordBatch, ArrowError>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            if self.done {
+                return None;
+            }
+            loop {
+                if self.decoder.len() >= self.batch_rows {
+                    return self.flush();
+                }
+                let (line, bytes) = match self.lines.next_record() {
+                    Ok(Some((line, bytes))) => (line, bytes.to_vec()),
+                    Ok(None) => {
+                        self.done = true;
+                        return self.flush();
+                    }
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(ArrowError::JsonError(format!("after line {}: {e}", self.last))));
+                    }
+                };
+                if self.decoder.is_empty() {
+                    self.first = line;
+                }
+                self.last = line;
+                let mut rest: &[u8] = &bytes;
+                while !rest.is_empty() {
+                    match self.decoder.decode(rest) {
+                        Ok(0) => {
+                            // The batch is full: hand it out, keep the rest.
+                            match self.flush() {
+                                Some(Ok(batch)) if !rest.iter().all(u8::is_ascii_whitespace) => {
+                                    self.done = true;
+                                    return Some(Err(ArrowError::JsonError(format!(
+                                        "line {line}: more than one record on the line ({} rows held)",
+                                        batch.num_rows()
+                                    ))));
+                                }
+                                other => return other,
+                            }
+                        }
+                        Ok(n) => rest = &rest[n..],
+                        Err(e) => {
+                            self.done = true;
+                            return Some(Err(self.at(e)));
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::Int64Array;
+    use arrow_array::{Array, Int64Array};
 
     fn ids(reader: &mut dyn SourceReader, max: usize) -> Vec<i64> {
         let mut out = Vec::new();
@@ -426,7 +986,7 @@ mod tests {
         }
         let src = FileSource::open(dir.path(), None, 2, true, 2).unwrap();
         assert!(src.is_tree());
-        let names: Vec<String> = src.tables().into_iter().map(|(t, _)| t).collect();
+        let names: Vec<String> = src.tables().unwrap().into_iter().map(|(t, _)| t).collect();
         assert_eq!(names, ["orders", "users"]);
         let mut r = src.reader(0, None).unwrap();
         let mut seen = Vec::new();
@@ -437,6 +997,218 @@ mod tests {
         assert_eq!(seen, [(2, 2), (2, 1), (3, 2), (3, 1)]);
         let mut r = src.reader(1, None).unwrap();
         assert_eq!(r.next_batch(10).unwrap().unwrap().table, "users");
+    }
+
+    fn csv(dir: &Path, name: &str, ids: std::ops::Range<i64>) {
+        let text: String =
+            std::iter::once("id,v\n".to_string()).chain(ids.map(|i| format!("{i},{}\n", i * 2))).collect();
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    /// Reads every subtask to its end from `positions` (none: the start);
+    /// returns the ids and the positions at the end.
+    fn read_all(src: &FileSource, positions: &[Option<Value>]) -> (Vec<i64>, Vec<Value>) {
+        let mut out = Vec::new();
+        let mut ends = Vec::new();
+        for (s, pos) in positions.iter().enumerate() {
+            let mut r = src.reader(s as u32, pos.as_ref()).unwrap();
+            out.extend(ids(&mut r, 7));
+            ends.push(r.position());
+        }
+        out.sort_unstable();
+        (out, ends)
+    }
+
+    /// The split is a function of each file's own name: appending files never
+    /// moves one that was there to another subtask, so every subtask's files
+    /// before the append are a prefix of its files after it.
+    #[test]
+    fn appended_files_never_move_a_file_to_another_subtask() {
+        let dir = tempfile::tempdir().unwrap();
+        for k in 0..12 {
+            csv(dir.path(), &format!("{k:02}.csv"), k * 10..k * 10 + 3);
+        }
+        let before: Vec<Vec<String>> = (0..3)
+            .map(|s| {
+                let src = FileSource::open(dir.path(), None, 4, true, 3).unwrap();
+                src.files_of(s, Split::ByName).into_iter().map(|(_, f)| f.name).collect()
+            })
+            .collect();
+        assert!(before.iter().all(|f| !f.is_empty()), "12 files reach every one of 3 subtasks: {before:?}");
+        for name in ["005.csv", "12.csv", "99.csv", "aa.csv"] {
+            csv(dir.path(), name, 900..903);
+        }
+        let src = FileSource::open(dir.path(), None, 4, true, 3).unwrap();
+        let mut all = Vec::new();
+        for (s, old) in before.iter().enumerate() {
+            let now: Vec<String> = src.files_of(s as u32, Split::ByName).into_iter().map(|(_, f)| f.name).collect();
+            let kept: Vec<&String> = now.iter().filter(|n| old.contains(n)).collect();
+            assert_eq!(kept, old.iter().collect::<Vec<_>>(), "subtask {s} keeps its files, in order");
+            all.extend(now);
+        }
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 16, "every file belongs to exactly one subtask");
+    }
+
+    /// A resume checks the consumed files and refuses, naming the file, one
+    /// that changed or a new one sorting before the position; a new file
+    /// sorting after it is read, once.
+    #[test]
+    fn resume_refuses_a_changed_input_and_reads_appended_files() {
+        let dir = tempfile::tempdir().unwrap();
+        csv(dir.path(), "b.csv", 0..30);
+        csv(dir.path(), "c.csv", 30..60);
+        let src = FileSource::open(dir.path(), None, 10, true, 1).unwrap();
+        let mut r = src.reader(0, None).unwrap();
+        let first = ids_n(&mut r, 10, 4);
+        assert_eq!(first, (0..30).chain(30..40).collect::<Vec<_>>());
+        let pos = r.position();
+        assert_eq!(pos, json!({"at": "c.csv", "row": 10}));
+        let identity = src.identity(&[&pos]).unwrap();
+        let super::super::SourceIdentity::File { subtasks } = &identity else { panic!("{identity:?}") };
+        assert_eq!(subtasks[0].iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["b.csv", "c.csv"]);
+
+        // A file that sorts before the position.
+        csv(dir.path(), "a.csv", 100..103);
+        let now = FileSource::open(dir.path(), None, 4, true, 1).unwrap();
+        let err = now.check_identity(subtasks).unwrap_err().to_string();
+        assert!(err.contains("a.csv is new and sorts before") && err.contains("c.csv"), "{err}");
+        std::fs::remove_file(dir.path().join("a.csv")).unwrap();
+
+        // A consumed file that grew, shrank, was touched or is gone.
+        let c = dir.path().join("c.csv");
+        let original = std::fs::read(&c).unwrap();
+        let mtime = std::fs::metadata(&c).unwrap().modified().unwrap();
+        std::fs::write(&c, [original.clone(), b"60,120\n".to_vec()].concat()).unwrap();
+        let err = FileSource::open(dir.path(), None, 4, true, 1).unwrap().check_identity(subtasks).unwrap_err();
+        assert!(err.to_string().contains("c.csv grew from"), "{err}");
+        std::fs::write(&c, &original[..original.len() - 6]).unwrap();
+        let err = FileSource::open(dir.path(), None, 4, true, 1).unwrap().check_identity(subtasks).unwrap_err();
+        assert!(err.to_string().contains("c.csv shrank from"), "{err}");
+        std::fs::write(&c, &original).unwrap();
+        let touched = mtime + std::time::Duration::from_secs(5);
+        File::options().write(true).open(&c).unwrap().set_modified(touched).unwrap();
+        let err = FileSource::open(dir.path(), None, 4, true, 1).unwrap().check_identity(subtasks).unwrap_err();
+        assert!(err.to_string().contains("c.csv was modified"), "{err}");
+        File::options().write(true).open(&c).unwrap().set_modified(mtime).unwrap();
+        std::fs::rename(dir.path().join("b.csv"), dir.path().join("b.csv.bak")).unwrap();
+        let err = FileSource::open(dir.path(), None, 4, true, 1).unwrap().check_identity(subtasks).unwrap_err();
+        assert!(err.to_string().contains("b.csv is gone"), "{err}");
+        std::fs::rename(dir.path().join("b.csv.bak"), dir.path().join("b.csv")).unwrap();
+
+        // Restored as it was, plus a file that sorts after: accepted, and read once.
+        csv(dir.path(), "d.csv", 60..70);
+        let now = FileSource::open(dir.path(), None, 4, true, 1).unwrap();
+        now.check_identity(subtasks).unwrap();
+        let (rest, ends) = read_all(&now, &[Some(pos)]);
+        assert_eq!([first, rest].concat(), (0..70).collect::<Vec<_>>());
+        assert_eq!(ends, [json!({"after": "d.csv"})]);
+    }
+
+    /// Positions of earlier versions (an index into the split by index)
+    /// resume with that split.
+    #[test]
+    fn index_positions_of_earlier_versions_resume_by_index() {
+        let dir = tempfile::tempdir().unwrap();
+        for (k, name) in ["a.csv", "b.csv", "c.csv", "d.csv"].iter().enumerate() {
+            csv(dir.path(), name, k as i64 * 10..k as i64 * 10 + 10);
+        }
+        let src = FileSource::open(dir.path(), None, 4, true, 2).unwrap();
+        // By index, subtask 0 has a.csv and c.csv (read), subtask 1 b.csv and
+        // d.csv (b.csv and 3 rows of d.csv read).
+        let (ids, _) = read_all(&src, &[Some(json!({"file": 2, "row": 0})), Some(json!({"file": 1, "row": 3}))]);
+        assert_eq!(ids, (33..40).collect::<Vec<_>>());
+        assert!(src.identity(&[&json!({"file": 2, "row": 0}), &json!({"file": 1, "row": 3})]).is_none());
+    }
+
+    /// JSON lines: the schema covers every record (a field that appears at
+    /// record 1,500 is a column, a fraction there makes the column a double),
+    /// a byte order mark is skipped, and a value that fits no column is
+    /// refused naming the file, the line, the field and the value.
+    #[test]
+    fn json_lines_keep_late_fields_and_every_digit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = String::from("\u{feff}");
+        for i in 0..2000 {
+            match i {
+                1500 => text.push_str("{\"id\": 1500, \"v\": 1500.5, \"tag\": \"late\"}\n"),
+                _ => text.push_str(&format!("{{\"id\": {i}, \"v\": {i}}}\n")),
+            }
+            if i == 10 {
+                text.push('\n');
+            }
+        }
+        let path = dir.path().join("drift.jsonl");
+        std::fs::write(&path, &text).unwrap();
+        let src = FileSource::open(&path, None, 256, true, 1).unwrap();
+        let schema = src.tables().unwrap()[0].1.clone();
+        assert_eq!(schema.field_with_name("v").unwrap().data_type(), &arrow_schema::DataType::Float64);
+        assert!(schema.field_with_name("tag").unwrap().is_nullable());
+        let mut r = src.reader(0, None).unwrap();
+        let mut seen = Vec::new();
+        while let Some(b) = r.next_batch(300).unwrap() {
+            let id = b.batch.column_by_name("id").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+            let v = b
+                .batch
+                .column_by_name("v")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<arrow_array::Float64Array>()
+                .unwrap()
+                .clone();
+            let tag = b
+                .batch
+                .column_by_name("tag")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<arrow_array::StringArray>()
+                .unwrap()
+                .clone();
+            for k in 0..b.batch.num_rows() {
+                seen.push((id.value(k), v.value(k), tag.is_valid(k).then(|| tag.value(k).to_string())));
+            }
+        }
+        let expected: Vec<(i64, f64, Option<String>)> = (0..2000)
+            .map(|i| if i == 1500 { (i, 1500.5, Some("late".to_string())) } else { (i, i as f64, None) })
+            .collect();
+        assert_eq!(seen, expected);
+
+        let bad = dir.path().join("bad.jsonl");
+        let mut text: String = (0..1700).map(|i| format!("{{\"id\": {i}, \"v\": {i}}}\n")).collect();
+        text.push_str("{\"id\": 1700, \"v\": \"abc\"}\n");
+        std::fs::write(&bad, &text).unwrap();
+        let err = FileSource::open(&bad, None, 256, true, 1).unwrap().tables().unwrap_err().to_string();
+        assert!(
+            err.contains("bad.jsonl") && err.contains("line 1701") && err.contains("`v`") && err.contains("\"abc\""),
+            "{err}"
+        );
+
+        let inexact = dir.path().join("inexact.jsonl");
+        std::fs::write(&inexact, "{\"v\": 9007199254740993}\n{\"v\": 0.5}\n").unwrap();
+        let err = FileSource::open(&inexact, None, 256, true, 1).unwrap().tables().unwrap_err().to_string();
+        assert!(err.contains("line 1") && err.contains("9007199254740993") && err.contains("lose digits"), "{err}");
+    }
+
+    /// CSV errors name the file's own line (the header is line 1).
+    #[test]
+    fn csv_errors_name_the_files_own_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text: String =
+            std::iter::once("id,v\n".to_string()).chain((0..1500).map(|i| format!("{i},{i}\n"))).collect();
+        text.push_str("1500,1500.5\n");
+        std::fs::write(dir.path().join("a.csv"), text).unwrap();
+        let src = FileSource::open(&dir.path().join("a.csv"), None, 100, true, 1).unwrap();
+        let mut r = src.reader(0, None).unwrap();
+        let err = loop {
+            match r.next_batch(100) {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the fraction in an integer column is refused"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        // Line 1 is the header, the record with id 1500 is line 1502.
+        assert!(err.contains("'1500.5'") && err.contains("at line 1502"), "{err}");
     }
 
     fn ids_n(reader: &mut FileReader, max: usize, batches: usize) -> Vec<i64> {

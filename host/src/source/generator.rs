@@ -12,6 +12,11 @@
 //!   share lands in the first table. It is not among the tables known at
 //!   start, so the engine meets it as a new table.
 //!
+//! Its identity ([`Params`]) is what decides which rows exist: `rows`,
+//! `first_id`, `tables`, `evolve_at` and `new_table_at`. `rate` and
+//! `batch_rows` only pace and cut them (a position names its chunk's end),
+//! so they may change between runs.
+//!
 //! Invariants: a batch never straddles `evolve_at` or `new_table_at`, and
 //! holds rows of one table; a position inside a chunk of ids names the
 //! chunk and how many of its tables' batches were delivered, so a restore
@@ -26,9 +31,10 @@ use arrow_array::builder::{
 };
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{SourceError, SourceReader, TableBatch};
+use super::{SourceChange, SourceError, SourceReader, TableBatch};
 
 /// 2024-01-01 as days since the Unix epoch.
 const BASE_DAY: i32 = 19_723;
@@ -66,6 +72,55 @@ impl Shape {
 
     pub fn evolved(&self, id: u64) -> bool {
         self.evolve_at.is_some_and(|k| id >= k)
+    }
+}
+
+/// The generator's parameters that decide which rows exist (its identity
+/// in a checkpoint record).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Params {
+    pub rows: u64,
+    pub first_id: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evolve_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_table_at: Option<u64>,
+}
+
+impl Params {
+    /// Refuses `self` (the job now) where it differs from `recorded`, naming
+    /// every key that changed.
+    pub fn check(&self, recorded: &Params) -> Result<(), SourceChange> {
+        let opt = |v: Option<u64>| v.map_or("unset".to_string(), |v| v.to_string());
+        let mut changed = Vec::new();
+        if self.rows != recorded.rows {
+            changed.push(format!("source.rows was {}, now {}", recorded.rows, self.rows));
+        }
+        if self.first_id != recorded.first_id {
+            changed.push(format!("source.first_id was {}, now {}", recorded.first_id, self.first_id));
+        }
+        if self.tables != recorded.tables {
+            changed.push(format!("source.tables was {:?}, now {:?}", recorded.tables, self.tables));
+        }
+        if self.evolve_at != recorded.evolve_at {
+            changed.push(format!("source.evolve_at was {}, now {}", opt(recorded.evolve_at), opt(self.evolve_at)));
+        }
+        if self.new_table_at != recorded.new_table_at {
+            changed.push(format!(
+                "source.new_table_at was {}, now {}",
+                opt(recorded.new_table_at),
+                opt(self.new_table_at)
+            ));
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        Err(SourceChange(format!(
+            "the generator's parameters changed ({}), so the recorded positions point into other rows",
+            changed.join("; ")
+        )))
     }
 }
 
@@ -144,6 +199,17 @@ impl Generator {
 
     pub fn shape(&self) -> &Shape {
         &self.shape
+    }
+
+    /// The parameters that decide which rows exist.
+    pub fn params(&self) -> Params {
+        Params {
+            rows: self.rows,
+            first_id: self.first_id,
+            tables: self.shape.tables.clone(),
+            evolve_at: self.shape.evolve_at,
+            new_table_at: self.shape.new_table_at,
+        }
     }
     pub fn rows(&self) -> u64 {
         self.rows
@@ -386,6 +452,28 @@ mod tests {
         }
         assert!(seen.iter().all(|(t, id, _)| t != "c" || *id >= 7));
         assert!(seen.iter().any(|(t, _, _)| t == "c"));
+    }
+
+    #[test]
+    fn a_change_of_the_rows_is_named_and_pacing_is_not() {
+        let g = Generator::new(1_000_000, None, 100, 2);
+        assert_eq!(g.params().check(&g.params()), Ok(()));
+        let paced = Generator::new(1_000_000, Some(5.0), 7, 2);
+        assert_eq!(paced.params().check(&g.params()), Ok(()), "rate and batch_rows do not change the rows");
+        let more = Generator::new(2_000_000, None, 100, 2).starting_at(5);
+        let err = more.params().check(&g.params()).unwrap_err().to_string();
+        assert!(err.contains("source.rows was 1000000, now 2000000"), "{err}");
+        assert!(err.contains("source.first_id was 0, now 5"), "{err}");
+        let shaped = Generator::new(1_000_000, None, 100, 2).with_shape(Shape {
+            tables: vec!["a".into()],
+            evolve_at: Some(9),
+            new_table_at: None,
+        });
+        let err = shaped.params().check(&g.params()).unwrap_err().to_string();
+        assert!(
+            err.contains("source.tables was [], now [\"a\"]") && err.contains("evolve_at was unset, now 9"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -10,7 +10,12 @@
 //!   rows of one schema; a table's schema may change between batches (the
 //!   engine evolves the target at a barrier, see `engine::tables`);
 //! - the tables a source knows at start, with the schemas of their first
-//!   rows, are [`Source::tables`]; a source may meet more later.
+//!   rows, are [`Source::tables`]; a source may meet more later;
+//! - a checkpoint records the source's [`SourceIdentity`] (the generator's
+//!   parameters, or each file a subtask consumed with its size and
+//!   modification time), and a resume from a source that no longer matches
+//!   it is refused by [`Source::check_identity`] before anything is read:
+//!   resuming from positions into other rows would lose or repeat rows.
 
 pub mod file;
 pub mod generator;
@@ -18,6 +23,8 @@ pub mod generator;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use thiserror::Error;
+
+use serde::{Deserialize, Serialize};
 
 use crate::job::SourceSpec;
 
@@ -30,6 +37,34 @@ pub enum SourceError {
     #[error("source: {0}")]
     Other(String),
 }
+
+/// What a checkpoint was taken from: the rows a resume relies on being the
+/// same. Stored in the checkpoint record (`source`); records written before
+/// it was kept have none and resume unchecked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SourceIdentity {
+    /// The generator's parameters that decide which rows exist.
+    Generator(generator::Params),
+    /// Per subtask, the files it consumed (the last one possibly in part), in
+    /// reading order.
+    File { subtasks: Vec<Vec<FileIdentity>> },
+}
+
+/// A source file as it was when it was read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    /// Relative to the source's path (`<table>/<file>` in a tree of tables).
+    pub name: String,
+    pub size: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: u64,
+}
+
+/// Why a resume from a checkpoint of another source is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct SourceChange(pub String);
 
 /// Rows of one table.
 #[derive(Debug, Clone)]
@@ -72,10 +107,38 @@ impl Source {
         }
     }
 
-    /// The tables known at start, with the schemas of their first rows.
-    pub fn tables(&self) -> Vec<(String, SchemaRef)> {
+    /// The identity of what the subtasks have read, at `positions` (one per
+    /// subtask, as their readers reported them). `None` when the positions
+    /// predate identities (the file source's index positions).
+    pub fn identity(&self, positions: &[&serde_json::Value]) -> Option<SourceIdentity> {
         match self {
-            Source::Generator(g) => g.tables(),
+            Source::Generator(g) => Some(SourceIdentity::Generator(g.params())),
+            Source::File(f) => f.identity(positions),
+        }
+    }
+
+    /// Refuses to resume from a checkpoint whose source was `recorded` when
+    /// this source no longer matches it. A record without an identity (from
+    /// an earlier version) is not checked.
+    pub fn check_identity(&self, recorded: Option<&SourceIdentity>) -> Result<(), SourceChange> {
+        match (self, recorded) {
+            (_, None) => Ok(()),
+            (Source::Generator(g), Some(SourceIdentity::Generator(p))) => g.params().check(p),
+            (Source::File(f), Some(SourceIdentity::File { subtasks })) => f.check_identity(subtasks),
+            (Source::Generator(_), Some(SourceIdentity::File { .. })) => {
+                Err(SourceChange("it read files, and the job now runs the generator".to_string()))
+            }
+            (Source::File(_), Some(SourceIdentity::Generator(_))) => {
+                Err(SourceChange("it ran the generator, and the job now reads files".to_string()))
+            }
+        }
+    }
+
+    /// The tables known at start, with the schemas of their first rows
+    /// (a file source reads its first files for them).
+    pub fn tables(&self) -> Result<Vec<(String, SchemaRef)>, SourceError> {
+        match self {
+            Source::Generator(g) => Ok(g.tables()),
             Source::File(f) => f.tables(),
         }
     }
