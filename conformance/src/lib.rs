@@ -639,7 +639,7 @@ fn clean_file_tree(suite: &Suite) -> usize {
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            // The cases' checkpoint directories, and the claims their sinks took (`_sluice_claim.<job>.<sink>`).
+            // The cases' checkpoint directories, and the claims their sinks took (`_sluice_claim.<job>.<sink>.json`).
             let claim = name.strip_prefix("_sluice_claim.").is_some_and(|n| n.starts_with(&prefix));
             if name.starts_with(&prefix) || claim {
                 let ok = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };

@@ -84,14 +84,19 @@ fn files_three_fresh_runs_at_once_land_the_source_once() {
         }
         assert!(name.contains(&holder), "only the holder's checkpoints are visible, found {name}");
     }
-    let claim = std::fs::read_to_string(job.out().join("_sluice_claim.race-files.out")).expect("the claim file");
+    let claim = std::fs::read_to_string(job.out().join("_sluice_claim.race-files.out.json")).expect("the claim file");
     assert!(claim.contains(&holder), "the claim names the holder: {claim}");
-    // A loser run again is still refused, and lands beside on purpose only as a new incarnation.
+    // A later fresh run is refused; `sluice check` refuses a loser's state directory as `run` does.
     let (code, _, err) = sluice_tests::run_cli(
         &["run", "job.toml", "--progress", "quiet", "--set", "job.state_dir=race-late"],
         job.dir.path(),
     );
     assert_eq!(code, 1, "{err}");
+    let loser = (0..RUNS).find(|&n| !outputs[n].status.success()).expect("a loser");
+    let (code, out, err) =
+        sluice_tests::run_cli(&["check", "job.toml", "--set", &format!("job.state_dir=race-{loser}")], job.dir.path());
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(format!("{out}{err}").contains(&format!("is claimed by incarnation {holder}")), "{out}{err}");
 }
 
 #[test]
@@ -158,6 +163,19 @@ struct Incarnation {
 /// would (refusing others' checkpoints), and writes rows `first..first+rows`
 /// into checkpoint 1, prepared and combined but not committed.
 fn open_and_prepare(job: &TestJob, id: &str, first: u64, rows: u64) -> (Incarnation, Vec<u8>) {
+    open_and_prepare_tables(job, id, &[""], &[""], first, rows)
+}
+
+/// [`open_and_prepare`] for a source of `known` tables, of which checkpoint
+/// 1 writes `written` (each table the same rows).
+fn open_and_prepare_tables(
+    job: &TestJob,
+    id: &str,
+    known: &[&str],
+    written: &[&str],
+    first: u64,
+    rows: u64,
+) -> (Incarnation, Vec<u8>) {
     let loaded = job.load(&[]).expect("job file");
     let plugin = host().load(&loaded.spec.sink.plugin).expect("plugin");
     let (grants, limits) = engine::grants_and_limits(&loaded).expect("grants");
@@ -173,13 +191,16 @@ fn open_and_prepare(job: &TestJob, id: &str, first: u64, rows: u64) -> (Incarnat
     };
     let options = plugin.options_for(loaded.sink_options(), &ctx);
     let schema = sluice::ipc::encode_schema(&Generator::schema_ref()).expect("schema");
-    let tables = [SourceTable { name: String::new(), schema }];
+    let tables: Vec<SourceTable> =
+        known.iter().map(|t| SourceTable { name: t.to_string(), schema: schema.clone() }).collect();
     let inst = plugin.instantiate("committer", &grants, limits).expect("instance");
     let mut committer = CommitterInstance::open(inst, &ctx, &options, &tables).expect("committer opens: no claim yet");
     let inst = plugin.instantiate("writer", &grants, limits).expect("instance");
     let mut writer = WriterInstance::open(inst, &ctx, &options, &tables, None).expect("writer opens");
     let batch = sluice::ipc::encode_batch(&Generator::batch_for(first, first + rows)).expect("batch");
-    writer.write("", &batch).expect("write");
+    for table in written {
+        writer.write(table, &batch).expect("write");
+    }
     let info = writer.prepare_commit(1).expect("prepare").expect("rows prepared");
     writer.snapshot_state(1).expect("state");
     let combined = committer.combine(1, &[info]).expect("combine");
@@ -210,6 +231,46 @@ fn files_a_claim_taken_after_open_stops_the_other_commit() {
     let job = TestJob::files("interleave-files", 1000, 1, 1000);
     interleave(&job);
     assert_exactly_once_range(&read_visible(&job.out()), 0, 1000);
+}
+
+/// A claim removed by hand does not let a loser land the source again: the
+/// output holds another incarnation's checkpoints and none of its own.
+#[test]
+fn files_a_removed_claim_is_not_taken_over_another_incarnations_rows() {
+    let job = TestJob::files("unclaimed-files", 1000, 1, 1000);
+    let (mut a, combined_a) = open_and_prepare(&job, "aaaaaaaaaaaa", 0, 1000);
+    let (mut b, combined_b) = open_and_prepare(&job, "bbbbbbbbbbbb", 0, 1000);
+    a.committer.commit(1, &combined_a).expect("a commits");
+    std::fs::remove_file(job.out().join("_sluice_claim.unclaimed-files.out.json")).expect("the claim is removed");
+    let refusal = b.committer.commit(1, &combined_b).expect_err("b is refused").to_string();
+    assert!(refusal.contains("holds committed checkpoints of incarnation aaaaaaaaaaaa"), "{refusal}");
+    assert!(refusal.contains("but no claim"), "{refusal}");
+    // The holder itself takes its claim back and goes on.
+    a.committer.commit(1, &combined_a).expect("a commits again");
+    a.writer.close().expect("close");
+    b.writer.close().expect("close");
+    assert_exactly_once_range(&read_visible(&job.out()), 0, 1000);
+}
+
+/// Two incarnations of a job of two tables whose first checkpoints touch
+/// different tables: the anchor claim of the namespace makes the first to
+/// commit the holder of both, and the other lands nothing in either.
+#[test]
+fn iceberg_racing_incarnations_of_several_tables_never_split_them() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let job = TestJob::iceberg("interleave-many", warehouse.path(), "db.{table}", 1000, 0, 1, 1000);
+    let (mut a, combined_a) = open_and_prepare_tables(&job, "aaaaaaaaaaaa", &["a", "b"], &["b"], 0, 1000);
+    let (mut b, combined_b) = open_and_prepare_tables(&job, "bbbbbbbbbbbb", &["a", "b"], &["a", "b"], 0, 1000);
+    a.committer.commit(1, &combined_a).expect("a commits table b");
+    let refusal = b.committer.commit(1, &combined_b).expect_err("b is refused").to_string();
+    assert!(refusal.contains("claimed by incarnation aaaaaaaaaaaa"), "{refusal}");
+    a.writer.close().expect("close");
+    b.writer.close().expect("close");
+    let table_a = read_iceberg(warehouse.path(), "db.a");
+    assert_eq!(table_a.rows.num_rows(), 0, "nothing of b landed in table a");
+    let table_b = read_iceberg(warehouse.path(), "db.b");
+    assert_exactly_once_range(&table_b.rows, 0, 1000);
+    assert_holder_only(&table_b, "interleave-many", "lake", "aaaaaaaaaaaa");
 }
 
 #[test]

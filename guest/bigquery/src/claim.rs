@@ -78,7 +78,17 @@ impl Claims {
     fn read(&self, cfg: &Config, marker: &str) -> Result<Option<String>, Option<SinkError>> {
         match Self::tables(cfg).get(marker) {
             Ok(None) => Ok(None),
-            Ok(Some(table)) => holder(marker, &table).map(Some).map_err(Some),
+            Ok(Some(table)) => {
+                if let Some(at) = &table.expires {
+                    // A dataset's default table expiration applies to the marker too.
+                    log::warn(&format!(
+                        "the claim {marker} expires (expirationTime {at} ms): once it is gone, another incarnation \
+                         of this job could claim the dataset; remove the table's expiration (`bq update \
+                         --expiration 0`)"
+                    ));
+                }
+                holder(marker, &table).map(Some).map_err(Some)
+            }
             Err(RestError::Denied(why)) => {
                 self.say_unavailable(&why);
                 Err(None)

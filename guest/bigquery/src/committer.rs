@@ -53,6 +53,8 @@ pub struct BigQueryCommitter {
     cfg: Config,
     ctx: SinkContext,
     claims: Claims,
+    /// The paths of every table the committer was told of (open, evolve).
+    known: std::cell::RefCell<std::collections::BTreeSet<String>>,
 }
 
 fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
@@ -105,19 +107,25 @@ impl GuestCommitter for BigQueryCommitter {
         let cfg = Config::parse(options)?;
         let claims = Claims::default();
         // Another incarnation's dataset is refused before anything is written or changed.
+        let mut known = std::collections::BTreeSet::new();
         for table in &tables {
-            claims.check(&cfg, &ctx, &cfg.table_path(&table.name)?)?;
+            let path = cfg.table_path(&table.name)?;
+            claims.check(&cfg, &ctx, &path)?;
+            known.insert(path);
         }
         // The tables the job starts with: created, or evolved to take the rows.
         for table in &tables {
             tables::prepare(&cfg, table)?;
         }
-        Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg, ctx, claims }))
+        let known = std::cell::RefCell::new(known);
+        Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg, ctx, claims, known }))
     }
 
     fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
         for change in &changes {
-            self.claims.check(&self.cfg, &self.ctx, &self.cfg.table_path(&change.table.name)?)?;
+            let path = self.cfg.table_path(&change.table.name)?;
+            self.claims.check(&self.cfg, &self.ctx, &path)?;
+            self.known.borrow_mut().insert(path);
             tables::prepare(&self.cfg, &change.table)?;
         }
         Ok(())
@@ -135,9 +143,13 @@ impl GuestCommitter for BigQueryCommitter {
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
         let combined = decode(&combined)?;
-        // Every dataset first: nothing is flushed where another incarnation holds the claim.
-        for info in &combined.flushes {
-            self.claims.take(&self.cfg, &self.ctx, &info.stream)?;
+        // Every dataset the job knows first, in name order (so two racing runs
+        // meet on the same first one): nothing is flushed where another
+        // incarnation holds the claim.
+        let mut paths = self.known.borrow().clone();
+        paths.extend(combined.flushes.iter().map(|f| f.stream.clone()));
+        for path in &paths {
+            self.claims.take(&self.cfg, &self.ctx, path)?;
         }
         for info in &combined.flushes {
             self.flush(c, info)?;

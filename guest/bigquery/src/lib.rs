@@ -52,10 +52,13 @@ impl Guest for BigQuerySink {
 
     /// Reads each table's schema from its `_default` stream (GetWriteStream,
     /// view FULL), which writes nothing, and checks the rows against it.
-    fn validate(_ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
+    fn validate(ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
         let cfg = config::Config::parse(options)?;
+        let claims = claim::Claims::default();
         for table in &tables {
             tables::check(&cfg, table)?;
+            // What `committer.open` would refuse, `sluice check` refuses too.
+            claims.check(&cfg, &ctx, &cfg.table_path(&table.name)?)?;
         }
         Ok(())
     }

@@ -162,6 +162,8 @@ pub(crate) struct RestTable {
     pub etag: Option<String>,
     /// `labels` (absent: none).
     pub labels: serde_json::Map<String, Value>,
+    /// `expirationTime` (ms since the epoch, as a string), when the table expires.
+    pub expires: Option<String>,
 }
 
 impl RestTable {
@@ -170,6 +172,7 @@ impl RestTable {
             fields: v.pointer("/schema/fields").cloned().unwrap_or(Value::Array(Vec::new())),
             etag: v.get("etag").and_then(Value::as_str).map(str::to_string),
             labels: v.get("labels").and_then(Value::as_object).cloned().unwrap_or_default(),
+            expires: v.get("expirationTime").and_then(Value::as_str).map(str::to_string),
         }
     }
 }

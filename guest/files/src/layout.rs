@@ -108,11 +108,12 @@ pub fn refuse_other_incarnations(cfg: &Config, ctx: &SinkContext, tables: &[Stri
     Ok(())
 }
 
-/// The output's claim file: `<path>/_sluice_claim.<job>.<sink>`, naming the
-/// one incarnation of this job's sink that may publish under `<path>` (the
-/// leading `_` keeps Hadoop-style readers from taking it for data).
+/// The output's claim file: `<path>/_sluice_claim.<job>.<sink>.json`, naming
+/// the one incarnation of this job's sink that may publish under `<path>`
+/// (the leading `_` keeps Hadoop-style readers from taking it for data, and
+/// the `.json` keeps it out of a `**/*.parquet` glob, whatever the sink id).
 pub fn claim_location(cfg: &Config, ctx: &SinkContext) -> String {
-    join(&cfg.path, &format!("_sluice_claim.{}.{}", ctx.job_id, ctx.sink_id))
+    join(&cfg.path, &format!("_sluice_claim.{}.{}.json", ctx.job_id, ctx.sink_id))
 }
 
 /// Refuses an output whose claim another incarnation holds (a check before
@@ -123,9 +124,50 @@ pub fn refuse_if_claimed(cfg: &Config, ctx: &SinkContext) -> Result<(), SinkErro
 }
 
 /// Takes the output's claim for this incarnation (an exclusive create),
-/// or finds it held already; refuses when another incarnation holds it.
+/// or finds it held already; refuses when another incarnation holds it, and
+/// refuses a free claim where another incarnation's checkpoints are visible
+/// and none of this one's (its claim was removed, or it predates claims).
 pub fn claim(cfg: &Config, ctx: &SinkContext) -> Result<(), SinkError> {
-    claim::take_file(ctx, cfg.claim, &cfg.path, &claim_location(cfg, ctx))
+    let location = claim_location(cfg, ctx);
+    if cfg.claim == claim::Mode::Exclusive && claim::file_holder(&location)?.is_none() {
+        let (ours, other) = committed_incarnations(cfg, ctx)?;
+        if let (false, Some(other)) = (ours, other) {
+            let other = other
+                .map_or("an incarnation from before incarnation ids".to_string(), |id| format!("incarnation {id}"));
+            return Err(claim::refused_unclaimed(ctx, &cfg.path, &other));
+        }
+    }
+    claim::take_file(ctx, cfg.claim, &cfg.path, &location)
+}
+
+/// Whether `<path>` (and its tables' directories) holds committed
+/// checkpoints of this incarnation, and another incarnation whose it holds.
+fn committed_incarnations(cfg: &Config, ctx: &SinkContext) -> Result<(bool, Option<Option<String>>), SinkError> {
+    let list = |dir: &str| match files::list_dir(dir) {
+        Ok(names) => Ok(names),
+        Err(sluice_guest_sdk::IoError::NotFound(_)) => Ok(Vec::new()),
+        Err(e) => Err(files::to_sink_error(&format!("listing {dir}"), e)),
+    };
+    let (mut ours, mut other) = (false, None);
+    let top = list(&cfg.path)?;
+    let mut dirs = vec![(cfg.path.clone(), top.clone())];
+    for name in top.iter().filter(|n| incarnation_of(ctx, n).is_none() && !n.starts_with(['_', '.'])) {
+        let dir = join(&cfg.path, name);
+        // A table's directory; a file fails to list and holds no checkpoint.
+        if let Ok(names) = files::list_dir(&dir) {
+            dirs.push((dir, names));
+        }
+    }
+    for (_, names) in &dirs {
+        for name in names {
+            match incarnation_of(ctx, name) {
+                Some(Some(id)) if id == ctx.incarnation => ours = true,
+                Some(found) => other = other.or(Some(found.map(str::to_string))),
+                None => {}
+            }
+        }
+    }
+    Ok((ours, other))
 }
 
 pub fn file_name(subtask: u32, seq: u64) -> String {

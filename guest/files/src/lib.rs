@@ -24,7 +24,7 @@
 //!   (a new incarnation) never finds an earlier incarnation's directory;
 //! - a fresh state directory's first run refuses a `<path>` that holds
 //!   another incarnation's checkpoints of this job and sink, before writing;
-//! - `<path>/_sluice_claim.<job>.<sink>` names the one incarnation that may
+//! - `<path>/_sluice_claim.<job>.<sink>.json` names the one incarnation that may
 //!   publish there: created exclusively before its first rename, never
 //!   replaced, and checked by every committer (see `layout::claim`), so two
 //!   fresh runs started at once never both publish;
@@ -139,6 +139,8 @@ impl Guest for FilesSink {
         for (what, location) in [("path", &cfg.path), ("staging_path", &cfg.staging)] {
             files::exists(location).map_err(|e| files::to_sink_error(&format!("option `{what}` ({location})"), e))?;
         }
+        // What `committer.open` would refuse, `sluice check` refuses too.
+        layout::refuse_if_claimed(&cfg, &ctx)?;
         probe_rename(&ctx, &cfg)
     }
 }

@@ -37,7 +37,7 @@
 //! alone, so a replay after a crash changes nothing.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use iceberg::TableIdent;
 use iceberg::spec::{DataFile, TableMetadata, deserialize_data_file_from_json};
@@ -93,6 +93,22 @@ pub struct IcebergCommitter {
     /// Tables whose claim this incarnation was seen to hold (claims are
     /// never moved, so a table in here needs no second look).
     claimed: RefCell<HashSet<String>>,
+    /// Every source table the committer was told of (open, evolve).
+    known: RefCell<BTreeSet<String>>,
+    /// Anchor claims (one per namespace directory) held by this incarnation.
+    anchors: RefCell<HashSet<String>>,
+}
+
+/// The anchor claim of the namespace directory `table` lives in.
+fn anchor_location(ctx: &SinkContext, table: &Table) -> Option<String> {
+    let location = table.metadata().location().trim_end_matches('/');
+    let (parent, _) = location.rsplit_once('/')?;
+    Some(format!("{parent}/_sluice_claim.{}.{}.json", ctx.job_id, ctx.sink_id))
+}
+
+/// Whether the table holds a committed checkpoint of this incarnation.
+fn holds_own(metadata: &TableMetadata, ctx: &SinkContext) -> bool {
+    metadata.properties().contains_key(&watermark_key(ctx, &ctx.incarnation))
 }
 
 /// The table property naming the incarnation that holds the table's claim
@@ -167,6 +183,47 @@ fn other_incarnation(metadata: &TableMetadata, ctx: &SinkContext) -> Option<Opti
         }
     }
     None
+}
+
+/// Whether the claim of table `ident` (as `metadata` has it) is free for
+/// this incarnation to take; refuses one another incarnation holds, and a
+/// free one where another incarnation's checkpoints are and none of ours.
+fn judge_table(
+    ctx: &SinkContext,
+    mode: claim::Mode,
+    ident: &TableIdent,
+    metadata: &TableMetadata,
+) -> Result<bool, SinkError> {
+    let holder = metadata.properties().get(&claim_key(ctx)).map(String::as_str);
+    let target = format!("table {ident}");
+    let free = claim::check(ctx, mode, &target, holder)?;
+    if free
+        && !holds_own(metadata, ctx)
+        && let Some(other) = other_incarnation(metadata, ctx)
+    {
+        let other =
+            other.map_or("an incarnation from before incarnation ids".to_string(), |id| format!("incarnation {id}"));
+        return Err(claim::refused_unclaimed(ctx, &target, &other));
+    }
+    Ok(free)
+}
+
+/// Refuses, before anything is written, table `ident` when another
+/// incarnation holds its claim or the anchor of its namespace directory.
+pub(crate) fn refuse_claimed(
+    ctx: &SinkContext,
+    mode: claim::Mode,
+    ident: &TableIdent,
+    table: &Table,
+) -> Result<(), SinkError> {
+    if let Some(location) = anchor_location(ctx, table) {
+        let holder = claim::file_holder(&location).or_else(|e| match e {
+            SinkError::Config(m) if m.contains("access denied") => Ok(None),
+            e => Err(e),
+        })?;
+        claim::check(ctx, mode, &format!("table {ident}"), holder.as_deref())?;
+    }
+    judge_table(ctx, mode, ident, table.metadata()).map(|_| ())
 }
 
 fn decode_files(table: &Table, part: &TableFiles) -> Result<Vec<DataFile>, SinkError> {
@@ -276,8 +333,7 @@ impl IcebergCommitter {
         if self.claimed.borrow().contains(&key) {
             return Ok(false);
         }
-        let holder = metadata.properties().get(&claim_key(&self.ctx)).map(String::as_str);
-        let free = claim::check(&self.ctx, self.cfg.claim, &format!("table {ident}"), holder)?;
+        let free = judge_table(&self.ctx, self.cfg.claim, ident, metadata)?;
         if !free && self.cfg.claim == claim::Mode::Exclusive {
             self.claimed.borrow_mut().insert(key);
         }
@@ -285,20 +341,55 @@ impl IcebergCommitter {
     }
 
     /// Refuses the commit of checkpoint `c` before anything of it is visible
-    /// when another incarnation holds the claim of any of its tables.
+    /// when another incarnation holds the claim of any table the committer
+    /// knows, or the anchor of its namespace directory; takes the anchors
+    /// this incarnation does not hold yet.
     fn check_claims(&self, parts: &[TableFiles]) -> Result<(), SinkError> {
-        for part in parts.iter().filter(|p| !p.files.is_empty()) {
-            let ident = self.cfg.ident(&part.table)?;
-            if self.claimed.borrow().contains(&ident.to_string()) {
-                continue;
+        let mut names: BTreeSet<String> = self.known.borrow().clone();
+        names.extend(parts.iter().filter(|p| !p.files.is_empty()).map(|p| p.table.clone()));
+        let mut idents: Vec<TableIdent> = names.iter().map(|n| self.cfg.ident(n)).collect::<Result<_, _>>()?;
+        idents.sort_by_key(|i| i.to_string());
+        for ident in &idents {
+            // A missing table fails its own commit, with its own message.
+            let Ok(table) = block_on(host_io::load_table(ident)) else { continue };
+            self.take_anchor(&table)?;
+            if !self.claimed.borrow().contains(&ident.to_string()) {
+                self.judge_claim(ident, table.metadata())?;
             }
-            match block_on(host_io::load_table(&ident)) {
-                Ok(table) => {
-                    self.judge_claim(&ident, table.metadata())?;
-                }
-                // A missing table fails its own commit, with its own message.
-                Err(_) => continue,
+        }
+        Ok(())
+    }
+
+    /// Takes (or finds held) the anchor claim of `table`'s namespace directory.
+    fn take_anchor(&self, table: &Table) -> Result<(), SinkError> {
+        if self.cfg.claim == claim::Mode::Beside {
+            return Ok(());
+        }
+        let Some(location) = anchor_location(&self.ctx, table) else { return Ok(()) };
+        if self.anchors.borrow().contains(&location) {
+            return Ok(());
+        }
+        let target = format!("the tables of {}", location.rsplit_once('/').map_or("", |(dir, _)| dir));
+        match claim::take_file(&self.ctx, self.cfg.claim, &target, &location) {
+            Ok(()) => {
+                self.anchors.borrow_mut().insert(location);
+                Ok(())
             }
+            // Outside the grants: the table's own claim still guards it.
+            Err(SinkError::Config(m)) if m.contains("access denied") => {
+                log::warn(&format!("cannot take the anchor claim {location} ({m}); each table keeps its own claim"));
+                self.anchors.borrow_mut().insert(location);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Refuses, before anything is written, a table another incarnation
+    /// holds, or whose namespace directory's anchor it holds.
+    fn refuse_claimed(&self, ident: &TableIdent, table: &Table) -> Result<(), SinkError> {
+        if !self.claimed.borrow().contains(&ident.to_string()) {
+            refuse_claimed(&self.ctx, self.cfg.claim, ident, table)?;
         }
         Ok(())
     }
@@ -310,7 +401,7 @@ impl IcebergCommitter {
         let arrow = ipc::decode_schema(&source.schema)?;
         let table = ensure_table(&self.cfg, &ident, &arrow)?;
         // Another incarnation's table is not changed either.
-        self.judge_claim(&ident, table.metadata())?;
+        self.refuse_claimed(&ident, &table)?;
         let Some(evolved) = schema::evolved_schema(&table, &arrow)? else { return Ok(()) };
         let requirements =
             vec![TableRequirement::CurrentSchemaIdMatch { current_schema_id: table.metadata().current_schema_id() }];
@@ -336,7 +427,13 @@ impl GuestCommitter for IcebergCommitter {
         tables: Vec<SourceTable>,
     ) -> Result<Committer, SinkError> {
         let cfg = Config::parse(options)?;
-        let committer = IcebergCommitter { cfg, ctx, claimed: RefCell::new(HashSet::new()) };
+        let committer = IcebergCommitter {
+            cfg,
+            ctx,
+            claimed: RefCell::new(HashSet::new()),
+            known: RefCell::new(tables.iter().map(|t| t.name.clone()).collect()),
+            anchors: RefCell::new(HashSet::new()),
+        };
         for table in &tables {
             let ident = committer.cfg.ident(&table.name)?;
             let Ok(existing) = block_on(host_io::load_table(&ident)) else { continue };
@@ -346,7 +443,7 @@ impl GuestCommitter for IcebergCommitter {
                 let target = format!("table {ident}");
                 return Err(incarnation::refuse(&committer.ctx, &target, "committed checkpoints", found.as_deref()));
             }
-            committer.judge_claim(&ident, existing.metadata())?;
+            committer.refuse_claimed(&ident, &existing)?;
         }
         // The tables the job starts with: created, or evolved to take the
         // source's rows (a job may start on a table an older run made).
@@ -360,6 +457,7 @@ impl GuestCommitter for IcebergCommitter {
         // A new table is created (when `create_table` allows it) and an
         // evolved one altered; both are no-ops when the target has it already.
         for change in &changes {
+            self.known.borrow_mut().insert(change.table.name.clone());
             if change.kind == ChangeKind::NewTable {
                 log::info(&format!("the source has a new table {:?}", change.table.name));
             }

@@ -67,10 +67,10 @@ impl Guest for IcebergSink {
         committer::describe(config::Config::parse(options).ok().as_ref(), &combined)
     }
 
-    fn validate(_ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
+    fn validate(ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
         let cfg = config::Config::parse(options)?;
         for source in &tables {
-            validate_table(&cfg, source)?;
+            validate_table(&cfg, &ctx, source)?;
         }
         Ok(())
     }
@@ -78,7 +78,7 @@ impl Guest for IcebergSink {
 
 /// Whether rows of `source` can land in their table: it exists and takes
 /// them (possibly after an allowed evolution), or it may be created.
-fn validate_table(cfg: &config::Config, source: &Table) -> Result<(), SinkError> {
+fn validate_table(cfg: &config::Config, ctx: &SinkContext, source: &Table) -> Result<(), SinkError> {
     let ident = cfg.ident(&source.name)?;
     let arrow = ipc::decode_schema(&source.schema)?;
     runtime::block_on(async {
@@ -87,6 +87,8 @@ fn validate_table(cfg: &config::Config, source: &Table) -> Result<(), SinkError>
                 // Fails on anything narrower; a wider source is evolved at open.
                 schema::evolved_schema(&table, &arrow)?;
                 schema::check_partitioning(cfg, &table)?;
+                // What `committer.open` would refuse, `sluice check` refuses too.
+                committer::refuse_claimed(ctx, cfg.claim, &ident, &table)?;
                 host_io::check_writable(&table)
             }
             Err(host_io::LoadError::NotFound(_)) if cfg.create_table => {

@@ -84,10 +84,24 @@ pub fn judge(ctx: &SinkContext, mode: Mode, holder: Option<&str>) -> Verdict {
 /// The error of an incarnation that finds `target` claimed by `holder`.
 pub fn refused(ctx: &SinkContext, target: &str, holder: &str) -> SinkError {
     error::config(format!(
-        "job `{}` sink `{}`: {target} is claimed by incarnation {holder} of this job, which landed its \
-         checkpoints there first; this run belongs to incarnation {} and has made none of its rows visible \
-         there. To go on with incarnation {holder}, point job.state_dir at its state directory. To land the \
-         source again beside it, start over in a new job.state_dir with `sluice run --new-incarnation`",
+        "job `{}` sink `{}`: {target} is claimed by incarnation {holder} of this job, which took the claim at \
+         its first commit there; only it lands rows there. This run belongs to incarnation {} and has made none \
+         of its rows visible there. To go on with incarnation {holder}, point job.state_dir at its state \
+         directory. To land the source again beside it, start over in a new job.state_dir with `sluice run \
+         --new-incarnation`",
+        ctx.job_id, ctx.sink_id, ctx.incarnation,
+    ))
+}
+
+/// The error of an incarnation that finds `target` unclaimed but holding
+/// checkpoints of another incarnation (`other`), none of its own: its claim
+/// was removed, or it predates claims. Taking it would land the source twice.
+pub fn refused_unclaimed(ctx: &SinkContext, target: &str, other: &str) -> SinkError {
+    error::config(format!(
+        "job `{}` sink `{}`: {target} holds committed checkpoints of {other} of this job but no claim, and none \
+         of this run's incarnation {}: taking the claim now would land the source a second time. To go on with \
+         that incarnation, point job.state_dir at its state directory. To land the source again beside it, start \
+         over in a new job.state_dir with `sluice run --new-incarnation`",
         ctx.job_id, ctx.sink_id, ctx.incarnation,
     ))
 }
@@ -185,7 +199,8 @@ mod tests {
         let SinkError::Config(message) = check(&ours, Mode::Exclusive, "table t", Some("bbb")).unwrap_err() else {
             panic!("a config error")
         };
-        for part in ["table t is claimed by incarnation bbb", "incarnation aaa", "--new-incarnation", "job.state_dir"] {
+        for part in ["table t is claimed by incarnation bbb", "incarnation aaa ", "--new-incarnation", "job.state_dir"]
+        {
             assert!(message.contains(part), "{part:?} in {message}");
         }
     }

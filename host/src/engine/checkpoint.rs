@@ -139,8 +139,11 @@ pub struct Incarnation {
     pub created_at_ms: u64,
     /// Started with `sluice run --new-incarnation`: it lands beside the
     /// job's other incarnations on purpose, so it neither takes nor checks
-    /// the target's claim (see the plugins' `sluice.claim` option).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// the target's claim (see the plugins' `sluice.claim` option). Always
+    /// written; a record without it predates claims, and its incarnation may
+    /// have been started either way, so it keeps landing as it did then:
+    /// beside, without claims.
+    #[serde(default = "predates_claims")]
     pub beside: bool,
 }
 
@@ -153,6 +156,11 @@ impl Incarnation {
         })?;
         Ok(Self { id: format!("{:012x}", random & 0xffff_ffff_ffff), created_at_ms: now_ms(), beside: false })
     }
+}
+
+/// `beside` of an incarnation record written before claims existed.
+fn predates_claims() -> bool {
+    true
 }
 
 /// Why a state directory must not be resumed.
@@ -568,6 +576,11 @@ mod tests {
         assert_eq!(store.halted().unwrap().map(|h| h.reason), Some("because".to_string()));
         fs::write(dir.path().join(INCARNATION_FILE), b"{").unwrap();
         assert!(matches!(store.incarnation(), Err(CheckpointError::StateFile { .. })));
+        // A record from before claims may be of a --new-incarnation run: it keeps landing beside, without claims.
+        fs::write(dir.path().join(INCARNATION_FILE), br#"{"id":"0123456789ab","created_at_ms":1}"#).unwrap();
+        assert!(store.incarnation().unwrap().is_some_and(|i| i.beside));
+        let written = serde_json::to_string(&Incarnation::generate().unwrap()).unwrap();
+        assert!(written.contains(r#""beside":false"#), "{written}");
     }
 
     #[test]

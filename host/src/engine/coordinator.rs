@@ -953,7 +953,8 @@ fn settle_incarnation(
     match existing {
         Some(incarnation) => Ok((incarnation, false)),
         None if restored.is_some() => {
-            let incarnation = Incarnation::generate()?;
+            // From before incarnations, and so before claims: it keeps landing as it did then.
+            let incarnation = Incarnation { beside: true, ..Incarnation::generate()? };
             store.set_incarnation(&incarnation)?;
             tracing::info!(incarnation = %incarnation.id, "the state directory predates incarnations; adopted one");
             Ok((incarnation, false))
