@@ -181,7 +181,10 @@ impl GrpcGrant {
         let max_reply = MAX_MESSAGE.min(usize::try_from(memory.free()).unwrap_or(usize::MAX));
         let mut grpc = tonic::client::Grpc::new(endpoint.channel.clone()).max_decoding_message_size(max_reply);
         let mut req = tonic::Request::new(request);
-        req.set_timeout(CallDeadline::bound(timeout));
+        // The server is told the plugin's timeout; the call's own deadline
+        // is the host's to enforce (below), so that its passing is told
+        // apart from the server's or the transport's timeout.
+        req.set_timeout(timeout);
         if let Some(auth) = &endpoint.authorization {
             req.metadata_mut().insert("authorization", auth.clone());
         }
@@ -189,12 +192,17 @@ impl GrpcGrant {
             grpc.ready().await.map_err(|e| Status::unavailable(format!("endpoint not ready: {e}")))?;
             grpc.unary(req, path, RawCodec).await
         };
-        let result = super::block_on("sluice:connector/grpc.unary", async {
+        const UNARY: &str = "sluice:connector/grpc.unary";
+        let result = super::block_on(UNARY, async {
             match tokio::time::timeout(timeout, call).await {
                 Ok(r) => r,
                 Err(_) => Err(Status::deadline_exceeded(format!("no reply within {} ms", timeout.as_millis()))),
             }
         })?;
+        if result.is_err() {
+            // A transport timeout racing the deadline is the deadline.
+            CallDeadline::check(UNARY)?;
+        }
         Ok(result.map(tonic::Response::into_inner).map_err(|s| status(name, &endpoint.address, s)))
     }
 
@@ -417,7 +425,11 @@ pub struct GrpcCtx {
 }
 
 fn too_many(e: super::limits::TooMany) -> GrpcError {
-    GrpcError::Status(wit::Status { code: Code::ResourceExhausted as i32 as u32, message: e.to_string(), details: Vec::new() })
+    GrpcError::Status(wit::Status {
+        code: Code::ResourceExhausted as i32 as u32,
+        message: e.to_string(),
+        details: Vec::new(),
+    })
 }
 
 /// What the `grpc` interface is linked through: the endpoints, the resource

@@ -227,7 +227,10 @@ pub enum TrapCause {
     /// The call ran past its deadline.
     Deadline(Duration),
     /// The call's deadline passed while it was blocked in a host import.
-    DeadlineIn { timeout: Duration, import: &'static str },
+    DeadlineIn {
+        timeout: Duration,
+        import: &'static str,
+    },
     /// The plugin called `exit` (WASI `wasi:cli/exit`) with this status.
     Exit(i32),
     /// The plugin tried to grow its memory past the cap.

@@ -137,12 +137,7 @@ impl sync_streams::HostOutputStream for Bounded<'_> {
             .map_err(stream_trap)?
     }
 
-    fn splice(
-        &mut self,
-        dst: Resource<DynOutputStream>,
-        src: Resource<DynInputStream>,
-        len: u64,
-    ) -> StreamResult<u64> {
+    fn splice(&mut self, dst: Resource<DynOutputStream>, src: Resource<DynInputStream>, len: u64) -> StreamResult<u64> {
         sync_streams::HostOutputStream::splice(self.table, dst, src, len)
     }
 
