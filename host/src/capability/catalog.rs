@@ -340,7 +340,14 @@ impl CatalogGrant {
         Ok(table.map_err(load_error).and_then(|t| loaded(&t)))
     }
 
-    pub fn create_table(
+    /// Creates a table from a REST-spec create-table request (for the host's
+    /// tools and tests: no plugin call's deadline applies).
+    pub fn create_table(&self, ident: &TableIdent, request: &str) -> Result<LoadedTable, CatalogError> {
+        self.create_table_within(ident, request).unwrap_or_else(|late| Err(CatalogError::Other(late.to_string())))
+    }
+
+    /// Creates a table for the plugin, within the call's deadline.
+    fn create_table_within(
         &self,
         ident: &TableIdent,
         request: &str,
@@ -487,7 +494,7 @@ impl wit::Host for CatalogView<'_> {
     ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
         let Some(catalog) = self.ctx.catalog.clone() else { return Ok(Err(no_catalog())) };
         let result = match ident(&table) {
-            Ok(ident) => catalog.create_table(&ident, &request_json)?,
+            Ok(ident) => catalog.create_table_within(&ident, &request_json)?,
             Err(e) => Err(e),
         };
         if result.is_ok() {

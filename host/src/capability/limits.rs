@@ -327,13 +327,16 @@ mod tests {
     #[test]
     fn the_deadline_bounds_timeouts_and_waits() {
         assert_eq!(CallDeadline::remaining(), None);
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        // Multi-threaded, as the host's runtimes are: a current-thread
+        // runtime's handle cannot drive timers from `Handle::block_on`.
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_time().build().expect("runtime");
         {
             let _call = CallDeadline::enter(Duration::from_millis(50));
             assert!(CallDeadline::bound(Duration::from_secs(600)) <= Duration::from_millis(50));
             let start = Instant::now();
-            let err = block_on(rt.handle(), "test.sleep", tokio::time::sleep(Duration::from_secs(30)))
-                .expect_err("the deadline stops the wait");
+            // The timer is made inside the runtime, as every capability's is.
+            let sleep = async { tokio::time::sleep(Duration::from_secs(30)).await };
+            let err = block_on(rt.handle(), "test.sleep", sleep).expect_err("the deadline stops the wait");
             assert_eq!(err.import, "test.sleep");
             assert!(start.elapsed() < Duration::from_secs(5));
             assert!(CallDeadline::check("test.after").is_err());
