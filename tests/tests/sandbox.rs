@@ -355,7 +355,9 @@ mod host_limits {
     fn codec_levels_are_clamped_and_contexts_bounded() {
         let job = probe("codec-levels", "codec-levels", None);
         // 21,000 compressions take longer than the probes' 2 s deadline.
-        let run = run_child(&job, &["sink.sandbox.call_timeout_secs=30".to_string()]);
+        // One write per writer (200 rows in batches of 100) is the probe.
+        let sets = ["sink.sandbox.call_timeout_secs=30".to_string(), "source.rows=200".to_string()];
+        let run = run_child(&job, &sets);
         assert!(run.ok, "{}", run.stderr);
         within_bounds(&run);
     }
