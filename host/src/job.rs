@@ -17,6 +17,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::capability::limits::{self, HostLimits};
+
 /// A job file that could not be used.
 #[derive(Debug, Error)]
 pub enum JobError {
@@ -281,11 +283,41 @@ pub struct SandboxSpec {
     /// Linear-memory cap of one plugin instance.
     #[serde(default = "default_memory_mb")]
     pub memory_mb: u64,
+    /// Host memory the capabilities may hold for one instance at once
+    /// (codec output, queued gRPC messages); a `decompress` whose
+    /// `max-size` is above it is refused.
+    #[serde(default = "default_host_memory_mb")]
+    pub host_memory_mb: u64,
+    /// Log bytes one call may write (`log` and stdout/stderr lines); lines
+    /// beyond are dropped, with one notice.
+    #[serde(default = "default_log_bytes_per_call")]
+    pub log_bytes_per_call: u64,
+    /// Log bytes one instance may write per second; lines beyond are dropped.
+    #[serde(default = "default_log_bytes_per_sec")]
+    pub log_bytes_per_sec: u64,
+    /// Output files one instance may hold open.
+    #[serde(default = "default_max_open_files")]
+    pub max_open_files: u32,
+    /// gRPC calls one instance may have in flight (open streams and the unary call).
+    #[serde(default = "default_max_grpc_streams")]
+    pub max_grpc_streams: u32,
+    /// HTTP requests one instance may have in flight.
+    #[serde(default = "default_max_http_requests")]
+    pub max_http_requests: u32,
 }
 
 impl Default for SandboxSpec {
     fn default() -> Self {
-        Self { call_timeout_secs: default_call_timeout(), memory_mb: default_memory_mb() }
+        Self {
+            call_timeout_secs: default_call_timeout(),
+            memory_mb: default_memory_mb(),
+            host_memory_mb: default_host_memory_mb(),
+            log_bytes_per_call: default_log_bytes_per_call(),
+            log_bytes_per_sec: default_log_bytes_per_sec(),
+            max_open_files: default_max_open_files(),
+            max_grpc_streams: default_max_grpc_streams(),
+            max_http_requests: default_max_http_requests(),
+        }
     }
 }
 
@@ -293,6 +325,37 @@ impl SandboxSpec {
     pub fn call_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.call_timeout_secs)
     }
+
+    /// What one instance may make the host spend.
+    pub fn host_limits(&self) -> HostLimits {
+        HostLimits {
+            host_memory_mb: self.host_memory_mb,
+            log_bytes_per_call: self.log_bytes_per_call,
+            log_bytes_per_sec: self.log_bytes_per_sec,
+            max_open_files: self.max_open_files,
+            max_grpc_streams: self.max_grpc_streams,
+            max_http_requests: self.max_http_requests,
+        }
+    }
+}
+
+fn default_host_memory_mb() -> u64 {
+    limits::DEFAULT_HOST_MEMORY_MB
+}
+fn default_log_bytes_per_call() -> u64 {
+    limits::DEFAULT_LOG_BYTES_PER_CALL
+}
+fn default_log_bytes_per_sec() -> u64 {
+    limits::DEFAULT_LOG_BYTES_PER_SEC
+}
+fn default_max_open_files() -> u32 {
+    limits::DEFAULT_MAX_OPEN_FILES
+}
+fn default_max_grpc_streams() -> u32 {
+    limits::DEFAULT_MAX_GRPC_STREAMS
+}
+fn default_max_http_requests() -> u32 {
+    limits::DEFAULT_MAX_HTTP_REQUESTS
 }
 
 fn default_parallelism() -> u32 {
@@ -542,6 +605,20 @@ impl Job {
                     sb.memory_mb
                 ),
             ));
+        }
+        if sb.host_memory_mb < 16 {
+            return Err(self.invalid("sink.sandbox.host_memory_mb", "must be at least 16"));
+        }
+        for (key, value) in [
+            ("sink.sandbox.log_bytes_per_call", sb.log_bytes_per_call),
+            ("sink.sandbox.log_bytes_per_sec", sb.log_bytes_per_sec),
+            ("sink.sandbox.max_open_files", u64::from(sb.max_open_files)),
+            ("sink.sandbox.max_grpc_streams", u64::from(sb.max_grpc_streams)),
+            ("sink.sandbox.max_http_requests", u64::from(sb.max_http_requests)),
+        ] {
+            if value == 0 {
+                return Err(self.invalid(key, "must be at least 1"));
+            }
         }
         for (key, value) in &self.spec.sink.options {
             if matches!(value, toml::Value::Table(_)) {

@@ -11,7 +11,10 @@
 //!   and the catalog pointer moves with one compare-and-swap on the previous
 //!   metadata location. It is never rebased and never retried here;
 //! - errors tell the plugin what is safe: `conflict` means definitely not
-//!   applied, `unknown-outcome` means it may have been applied.
+//!   applied, `unknown-outcome` means it may have been applied;
+//! - no catalog call outlasts the plugin call's deadline: past it the call
+//!   is cancelled and the plugin traps (a commit cancelled so may have been
+//!   applied; recovery finds out, as after any crash).
 //!
 //! Why the commit is not `SqlCatalog::update_table`: that takes iceberg's
 //! `TableCommit`, whose constructor is private to the `iceberg` crate (only
@@ -47,6 +50,7 @@ use thiserror::Error;
 use wasmtime::component::{HasData, Linker};
 
 use super::catalog_rest::RestCommitter;
+use super::limits::HostDeadline;
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
 
@@ -75,10 +79,16 @@ pub struct CatalogStats {
 pub(crate) enum CommitError {
     /// The catalog's answer, for the plugin.
     Catalog(CatalogError),
+    /// The plugin call's deadline passed during the commit.
+    Deadline(HostDeadline),
     /// A test asked the engine to die right after the commit was applied.
     #[cfg(feature = "fault-injection")]
     InjectedCrash,
 }
+
+const LOAD: &str = "sluice:connector/iceberg-catalog.load-table";
+const CREATE: &str = "sluice:connector/iceberg-catalog.create-table";
+const COMMIT: &str = "sluice:connector/iceberg-catalog.commit-table";
 
 impl From<CatalogError> for CommitError {
     fn from(e: CatalogError) -> Self {
@@ -116,7 +126,9 @@ impl CommitBackend for SqlCommits {
         requirements: Vec<TableRequirement>,
         updates: Vec<TableUpdate>,
     ) -> Result<LoadedTable, CommitError> {
-        super::runtime().block_on(self.commit_async(ident, requirements, updates)).map_err(CommitError::Catalog)
+        super::block_on(COMMIT, self.commit_async(ident, requirements, updates))
+            .map_err(CommitError::Deadline)?
+            .map_err(CommitError::Catalog)
     }
 }
 
@@ -185,7 +197,9 @@ impl CommitBackend for RestCommitter {
         requirements: Vec<TableRequirement>,
         updates: Vec<TableUpdate>,
     ) -> Result<LoadedTable, CommitError> {
-        super::runtime().block_on(self.post(ident, &requirements, &updates)).map_err(CommitError::Catalog)
+        super::block_on(COMMIT, self.post(ident, &requirements, &updates))
+            .map_err(CommitError::Deadline)?
+            .map_err(CommitError::Catalog)
     }
 }
 
@@ -320,12 +334,24 @@ impl CatalogGrant {
         super::runtime().block_on(self.catalog.drop_table(ident)).map_err(load_error)
     }
 
-    fn load_table(&self, ident: &TableIdent) -> Result<LoadedTable, CatalogError> {
-        let table = self.load(ident)?;
-        loaded(&table)
+    /// Loads a table for the plugin, within the call's deadline.
+    fn load_table(&self, ident: &TableIdent) -> Result<Result<LoadedTable, CatalogError>, HostDeadline> {
+        let table = super::block_on(LOAD, self.catalog.load_table(ident))?;
+        Ok(table.map_err(load_error).and_then(|t| loaded(&t)))
     }
 
+    /// Creates a table from a REST-spec create-table request (for the host's
+    /// tools and tests: no plugin call's deadline applies).
     pub fn create_table(&self, ident: &TableIdent, request: &str) -> Result<LoadedTable, CatalogError> {
+        self.create_table_within(ident, request).unwrap_or_else(|late| Err(CatalogError::Other(late.to_string())))
+    }
+
+    /// Creates a table for the plugin, within the call's deadline.
+    fn create_table_within(
+        &self,
+        ident: &TableIdent,
+        request: &str,
+    ) -> Result<Result<LoadedTable, CatalogError>, HostDeadline> {
         #[derive(Deserialize)]
         #[serde(rename_all = "kebab-case")]
         struct CreateTableRequest {
@@ -335,14 +361,16 @@ impl CatalogGrant {
             #[serde(default)]
             properties: HashMap<String, String>,
         }
-        let request: CreateTableRequest = serde_json::from_str(request)
-            .map_err(|e| CatalogError::Other(format!("create-table request is not valid: {e}")))?;
+        let request: CreateTableRequest = match serde_json::from_str(request) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(CatalogError::Other(format!("create-table request is not valid: {e}")))),
+        };
         if request.name != ident.name() {
-            return Err(CatalogError::Other(format!(
+            return Ok(Err(CatalogError::Other(format!(
                 "create-table request names table {:?} but the call names {:?}",
                 request.name,
                 ident.name()
-            )));
+            ))));
         }
         let namespace = ident.namespace().clone();
         let creation = TableCreation::builder()
@@ -351,7 +379,7 @@ impl CatalogGrant {
             .partition_spec_opt(request.partition_spec)
             .properties(request.properties)
             .build();
-        super::runtime().block_on(async {
+        super::block_on(CREATE, async {
             if !self.catalog.namespace_exists(&namespace).await.map_err(other)? {
                 // Another job may create it at the same moment: that is fine.
                 if let Err(e) = self.catalog.create_namespace(&namespace, HashMap::new()).await
@@ -453,7 +481,10 @@ pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmti
 impl wit::Host for CatalogView<'_> {
     fn load_table(&mut self, table: wit::TableIdent) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
         let Some(catalog) = self.ctx.catalog.clone() else { return Ok(Err(no_catalog())) };
-        Ok(ident(&table).and_then(|ident| catalog.load_table(&ident)))
+        match ident(&table) {
+            Ok(ident) => Ok(catalog.load_table(&ident)?),
+            Err(e) => Ok(Err(e)),
+        }
     }
 
     fn create_table(
@@ -462,7 +493,10 @@ impl wit::Host for CatalogView<'_> {
         request_json: String,
     ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
         let Some(catalog) = self.ctx.catalog.clone() else { return Ok(Err(no_catalog())) };
-        let result = ident(&table).and_then(|ident| catalog.create_table(&ident, &request_json));
+        let result = match ident(&table) {
+            Ok(ident) => catalog.create_table_within(&ident, &request_json)?,
+            Err(e) => Err(e),
+        };
         if result.is_ok() {
             self.effects.done()?;
         }
@@ -482,6 +516,7 @@ impl wit::Host for CatalogView<'_> {
         let result = match result {
             Ok(loaded) => Ok(loaded),
             Err(CommitError::Catalog(e)) => Err(e),
+            Err(CommitError::Deadline(d)) => return Err(wasmtime::Error::new(d)),
             #[cfg(feature = "fault-injection")]
             Err(CommitError::InjectedCrash) => return Err(wasmtime::Error::new(crate::fault::InjectedCrash)),
         };

@@ -4,23 +4,32 @@
 //!
 //! Invariants:
 //! - a decompression never yields more than the caller's `max-size`, nor
-//!   more than [`MAX_OUTPUT`], so a malicious or corrupt buffer cannot make
-//!   the host allocate without bound;
-//! - zstd contexts are made once per thread and level and reused: a plugin
-//!   compresses one Parquet page per call, and a fresh context per page
-//!   would cost more than the page.
+//!   more than [`MAX_OUTPUT`], nor more than the instance's host-memory
+//!   budget has free; a `max-size` above the whole budget is refused before
+//!   any work, so a malicious or corrupt buffer cannot make the host
+//!   allocate without bound;
+//! - a compression's output is reserved from the budget before it is made;
+//! - levels are clamped to the codec's range, and zstd contexts are kept per
+//!   thread for the [`CONTEXTS`] most recently used levels and reused: a
+//!   plugin compresses one Parquet page per call, and a fresh context per
+//!   page would cost more than the page, but a plugin cycling through levels
+//!   cannot make the host keep a context for each.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
 
 use super::CapabilityHost;
+use super::limits::HostMemory;
 use crate::bindings::v0_2::sluice::connector::codec::{self as wit, Algorithm, Host};
 
-/// What the `codec` interface is linked through: it holds nothing.
-pub struct CodecView;
+/// What the `codec` interface is linked through: the instance's host-memory
+/// budget.
+pub struct CodecView {
+    memory: Arc<HostMemory>,
+}
 
 /// The `codec` capability for wasmtime's linker.
 pub struct Codec;
@@ -30,28 +39,60 @@ impl HasData for Codec {
 }
 
 pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, Codec>(linker, |_| CodecView)
+    wit::add_to_linker::<T, Codec>(linker, |t| CodecView { memory: t.capabilities().0.memory.clone() })
 }
 
 /// The most one decompression may yield, whatever the plugin asks (a
 /// plugin's whole memory is capped well below it).
 pub const MAX_OUTPUT: u64 = 1 << 30;
 
+/// zstd contexts kept per thread (one per level, most recently used first).
+pub const CONTEXTS: usize = 4;
+
 thread_local! {
-    static ZSTD_COMPRESSORS: RefCell<HashMap<i32, zstd::bulk::Compressor<'static>>> = RefCell::new(HashMap::new());
+    static ZSTD_COMPRESSORS: RefCell<Vec<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `level` inside zstd's range.
+pub fn zstd_level(level: i32) -> i32 {
+    let range = zstd::compression_level_range();
+    level.clamp(*range.start(), *range.end())
 }
 
 fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>, String> {
+    let level = zstd_level(level);
     ZSTD_COMPRESSORS.with(|cache| {
         let mut cache = cache.borrow_mut();
-        let compressor = match cache.entry(level) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(zstd::bulk::Compressor::new(level).map_err(|e| format!("zstd level {level}: {e}"))?)
+        match cache.iter().position(|(l, _)| *l == level) {
+            Some(0) => {}
+            Some(i) => {
+                let hit = cache.remove(i);
+                cache.insert(0, hit);
             }
-        };
+            None => {
+                let compressor = zstd::bulk::Compressor::new(level).map_err(|e| format!("zstd level {level}: {e}"))?;
+                cache.truncate(CONTEXTS - 1);
+                cache.insert(0, (level, compressor));
+            }
+        }
+        let (_, compressor) = cache.first_mut().ok_or_else(|| "zstd: no context".to_string())?;
         compressor.compress(data).map_err(|e| format!("zstd compression failed: {e}"))
     })
+}
+
+/// The number of zstd contexts this thread holds (for tests).
+pub fn zstd_contexts() -> usize {
+    ZSTD_COMPRESSORS.with(|cache| cache.borrow().len())
+}
+
+/// The most `algorithm` can make of `len` bytes.
+fn compress_bound(algorithm: Algorithm, len: usize) -> u64 {
+    let len = len as u64;
+    match algorithm {
+        Algorithm::Zstd => len + len / 255 + 1024,
+        Algorithm::Snappy => 32 + len + len / 6,
+        Algorithm::Gzip => len + len / 1000 + 1024,
+    }
 }
 
 /// Compresses `data` with `algorithm` at `level`.
@@ -104,13 +145,45 @@ pub fn decompress(algorithm: Algorithm, data: &[u8], max_size: u64) -> Result<Ve
     }
 }
 
+/// Decompresses `data` within `memory`: a `max_size` above the whole budget
+/// is refused before any work; the output may not exceed what is free.
+pub fn decompress_within(
+    memory: &Arc<HostMemory>,
+    algorithm: Algorithm,
+    data: &[u8],
+    max_size: u64,
+) -> Result<Vec<u8>, String> {
+    let max_size = max_size.min(MAX_OUTPUT);
+    if max_size > memory.limit() {
+        return Err(format!(
+            "decompress refused: its max-size of {max_size} bytes is above the instance's host-memory budget of {} MiB (sink.sandbox.host_memory_mb); ask for what the data can decompress to",
+            memory.limit_mb()
+        ));
+    }
+    let free = memory.free();
+    let out = decompress(algorithm, data, max_size.min(free)).map_err(|e| {
+        if free < max_size && e.contains("decompresses to more than") {
+            memory.over("the decompressed data", free.saturating_add(1)).to_string()
+        } else {
+            e
+        }
+    })?;
+    // Held until the answer is copied into the plugin.
+    let _held = memory.reserve("the decompressed data", out.len() as u64).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 impl Host for CodecView {
     fn compress(&mut self, algorithm: Algorithm, level: i32, data: Vec<u8>) -> Result<Vec<u8>, String> {
+        let _held = self
+            .memory
+            .reserve("the compressed output", compress_bound(algorithm, data.len()))
+            .map_err(|e| e.to_string())?;
         compress(algorithm, level, &data)
     }
 
     fn decompress(&mut self, algorithm: Algorithm, data: Vec<u8>, max_size: u64) -> Result<Vec<u8>, String> {
-        decompress(algorithm, &data, max_size.min(MAX_OUTPUT))
+        decompress_within(&self.memory, algorithm, &data, max_size)
     }
 }
 
@@ -129,5 +202,30 @@ mod tests {
             assert!(err.contains("more than the 1000 bytes"), "{algorithm:?}: {err}");
             assert!(decompress(algorithm, b"not compressed at all", 1 << 20).is_err(), "{algorithm:?}");
         }
+    }
+
+    #[test]
+    fn levels_are_clamped_and_contexts_bounded() {
+        assert_eq!(zstd_level(1000), 22);
+        assert_eq!(zstd_level(i32::MIN), *zstd::compression_level_range().start());
+        let data = vec![7u8; 10_000];
+        for level in -500..500 {
+            let packed = compress(Algorithm::Zstd, level, &data).expect("compresses");
+            assert!(packed.len() < data.len());
+        }
+        assert!(zstd_contexts() <= CONTEXTS, "{} contexts", zstd_contexts());
+    }
+
+    #[test]
+    fn decompress_above_the_budget_is_refused_before_any_work() {
+        let memory = HostMemory::new(1);
+        let data = vec![0u8; 4 << 20];
+        let packed = compress(Algorithm::Zstd, 3, &data).unwrap();
+        let err = decompress_within(&memory, Algorithm::Zstd, b"not even zstd", u64::MAX).unwrap_err();
+        assert!(err.contains("above the instance's host-memory budget of 1 MiB"), "{err}");
+        let err = decompress_within(&memory, Algorithm::Zstd, &packed, 1 << 20).unwrap_err();
+        assert!(err.contains("more than the 1048576 bytes allowed"), "{err}");
+        let small = compress(Algorithm::Zstd, 3, &data[..1000]).unwrap();
+        assert_eq!(decompress_within(&memory, Algorithm::Zstd, &small, 1 << 20).unwrap().len(), 1000);
     }
 }

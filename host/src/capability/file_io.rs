@@ -6,7 +6,12 @@
 //!   anything else is `denied` before the filesystem is touched;
 //! - inside a grant every operation goes through a `cap_std::fs::Dir` opened
 //!   on the grant's root, so a symbolic link cannot lead out of it either;
-//! - writes under a read-only grant are `denied`;
+//! - writes under a read-only grant are `denied`, and so is a write whose
+//!   target is a symbolic link leading out of the grant;
+//! - an instance holds at most `sink.sandbox.max_open_files` output files
+//!   (each holds two descriptors until dropped); every operation checks the
+//!   call's deadline before it starts (local-file operations run to their
+//!   end once started);
 //! - `write-file` and `rename` never replace an existing entry, and both are
 //!   durable when they return (data and directory entries synced);
 //! - a rename across filesystems (EXDEV) is `other` with the words
@@ -24,6 +29,7 @@ use cap_std::fs::{Dir, OpenOptions};
 use thiserror::Error;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
+use super::limits::{CallDeadline, HandleCap, HandleSlot};
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::file_io::{self as wit, FileStatus, Host, HostOutputFile, IoError};
 use crate::job::normalize;
@@ -218,6 +224,7 @@ impl FileGrants {
     pub fn write_file(&self, location: &str, contents: &[u8], overwrite: bool) -> Result<(), IoError> {
         let (grant, rel) = self.resolve(location, true)?;
         let name = rel.file_name().ok_or_else(|| IoError::Denied(format!("{location} names no file")))?;
+        refuse_link_out(grant, &rel, location)?;
         if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
             grant.dir.create_dir_all(parent).map_err(|e| io_error(location, e))?;
         }
@@ -275,6 +282,7 @@ impl FileGrants {
         if rel.file_name().is_none() {
             return Err(IoError::Denied(format!("{location} names no file")));
         }
+        refuse_link_out(grant, &rel, location)?;
         if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
             grant.dir.create_dir_all(parent).map_err(|e| io_error(location, e))?;
         }
@@ -287,7 +295,26 @@ impl FileGrants {
         }
         let file = grant.dir.open_with(&rel, &opts).map_err(|e| io_error(location, e))?;
         let dir = grant.dir.try_clone().map_err(|e| io_error(location, e))?;
-        Ok(OutputFileHandle { location: location.to_string(), file: Some(file), dir, rel })
+        Ok(OutputFileHandle { location: location.to_string(), file: Some(file), dir, rel, slot: None })
+    }
+}
+
+/// `denied` when `rel` is a symbolic link that cannot be followed inside
+/// the grant (cap-std refuses to leave its root): writing there would write
+/// outside the grant, or fail as if the file existed.
+fn refuse_link_out(grant: &LocalGrant, rel: &Path, location: &str) -> Result<(), IoError> {
+    let Ok(meta) = grant.dir.symlink_metadata(rel) else { return Ok(()) };
+    if !meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    match grant.dir.canonicalize(rel) {
+        Ok(_) => Ok(()),
+        // Dangling, but inside the grant.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(IoError::Denied(format!(
+            "{location} is a symbolic link leading outside the granted locations (granted: {}): {e}",
+            grant.spelled.display()
+        ))),
     }
 }
 
@@ -305,6 +332,8 @@ pub struct OutputFileHandle {
     /// The grant's root and the file's path in it (to sync its directory).
     dir: Dir,
     rel: PathBuf,
+    /// Counts the handle against `sink.sandbox.max_open_files` until dropped.
+    slot: Option<HandleSlot>,
 }
 
 impl OutputFileHandle {
@@ -323,9 +352,15 @@ impl OutputFileHandle {
     }
 }
 
-/// One instance's file access: the run's grants.
+/// One instance's file access: the run's grants, and its open output files.
 pub struct FileIoCtx {
     pub grants: Arc<FileGrants>,
+    pub open: HandleCap,
+}
+
+/// Traps when the call is past its deadline before `op` starts.
+fn started(op: &'static str) -> wasmtime::Result<()> {
+    CallDeadline::check(op).map_err(wasmtime::Error::new)
 }
 
 /// What the `file-io` interface is linked through: the instance's grants,
@@ -356,22 +391,27 @@ pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmti
 
 impl Host for FileIoView<'_> {
     fn exists(&mut self, location: String) -> wasmtime::Result<Result<bool, IoError>> {
+        started("sluice:connector/file-io.exists")?;
         Ok(self.ctx.grants.exists(&location))
     }
 
     fn stat(&mut self, location: String) -> wasmtime::Result<Result<FileStatus, IoError>> {
+        started("sluice:connector/file-io.stat")?;
         Ok(self.ctx.grants.stat(&location))
     }
 
     fn read(&mut self, location: String, offset: u64, length: u64) -> wasmtime::Result<Result<Vec<u8>, IoError>> {
+        started("sluice:connector/file-io.read")?;
         Ok(self.ctx.grants.read(&location, offset, length))
     }
 
     fn list_dir(&mut self, location: String) -> wasmtime::Result<Result<Vec<String>, IoError>> {
+        started("sluice:connector/file-io.list-dir")?;
         Ok(self.ctx.grants.list_dir(&location))
     }
 
     fn create_dir_all(&mut self, location: String) -> wasmtime::Result<Result<(), IoError>> {
+        started("sluice:connector/file-io.create-dir-all")?;
         Ok(self.ctx.grants.create_dir_all(&location))
     }
 
@@ -381,6 +421,7 @@ impl Host for FileIoView<'_> {
         contents: Vec<u8>,
         overwrite: bool,
     ) -> wasmtime::Result<Result<(), IoError>> {
+        started("sluice:connector/file-io.write-file")?;
         let result = self.ctx.grants.write_file(&location, &contents, overwrite);
         if result.is_ok() {
             self.effects.done()?;
@@ -389,6 +430,7 @@ impl Host for FileIoView<'_> {
     }
 
     fn rename(&mut self, from: String, to: String) -> wasmtime::Result<Result<(), IoError>> {
+        started("sluice:connector/file-io.rename")?;
         let result = self.ctx.grants.rename(&from, &to);
         if result.is_ok() {
             self.effects.done()?;
@@ -397,6 +439,7 @@ impl Host for FileIoView<'_> {
     }
 
     fn delete(&mut self, location: String) -> wasmtime::Result<Result<(), IoError>> {
+        started("sluice:connector/file-io.delete")?;
         let result = self.ctx.grants.delete(&location);
         if result.is_ok() {
             self.effects.done()?;
@@ -411,17 +454,27 @@ impl HostOutputFile for FileIoView<'_> {
         location: String,
         overwrite: bool,
     ) -> wasmtime::Result<Result<Resource<OutputFileHandle>, IoError>> {
+        started("sluice:connector/file-io.[static]output-file.create")?;
+        let slot = match self.ctx.open.take() {
+            Ok(slot) => slot,
+            Err(too_many) => return Ok(Err(IoError::Other(format!("{location}: {too_many}")))),
+        };
         match self.ctx.grants.create_output(&location, overwrite) {
-            Ok(handle) => Ok(Ok(self.table.push(handle)?)),
+            Ok(mut handle) => {
+                handle.slot = Some(slot);
+                Ok(Ok(self.table.push(handle)?))
+            }
             Err(e) => Ok(Err(e)),
         }
     }
 
     fn write(&mut self, this: Resource<OutputFileHandle>, contents: Vec<u8>) -> wasmtime::Result<Result<(), IoError>> {
+        started("sluice:connector/file-io.[method]output-file.write")?;
         Ok(self.table.get_mut(&this)?.write(&contents))
     }
 
     fn finish(&mut self, this: Resource<OutputFileHandle>) -> wasmtime::Result<Result<(), IoError>> {
+        started("sluice:connector/file-io.[method]output-file.finish")?;
         let result = self.table.get_mut(&this)?.finish();
         if result.is_ok() {
             self.effects.done()?;
@@ -465,6 +518,17 @@ mod tests {
         // A symlink inside the grant cannot lead out of it.
         std::os::unix::fs::symlink(dir.path().join("secret"), dir.path().join("out/link")).unwrap();
         assert!(g.read("out/link", 0, 1).is_err());
+        // Nor can a write through it: refused as denied, not as existing.
+        for overwrite in [false, true] {
+            let err = g.write_file("out/link", b"x", overwrite).unwrap_err();
+            assert!(matches!(&err, IoError::Denied(m) if m.contains("symbolic link leading outside")), "{err:?}");
+            let err = g.create_output("out/link", overwrite).err().expect("refused");
+            assert!(matches!(&err, IoError::Denied(_)), "{err:?}");
+        }
+        assert_eq!(std::fs::read(dir.path().join("secret")).unwrap(), b"s");
+        // A link that stays inside the grant is an ordinary existing entry.
+        std::os::unix::fs::symlink("a/b.txt", dir.path().join("out/inside")).unwrap();
+        assert!(matches!(g.write_file("out/inside", b"x", false), Err(IoError::AlreadyExists(_))));
     }
 
     #[test]

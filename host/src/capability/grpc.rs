@@ -12,7 +12,13 @@
 //!   decodes them, so any protobuf API works without rebuilding the engine;
 //! - every non-OK status reaches the guest with its code, message and the
 //!   `grpc-status-details-bin` bytes (a serialized `google.rpc.Status`);
-//! - no call blocks forever: unary calls and `receive` carry a deadline.
+//! - no call blocks forever: unary calls and `receive` carry a deadline,
+//!   and no wait outlasts the plugin call's own deadline (past it the wait
+//!   is cancelled and the call traps, naming the import);
+//! - an instance has at most `sink.sandbox.max_grpc_streams` calls in
+//!   flight (open streams plus the unary call under way), and the messages
+//!   queued for it (requests not yet sent, replies not yet received) are
+//!   held against its host-memory budget.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -30,6 +36,7 @@ use tonic::{Code, Status};
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
+use super::limits::{CallDeadline, HandleCap, HandleSlot, HostDeadline, HostMemory, Reservation};
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::grpc::{self as wit, GrpcError, Received};
 use crate::job::EndpointConfig;
@@ -152,12 +159,31 @@ impl GrpcGrant {
         Ok((endpoint, path))
     }
 
-    /// One unary call, bounded by `timeout`.
-    pub fn unary(&self, name: &str, method: &str, request: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, GrpcError> {
-        let (endpoint, path) = self.endpoint(name, method)?;
+    /// One unary call, bounded by `timeout`, by the plugin call's deadline
+    /// (`Err`: it passed) and by `memory` (the reply may not exceed it).
+    pub fn unary(
+        &self,
+        name: &str,
+        method: &str,
+        request: Vec<u8>,
+        timeout: Duration,
+        memory: &Arc<HostMemory>,
+    ) -> Result<Result<Vec<u8>, GrpcError>, HostDeadline> {
+        let (endpoint, path) = match self.endpoint(name, method) {
+            Ok(found) => found,
+            Err(e) => return Ok(Err(e)),
+        };
+        let _held = match memory.reserve("the gRPC request", request.len() as u64) {
+            Ok(held) => held,
+            Err(over) => return Ok(Err(status(name, &endpoint.address, Status::resource_exhausted(over.to_string())))),
+        };
         let timeout = timeout.min(MAX_TIMEOUT);
-        let mut grpc = tonic::client::Grpc::new(endpoint.channel.clone()).max_decoding_message_size(MAX_MESSAGE);
+        let max_reply = MAX_MESSAGE.min(usize::try_from(memory.free()).unwrap_or(usize::MAX));
+        let mut grpc = tonic::client::Grpc::new(endpoint.channel.clone()).max_decoding_message_size(max_reply);
         let mut req = tonic::Request::new(request);
+        // The server is told the plugin's timeout; the call's own deadline
+        // is the host's to enforce (below), so that its passing is told
+        // apart from the server's or the transport's timeout.
         req.set_timeout(timeout);
         if let Some(auth) = &endpoint.authorization {
             req.metadata_mut().insert("authorization", auth.clone());
@@ -166,22 +192,33 @@ impl GrpcGrant {
             grpc.ready().await.map_err(|e| Status::unavailable(format!("endpoint not ready: {e}")))?;
             grpc.unary(req, path, RawCodec).await
         };
-        let result = super::runtime().block_on(async {
+        const UNARY: &str = "sluice:connector/grpc.unary";
+        let result = super::block_on(UNARY, async {
             match tokio::time::timeout(timeout, call).await {
                 Ok(r) => r,
                 Err(_) => Err(Status::deadline_exceeded(format!("no reply within {} ms", timeout.as_millis()))),
             }
-        });
-        result.map(tonic::Response::into_inner).map_err(|s| status(name, &endpoint.address, s))
+        })?;
+        if result.is_err() {
+            // A transport timeout racing the deadline is the deadline.
+            CallDeadline::check(UNARY)?;
+        }
+        Ok(result.map(tonic::Response::into_inner).map_err(|s| status(name, &endpoint.address, s)))
     }
 
-    /// Starts a bidirectional streaming call.
-    pub fn open_stream(&self, name: &str, method: &str) -> Result<BidiStream, GrpcError> {
+    /// Starts a bidirectional streaming call; the messages queued for it are
+    /// held against `memory`.
+    pub fn open_stream(&self, name: &str, method: &str, memory: &Arc<HostMemory>) -> Result<BidiStream, GrpcError> {
+        use tokio_stream::StreamExt;
         let (endpoint, path) = self.endpoint(name, method)?;
-        let (req_tx, req_rx) = mpsc::channel::<Vec<u8>>(8);
-        let (resp_tx, resp_rx) = mpsc::channel::<Result<Vec<u8>, Status>>(64);
-        let mut grpc = tonic::client::Grpc::new(endpoint.channel.clone()).max_decoding_message_size(MAX_MESSAGE);
-        let mut req = tonic::Request::new(ReceiverStream::new(req_rx));
+        let (req_tx, req_rx) = mpsc::channel::<Queued>(8);
+        let (resp_tx, resp_rx) = mpsc::channel::<Result<Queued, Status>>(64);
+        let max_reply = MAX_MESSAGE.min(usize::try_from(memory.limit()).unwrap_or(usize::MAX));
+        let mut grpc = tonic::client::Grpc::new(endpoint.channel.clone()).max_decoding_message_size(max_reply);
+        // A request's reservation ends when the call takes it from the queue.
+        let requests = ReceiverStream::new(req_rx).map(|(message, _held)| message);
+        let mut req = tonic::Request::new(requests);
+        let memory = memory.clone();
         if let Some(auth) = &endpoint.authorization {
             req.metadata_mut().insert("authorization", auth.clone());
         }
@@ -202,7 +239,14 @@ impl GrpcGrant {
                     loop {
                         match messages.message().await {
                             Ok(Some(m)) => {
-                                if resp_tx.send(Ok(m)).await.is_err() {
+                                let held = match memory.reserve("a queued gRPC reply", m.len() as u64) {
+                                    Ok(held) => held,
+                                    Err(over) => {
+                                        let _ = resp_tx.send(Err(Status::resource_exhausted(over.to_string()))).await;
+                                        break;
+                                    }
+                                };
+                                if resp_tx.send(Ok((m, held))).await.is_err() {
                                     break;
                                 }
                             }
@@ -222,6 +266,7 @@ impl GrpcGrant {
             address: endpoint.address.clone(),
             requests: Some(req_tx),
             replies: resp_rx,
+            _slot: None,
         })
     }
 }
@@ -245,70 +290,86 @@ fn status(endpoint: &str, address: &str, s: Status) -> GrpcError {
     GrpcError::Status(wit::Status { code: code as i32 as u32, message, details: s.details().to_vec() })
 }
 
+/// A message in a stream's queue, with the host memory it holds.
+type Queued = (Vec<u8>, Reservation);
+
 /// One streaming call of a plugin instance (the `bidi-stream` resource).
 pub struct BidiStream {
     endpoint: String,
     address: String,
-    requests: Option<mpsc::Sender<Vec<u8>>>,
-    replies: mpsc::Receiver<Result<Vec<u8>, Status>>,
+    requests: Option<mpsc::Sender<Queued>>,
+    replies: mpsc::Receiver<Result<Queued, Status>>,
+    /// Counts the stream against `sink.sandbox.max_grpc_streams` until dropped.
+    _slot: Option<HandleSlot>,
 }
 
 impl BidiStream {
-    fn send(&mut self, message: Vec<u8>) -> Result<(), GrpcError> {
+    fn send(&mut self, message: Vec<u8>, memory: &Arc<HostMemory>) -> Result<Result<(), GrpcError>, HostDeadline> {
         let Some(tx) = &self.requests else {
-            return Err(status(
+            return Ok(Err(status(
                 &self.endpoint,
                 &self.address,
                 Status::failed_precondition("the stream has already ended"),
-            ));
+            )));
+        };
+        let held = match memory.reserve("a queued gRPC request", message.len() as u64) {
+            Ok(held) => held,
+            Err(over) => {
+                return Ok(Err(status(&self.endpoint, &self.address, Status::resource_exhausted(over.to_string()))));
+            }
         };
         // A free slot takes the message at once; only a full queue waits
-        // (on the I/O runtime) for the call to take one.
-        let sent = match tx.try_send(message) {
+        // (on the I/O runtime, no later than the call's deadline) for the
+        // call to take one.
+        let sent = match tx.try_send((message, held)) {
             Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(message)) => super::runtime().block_on(tx.send(message)).is_ok(),
+            Err(mpsc::error::TrySendError::Full(queued)) => {
+                super::block_on("sluice:connector/grpc.[method]bidi-stream.send", tx.send(queued))?.is_ok()
+            }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
         };
         if sent {
-            return Ok(());
+            return Ok(Ok(()));
         }
         // The call is over: report how it ended.
         self.requests = None;
-        match self.replies.try_recv() {
+        Ok(match self.replies.try_recv() {
             Ok(Err(s)) => Err(status(&self.endpoint, &self.address, s)),
             _ => Err(status(
                 &self.endpoint,
                 &self.address,
                 Status::unavailable("the stream ended before the message was sent"),
             )),
-        }
+        })
     }
 
-    fn receive(&mut self, timeout: Duration) -> Result<Received, GrpcError> {
+    fn receive(&mut self, timeout: Duration) -> Result<Result<Received, GrpcError>, HostDeadline> {
         let timeout = timeout.min(MAX_TIMEOUT);
         // A reply already queued (or a poll that finds none) needs neither
         // the runtime nor a timer.
         let next = match self.replies.try_recv() {
             Ok(reply) => Some(reply),
             Err(mpsc::error::TryRecvError::Disconnected) => None,
-            Err(mpsc::error::TryRecvError::Empty) if timeout.is_zero() => return Ok(Received::Pending),
+            Err(mpsc::error::TryRecvError::Empty) if timeout.is_zero() => return Ok(Ok(Received::Pending)),
             Err(mpsc::error::TryRecvError::Empty) => {
                 let replies = &mut self.replies;
                 // The timer must be made inside the runtime.
-                match super::runtime().block_on(async move { tokio::time::timeout(timeout, replies.recv()).await }) {
-                    Err(_) => return Ok(Received::Pending),
+                let wait = async move { tokio::time::timeout(timeout, replies.recv()).await };
+                match super::block_on("sluice:connector/grpc.[method]bidi-stream.receive", wait)? {
+                    Err(_) => return Ok(Ok(Received::Pending)),
                     Ok(next) => next,
                 }
             }
         };
-        match next {
+        Ok(match next {
             None => Ok(Received::Ended),
-            Some(Ok(m)) => Ok(Received::Message(m)),
+            // The reply's reservation ends as it moves into the plugin.
+            Some(Ok((m, _held))) => Ok(Received::Message(m)),
             Some(Err(s)) => {
                 self.requests = None;
                 Err(status(&self.endpoint, &self.address, s))
             }
-        }
+        })
     }
 }
 
@@ -355,9 +416,20 @@ fn no_grpc() -> GrpcError {
     GrpcError::Denied("this sink has no gRPC endpoints: name them in the job file's [sink.grpc.<name>]".to_string())
 }
 
-/// One instance's endpoints: the run's grant.
+/// One instance's endpoints: the run's grant, its calls in flight and its
+/// host-memory budget.
 pub struct GrpcCtx {
     pub grpc: Arc<GrpcGrant>,
+    pub calls: HandleCap,
+    pub memory: Arc<HostMemory>,
+}
+
+fn too_many(e: super::limits::TooMany) -> GrpcError {
+    GrpcError::Status(wit::Status {
+        code: Code::ResourceExhausted as i32 as u32,
+        message: e.to_string(),
+        details: Vec::new(),
+    })
 }
 
 /// What the `grpc` interface is linked through: the endpoints, the resource
@@ -396,7 +468,12 @@ impl wit::Host for GrpcView<'_> {
         if self.ctx.grpc.is_empty() {
             return Ok(Err(no_grpc()));
         }
-        let result = self.ctx.grpc.unary(&endpoint, &method, request, Duration::from_millis(u64::from(timeout_ms)));
+        let _slot = match self.ctx.calls.take() {
+            Ok(slot) => slot,
+            Err(e) => return Ok(Err(too_many(e))),
+        };
+        let timeout = Duration::from_millis(u64::from(timeout_ms));
+        let result = self.ctx.grpc.unary(&endpoint, &method, request, timeout, &self.ctx.memory)?;
         if result.is_ok() {
             // A crash "during commit" happens right after the call's effect.
             self.effects.done()?;
@@ -410,14 +487,22 @@ impl wit::HostBidiStream for GrpcView<'_> {
         if self.ctx.grpc.is_empty() {
             return Ok(Err(no_grpc()));
         }
-        match self.ctx.grpc.open_stream(&endpoint, &method) {
-            Ok(stream) => Ok(Ok(self.table.push(stream)?)),
+        let slot = match self.ctx.calls.take() {
+            Ok(slot) => slot,
+            Err(e) => return Ok(Err(too_many(e))),
+        };
+        match self.ctx.grpc.open_stream(&endpoint, &method, &self.ctx.memory) {
+            Ok(mut stream) => {
+                stream._slot = Some(slot);
+                Ok(Ok(self.table.push(stream)?))
+            }
             Err(e) => Ok(Err(e)),
         }
     }
 
     fn send(&mut self, stream: Resource<BidiStream>, message: Vec<u8>) -> wasmtime::Result<Result<(), GrpcError>> {
-        Ok(self.table.get_mut(&stream)?.send(message))
+        let memory = self.ctx.memory.clone();
+        Ok(self.table.get_mut(&stream)?.send(message, &memory)?)
     }
 
     fn receive(
@@ -425,7 +510,7 @@ impl wit::HostBidiStream for GrpcView<'_> {
         stream: Resource<BidiStream>,
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<Received, GrpcError>> {
-        Ok(self.table.get_mut(&stream)?.receive(Duration::from_millis(u64::from(timeout_ms))))
+        Ok(self.table.get_mut(&stream)?.receive(Duration::from_millis(u64::from(timeout_ms)))?)
     }
 
     fn drop(&mut self, stream: Resource<BidiStream>) -> wasmtime::Result<()> {

@@ -13,7 +13,13 @@
 //! - `https` addresses use TLS (wasmtime-wasi-http's rustls with the web
 //!   PKI roots);
 //! - no request waits forever: connect and first-byte timeouts apply when
-//!   the plugin sets none.
+//!   the plugin sets none, and none is longer than what the plugin call
+//!   under way has left (its waits themselves are `wasi:io/poll`, bounded
+//!   by the call's deadline in `plugin::wasi_bounded`);
+//! - an instance has at most `sink.sandbox.max_http_requests` requests in
+//!   flight (sent, response headers not yet in); one more fails with an
+//!   `internal-error` naming the setting. Bodies stream through
+//!   wasmtime-wasi-http's bounded buffers (one 1 MiB chunk each way).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,6 +37,7 @@ use wasmtime_wasi_http::{
 };
 
 use super::CapabilityHost;
+use super::limits::{CallDeadline, HandleCap};
 use crate::job::EndpointConfig;
 
 /// Longest a request waits for a connection or its first reply byte when
@@ -150,14 +157,17 @@ pub struct HttpCtx {
 }
 
 impl HttpCtx {
-    pub fn new(grant: Arc<HttpGrant>) -> Self {
-        Self { ctx: WasiHttpCtx::new(), hooks: Hooks { grant } }
+    pub fn new(grant: Arc<HttpGrant>, max_requests: u32) -> Self {
+        let requests = HandleCap::new(max_requests, "HTTP requests in flight", "sink.sandbox.max_http_requests");
+        Self { ctx: WasiHttpCtx::new(), hooks: Hooks { grant, requests } }
     }
 }
 
-/// wasmtime-wasi-http's hooks: every request is routed through the grant.
+/// wasmtime-wasi-http's hooks: every request is routed through the grant
+/// and counted against the instance's cap.
 struct Hooks {
     grant: Arc<HttpGrant>,
+    requests: HandleCap,
 }
 
 type ResponseFuture = Box<
@@ -183,8 +193,20 @@ impl WasiHttpHooks for Hooks {
     ) -> ResponseFuture {
         _ = fut;
         let routed = self.grant.route(request.uri()).map(|(uri, e)| (uri, e.clone()));
+        // Called on the plugin call's thread: its deadline bounds the request.
+        let left = CallDeadline::remaining();
+        let bound = move |t: Duration| left.map_or(t, |left| t.min(left));
+        let slot = self.requests.take();
         Box::new(async move {
             use http_body_util::BodyExt;
+            // Held until the response headers are in (or the request fails).
+            let _slot = match slot {
+                Ok(slot) => slot,
+                Err(too_many) => {
+                    tracing::warn!("{too_many}");
+                    return Err(wasmtime_wasi_http::Error::InternalError(Some(too_many.to_string())));
+                }
+            };
             let (uri, endpoint) = match routed {
                 Ok(r) => r,
                 Err(why) => {
@@ -200,9 +222,9 @@ impl WasiHttpHooks for Hooks {
             }
             *request.uri_mut() = uri;
             let mut options = options.unwrap_or_default();
-            options.connect_timeout.get_or_insert(endpoint.connect_timeout);
-            options.first_byte_timeout.get_or_insert(DEFAULT_TIMEOUT);
-            options.between_bytes_timeout.get_or_insert(DEFAULT_TIMEOUT);
+            options.connect_timeout = Some(bound(options.connect_timeout.unwrap_or(endpoint.connect_timeout)));
+            options.first_byte_timeout = Some(bound(options.first_byte_timeout.unwrap_or(DEFAULT_TIMEOUT)));
+            options.between_bytes_timeout = Some(bound(options.between_bytes_timeout.unwrap_or(DEFAULT_TIMEOUT)));
             let (response, io) = wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
             Ok((response.map(BodyExt::boxed_unsync), Box::new(io) as Box<dyn Future<Output = _> + Send>))
         })

@@ -36,6 +36,7 @@ pub mod codec;
 pub mod file_io;
 pub mod grpc;
 pub mod http;
+pub mod limits;
 pub mod log;
 mod v0_1;
 
@@ -47,8 +48,9 @@ use catalog::{CatalogCtx, CatalogGrant};
 use file_io::{FileGrants, FileIoCtx};
 use grpc::{GrpcCtx, GrpcGrant};
 use http::{HttpCtx, HttpGrant};
+use limits::{HandleCap, HostLimits, HostMemory};
 pub use log::InstanceTag;
-use log::LogCtx;
+use log::{LogCtx, SharedLogBudget};
 
 /// Everything one plugin may use in a run, shared by its instances.
 #[derive(Debug, Clone)]
@@ -85,14 +87,23 @@ impl Granted {
         parts.join("; ")
     }
 
-    /// The capabilities of one instance, named by `tag`.
-    pub fn for_instance(&self, tag: InstanceTag) -> InstanceCaps {
+    /// The capabilities of one instance, named by `tag`, within `limits`.
+    pub fn for_instance(&self, tag: InstanceTag, limits: &HostLimits) -> InstanceCaps {
+        let memory = HostMemory::new(limits.host_memory_mb);
         InstanceCaps {
-            log: LogCtx { tag },
-            file_io: FileIoCtx { grants: self.files.clone() },
+            log: LogCtx { tag, budget: SharedLogBudget::new(limits.log_bytes_per_call, limits.log_bytes_per_sec) },
+            file_io: FileIoCtx {
+                grants: self.files.clone(),
+                open: HandleCap::new(limits.max_open_files, "output files open", "sink.sandbox.max_open_files"),
+            },
             catalog: CatalogCtx { catalog: self.catalog.clone() },
-            grpc: GrpcCtx { grpc: self.grpc.clone() },
-            http: HttpCtx::new(self.http.clone()),
+            grpc: GrpcCtx {
+                grpc: self.grpc.clone(),
+                calls: HandleCap::new(limits.max_grpc_streams, "gRPC calls in flight", "sink.sandbox.max_grpc_streams"),
+                memory: memory.clone(),
+            },
+            http: HttpCtx::new(self.http.clone(), limits.max_http_requests),
+            memory,
             effects: Effects::default(),
         }
     }
@@ -100,6 +111,8 @@ impl Granted {
 
 /// The per-instance state of every capability, kept in the store's data.
 pub struct InstanceCaps {
+    /// Host memory the capabilities hold for the instance.
+    pub memory: Arc<HostMemory>,
     pub log: LogCtx,
     pub file_io: FileIoCtx,
     pub catalog: CatalogCtx,
@@ -142,6 +155,12 @@ impl Effects {
         self.fault.after_side_effect()?;
         Ok(())
     }
+}
+
+/// Awaits `fut` on the I/O runtime, no later than the deadline of the
+/// plugin call under way (see [`limits`]).
+pub(crate) fn block_on<F: Future>(import: &'static str, fut: F) -> Result<F::Output, limits::HostDeadline> {
+    limits::block_on(runtime().handle(), import, fut)
 }
 
 /// The host's runtime for capability I/O (catalog, gRPC); plugin calls block

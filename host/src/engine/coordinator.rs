@@ -197,7 +197,7 @@ pub fn grants_and_limits(job: &Job) -> Result<(Granted, Limits), EngineError> {
 }
 
 pub(crate) fn limits(job: &Job) -> Limits {
-    Limits { call_timeout: job.spec.sink.sandbox.call_timeout(), memory_mb: job.spec.sink.sandbox.memory_mb }
+    Limits::of(&job.spec.sink.sandbox)
 }
 
 pub(crate) fn grants(job: &Job, #[allow(unused_variables)] opts: &RunOptions) -> Result<Granted, EngineError> {

@@ -67,8 +67,7 @@ impl StateReport {
             return Ok(());
         }
         let plugin = host.load(&job.spec.sink.plugin).map_err(|e| e.to_string())?;
-        let limits =
-            Limits { call_timeout: job.spec.sink.sandbox.call_timeout(), memory_mb: job.spec.sink.sandbox.memory_mb };
+        let limits = Limits::of(&job.spec.sink.sandbox);
         let no_grants = crate::capability::Granted::none().map_err(|e| e.to_string())?;
         let mut instance = plugin.instantiate("describe", &no_grants, limits).map_err(|e| e.to_string())?;
         for p in &latest.pending {

@@ -1,6 +1,8 @@
 //! The data of one plugin instance's `Store`: WASI (clocks, randomness,
 //! captured output), the resource table, the memory cap, and the
-//! capabilities the run grants the instance.
+//! capabilities the run grants the instance with their per-instance budgets
+//! (`capability::limits`). WASI's blocking imports are linked bounded by the
+//! call's deadline (`plugin::wasi_bounded`).
 
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};

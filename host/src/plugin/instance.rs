@@ -15,6 +15,7 @@ use super::{
     ChangeKind, ContractVersion, Limits, Plugin, PluginError, Pre, SinkCtx, SinkErrorKind, SourceTable, TableChange,
 };
 use crate::bindings::{CommitOutcome, PluginInfo, v0_1, v0_2};
+use crate::capability::limits::CallDeadline;
 use crate::capability::{Granted, InstanceTag};
 
 /// A plugin error as the plugin gave it, whatever its version.
@@ -120,20 +121,23 @@ impl Plugin {
     /// Creates a fresh instance in its own store.
     pub fn instantiate(&self, instance: &str, grants: &Granted, limits: Limits) -> Result<Instance, PluginError> {
         let tag = InstanceTag { plugin: self.name.clone(), instance: Arc::from(instance) };
-        let stdout = GuestOutput::new(tag.clone(), "stdout");
-        let stderr = GuestOutput::new(tag.clone(), "stderr");
+        let caps = grants.for_instance(tag.clone(), &limits.host);
+        let stdout = GuestOutput::new(tag.clone(), "stdout", caps.log.budget.clone());
+        let stderr = GuestOutput::new(tag.clone(), "stderr", caps.log.budget.clone());
         let mut wasi = WasiCtx::builder();
         wasi.stdout(stdout).stderr(stderr.clone());
         let state = HostState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
             limits: MemoryCap::new(limits.memory_mb),
-            caps: grants.for_instance(tag.clone()),
+            caps,
             stderr,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(sandbox::ticks(limits.call_timeout));
+        // Instantiation runs the component's start code: the same deadline.
+        let _deadline = CallDeadline::enter(limits.call_timeout);
         let instantiated = match &self.pre {
             Pre::V0_2(pre) => pre.instantiate(&mut store).map(Bindings::V0_2),
             Pre::V0_1(pre) => pre.instantiate(&mut store).map(Bindings::V0_1),
@@ -178,7 +182,18 @@ impl Instance {
             });
         }
         self.store.set_epoch_deadline(sandbox::ticks(self.limits.call_timeout));
-        match f(&self.bindings, &mut self.store) {
+        let result = {
+            // Host imports the call blocks in end by the same deadline.
+            let _deadline = CallDeadline::enter(self.limits.call_timeout);
+            let log = self.store.data().caps.log.budget.clone();
+            log.begin_call();
+            let result = f(&self.bindings, &mut self.store);
+            if let Some(dropped) = log.take_dropped() {
+                crate::capability::log::notice_dropped(&self.tag, call, &dropped);
+            }
+            result
+        };
+        match result {
             Ok(Ok(r)) => Ok(r),
             Ok(Err((kind, message))) => Err(PluginError::Sink {
                 plugin: self.tag.plugin.clone(),
@@ -194,6 +209,14 @@ impl Instance {
                     sandbox::classify(&trap, self.limits.call_timeout, self.limits.memory_mb, exceeded, &output);
                 tracing::debug!(plugin = &*self.tag.plugin, instance = &*self.tag.instance, call, error = ?trap, "plugin trapped");
                 self.dead = Some(cause.clone());
+                if let TrapCause::Exit(status) = cause {
+                    return Err(PluginError::Exited {
+                        plugin: self.tag.plugin.clone(),
+                        instance: self.tag.instance.clone(),
+                        call,
+                        status,
+                    });
+                }
                 Err(PluginError::Trap {
                     plugin: self.tag.plugin.clone(),
                     instance: self.tag.instance.clone(),

@@ -3,8 +3,12 @@
 //! Invariants:
 //! - one plugin instance per `Store`: a writer per subtask and one committer,
 //!   so a trap retires exactly one instance;
-//! - every call runs under an epoch deadline and a memory cap; a trapped
-//!   instance is never entered again;
+//! - every call runs under an epoch deadline and a memory cap, and the same
+//!   deadline bounds every host import it blocks in; a trapped instance is
+//!   never entered again;
+//! - what an instance makes the host spend (host memory, log volume, open
+//!   files, gRPC and HTTP calls in flight) is capped per instance
+//!   (`capability::limits`);
 //! - an instance gets only what the job grants (see `capability`); WASI gives
 //!   it clocks, randomness and captured stdout/stderr, nothing else;
 //! - a plugin speaks one contract version, found from its exports when it
@@ -16,6 +20,7 @@ pub mod host_state;
 mod instance;
 pub mod reserved;
 pub mod sandbox;
+mod wasi_bounded;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,6 +31,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
 use crate::bindings::{self, PluginInfo, v0_1, v0_2};
+use crate::capability::limits::HostLimits;
 use crate::capability::{self, Granted};
 pub use cache::{ComponentCache, LoadedFrom};
 use host_state::HostState;
@@ -105,6 +111,8 @@ pub enum PluginError {
     Sink { plugin: Arc<str>, instance: Arc<str>, call: &'static str, kind: SinkErrorKind, message: String },
     #[error("plugin '{plugin}' {instance}.{call} {cause}")]
     Trap { plugin: Arc<str>, instance: Arc<str>, call: &'static str, cause: TrapCause },
+    #[error("plugin '{plugin}' exited with status {status} during {instance}.{call}")]
+    Exited { plugin: Arc<str>, instance: Arc<str>, call: &'static str, status: i32 },
     #[error("plugin '{plugin}' {instance}.{call}: the instance is unusable after an earlier trap ({cause})")]
     Dead { plugin: Arc<str>, instance: Arc<str>, call: &'static str, cause: TrapCause },
     #[error(
@@ -185,6 +193,15 @@ pub struct TableChange {
 pub struct Limits {
     pub call_timeout: Duration,
     pub memory_mb: u64,
+    /// What the instance may make the host spend.
+    pub host: HostLimits,
+}
+
+impl Limits {
+    /// The limits a job's `[sink.sandbox]` sets.
+    pub fn of(sandbox: &crate::job::SandboxSpec) -> Self {
+        Self { call_timeout: sandbox.call_timeout(), memory_mb: sandbox.memory_mb, host: sandbox.host_limits() }
+    }
 }
 
 /// The wasmtime engine, its linker and the component cache. One per process.
@@ -208,6 +225,8 @@ impl PluginHost {
         let engine = Engine::new(&config).map_err(|e| PluginError::Setup(format!("{e:#}")))?;
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| PluginError::Setup(format!("{e:#}")))?;
+        // WASI's waits, bounded by each call's deadline, over wasmtime-wasi's own.
+        wasi_bounded::add_to_linker(&mut linker).map_err(|e| PluginError::Setup(format!("{e:#}")))?;
         capability::add_to_linker(&mut linker).map_err(|e| PluginError::Setup(format!("{e:#}")))?;
         let ticker = EpochTicker::start(&engine).map_err(|e| PluginError::Setup(format!("epoch thread: {e}")))?;
         Ok(Self { engine, linker, cache: ComponentCache::new(cache_dir), _ticker: ticker })
@@ -261,7 +280,7 @@ impl PluginHost {
             pre,
             loaded_from,
         };
-        let limits = Limits { call_timeout: Duration::from_secs(30), memory_mb: 256 };
+        let limits = Limits { call_timeout: Duration::from_secs(30), memory_mb: 256, host: HostLimits::default() };
         let no_grants = Granted::none().map_err(|e| PluginError::Setup(e.to_string()))?;
         let mut probe = plugin.instantiate("describe", &no_grants, limits)?;
         let info = probe.describe()?;

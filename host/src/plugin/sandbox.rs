@@ -6,7 +6,11 @@
 //!   by a spinning guest), so every call's deadline fires;
 //! - a trap never unwinds into the host: it becomes an error naming the
 //!   plugin, the instance, the call and the cause, and the instance is
-//!   retired (wasmtime forbids re-entering a trapped instance).
+//!   retired (wasmtime forbids re-entering a trapped instance);
+//! - the epoch deadline only fires while wasm runs; a call blocked in a host
+//!   import is bounded by the same deadline there (`capability::limits`),
+//!   and its trap names the import;
+//! - a plugin's stdout/stderr lines count against its log budget.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -20,6 +24,8 @@ use wasmtime::{Engine, ResourceLimiter, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
 use crate::capability::InstanceTag;
+use crate::capability::limits::HostDeadline;
+use crate::capability::log::SharedLogBudget;
 
 /// Length of one epoch tick.
 pub const TICK: Duration = Duration::from_millis(10);
@@ -73,11 +79,14 @@ struct OutputInner {
     stream: &'static str,
     line: Vec<u8>,
     tail: VecDeque<u8>,
+    budget: SharedLogBudget,
 }
 
 impl GuestOutput {
-    pub fn new(tag: InstanceTag, stream: &'static str) -> Self {
-        Self { inner: Arc::new(Mutex::new(OutputInner { tag, stream, line: Vec::new(), tail: VecDeque::new() })) }
+    pub fn new(tag: InstanceTag, stream: &'static str, budget: SharedLogBudget) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(OutputInner { tag, stream, line: Vec::new(), tail: VecDeque::new(), budget })),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, OutputInner> {
@@ -100,6 +109,9 @@ impl GuestOutput {
             inner.tail.push_back(b);
             if b == b'\n' {
                 let line = std::mem::take(&mut inner.line);
+                if !inner.budget.admit(line.len() + 1) {
+                    continue;
+                }
                 let text = String::from_utf8_lossy(&line);
                 tracing::warn!(
                     target: "sluice::plugin",
@@ -214,6 +226,13 @@ impl ResourceLimiter for MemoryCap {
 pub enum TrapCause {
     /// The call ran past its deadline.
     Deadline(Duration),
+    /// The call's deadline passed while it was blocked in a host import.
+    DeadlineIn {
+        timeout: Duration,
+        import: &'static str,
+    },
+    /// The plugin called `exit` (WASI `wasi:cli/exit`) with this status.
+    Exit(i32),
     /// The plugin tried to grow its memory past the cap.
     Memory(u64),
     /// The plugin panicked; the message is its own.
@@ -232,6 +251,12 @@ impl std::fmt::Display for TrapCause {
                 "did not return within its call deadline of {:.1}s and was stopped (an endless loop? raise sink.sandbox.call_timeout_secs if it is just slow)",
                 d.as_secs_f64()
             ),
+            TrapCause::DeadlineIn { timeout, import } => write!(
+                f,
+                "did not return within its call deadline of {:.1}s and was stopped while blocked in the host import `{import}` (raise sink.sandbox.call_timeout_secs if what it waits for is just slow)",
+                timeout.as_secs_f64()
+            ),
+            TrapCause::Exit(status) => write!(f, "exited with status {status}"),
             TrapCause::Memory(mb) => write!(
                 f,
                 "tried to use more than its memory limit of {mb} MiB and was stopped (raise sink.sandbox.memory_mb if the plugin needs more)"
@@ -259,6 +284,12 @@ pub fn classify(
     }
     if memory_exceeded {
         return TrapCause::Memory(memory_mb);
+    }
+    if let Some(late) = err.downcast_ref::<HostDeadline>() {
+        return TrapCause::DeadlineIn { timeout, import: late.import };
+    }
+    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return TrapCause::Exit(exit.0);
     }
     match err.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => return TrapCause::Deadline(timeout),

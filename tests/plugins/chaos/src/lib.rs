@@ -9,13 +9,25 @@
 //! Options: `journal` (directory location), `misbehave`
 //! (`none|trap|panic|loop|memory-bomb|escape|already-committed`, the last
 //! answering every `commit` `already-committed`, as a plugin whose keys
-//! collide with an earlier incarnation's would), `at` (the call to misbehave
+//! collide with an earlier incarnation's would; or one of the host-limit
+//! probes: `sleep` (a WASI sleep of an hour), `exit` (`exit(0)`),
+//! `grpc-hang` and `http-hang` (a call to the granted endpoint `hang`, which
+//! never answers, with the largest timeout), `grpc-streams`, `http-requests`
+//! and `open-files` (opening until refused), `log-flood` (64 MiB of log
+//! lines, then success), `codec-levels` (zstd at 21,000 distinct levels,
+//! then success), `decompress-bomb` (a 256 MiB zstd bomb asked back with no
+//! useful limit)), `at` (the call to misbehave
 //! in: `open|write|prepare-commit|commit`), `target` (a location outside the
 //! grants, for `escape`), `state_dir` (the job's state directory: `commit(c)`
 //! fails unless the record of `c` is already on disk).
 
 use std::cell::RefCell;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sluice_guest_sdk::bindings::sluice::connector::codec::{self, Algorithm};
+use sluice_guest_sdk::bindings::sluice::connector::file_io::OutputFile;
+use sluice_guest_sdk::bindings::sluice::connector::grpc::{self, BidiStream, GrpcError};
+use sluice_guest_sdk::bindings::sluice::connector::log::{Level, log};
 
 use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::options::Options;
@@ -35,7 +47,9 @@ fn specs() -> Vec<OptionSpec> {
         option_spec("journal", "directory location for the call journals", false, None),
         option_spec(
             "misbehave",
-            "none, trap, panic, loop, memory-bomb, escape or already-committed",
+            "none, trap, panic, loop, memory-bomb, escape, already-committed, or a host-limit probe \
+             (sleep, exit, grpc-hang, http-hang, grpc-streams, http-requests, open-files, log-flood, \
+             codec-levels, decompress-bomb)",
             false,
             Some("none"),
         ),
@@ -90,6 +104,100 @@ impl Cfg {
             }
             "escape" => self.escape(),
             "already-committed" => Ok(()),
+            "sleep" => {
+                std::thread::sleep(Duration::from_secs(3600));
+                Err(error::fatal("chaos: woke up after an hour"))
+            }
+            // WASI 0.2's `exit` carries success or failure only (status 0 or 1).
+            "exit" => std::process::exit(0),
+            "grpc-hang" => match grpc::unary("hang", "/chaos.Hang/Forever", &[], u32::MAX) {
+                Ok(_) => Err(error::fatal("chaos: the hanging endpoint answered")),
+                Err(e) => Err(error::fatal(format!("chaos: grpc-hang returned: {}", grpc_text(&e)))),
+            },
+            "http-hang" => {
+                let pending = http_get("hang").map_err(error::fatal)?;
+                pending.subscribe().block();
+                Err(error::fatal("chaos: the hanging endpoint answered"))
+            }
+            "http-requests" => {
+                let mut pending = Vec::new();
+                for _ in 0..10_000 {
+                    pending.push(http_get("hang").map_err(error::fatal)?);
+                }
+                // The newest is beyond any sane cap: it fails at once.
+                let last = pending.pop().ok_or_else(|| error::fatal("no request"))?;
+                last.subscribe().block();
+                match last.get() {
+                    Some(Ok(Err(e))) => Err(error::fatal(format!("chaos: request refused: {e:?}"))),
+                    _ => Err(error::fatal("chaos: 10000 requests in flight")),
+                }
+            }
+            "grpc-streams" => {
+                let mut streams = Vec::new();
+                for _ in 0..100_000 {
+                    match BidiStream::open("hang", "/chaos.Hang/Stream") {
+                        Ok(s) => streams.push(s),
+                        Err(e) => {
+                            return Err(error::fatal(format!(
+                                "chaos: stream {} refused: {}",
+                                streams.len() + 1,
+                                grpc_text(&e)
+                            )));
+                        }
+                    }
+                }
+                Err(error::fatal("chaos: 100000 streams open"))
+            }
+            "open-files" => {
+                let dir = self.journal.clone().ok_or_else(|| error::config("open-files needs `journal`"))?;
+                let mut open = Vec::new();
+                for i in 0..100_000 {
+                    match OutputFile::create(&join(&dir, &format!("open-{i}.bin")), true) {
+                        Ok(f) => open.push(f),
+                        Err(e) => {
+                            return Err(error::fatal(format!(
+                                "chaos: output file {} refused: {}",
+                                i + 1,
+                                files::describe(&e)
+                            )));
+                        }
+                    }
+                }
+                Err(error::fatal("chaos: 100000 output files open"))
+            }
+            "log-flood" => {
+                let line = "x".repeat(1023);
+                for _ in 0..(64 << 10) {
+                    log(Level::Info, &line);
+                }
+                Ok(())
+            }
+            "codec-levels" => {
+                let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+                // Beyond zstd's range (clamped to 22), then 20,000 distinct
+                // fast levels (a context each, were they all kept).
+                for level in (23..1023).chain((1..=20_000).map(|l| -l)) {
+                    codec::compress(Algorithm::Zstd, level, &data)
+                        .map_err(|e| error::fatal(format!("chaos: compress at {level}: {e}")))?;
+                }
+                Ok(())
+            }
+            "decompress-bomb" => {
+                // 256 MiB of zeros compress to a few KiB.
+                let zeros = vec![0u8; 16 << 20];
+                let mut bomb = Vec::new();
+                // A fast level: a high one's context would take more host
+                // memory than the refusal this probes.
+                let frame = codec::compress(Algorithm::Zstd, 1, &zeros).map_err(error::fatal)?;
+                for _ in 0..16 {
+                    bomb.extend_from_slice(&frame);
+                }
+                drop(zeros);
+                match codec::decompress(Algorithm::Zstd, &bomb, u64::MAX) {
+                    Ok(out) => Err(error::fatal(format!("chaos: the bomb went off: {} bytes", out.len()))),
+                    Err(e) => Err(error::fatal(format!("chaos: decompress refused: {e}"))),
+                }
+            }
             other => Err(error::config(format!("unknown misbehaviour {other:?}"))),
         }
     }
@@ -126,6 +234,29 @@ impl Cfg {
             Err(error::fatal(format!("ESCAPED through {}", escaped.join(", "))))
         }
     }
+}
+
+fn grpc_text(e: &GrpcError) -> String {
+    match e {
+        GrpcError::Denied(m) => format!("denied: {m}"),
+        GrpcError::Status(s) => format!("status {}: {}", s.code, s.message),
+    }
+}
+
+/// Sends `GET http://<endpoint>/` with the largest timeouts a plugin can ask
+/// for, and returns the pending response.
+fn http_get(endpoint: &str) -> Result<wasip2::http::types::FutureIncomingResponse, String> {
+    use wasip2::http::types::{Fields, Method, OutgoingRequest, RequestOptions, Scheme};
+    let request = OutgoingRequest::new(Fields::new());
+    request.set_method(&Method::Get).map_err(|()| "bad method".to_string())?;
+    request.set_scheme(Some(&Scheme::Http)).map_err(|()| "bad scheme".to_string())?;
+    request.set_authority(Some(endpoint)).map_err(|()| "bad endpoint".to_string())?;
+    request.set_path_with_query(Some("/")).map_err(|()| "bad path".to_string())?;
+    let options = RequestOptions::new();
+    let _ = options.set_connect_timeout(Some(u64::MAX));
+    let _ = options.set_first_byte_timeout(Some(u64::MAX));
+    let _ = options.set_between_bytes_timeout(Some(u64::MAX));
+    wasip2::http::outgoing_handler::handle(request, Some(options)).map_err(|e| format!("handle: {e:?}"))
 }
 
 /// The per-instance journal.
