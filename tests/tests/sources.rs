@@ -335,3 +335,77 @@ fn small_errors_say_what_is_wrong_and_change_nothing() {
     let report = state::inspect(&job.load(&[]).expect("job")).expect("state");
     assert_eq!(report.runs, 1, "the failed start counted no attempt");
 }
+
+/// The file source's split rule, as `host/src/source/file.rs` documents it:
+/// a file belongs to subtask `fnv1a64(name) % parallelism`.
+fn owner(name: &str, parallelism: u64) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash % parallelism
+}
+
+/// A name of the form `<stem><n>.csv` that subtask `subtask` of 2 owns.
+fn owned_by(stem: &str, subtask: u64) -> String {
+    (0..).map(|n| format!("{stem}{n}.csv")).find(|name| owner(name, 2) == subtask).expect("a name")
+}
+
+/// A subtask that had read all its files (here: none) when the job stopped
+/// still reads a file added since for it, once: the job had not finished.
+#[test]
+fn a_finished_subtask_reads_a_file_added_for_it() {
+    let job = file_job("src-idle", 2, 250, 50);
+    write_csv(&job, &owned_by("big", 0), 0..3000);
+    assert!(job.run(crash_after_commit(2)).expect_err("stopped mid-run").is_injected_crash());
+    write_csv(&job, &owned_by("late", 1), 5000..5100);
+    let summary = job.run(None).expect("resumes");
+    assert_eq!(summary.rows_total, 3100);
+    let mut want = expected(0..3000);
+    want.extend(expected(5000..5100));
+    assert_eq!(landed(&job), want);
+}
+
+/// A file whose name is not UTF-8 is refused before anything is read: two
+/// such names could read alike once made text.
+#[test]
+fn a_file_name_that_is_not_utf8_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let job = file_job("src-utf8", 1, 250, 50);
+    write_csv(&job, "a.csv", 0..100);
+    let bad = job.dir.path().join("in").join(std::ffi::OsStr::from_bytes(b"\xfe.csv"));
+    std::fs::write(&bad, "id,v\n1,3\n").expect("csv");
+    let err = job.run(None).expect_err("refused").to_string();
+    assert!(err.contains("not valid UTF-8") && err.contains("rename it"), "{err}");
+    assert!(!job.out().exists() || landed(&job).is_empty());
+}
+
+/// Nested numbers are checked by their path: an integer a double would
+/// round inside an object or a list is refused as at the top level.
+#[test]
+fn a_nested_json_integer_a_double_would_round_is_refused() {
+    for (name, lines) in [
+        ("object", ["{\"id\": 1, \"o\": {\"x\": 9007199254740993}}", "{\"id\": 2, \"o\": {\"x\": 1.5}}"]),
+        ("list", ["{\"id\": 1, \"l\": [9007199254740993]}", "{\"id\": 2, \"l\": [1.5]}"]),
+    ] {
+        let job = file_job(&format!("src-nested-{name}"), 1, 250, 50);
+        std::fs::write(job.dir.path().join("in/events.jsonl"), lines.join("\n")).expect("jsonl");
+        let err = job.run(None).expect_err("refused").to_string();
+        assert!(err.contains("9007199254740993 would lose digits") && err.contains("line 1"), "{name}: {err}");
+    }
+}
+
+/// A field no record of a file gives a value holds nothing: it is left out
+/// of that file's schema, and a later file that gives it values adds it.
+#[test]
+fn a_json_field_null_in_a_whole_file_loses_nothing() {
+    let job = file_job("src-nulls", 1, 250, 50);
+    let first: String = (0..100).map(|i| format!("{{\"id\": {i}, \"v\": {}, \"n\": null}}\n", i * 3)).collect();
+    let second: String = (100..200).map(|i| format!("{{\"id\": {i}, \"v\": {}, \"n\": {i}}}\n", i * 3)).collect();
+    std::fs::write(job.dir.path().join("in/a.jsonl"), first).expect("jsonl");
+    std::fs::write(job.dir.path().join("in/b.jsonl"), second).expect("jsonl");
+    let summary = job.run(None).expect("lands");
+    assert_eq!(summary.rows_total, 200);
+    assert_eq!(landed(&job), expected(0..200));
+}

@@ -190,7 +190,9 @@ impl Subtask {
         let position = setup.restored.as_ref().map(|r| r.position.clone());
         let reader = setup.env.source.reader(setup.subtask, position.as_ref())?;
         let rows_total = setup.restored.as_ref().map_or(0, |r| r.rows);
-        let finished = setup.restored.as_ref().is_some_and(|r| r.finished);
+        // A subtask that had read all it had asks its reader again: a file
+        // source may have gained files after its position since.
+        let finished = false;
         let mut seen = BTreeMap::new();
         for (table, shape) in setup.restored.iter().flat_map(|r| r.seen.iter()) {
             let schema = match shape {

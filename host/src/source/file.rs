@@ -138,8 +138,16 @@ fn data_files(dir: &Path, format: Option<FileFormat>) -> Result<Vec<PathBuf>, So
     Ok(files)
 }
 
-fn file_name(p: &Path) -> String {
-    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+/// A file's name as checkpoints record it. A name that is not UTF-8 is
+/// refused: two such names could read alike once made text, and a resume
+/// would take one file for the other.
+fn file_name(p: &Path) -> Result<String, SourceError> {
+    match p.file_name() {
+        None => Ok(String::new()),
+        Some(n) => n.to_str().map(str::to_string).ok_or_else(|| {
+            file_err(p, "its name is not valid UTF-8; Sluice records consumed files by name, so rename it")
+        }),
+    }
 }
 
 /// How a position is read: by name (this version), or by index into the
@@ -178,26 +186,29 @@ impl FileSource {
                     ));
                 }
                 (false, _) => {
-                    layout.push((String::new(), files.into_iter().map(|f| (f.clone(), file_name(&f))).collect()))
+                    let named = files.into_iter().map(|f| Ok((f.clone(), file_name(&f)?))).collect::<Result<_, _>>()?;
+                    layout.push((String::new(), named))
                 }
                 (true, false) => {
                     tree = true;
                     for folder in folders {
-                        let name = file_name(&folder);
+                        let name = file_name(&folder)?;
                         let files = data_files(&folder, format)?;
                         if files.is_empty() {
                             tracing::warn!(folder = %folder.display(), "the table folder holds no csv, json or parquet files; skipped");
                             continue;
                         }
-                        let named =
-                            files.into_iter().map(|f| (f.clone(), format!("{name}/{}", file_name(&f)))).collect();
+                        let named = files
+                            .into_iter()
+                            .map(|f| Ok((f.clone(), format!("{name}/{}", file_name(&f)?))))
+                            .collect::<Result<_, SourceError>>()?;
                         layout.push((name, named));
                     }
                 }
                 (true, true) => {}
             }
         } else {
-            layout.push((String::new(), vec![(path.to_path_buf(), file_name(path))]));
+            layout.push((String::new(), vec![(path.to_path_buf(), file_name(path)?)]));
         }
         let first = layout
             .iter()
@@ -729,62 +740,104 @@ mod json {
         if text.chars().count() <= 60 { text } else { format!("{}...", text.chars().take(60).collect::<String>()) }
     }
 
-    /// Checks one record's top-level fields against what earlier records
-    /// held: one kind per field, integers widening to doubles only while
-    /// every integer stays exact.
+    /// Checks one record's fields against what earlier records held, nested
+    /// ones by their path (`o.x`, `l[]`): one kind per path, integers
+    /// widening to doubles only while every integer stays exact.
     fn check(
         fields: &mut HashMap<String, Seen>,
         line: u64,
         record: &serde_json::Map<String, Value>,
     ) -> Result<(), String> {
         for (name, value) in record {
-            let Some(kind) = Kind::of(value) else { continue };
-            if let Value::Number(n) = value
-                && n.as_i64().is_none()
-                && let Some(u) = n.as_u64()
-            {
-                return Err(format!("line {line}: field `{name}` = {u} does not fit a 64-bit signed integer column"));
-            }
-            let big = match value {
-                Value::Number(n) if n.as_i64().is_some_and(|i| i.unsigned_abs() > EXACT_IN_DOUBLE) => {
-                    Some((line, n.to_string()))
-                }
-                _ => None,
-            };
-            let Some(seen) = fields.get_mut(name) else {
-                fields.insert(name.clone(), Seen { kind, line, inexact: big });
-                continue;
-            };
-            if seen.inexact.is_none() {
-                seen.inexact = big;
-            }
-            match (seen.kind, kind) {
-                (a, b) if a == b => {}
-                (Kind::Int, Kind::Float) => {
-                    seen.kind = Kind::Float;
-                    seen.line = line;
-                }
-                (Kind::Float, Kind::Int) => {}
-                (was, _) => {
-                    return Err(format!(
-                        "line {line}: field `{name}` = {} does not fit its column: line {} and the records after it hold {} there",
-                        shown(value),
-                        seen.line,
-                        was.name()
-                    ));
+            check_value(fields, line, name, value)?;
+        }
+        Ok(())
+    }
+
+    fn check_value(fields: &mut HashMap<String, Seen>, line: u64, name: &str, value: &Value) -> Result<(), String> {
+        match value {
+            Value::Object(inner) => {
+                for (field, v) in inner {
+                    check_value(fields, line, &format!("{name}.{field}"), v)?;
                 }
             }
-            if seen.kind == Kind::Float
-                && let Some((at, digits)) = &seen.inexact
-            {
+            Value::Array(items) => {
+                let item = format!("{name}[]");
+                for v in items {
+                    check_value(fields, line, &item, v)?;
+                }
+            }
+            _ => {}
+        }
+        let Some(kind) = Kind::of(value) else { return Ok(()) };
+        if let Value::Number(n) = value
+            && n.as_i64().is_none()
+            && let Some(u) = n.as_u64()
+        {
+            return Err(format!("line {line}: field `{name}` = {u} does not fit a 64-bit signed integer column"));
+        }
+        let big = match value {
+            Value::Number(n) if n.as_i64().is_some_and(|i| i.unsigned_abs() > EXACT_IN_DOUBLE) => {
+                Some((line, n.to_string()))
+            }
+            _ => None,
+        };
+        let Some(seen) = fields.get_mut(name) else {
+            fields.insert(name.to_string(), Seen { kind, line, inexact: big });
+            return Ok(());
+        };
+        if seen.inexact.is_none() {
+            seen.inexact = big;
+        }
+        match (seen.kind, kind) {
+            (a, b) if a == b => {}
+            (Kind::Int, Kind::Float) => {
+                seen.kind = Kind::Float;
+                seen.line = line;
+            }
+            (Kind::Float, Kind::Int) => {}
+            (was, _) => {
                 return Err(format!(
-                    "line {at}: field `{name}` = {digits} would lose digits: line {} holds a number with a fraction, \
-                     so the column is a double, and a double cannot hold this integer exactly",
-                    seen.line
+                    "line {line}: field `{name}` = {} does not fit its column: line {} and the records after it hold {} there",
+                    shown(value),
+                    seen.line,
+                    was.name()
                 ));
             }
         }
+        if seen.kind == Kind::Float
+            && let Some((at, digits)) = &seen.inexact
+        {
+            return Err(format!(
+                "line {at}: field `{name}` = {digits} would lose digits: line {} holds a number with a fraction, \
+                 so the column is a double, and a double cannot hold this integer exactly",
+                seen.line
+            ));
+        }
         Ok(())
+    }
+
+    /// The schema without the fields no record of the file gave a value
+    /// (Arrow's `Null` type, which no table can take): they hold nothing,
+    /// so leaving them out loses nothing, and a later file that gives them
+    /// values adds them as new columns.
+    fn without_null_fields(fields: &arrow_schema::Fields) -> Vec<arrow_schema::FieldRef> {
+        use arrow_schema::{DataType, Field};
+        fields
+            .iter()
+            .filter_map(|f| match f.data_type() {
+                DataType::Null => None,
+                DataType::Struct(children) => {
+                    let kept = without_null_fields(children);
+                    (!kept.is_empty()).then(|| {
+                        Arc::new(Field::new(f.name(), DataType::Struct(kept.into()), f.is_nullable()))
+                            as arrow_schema::FieldRef
+                    })
+                }
+                DataType::List(item) if matches!(item.data_type(), DataType::Null) => None,
+                _ => Some(f.clone()),
+            })
+            .collect()
     }
 
     /// The schema of every record of the file: a field any record has is a
@@ -826,7 +879,7 @@ mod json {
             return Err(file_err(path, message));
         }
         let schema = inferred.map_err(|e| file_err(path, format!("line {last_line}: {e}")))?;
-        Ok(Arc::new(schema))
+        Ok(Arc::new(arrow_schema::Schema::new(without_null_fields(schema.fields()))))
     }
 
     /// Batches of a JSON lines file decoded with its inferred schema.
@@ -844,8 +897,9 @@ mod json {
         pub(super) fn open(file: File, schema: SchemaRef, batch_rows: usize) -> Result<Self, ArrowError> {
             let decoder = ReaderBuilder::new(schema)
                 .with_batch_size(batch_rows.max(1))
-                // Inference saw every field: one the schema lacks is a bug, never silently dropped.
-                .with_strict_mode(true)
+                // Inference saw every field; the schema lacks only those no record gave a value
+                // (`without_null_fields`), whose nulls the decoder passes over.
+                .with_strict_mode(false)
                 .build_decoder()?;
             Ok(Self {
                 lines: Lines::new(BufReader::new(file)),
