@@ -394,6 +394,16 @@ fn a_nested_json_integer_a_double_would_round_is_refused() {
         let err = job.run(None).expect_err("refused").to_string();
         assert!(err.contains("9007199254740993 would lose digits") && err.contains("line 1"), "{name}: {err}");
     }
+    // Beyond 64 bits the JSON parser itself would round: the raw text is checked.
+    for (name, number) in [("big", "18446744073709551616"), ("negative", "-9223372036854775809")] {
+        let job = file_job(&format!("src-wide-{name}"), 1, 250, 50);
+        let text = format!(
+            "{{\"id\": 1, \"s\": \"-99999999999999999999 in a string is fine\"}}\n{{\"id\": 2, \"h\": {number}}}\n"
+        );
+        std::fs::write(job.dir.path().join("in/events.jsonl"), text).expect("jsonl");
+        let err = job.run(None).expect_err("refused").to_string();
+        assert!(err.contains(&format!("line 2: the integer {number} does not fit")), "{name}: {err}");
+    }
 }
 
 /// A field no record of a file gives a value holds nothing: it is left out

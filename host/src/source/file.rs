@@ -817,6 +817,47 @@ mod json {
         Ok(())
     }
 
+    /// The first integer literal of a JSON record that fits no 64-bit
+    /// integer. serde_json (without its arbitrary-precision feature) reads
+    /// such a literal as a double and rounds it, so the raw text is looked
+    /// at: numbers outside strings, without a fraction or an exponent.
+    fn oversized_integer(record: &[u8]) -> Option<String> {
+        let (mut in_string, mut escaped, mut i) = (false, false, 0);
+        while i < record.len() {
+            let b = record[i];
+            if in_string {
+                match (escaped, b) {
+                    (true, _) => escaped = false,
+                    (false, b'\\') => escaped = true,
+                    (false, b'"') => in_string = false,
+                    _ => {}
+                }
+                i += 1;
+                continue;
+            }
+            if b == b'"' {
+                in_string = true;
+                i += 1;
+                continue;
+            }
+            if b == b'-' || b.is_ascii_digit() {
+                let start = i;
+                i += 1;
+                while i < record.len() && matches!(record[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-') {
+                    i += 1;
+                }
+                let token = String::from_utf8_lossy(&record[start..i]).into_owned();
+                let integral = !token.contains(['.', 'e', 'E']);
+                if integral && token.parse::<i64>().is_err() && token.parse::<u64>().is_err() {
+                    return Some(token);
+                }
+                continue;
+            }
+            i += 1;
+        }
+        None
+    }
+
     /// The schema without the fields no record of the file gave a value
     /// (Arrow's `Null` type, which no table can take): they hold nothing,
     /// so leaving them out loses nothing, and a later file that gives them
@@ -868,6 +909,12 @@ mod json {
                 failure = Some(format!("line {line}: expected one JSON object per line, found {}", shown(&value)));
                 return None;
             };
+            if let Some(number) = oversized_integer(bytes) {
+                failure = Some(format!(
+                    "line {line}: the integer {number} does not fit a 64-bit integer column, and a double would round it"
+                ));
+                return None;
+            }
             if let Err(m) = check(&mut fields, line, record) {
                 failure = Some(m);
                 return None;
