@@ -28,7 +28,8 @@ fn schema() -> Vec<u8> {
 fn write_part(job: &Job, landing: &Landing, subtask: u32, first: u64, rows: u64) -> Part {
     let plugin = host().load(&job.spec.sink.plugin).expect("plugin");
     let (grants, limits) = sluice::engine::grants_and_limits(job).expect("grants");
-    let ctx = SinkCtx { subtask, attempt: 100 + subtask, ..landing.writer_ctx() };
+    // The files sink stages a checkpoint's parts under one attempt.
+    let ctx = SinkCtx { subtask, ..landing.writer_ctx() };
     let options = plugin.options_for(job.sink_options(), &ctx);
     let tables = [SourceTable { name: String::new(), schema: schema() }];
     let inst = plugin.instantiate("writer", &grants, limits).expect("instance");
