@@ -18,6 +18,7 @@ from ._native import (
     Committer,
     Host,
     Job,
+    Landing,
     Retryable,
     Sink,
     SluiceError,
@@ -33,6 +34,7 @@ __all__ = [
     "Committer",
     "Host",
     "Job",
+    "Landing",
     "Retryable",
     "Sink",
     "SluiceError",
@@ -98,13 +100,16 @@ def sink_context(
     parallelism: Optional[int] = None,
     attempt: int = 0,
     refuse_other_incarnations: bool = False,
+    beside: bool = False,
 ) -> dict:
-    """The sink context of an instance of ``job``'s sink."""
+    """The sink context of an instance of ``job``'s sink (``Landing.context``
+    gives the one its writers open with)."""
     return {
         "job_id": job.id,
         "sink_id": job.sink_id,
         "incarnation": incarnation,
         "refuse_other_incarnations": refuse_other_incarnations,
+        "beside": beside,
         "subtask": subtask,
         "parallelism": job.parallelism if parallelism is None else parallelism,
         "attempt": attempt,

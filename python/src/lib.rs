@@ -5,7 +5,10 @@
 //! - [`Host`]: the WebAssembly engine and its compiled-component cache;
 //! - [`Sink`]: a job's plugin with the grants and limits the job gives it,
 //!   which opens [`Writer`]s and [`Committer`]s from a sink context;
-//! - [`CheckpointStore`]: the durable store, in the CLI's format;
+//! - [`CheckpointStore`]: the durable store, in the CLI's format, to read
+//!   (records are written by the engine only);
+//! - [`landing::Landing`]: a dataset written by writers anywhere (Ray Data
+//!   write tasks), persisted and committed as a job's one checkpoint;
 //! - [`Worker`] and [`run`]: one writer of a job, and the coordinator that
 //!   drives writers living anywhere (the Ray runner's actors) through a
 //!   Python pool object.
@@ -29,7 +32,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use sluice::bindings::CommitOutcome;
 use sluice::capability::Granted;
-use sluice::engine::checkpoint::{CheckpointRecord, CheckpointStore as Store, Incarnation};
+use sluice::engine::checkpoint::{CheckpointStore as Store, Incarnation};
 use sluice::engine::pool::{self, WriterEnv, WriterPool, WriterSetup};
 use sluice::engine::tables::Change;
 use sluice::engine::{self, EngineError, RoundReport, RunOptions};
@@ -39,6 +42,8 @@ use sluice::plugin::{
     WriterInstance,
 };
 use sluice::progress::{Progress, ProgressMode};
+
+mod landing;
 
 create_exception!(_native, SluiceError, PyException, "An error of Sluice; its message is the one `sluice` prints.");
 create_exception!(
@@ -436,7 +441,8 @@ impl Committer {
 }
 
 /// A job's durable checkpoint store (its state directory), in the format
-/// `sluice run` writes. Records are JSON documents.
+/// `sluice run` writes. Records are JSON documents, read here and written
+/// only by the engine (`run`, `Landing`).
 #[pyclass(frozen, module = "sluice._native")]
 struct CheckpointStore {
     store: Store,
@@ -455,14 +461,6 @@ impl CheckpointStore {
     fn latest(&self, py: Python<'_>) -> PyResult<Option<String>> {
         let record = py.detach(|| self.store.latest()).map_err(to_py)?;
         record.map(|r| serde_json::to_string(&r).map_err(|e| SluiceError::new_err(e.to_string()))).transpose()
-    }
-
-    /// Persists a record (JSON, the shape `latest` returns) durably and
-    /// atomically; only then may its pending commits be committed.
-    fn persist(&self, py: Python<'_>, record: &str) -> PyResult<PathBuf> {
-        let record: CheckpointRecord =
-            serde_json::from_str(record).map_err(|e| SluiceError::new_err(format!("not a checkpoint record: {e}")))?;
-        py.detach(|| self.store.persist(&record)).map_err(to_py)
     }
 
     /// The incarnation id of the state directory, if it has one.
@@ -718,6 +716,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Committer>()?;
     m.add_class::<CheckpointStore>()?;
     m.add_class::<Worker>()?;
+    m.add_class::<landing::Landing>()?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(init_logging, m)?)?;
     Ok(())

@@ -11,6 +11,8 @@ file and expectations (see tests/tests/ray.rs).
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -21,6 +23,9 @@ from ray.cluster_utils import Cluster
 
 import sluice
 import sluice.ray
+from datasink_driver import dataset
+
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "datasink_driver.py")
 
 NODE = {"num_cpus": 1, "object_store_memory": 128 * 1024 * 1024}
 
@@ -116,24 +121,9 @@ def scenario_plain(spec, cache_dir, cluster):
     return {"summary": run_job(spec, cache_dir)}
 
 
-def scenario_datasink(spec, cache_dir, cluster):
-    import pyarrow as pa
-
-    rows = spec["rows"]
-
-    def shape(batch):
-        ids = batch["id"]
-        return {
-            "id": ids.astype("int64"),
-            "name": [f"row-{i}" for i in ids],
-            "amount": (ids * 3).astype("int64"),
-        }
-
-    ds = ray.data.range(rows, override_num_blocks=6).map_batches(shape, batch_format="numpy")
-    sink = sluice.ray.Datasink(spec["job"], cache_dir=cache_dir)
-    ds.write_datasink(sink)
-    ids, checkpoints = pyiceberg_ids(spec["warehouse"], spec["table"])
-    # The values too: every row as the dataset made it.
+def landed_values(spec):
+    """What the Datasink's table holds: rows, and how many of them differ
+    from the dataset's values (name `row-<id>`, amount 3 × id)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     w = spec["warehouse"]
@@ -144,35 +134,90 @@ def scenario_datasink(spec, cache_dir, cluster):
         for i, name, amount in zip(landed["id"], landed["name"], landed["amount"])
         if name != f"row-{i}" or amount != 3 * i
     )
+    return len(landed["id"]), wrong
+
+
+def write_again(spec, cache_dir):
+    """The same state directory again: the error that refuses it, if any."""
+    try:
+        dataset(spec["rows"]).write_datasink(sluice.ray.Datasink(spec["job"], cache_dir=cache_dir))
+    except Exception as e:  # Ray wraps the driver-side error
+        return str(e)
+    return None
+
+
+def scenario_datasink(spec, cache_dir, cluster):
+    rows = spec["rows"]
+    sink = sluice.ray.Datasink(spec["job"], cache_dir=cache_dir)
+    dataset(rows).write_datasink(sink)
+    ids, checkpoints = pyiceberg_ids(spec["warehouse"], spec["table"])
+    _, wrong = landed_values(spec)
     first = {
         "pyiceberg_rows": len(ids),
         "problem": exactly_once(ids, 0, rows),
         "snapshots": len(checkpoints),
         "wrong_values": wrong,
+        "outcome": sink.outcome,
     }
     # The same state directory again: refused, nothing lands twice.
-    again = None
-    try:
-        ds.write_datasink(sluice.ray.Datasink(spec["job"], cache_dir=cache_dir))
-    except Exception as e:  # Ray wraps the driver-side error
-        again = str(e)
+    again = write_again(spec, cache_dir)
     ids_after, _ = pyiceberg_ids(spec["warehouse"], spec["table"])
     return dict(first, second_write_error=again, rows_after_second=len(ids_after))
 
 
-def scenario_low_level(spec, cache_dir, cluster):
-    """The package without Ray: a writer and the committer driven by hand
-    through one checkpoint, with the record persisted before the commit;
-    the GIL is free while the plugin works; errors read as the CLI's."""
-    import base64
+def scenario_datasink_kill(spec, cache_dir, cluster):
+    """A driver SIGKILLed between persisting the Datasink's checkpoint and
+    committing it; the next write into the same state directory finishes
+    the commit, once, and refuses to land the dataset again."""
+    env = dict(os.environ, SLUICE_TEST_CRASH="after-persist")
+    args = [sys.executable, DRIVER, cluster.address, spec["job"], str(spec["rows"]), cache_dir]
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    job = sluice.Job.load(spec["job"])
+    # What the killed driver left: its record, and what is visible.
+    store = sluice.CheckpointStore(str(job.state_dir), job.id, job.retain)
+    latest = store.latest()
+    del store  # releases the state directory's lock
+    record = json.loads(latest) if latest else {}
+    try:
+        ids_before, _ = pyiceberg_ids(spec["warehouse"], spec["table"])
+    except Exception:  # noqa: BLE001 - no table yet is nothing visible too
+        ids_before = []
+    again = write_again(spec, cache_dir)
+    ids, checkpoints = pyiceberg_ids(spec["warehouse"], spec["table"])
+    rows, wrong = landed_values(spec)
+    store = sluice.CheckpointStore(str(job.state_dir), job.id, job.retain)
+    after = json.loads(store.latest())
+    del store
+    return {
+        "killed_by_sigkill": p.returncode == -signal.SIGKILL,
+        "crash_point_reached": "crash point reached" in p.stdout,
+        "driver_output": (p.stdout + p.stderr)[-2000:],
+        "pending_after_kill": len(record.get("pending", [])),
+        "committed_after_kill": record.get("last_committed"),
+        "rows_visible_after_kill": len(ids_before),
+        "second_write_error": again,
+        "pyiceberg_rows": len(ids),
+        "problem": exactly_once(ids, 0, spec["rows"]),
+        "snapshots": len(checkpoints),
+        "distinct_checkpoints": len(set(checkpoints)),
+        "rows_read": rows,
+        "wrong_values": wrong,
+        "pending_at_end": len(after["pending"]),
+        "committed_at_end": after["last_committed"],
+    }
 
+
+def scenario_low_level(spec, cache_dir, cluster):
+    """The package without Ray: a writer driven by hand through one
+    checkpoint, which the engine's landing persists and commits; the GIL is
+    free while the plugin works; errors read as the CLI's."""
     import pyarrow as pa
 
     job = sluice.Job.load(spec["job"])
     host = sluice.Host(cache_dir)
     sink = sluice.Sink(job, host)
-    store = sluice.CheckpointStore(str(job.state_dir), job.id, job.retain)
-    incarnation = store.start_incarnation()
+    landing = sluice.Landing(job, host)
+    ctx = landing.context()
     rows = spec["rows"]
     batch = pa.record_batch(
         {
@@ -181,8 +226,8 @@ def scenario_low_level(spec, cache_dir, cluster):
         }
     )
     tables = sluice.tables(batch.schema)
-    committer = sink.open_committer(sluice.sink_context(job, incarnation, 0, 1, 1, True), tables)
-    writer = sink.open_writer(sluice.sink_context(job, incarnation, 0, 1, 1, True), tables)
+    landing.open_committer(tables[0][1])
+    writer = sink.open_writer(dict(ctx, subtask=0), tables)
 
     # A Python thread counts while the plugin writes. With a switch
     # interval of 10 s the interpreter never takes the GIL from the writing
@@ -223,31 +268,21 @@ def scenario_low_level(spec, cache_dir, cluster):
     writer.write(batch)
     writes += 1
     info = writer.prepare_commit(1)
-    state = writer.snapshot_state(1)
-    combined = committer.combine(1, [info])
-    record = {
-        "job_id": job.id,
-        "sink_id": job.sink_id,
-        "checkpoint": 1,
-        "attempt": 1,
-        "parallelism": 1,
-        "subtasks": [
-            {"position": None, "writer_state": base64.b64encode(state).decode(), "rows": rows * writes, "finished": True}
-        ],
-        "pending": [{"checkpoint": 1, "combined": base64.b64encode(combined).decode(), "rows": rows * writes}],
-        "last_committed": None,
-        "created_at_ms": int(time.time() * 1000),
-    }
-    store.persist(json.dumps(record))
-    first = committer.commit(1, combined)
-    again = committer.commit(1, combined)
     writer.close()
+    landed = landing.land([(info, rows * writes)], tables[0][1])
+    landing.close()
+    store = sluice.CheckpointStore(str(job.state_dir), job.id, job.retain)
     latest = json.loads(store.latest())
+    del store
+    # A second landing into the same state directory is refused.
+    try:
+        sluice.Landing(job, host)
+        again = None
+    except sluice.SluiceError as e:
+        again = str(e)
     # A job error, as a Python exception with the CLI's message.
     try:
-        sluice.Sink(sluice.Job.load(spec["bad_job"]), host).open_writer(
-            sluice.sink_context(job, incarnation, 0), tables
-        )
+        sluice.Sink(sluice.Job.load(spec["bad_job"]), host).open_writer(dict(ctx, subtask=0), tables)
         error = None
     except sluice.SluiceError as e:
         error = str(e)
@@ -256,9 +291,11 @@ def scenario_low_level(spec, cache_dir, cluster):
         "refused": refused,
         "rows": rows * writes,
         "counted_while_writing": counted[0],
-        "first_commit": first,
-        "second_commit": again,
-        "persisted_pending": len(latest["pending"]),
+        "outcome": landed["outcome"],
+        "landed_rows": landed["rows"],
+        "second_landing_error": again,
+        "record_pending": len(latest["pending"]),
+        "record_committed": latest["last_committed"],
         "error": None,
         "bad_job_error": error,
         "ray_error": ray_error(spec["bad_job"], cache_dir),
@@ -279,6 +316,7 @@ SCENARIOS = {
     "files": scenario_plain,
     "bigquery": scenario_plain,
     "datasink": scenario_datasink,
+    "datasink_kill": scenario_datasink_kill,
     "node_loss": scenario_node_loss,
 }
 

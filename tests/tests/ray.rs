@@ -8,9 +8,12 @@
 //! - the files sink and the BigQuery double through the same runner;
 //! - a Ray Dataset written through `sluice.ray.Datasink`, with one commit,
 //!   and a second write into the same state directory refused;
-//! - the package's own calls without Ray: a writer and the committer driven
-//!   through one checkpoint, the GIL free during plugin calls, and errors
-//!   carrying the message the CLI prints.
+//! - a Datasink driver SIGKILLed between persisting its checkpoint and
+//!   committing it: the next write finishes the commit exactly once (rows
+//!   compared by id and value) and refuses to land the dataset again;
+//! - the package's own calls without Ray: a writer driven through one
+//!   checkpoint that the engine's landing persists and commits, the GIL free
+//!   during plugin calls, and errors carrying the message the CLI prints.
 //!
 //! One cluster serves every scenario (`tests/ray/cluster_suite.py`): on two
 //! cores a cluster per scenario would cost more than the scenarios.
@@ -30,8 +33,9 @@ const TARGET: &str = env!("SLUICE_TEST_TARGET_DIR");
 const BQ_TABLE: &str = "projects/p/datasets/d/tables/ray";
 
 /// Builds the `sluice` wheel (abi3, the dev profile: it shares the test
-/// build's compiled crates) and installs it into a directory of its own;
-/// returns that directory, for PYTHONPATH.
+/// build's compiled crates; with the engine's crash points, which only a
+/// test build has) and installs it into a directory of its own; returns
+/// that directory, for PYTHONPATH.
 fn install_wheel(python: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let wheels = Path::new(TARGET).join("python-wheels");
@@ -39,7 +43,8 @@ fn install_wheel(python: &Path) -> PathBuf {
     let _ = std::fs::remove_dir_all(&wheels);
     let started = Instant::now();
     let out = Command::new(python)
-        .args(["-m", "maturin", "build", "--profile", "dev", "--quiet", "--manifest-path"])
+        .args(["-m", "maturin", "build", "--profile", "dev", "--features", "fault-injection", "--quiet"])
+        .arg("--manifest-path")
         .arg(root.join("python/Cargo.toml"))
         .arg("--out")
         .arg(&wheels)
@@ -101,6 +106,26 @@ fn assert_same_batch_repeated(dir: &Path, rows: u64, writes: u64) {
     assert!(wrong.is_empty(), "ids not visible exactly {writes} times (id, times): {wrong:?}");
 }
 
+/// Asserts that `visible` holds the suite's dataset (ids `0..rows`, names
+/// `row-<id>`, amounts 3 × id) exactly once, by id and value.
+fn assert_dataset_once(visible: &arrow_array::RecordBatch, rows: u64) {
+    let ids = visible.column_by_name("id").and_then(|c| c.as_any().downcast_ref::<Int64Array>()).expect("id: int64");
+    let names =
+        visible.column_by_name("name").and_then(|c| c.as_any().downcast_ref::<StringArray>()).expect("name: string");
+    let amounts =
+        visible.column_by_name("amount").and_then(|c| c.as_any().downcast_ref::<Int64Array>()).expect("amount: int64");
+    let mut seen = vec![0u32; rows as usize];
+    for i in 0..visible.num_rows() {
+        let id = ids.value(i);
+        assert_eq!(names.value(i), format!("row-{id}"), "row {i}: the name is not its id's");
+        assert_eq!(amounts.value(i), 3 * id, "row {i}: the amount is not its id's");
+        let slot = seen.get_mut(id as usize).unwrap_or_else(|| panic!("id {id} is not the dataset's"));
+        *slot += 1;
+    }
+    let wrong: Vec<(usize, u32)> = seen.iter().copied().enumerate().filter(|(_, n)| *n != 1).take(5).collect();
+    assert!(wrong.is_empty(), "ids not visible exactly once (id, times): {wrong:?}");
+}
+
 /// Asserts that a scenario landed `rows` rows in `table` exactly once, as
 /// PyIceberg (in the suite) and iceberg-rust read it, with no checkpoint
 /// committed twice; its run summary.
@@ -139,10 +164,13 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     // The Datasink reads only the job's [sink]; the dataset is the source.
     let ds_wh = tempfile::tempdir().expect("warehouse");
     let datasink = TestJob::iceberg("ray-datasink", ds_wh.path(), "ray.dataset", 1, 0, 1, 1_000);
+    // The same, with its driver killed between persist and commit.
+    let kill_wh = tempfile::tempdir().expect("warehouse");
+    let killed = TestJob::iceberg("ray-datasink-kill", kill_wh.path(), "ray.killed", 1, 0, 1, 1_000);
 
     let spec = serde_json::json!({
         "cache_dir": cache_dir(),
-        "order": ["low_level", "iceberg", "files", "bigquery", "datasink", "node_loss"],
+        "order": ["low_level", "iceberg", "files", "bigquery", "datasink", "datasink_kill", "node_loss"],
         "low_level": {"job": job_file(&low), "bad_job": job_file(&bad), "rows": 20_000},
         "iceberg": {"job": job_file(&ice), "warehouse": ice_wh.path(), "table": "ray.events", "rows": 60_000},
         "node_loss": {
@@ -152,6 +180,7 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         "files": {"job": job_file(&files)},
         "bigquery": {"job": job_file(&bq)},
         "datasink": {"job": job_file(&datasink), "warehouse": ds_wh.path(), "table": "ray.dataset", "rows": 50_000},
+        "datasink_kill": {"job": job_file(&killed), "warehouse": kill_wh.path(), "table": "ray.killed", "rows": 30_000},
     });
     let spec_path = ice.dir.path().join("ray-suite.json");
     std::fs::write(&spec_path, spec.to_string()).expect("writing the suite's spec");
@@ -174,15 +203,20 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     eprintln!("Ray suite: {:.1} s in all; {results}", started.elapsed().as_secs_f64());
     assert_eq!(results["nodes"], 3, "the cluster has three nodes");
 
-    // The package's own calls: one checkpoint by hand, persisted before its
-    // commit, and idempotent.
+    // The package's own calls: one checkpoint by hand, which the engine's
+    // landing persists and commits, and a second landing refused.
     let r = passed(&results, "low_level");
-    assert_eq!(r["first_commit"], "committed", "{r}");
-    assert_eq!(r["second_commit"], "already-committed", "{r}");
-    assert_eq!(r["persisted_pending"], 1, "the record was not persisted before the commit: {r}");
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert_eq!(r["record_pending"], 0, "the landing did not note its commit: {r}");
+    assert_eq!(r["record_committed"], 1, "{r}");
+    assert!(
+        r["second_landing_error"].as_str().is_some_and(|e| e.contains("already landed a dataset")),
+        "a second landing into the same state directory was not refused: {r}"
+    );
     let writes = r["writes"].as_u64().unwrap_or(0);
     assert!(writes >= 2, "{r}");
     assert_eq!(r["rows"].as_u64(), Some(writes * 20_000), "{r}");
+    assert_eq!(r["landed_rows"], r["rows"], "{r}");
     assert_same_batch_repeated(&low.out(), 20_000, writes);
     // Bytes that are not a whole IPC stream: refused by name, nothing landed
     // (the batch count above), and the writer went on.
@@ -237,4 +271,33 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         "a second write into the same state directory was not refused: {r}"
     );
     assert_eq!(r["rows_after_second"], 50_000, "{r}");
+
+    // A driver SIGKILLed after its checkpoint was persisted and before the
+    // commit: nothing visible, the commit pending; the next write finishes
+    // it once and refuses a second landing.
+    let r = passed(&results, "datasink_kill");
+    assert_eq!(r["crash_point_reached"], true, "the driver did not reach the crash point: {r}");
+    assert_eq!(r["killed_by_sigkill"], true, "the driver did not die by SIGKILL: {r}");
+    assert_eq!(r["pending_after_kill"], 1, "the killed driver left no pending record: {r}");
+    assert_eq!(r["committed_after_kill"], Value::Null, "{r}");
+    assert_eq!(r["rows_visible_after_kill"], 0, "rows were visible before the commit: {r}");
+    assert!(
+        r["second_write_error"].as_str().is_some_and(|e| e.contains("whose pending commit is finished now")),
+        "the next write did not finish the pending commit and refuse to land again: {r}"
+    );
+    assert_eq!(r["problem"], Value::Null, "PyIceberg after the recovered commit: {r}");
+    assert_eq!(r["pyiceberg_rows"], 30_000, "{r}");
+    assert_eq!(r["rows_read"], 30_000, "{r}");
+    assert_eq!(r["wrong_values"], 0, "the recovered commit landed other values than the dataset's: {r}");
+    assert_eq!(r["snapshots"], 1, "the pending commit was committed more than once: {r}");
+    assert_eq!(r["pending_at_end"], 0, "{r}");
+    assert_eq!(r["committed_at_end"], 1, "{r}");
+    let shape = std::sync::Arc::new(arrow_schema::Schema::new(vec![
+        arrow_schema::Field::new("id", arrow_schema::DataType::Int64, true),
+        arrow_schema::Field::new("name", arrow_schema::DataType::Utf8, true),
+        arrow_schema::Field::new("amount", arrow_schema::DataType::Int64, true),
+    ]));
+    let native = sluice_tests::read_iceberg_as(&sluice_tests::catalog(kill_wh.path()), "ray.killed", &shape);
+    assert_dataset_once(&native.rows, 30_000);
+    native.assert_no_checkpoint_twice();
 }

@@ -122,7 +122,7 @@ impl std::fmt::Display for RunSummary {
 }
 
 /// Host-side check of the options against what the plugin declares.
-fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
+pub(super) fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
     let mut errors = Vec::new();
     let options = job.sink_options();
     let known: Vec<&str> =
@@ -156,7 +156,13 @@ fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
 
 /// Who an instance is: writer `subtask`, or the committer (0), of
 /// `incarnation`; `refuse_others` on a fresh state directory's first run.
-fn sink_ctx(job: &Job, incarnation: &Incarnation, refuse_others: bool, subtask: u32, attempt: u32) -> SinkCtx {
+pub(super) fn sink_ctx(
+    job: &Job,
+    incarnation: &Incarnation,
+    refuse_others: bool,
+    subtask: u32,
+    attempt: u32,
+) -> SinkCtx {
     SinkCtx {
         job_id: job.spec.job.id.clone(),
         sink_id: job.spec.sink.id.clone(),
@@ -935,7 +941,7 @@ impl<'a> Coordinator<'a> {
 ///   adopts one now; its pending commits keep the keys they were made with.
 /// - A new state directory gets a new id, persisted only once the committer
 ///   accepted it.
-fn settle_incarnation(
+pub(super) fn settle_incarnation(
     job: &Job,
     store: &CheckpointStore,
     restored: Option<&CheckpointRecord>,
@@ -966,7 +972,12 @@ fn settle_incarnation(
 
 /// Says when a plugin cannot keep incarnations apart (it does not declare
 /// the host's options), so an operator knows what protects the job.
-fn warn_about_incarnation_support(job: &Job, plugin: &Plugin, incarnation: &Incarnation, refuse_others: bool) {
+pub(super) fn warn_about_incarnation_support(
+    job: &Job,
+    plugin: &Plugin,
+    incarnation: &Incarnation,
+    refuse_others: bool,
+) {
     let (keys, checks) = plugin.incarnation_support();
     if !keys {
         tracing::warn!(

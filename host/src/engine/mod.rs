@@ -19,6 +19,7 @@
 
 pub mod checkpoint;
 mod coordinator;
+pub mod landing;
 pub mod pool;
 pub mod state;
 mod subtask;
@@ -154,6 +155,12 @@ pub enum EngineError {
          checkpoint {checkpoint}: {why}"
     )]
     KeyReused { job: String, plugin: String, checkpoint: u64, state_dir: PathBuf, why: String },
+    #[error(
+        "job {job}: the state directory {state_dir} already landed a dataset (checkpoint {checkpoint}{}); \
+         writing it again would land it twice. Use a new job.state_dir for another dataset",
+        if *finished > 0 { ", whose pending commit is finished now" } else { "" }
+    )]
+    AlreadyLanded { job: String, state_dir: PathBuf, checkpoint: u64, finished: usize },
     #[error("job {job}: checkpoint {checkpoint} is not pending (pending: {pending})")]
     NotPending { job: String, checkpoint: u64, pending: String },
     #[error("subtask {0} stopped unexpectedly")]

@@ -16,7 +16,8 @@ idempotent) and the writers replay from their recorded positions. Rows stay
 exactly once.
 
 ``Datasink`` writes a Ray ``Dataset`` through any Sluice sink plugin, with
-one commit at the end.
+one commit at the end, which the engine persists and commits
+(``sluice.Landing``).
 
 Every node must see the same paths: the plugin, the job's data and
 warehouse, and, for the driver, the state directory (a local path in tests,
@@ -25,18 +26,16 @@ a shared file system in production).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import ray
 import ray.data
 import ray.exceptions
 
-from .. import CheckpointStore, Committer, Host, Job, Retryable, Sink, SluiceError, Worker, WriterLost, _native
-from .. import ipc_batch, ipc_schema, sink_context
+from .. import Host, Job, Landing, Sink, SluiceError, Worker, WriterLost, _native
+from .. import ipc_batch, ipc_schema
 
 __all__ = ["Datasink", "RayPool", "run"]
 
@@ -261,31 +260,39 @@ class Datasink(ray.data.Datasink):
     The job file's ``[sink]`` section names the plugin, its options and
     grants; its ``[source]`` is not read (the dataset is the source). Each
     write task opens a writer, writes its blocks as Arrow IPC batches and
-    prepares; ``on_write_complete`` combines the writers' parts, persists
-    the checkpoint to the job's state directory, and only then commits it.
+    prepares checkpoint 1, returning its commit info. The driver hands the
+    infos to the engine (``sluice.Landing``), which combines them, persists
+    the checkpoint to the job's state directory and only then commits it,
+    retrying under ``[job.commit]``, as ``sluice run`` does.
 
     A state directory lands one dataset: a second write with the same state
     directory first finishes a commit the first left pending, then refuses
-    to write the dataset again."""
+    to write the dataset again. ``new_incarnation`` lands beside the job's
+    other incarnations on purpose (``sluice run --new-incarnation``)."""
 
     def __init__(
-        self, job_file: str, overrides: Sequence[str] = (), cache_dir: Optional[str] = None, schema=None
+        self,
+        job_file: str,
+        overrides: Sequence[str] = (),
+        cache_dir: Optional[str] = None,
+        schema=None,
+        new_incarnation: bool = False,
     ):
         self._job = _job_parts(Job.load(job_file, list(overrides)))
         self._cache_dir = cache_dir
-        self._incarnation: Optional[str] = None
-        self._attempt = 0
-        self._refuse_others = False
+        self._new_incarnation = new_incarnation
+        # The writers' sink context, from the landing (set on the driver).
+        self._ctx: Optional[Dict[str, Any]] = None
         # The dataset's schema (pyarrow), when the caller knows it; else
         # the first block's, when Ray tells it to `on_write_start`.
         self._schema: Optional[bytes] = ipc_schema(schema) if schema is not None else None
-        # Driver-only: the store (and its lock) and the committer.
+        # Driver-only: the landing (it holds the state directory's lock).
         self._driver: Dict[str, Any] = {}
         self.rows_written = 0
         self.outcome: Optional[str] = None
 
     def __getstate__(self):
-        # The store (and its lock) and the committer stay with the driver.
+        # The landing (and its lock) stays with the driver.
         state = dict(self.__dict__)
         state["_driver"] = {}
         return state
@@ -296,34 +303,17 @@ class Datasink(ray.data.Datasink):
     def on_write_start(self, schema=None) -> None:
         # Ray calls this on the driver with the first block's schema, before
         # the write tasks are serialized: what it sets here reaches them.
-        job = _job_from(self._job)
-        store = CheckpointStore(str(job.state_dir), job.id, job.retain)
-        halted = store.halted()
-        if halted:
-            raise SluiceError(f"the state directory {job.state_dir} is halted: {halted}")
-        latest = store.latest()
-        incarnation = store.incarnation()
-        self._refuse_others = incarnation is None and latest is None
-        if incarnation is None:
-            incarnation = store.start_incarnation()
-        self._incarnation = incarnation
-        self._attempt = store.next_attempt()
-        self._driver = {"store": store}
-        if latest is not None:
-            record = json.loads(latest)
-            if record["pending"]:
-                self._commit_record(job, record)
-            raise SluiceError(
-                f"job {job.id}: the state directory {job.state_dir} already landed a dataset (checkpoint "
-                f"{record['checkpoint']}); writing it again would land it twice. "
-                "Use a new job.state_dir for another dataset"
-            )
+        # Opening the landing finishes what an earlier write left pending
+        # and refuses a state directory that already landed a dataset.
+        landing = Landing(_job_from(self._job), Host(self._cache_dir), new_incarnation=self._new_incarnation)
+        self._driver = {"landing": landing}
+        self._ctx = dict(landing.context())
         if self._schema is None and schema is not None and hasattr(schema, "names"):
             self._schema = ipc_schema(schema)
         if self._schema is not None:
             # The committer opens first: a sink that creates its table
             # (Iceberg's `create_table`) does so before any writer opens.
-            self._driver["committer"] = self._open_committer(job, self._schema)
+            landing.open_committer(self._schema)
 
     def write(self, blocks, ctx) -> Dict[str, Any]:
         job = _job_from(self._job)
@@ -343,8 +333,8 @@ class Datasink(ray.data.Datasink):
                     # opening a committer instance makes the target take
                     # this block's schema (creating or evolving a table is
                     # idempotent and safe to race); it commits nothing.
-                    self._open_committer(job, schema)
-                c = sink_context(job, self._incarnation, ctx.task_idx, ctx.task_idx + 1, attempt, self._refuse_others)
+                    sink.open_committer(dict(self._ctx, subtask=0), [("", schema)])
+                c = dict(self._ctx, subtask=ctx.task_idx, parallelism=ctx.task_idx + 1, attempt=attempt)
                 writer = sink.open_writer(c, [("", schema)])
             for batch in table.to_batches():
                 if batch.num_rows:
@@ -357,58 +347,26 @@ class Datasink(ray.data.Datasink):
         return {"info": info, "rows": rows, "schema": schema}
 
     def on_write_complete(self, write_result) -> None:
-        job = _job_from(self._job)
         returns = [r for r in write_result.write_returns if r]
-        infos = [r["info"] for r in returns if r.get("info")]
-        rows = sum(r["rows"] for r in returns)
-        self.rows_written = rows
-        if not infos:
-            self.outcome = "nothing to commit"
-            return
-        schema = self._schema or next(r["schema"] for r in returns if r.get("schema"))
-        committer = self._driver.get("committer") or self._open_committer(job, schema)
-        combined = committer.combine(1, infos)
-        import base64
-
-        record = {
-            "job_id": job.id,
-            "sink_id": job.sink_id,
-            "checkpoint": 1,
-            "attempt": self._attempt,
-            "parallelism": len(returns),
-            "subtasks": [],
-            "pending": [{"checkpoint": 1, "combined": base64.b64encode(combined).decode(), "rows": rows}],
-            "last_committed": None,
-            "tables": [{"name": "", "schema": base64.b64encode(schema).decode()}],
-            "created_at_ms": int(time.time() * 1000),
-        }
-        # Durable before the commit: a crash from here on leaves the commit
-        # pending, and the next write with this state directory finishes it.
-        self._driver["store"].persist(json.dumps(record))
-        self._commit_record(job, record, committer)
-        self._driver = {}
+        self.rows_written = sum(r["rows"] for r in returns)
+        schema = self._schema or next((r["schema"] for r in returns if r.get("schema")), None)
+        landing = self._driver["landing"]
+        try:
+            if schema is None:
+                self.outcome = "nothing to commit"
+                return
+            summary = landing.land([(r.get("info"), r["rows"]) for r in returns], schema)
+            self.outcome = summary["outcome"] or "nothing to commit"
+        finally:
+            landing.close()
+            self._driver = {}
 
     def on_write_failed(self, error: Exception) -> None:
         log.warning("the dataset write failed before its commit; nothing was committed: %s", error)
+        landing = self._driver.get("landing")
+        if landing is not None:
+            landing.close()
         self._driver = {}
-
-    def _open_committer(self, job: Job, schema: bytes) -> Committer:
-        return Sink(job, Host(self._cache_dir)).open_committer(self._ctx(job, 0), [("", schema)])
-
-    def _ctx(self, job: Job, subtask: int) -> dict:
-        return sink_context(job, self._incarnation, subtask, 1, self._attempt, self._refuse_others)
-
-    def _commit_record(self, job: Job, record: Dict[str, Any], committer: Optional[Committer] = None) -> None:
-        import base64
-
-        if committer is None:
-            schema = base64.b64decode(record["tables"][0]["schema"]) if record.get("tables") else b""
-            committer = self._open_committer(job, schema)
-        for p in record["pending"]:
-            combined = base64.b64decode(p["combined"])
-            self.outcome = _commit_with_retries(committer, p["checkpoint"], combined)
-            record = dict(record, pending=[], last_committed=p["checkpoint"], created_at_ms=int(time.time() * 1000))
-            self._driver["store"].persist(json.dumps(record))
 
 
 def _arrow(block):
@@ -416,17 +374,3 @@ def _arrow(block):
     import pyarrow as pa
 
     return pa.Table.from_pandas(block, preserve_index=False)
-
-
-def _commit_with_retries(committer: Committer, c: int, combined: bytes, attempts: int = 8) -> str:
-    wait = 0.2
-    for attempt in range(1, attempts + 1):
-        try:
-            return committer.commit(c, combined)
-        except Retryable as e:
-            if attempt == attempts:
-                raise
-            log.warning("commit of checkpoint %d failed (attempt %d): %s; retrying", c, attempt, e)
-            time.sleep(wait)
-            wait = min(wait * 2, 5.0)
-    raise SluiceError("unreachable")

@@ -1,0 +1,317 @@
+//! A landing: a dataset written elsewhere (the write tasks of a Ray Data
+//! `Dataset`) committed through a job's sink as the job's one checkpoint.
+//! The parts arrive prepared; the landing owns everything after: the
+//! record, its persistence, the commit and its retries.
+//!
+//! Invariants (the coordinator's, for a job of one checkpoint):
+//! - a state directory lands one dataset, as checkpoint 1; a landing that
+//!   finds a record first commits whatever it left pending (commits are
+//!   idempotent), then is refused, so nothing lands twice;
+//! - the incarnation is settled as a run settles it, and a new one is
+//!   persisted only once the committer has accepted it;
+//! - nothing is committed before the record naming it is durable; a caller
+//!   hands commit infos and row counts, never a record;
+//! - the host alone retries a `retryable` commit (job.commit); an
+//!   `already-committed` answer to the first commit of this landing's own
+//!   checkpoint means its idempotence key was taken before: the landing
+//!   fails, reports nothing delivered, and halts the state directory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_retry::{Failed, Policy};
+
+use super::checkpoint::{
+    Blob, CheckpointRecord, CheckpointStore, Incarnation, PendingCommit, SubtaskRecord, TableRecord, now_ms,
+};
+use super::coordinator::{check_options, grants, limits, settle_incarnation, sink_ctx, warn_about_incarnation_support};
+use super::{EngineError, RunOptions, crash_point};
+use crate::bindings::CommitOutcome;
+use crate::capability::Granted;
+use crate::job::Job;
+use crate::plugin::{CommitterInstance, Plugin, PluginHost, SinkCtx, SinkErrorKind, SourceTable};
+
+/// The one checkpoint of a landing.
+pub const CHECKPOINT: u64 = 1;
+
+/// One part of the dataset: what one writer prepared for checkpoint 1.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Part {
+    /// What `prepare-commit(1)` returned (`None`: the writer wrote nothing).
+    pub info: Option<Vec<u8>>,
+    pub rows: u64,
+}
+
+/// What a landing did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LandingSummary {
+    pub job_id: String,
+    pub incarnation: String,
+    /// The landing started the incarnation (its state directory was new).
+    pub new_incarnation: bool,
+    pub attempt: u32,
+    pub parts: usize,
+    pub rows: u64,
+    /// The commit's answer; `None` when no part had anything to commit.
+    pub outcome: Option<CommitOutcome>,
+}
+
+/// A landing in progress: the state directory locked, the incarnation
+/// settled, the plugin loaded.
+pub struct Landing {
+    job: Arc<Job>,
+    store: CheckpointStore,
+    plugin: Plugin,
+    grants: Granted,
+    incarnation: Incarnation,
+    new_incarnation: bool,
+    /// The new incarnation is persisted (the committer accepted it).
+    adopted: bool,
+    refuse_others: bool,
+    attempt: u32,
+    committer: Option<CommitterInstance>,
+    #[cfg(feature = "fault-injection")]
+    fault: Option<crate::fault::Fault>,
+}
+
+impl Landing {
+    /// Opens and locks the job's state directory, settles the incarnation
+    /// and loads the plugin. A state directory that holds a record already
+    /// landed its dataset: what that record left pending is committed now,
+    /// then the landing is refused ([`EngineError::AlreadyLanded`]).
+    pub fn open(job: Arc<Job>, host: &PluginHost, opts: &RunOptions) -> Result<Self, EngineError> {
+        let spec = &job.spec;
+        let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
+        if let Some(halt) = store.halted()? {
+            return Err(EngineError::Halted {
+                job: spec.job.id.clone(),
+                state_dir: job.state_dir.clone(),
+                reason: halt.reason,
+            });
+        }
+        let restored = store.latest()?;
+        let (incarnation, new_incarnation) = settle_incarnation(&job, &store, restored.as_ref(), opts)?;
+        let attempt = store.next_attempt()?;
+        let plugin = host.load(&spec.sink.plugin)?;
+        if let Some(info) = plugin.info()
+            && let Some(e) = check_options(&job, info).into_iter().next()
+        {
+            return Err(e.into());
+        }
+        let refuse_others = new_incarnation && !opts.new_incarnation;
+        warn_about_incarnation_support(&job, &plugin, &incarnation, refuse_others);
+        let grants = grants(&job, opts)?;
+        let mut landing = Self {
+            job,
+            store,
+            plugin,
+            grants,
+            incarnation,
+            new_incarnation,
+            adopted: !new_incarnation,
+            refuse_others,
+            attempt,
+            committer: None,
+            #[cfg(feature = "fault-injection")]
+            fault: opts.fault,
+        };
+        if let Some(record) = restored {
+            landing.finish(record)?;
+        }
+        tracing::info!(
+            job = %landing.job.spec.job.id,
+            incarnation = %landing.incarnation.id,
+            attempt,
+            state_dir = %landing.job.state_dir.display(),
+            "landing a dataset"
+        );
+        Ok(landing)
+    }
+
+    /// The sink context of the writers: the caller sets `subtask` (and may
+    /// set `attempt`) per writer.
+    pub fn writer_ctx(&self) -> SinkCtx {
+        sink_ctx(&self.job, &self.incarnation, self.refuse_others, 0, self.attempt)
+    }
+
+    /// Opens the committer for a dataset of `schema` (an Arrow IPC stream
+    /// without batches), once: a sink that creates its table does so now,
+    /// before any writer opens. A new incarnation is persisted here, once
+    /// the committer has accepted it.
+    pub fn open_committer(&mut self, schema: &[u8]) -> Result<(), EngineError> {
+        if self.committer.is_some() {
+            return Ok(());
+        }
+        let committer = self.committer_for(schema, self.refuse_others)?;
+        self.committer = Some(committer);
+        if !self.adopted {
+            self.store.set_incarnation(&self.incarnation)?;
+            self.adopted = true;
+            tracing::info!(job = %self.job.spec.job.id, incarnation = %self.incarnation.id, "started a new incarnation of the job");
+        }
+        Ok(())
+    }
+
+    /// Lands the parts as checkpoint 1: combines their commit infos,
+    /// persists the record, then commits it.
+    pub fn land(&mut self, parts: &[Part], schema: &[u8]) -> Result<LandingSummary, EngineError> {
+        self.open_committer(schema)?;
+        let infos: Vec<Vec<u8>> = parts.iter().filter_map(|p| p.info.clone()).collect();
+        let rows: u64 = parts.iter().map(|p| p.rows).sum();
+        let mut summary = LandingSummary {
+            job_id: self.job.spec.job.id.clone(),
+            incarnation: self.incarnation.id.clone(),
+            new_incarnation: self.new_incarnation,
+            attempt: self.attempt,
+            parts: parts.len(),
+            rows,
+            outcome: None,
+        };
+        if infos.is_empty() {
+            tracing::info!(job = %summary.job_id, "the dataset had no rows; nothing to commit");
+            return Ok(summary);
+        }
+        let combined = self.committer_mut()?.combine(CHECKPOINT, &infos)?;
+        let mut record = self.record(parts, schema, combined.clone());
+        if let Err(e) = self.store.persist(&record) {
+            if let Err(ae) = self.committer_mut()?.abort(CHECKPOINT, &combined) {
+                tracing::warn!(checkpoint = CHECKPOINT, error = %ae, "abort of an unpersisted checkpoint failed");
+            }
+            return Err(e.into());
+        }
+        tracing::debug!(checkpoint = CHECKPOINT, rows, "checkpoint persisted");
+        crash_point!(self.fault, AfterPersist, CHECKPOINT);
+        let pending = record.pending.clone();
+        for p in &pending {
+            summary.outcome = Some(self.commit(p, true)?);
+        }
+        self.note_committed(&mut record);
+        Ok(summary)
+    }
+
+    /// Commits what an earlier landing's record left pending, notes it,
+    /// and refuses to land again.
+    fn finish(&mut self, mut record: CheckpointRecord) -> Result<(), EngineError> {
+        let pending = record.pending.clone();
+        if !pending.is_empty() {
+            let schema = record.tables.first().map(|t| t.schema.0.clone()).unwrap_or_default();
+            self.committer = Some(self.committer_for(&schema, false)?);
+            for p in &pending {
+                let outcome = self.commit(p, false)?;
+                tracing::info!(checkpoint = p.checkpoint, outcome = ?outcome, "committed the pending checkpoint of an earlier landing");
+            }
+            self.note_committed(&mut record);
+        }
+        Err(EngineError::AlreadyLanded {
+            job: self.job.spec.job.id.clone(),
+            state_dir: self.job.state_dir.clone(),
+            checkpoint: record.checkpoint,
+            finished: pending.len(),
+        })
+    }
+
+    fn committer_for(&self, schema: &[u8], refuse_others: bool) -> Result<CommitterInstance, EngineError> {
+        let ctx = sink_ctx(&self.job, &self.incarnation, refuse_others, 0, self.attempt);
+        let options = self.plugin.options_for(self.job.sink_options(), &ctx);
+        let instance = self.plugin.instantiate("committer", &self.grants, limits(&self.job))?;
+        let tables = [SourceTable { name: String::new(), schema: schema.to_vec() }];
+        Ok(CommitterInstance::open(instance, &ctx, &options, &tables)?)
+    }
+
+    fn committer_mut(&mut self) -> Result<&mut CommitterInstance, EngineError> {
+        self.committer.as_mut().ok_or_else(|| EngineError::Pool { message: "the committer is not open".to_string() })
+    }
+
+    /// The record of checkpoint 1: one finished subtask per part.
+    fn record(&self, parts: &[Part], schema: &[u8], combined: Vec<u8>) -> CheckpointRecord {
+        let spec = &self.job.spec;
+        let rows = parts.iter().map(|p| p.rows).sum();
+        CheckpointRecord {
+            job_id: spec.job.id.clone(),
+            sink_id: spec.sink.id.clone(),
+            checkpoint: CHECKPOINT,
+            attempt: self.attempt,
+            parallelism: parts.len() as u32,
+            subtasks: parts
+                .iter()
+                .map(|p| SubtaskRecord {
+                    position: serde_json::Value::Null,
+                    writer_state: Blob::default(),
+                    rows: p.rows,
+                    finished: true,
+                    seen: Default::default(),
+                })
+                .collect(),
+            pending: vec![PendingCommit { checkpoint: CHECKPOINT, combined: Blob(combined), rows }],
+            last_committed: None,
+            dropped: Vec::new(),
+            tables: vec![TableRecord { name: String::new(), schema: Blob(schema.to_vec()) }],
+            // A dataset written elsewhere: no source of the job's to resume.
+            source: None,
+            created_at_ms: now_ms(),
+        }
+    }
+
+    /// Persists `record` with its pending commits done. Best effort: if it
+    /// fails, the next landing commits them again (idempotently).
+    fn note_committed(&self, record: &mut CheckpointRecord) {
+        record.last_committed = record.pending.last().map(|p| p.checkpoint).or(record.last_committed);
+        record.pending.clear();
+        record.created_at_ms = now_ms();
+        if let Err(e) = self.store.persist(record) {
+            tracing::warn!(error = %e, "could not note the commit in the state directory; the next landing commits it again");
+        }
+    }
+
+    /// Commits one checkpoint, retrying `retryable` answers with backoff
+    /// (job.commit). `live`: the checkpoint is this landing's own.
+    fn commit(&mut self, p: &PendingCommit, live: bool) -> Result<CommitOutcome, EngineError> {
+        let spec = &self.job.spec.job.commit;
+        let policy = Policy {
+            attempts: spec.max_attempts,
+            initial: Duration::from_millis(spec.initial_backoff_ms),
+            max: Duration::from_millis(spec.max_backoff_ms),
+        };
+        let retryable =
+            |e: &EngineError| matches!(e, EngineError::Plugin(pe) if pe.sink_kind() == Some(SinkErrorKind::Retryable));
+        let result = policy.run(
+            |attempt| match self.committer_mut()?.commit(p.checkpoint, &p.combined.0) {
+                Ok(CommitOutcome::AlreadyCommitted) if live && attempt == 1 => Err(self.key_reused(p.checkpoint)),
+                other => other.map_err(EngineError::from),
+            },
+            retryable,
+            |e, attempt, wait| {
+                tracing::warn!(checkpoint = p.checkpoint, attempt, wait_ms = wait.as_millis() as u64, error = %e, "commit failed; retrying");
+            },
+        );
+        match result {
+            Ok(outcome) => Ok(outcome),
+            Err(Failed { error: EngineError::Plugin(last), attempts })
+                if last.sink_kind() == Some(SinkErrorKind::Retryable) =>
+            {
+                Err(EngineError::CommitExhausted { checkpoint: p.checkpoint, attempts, last })
+            }
+            Err(Failed { error, .. }) => Err(error),
+        }
+    }
+
+    /// Halts the state directory after a reused idempotence key.
+    fn key_reused(&self, checkpoint: u64) -> EngineError {
+        let error = EngineError::KeyReused {
+            job: self.job.spec.job.id.clone(),
+            plugin: self.plugin.name.to_string(),
+            checkpoint,
+            state_dir: self.job.state_dir.clone(),
+            why: format!(
+                "the target already holds checkpoint {checkpoint} under this landing's idempotence key, though this \
+                 state directory had no record of it (was its record moved away or lost, or did a copy of this state \
+                 directory land the dataset?). Nothing of this write counts as delivered, and the state directory \
+                 is now halted; land the dataset again in a new job.state_dir only if it is not visible yet"
+            ),
+        };
+        if let Err(e) = self.store.halt(&error.to_string()) {
+            tracing::error!(error = %e, "could not mark the state directory as halted");
+        }
+        error
+    }
+}

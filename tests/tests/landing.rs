@@ -1,0 +1,110 @@
+//! The engine's landing (`sluice::engine::landing`, which
+//! `sluice.ray.Datasink` drives): parts written by writers elsewhere,
+//! committed as a job's one checkpoint, through the files sink.
+//! - a crash between persist and commit leaves nothing visible and the
+//!   commit pending; the next landing finishes it once and is refused;
+//! - a state directory lands one dataset: a later landing is refused and
+//!   changes nothing;
+//! - a landing whose first commit of its own checkpoint finds the key taken
+//!   (a state directory started with another's incarnation) fails and halts
+//!   its state directory.
+
+use std::sync::Arc;
+
+use sluice::engine::landing::{Landing, Part};
+use sluice::engine::{CrashPoint, EngineError, Fault, RunOptions};
+use sluice::job::Job;
+use sluice::plugin::{SinkCtx, SourceTable, WriterInstance};
+use sluice::progress::ProgressMode;
+use sluice::source::generator::Generator;
+use sluice_tests::{TestJob, assert_exactly_once, host, read_visible};
+
+fn schema() -> Vec<u8> {
+    sluice::ipc::encode_schema(&Generator::schema_ref()).expect("schema")
+}
+
+/// One write task: a writer of the landing's context writes generator rows
+/// `first..first + rows` and prepares checkpoint 1.
+fn write_part(job: &Job, landing: &Landing, subtask: u32, first: u64, rows: u64) -> Part {
+    let plugin = host().load(&job.spec.sink.plugin).expect("plugin");
+    let (grants, limits) = sluice::engine::grants_and_limits(job).expect("grants");
+    // The files sink stages a checkpoint's parts under one attempt.
+    let ctx = SinkCtx { subtask, ..landing.writer_ctx() };
+    let options = plugin.options_for(job.sink_options(), &ctx);
+    let tables = [SourceTable { name: String::new(), schema: schema() }];
+    let inst = plugin.instantiate("writer", &grants, limits).expect("instance");
+    let mut writer = WriterInstance::open(inst, &ctx, &options, &tables, None).expect("writer opens");
+    let batch = sluice::ipc::encode_batch(&Generator::batch_for(first, first + rows)).expect("batch");
+    writer.write("", &batch).expect("write");
+    let info = writer.prepare_commit(1).expect("prepare");
+    writer.close().expect("close");
+    Part { info, rows }
+}
+
+fn quiet() -> RunOptions {
+    RunOptions::new(ProgressMode::Quiet, false)
+}
+
+fn land(job: &Arc<Job>, opts: &RunOptions) -> Result<(), EngineError> {
+    let mut landing = Landing::open(job.clone(), host(), opts)?;
+    landing.open_committer(&schema())?;
+    let parts = [write_part(job, &landing, 0, 0, 3_000), write_part(job, &landing, 1, 3_000, 2_000)];
+    let summary = landing.land(&parts, &schema())?;
+    assert_eq!(summary.rows, 5_000);
+    Ok(())
+}
+
+#[test]
+fn a_crash_between_persist_and_commit_is_finished_once_by_the_next_landing() {
+    let job = TestJob::files("landing-crash", 1, 1, 1_000);
+    let loaded = Arc::new(job.load(&[]).expect("job file"));
+    let crash =
+        RunOptions { fault: Some(Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 }), ..quiet() };
+    let e = land(&loaded, &crash).expect_err("the landing crashes after persist");
+    assert!(e.is_injected_crash(), "{e}");
+    assert_eq!(read_visible(&job.out()).num_rows(), 0, "rows visible before the commit");
+
+    match Landing::open(loaded.clone(), host(), &quiet()) {
+        Err(EngineError::AlreadyLanded { finished: 1, checkpoint: 1, .. }) => {}
+        Err(e) => panic!("the next landing did not finish the pending commit: {e}"),
+        Ok(_) => panic!("the next landing was not refused"),
+    }
+    assert_exactly_once(&read_visible(&job.out()), 5_000);
+
+    // Landed: refused again, nothing finished, nothing changes.
+    match Landing::open(loaded.clone(), host(), &quiet()) {
+        Err(e @ EngineError::AlreadyLanded { finished: 0, .. }) => {
+            assert!(e.to_string().contains("already landed a dataset"), "{e}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a landed state directory landed again"),
+    }
+    assert_exactly_once(&read_visible(&job.out()), 5_000);
+}
+
+#[test]
+fn a_landing_that_finds_its_key_taken_halts_its_state_directory() {
+    let job = TestJob::files("landing-reuse", 1, 1, 1_000);
+    let loaded = Arc::new(job.load(&[]).expect("job file"));
+    land(&loaded, &quiet()).expect("the first landing");
+    assert_exactly_once(&read_visible(&job.out()), 5_000);
+
+    // A new state directory given the first one's incarnation (copied by
+    // hand): its checkpoint 1 has the first one's key.
+    let again = job.dir.path().join("state-copy");
+    std::fs::create_dir_all(&again).expect("state dir");
+    std::fs::copy(job.state().join("incarnation"), again.join("incarnation")).expect("copy incarnation");
+    let set = format!("job.state_dir={}", again.display());
+    let copied = Arc::new(job.load(&[set.as_str()]).expect("job file"));
+    match land(&copied, &quiet()) {
+        Err(EngineError::KeyReused { checkpoint: 1, .. }) => {}
+        Err(e) => panic!("expected the key-reuse halt: {e}"),
+        Ok(()) => panic!("a landing under a taken key succeeded"),
+    }
+    assert_exactly_once(&read_visible(&job.out()), 5_000);
+    match Landing::open(copied, host(), &quiet()) {
+        Err(EngineError::Halted { .. }) => {}
+        Err(e) => panic!("expected the halted state directory to be refused: {e}"),
+        Ok(_) => panic!("a halted state directory was opened"),
+    }
+}
