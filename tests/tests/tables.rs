@@ -280,7 +280,9 @@ mod bigquery {
         let (job, http) = job("bq-tables", &d);
         run_bq(&job, &http, None).expect("runs");
         assert_bigquery_tables(&d);
-        assert_eq!(d.rest_calls("tables.insert"), 3, "one creation per table");
+        // One creation per table, and the dataset's claim (`guest/bigquery/src/claim.rs`).
+        assert_eq!(d.rest_calls("tables.insert"), 4, "one creation per table and one claim");
+        assert!(d.table_schema("projects/p/datasets/lake/tables/_sluice_claim_9_bq-tables_bq").is_some());
         // `orders` and `users` are created in the old shape and patched once;
         // `events` is created at the barrier that also brings the new shape
         // (subtask 2 starts past the change), so it is born evolved.

@@ -103,28 +103,39 @@ fn send(
     // The body is written after `handle`: the host streams it out, so a body
     // larger than its buffer cannot stall before the request leaves.
     let pending = outgoing_handler::handle(request, Some(options)).map_err(|e| transport(endpoint, e))?;
+    // A request without a body writes none: a server may answer such a
+    // request (a GET) before the client closes the body, and a write or a
+    // flush into a body already closed fails although the answer is good.
     let written = (|| -> Result<(), String> {
+        let Some(bytes) = body else { return Ok(()) };
         let mut stream = outgoing.write().map_err(|()| "cannot write the request body".to_string())?;
-        if let Some(bytes) = body {
-            stream.write_all(bytes).map_err(|e| format!("writing the request body: {e}"))?;
-        }
+        stream.write_all(bytes).map_err(|e| format!("writing the request body: {e}"))?;
         stream.flush().map_err(|e| format!("writing the request body: {e}"))
     })();
-    if let Err(why) = written {
-        // The request failed before its body was taken (denied, refused):
-        // the response says why.
-        pending.subscribe().block();
-        return Err(match pending.get() {
-            Some(Ok(Err(e))) => transport(endpoint, e),
-            _ => local(&why),
-        });
-    }
-    OutgoingBody::finish(outgoing, None).map_err(|e| transport(endpoint, e))?;
-    pending.subscribe().block();
-    let response = match pending.get() {
-        Some(Ok(Ok(response))) => response,
-        Some(Ok(Err(e))) => return Err(transport(endpoint, e)),
-        Some(Err(())) | None => return Err(local("the response was already taken")),
+    let response = match written {
+        // The body could not be written: the request failed before its body
+        // was taken (denied, refused), or the server answered first; the
+        // response says which.
+        Err(why) => {
+            pending.subscribe().block();
+            match pending.get() {
+                Some(Ok(Ok(response))) => response,
+                Some(Ok(Err(e))) => return Err(transport(endpoint, e)),
+                Some(Err(())) | None => return Err(local(&why)),
+            }
+        }
+        Ok(()) => {
+            // Finishing a body the host already closed (the request was
+            // answered or failed) is no failure of its own: the response
+            // says how it went.
+            let _ = OutgoingBody::finish(outgoing, None);
+            pending.subscribe().block();
+            match pending.get() {
+                Some(Ok(Ok(response))) => response,
+                Some(Ok(Err(e))) => return Err(transport(endpoint, e)),
+                Some(Err(())) | None => return Err(local("the response was already taken")),
+            }
+        }
     };
     let status = response.status();
     let incoming = response.consume().map_err(|()| local("no response body"))?;

@@ -194,8 +194,13 @@ impl WasiHttpHooks for Hooks {
         _ = fut;
         let routed = self.grant.route(request.uri()).map(|(uri, e)| (uri, e.clone()));
         // Called on the plugin call's thread: its deadline bounds the request.
+        // The request's own timeouts end a little after it, so that a plugin
+        // blocked waiting is stopped by the deadline itself (in
+        // `plugin::wasi_bounded`, naming the import) rather than by a timeout
+        // racing it, and a request the plugin left behind still ends soon.
+        const GRACE: Duration = Duration::from_secs(1);
         let left = CallDeadline::remaining();
-        let bound = move |t: Duration| left.map_or(t, |left| t.min(left));
+        let bound = move |t: Duration| left.map_or(t, |left| t.min(left + GRACE));
         let slot = self.requests.take();
         Box::new(async move {
             use http_body_util::BodyExt;
