@@ -437,14 +437,7 @@ impl<'a> Coordinator<'a> {
             return Err(e.into());
         }
         let source = Arc::new(Source::open(&spec.source, parallelism)?);
-        let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
-        if let Some(halt) = store.halted()? {
-            return Err(EngineError::Halted {
-                job: spec.job.id.clone(),
-                state_dir: job.state_dir.clone(),
-                reason: halt.reason,
-            });
-        }
+        let store = open_unhalted(job)?;
         let restored = store.latest()?;
         if let Some(r) = &restored {
             if r.parallelism != parallelism {
@@ -930,6 +923,18 @@ impl<'a> Coordinator<'a> {
             catalog_conflicts: catalog.map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
             already_complete: already,
         }
+    }
+}
+
+/// Opens and locks the job's state directory, refusing one that is halted.
+pub(super) fn open_unhalted(job: &Job) -> Result<CheckpointStore, EngineError> {
+    let spec = &job.spec;
+    let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
+    match store.halted()? {
+        Some(halt) => {
+            Err(EngineError::Halted { job: spec.job.id.clone(), state_dir: job.state_dir.clone(), reason: halt.reason })
+        }
+        None => Ok(store),
     }
 }
 

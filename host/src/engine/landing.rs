@@ -24,7 +24,9 @@ use sluice_retry::{Failed, Policy};
 use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, Incarnation, PendingCommit, SubtaskRecord, TableRecord, now_ms,
 };
-use super::coordinator::{check_options, grants, limits, settle_incarnation, sink_ctx, warn_about_incarnation_support};
+use super::coordinator::{
+    check_options, grants, limits, open_unhalted, settle_incarnation, sink_ctx, warn_about_incarnation_support,
+};
 use super::{EngineError, RunOptions, crash_point};
 use crate::bindings::CommitOutcome;
 use crate::capability::Granted;
@@ -81,18 +83,12 @@ impl Landing {
     /// then the landing is refused ([`EngineError::AlreadyLanded`]).
     pub fn open(job: Arc<Job>, host: &PluginHost, opts: &RunOptions) -> Result<Self, EngineError> {
         let spec = &job.spec;
-        let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
-        if let Some(halt) = store.halted()? {
-            return Err(EngineError::Halted {
-                job: spec.job.id.clone(),
-                state_dir: job.state_dir.clone(),
-                reason: halt.reason,
-            });
-        }
+        // The plugin first: one that cannot load leaves no state directory behind.
+        let plugin = host.load(&spec.sink.plugin)?;
+        let store = open_unhalted(&job)?;
         let restored = store.latest()?;
         let (incarnation, new_incarnation) = settle_incarnation(&job, &store, restored.as_ref(), opts)?;
         let attempt = store.next_attempt()?;
-        let plugin = host.load(&spec.sink.plugin)?;
         if let Some(info) = plugin.info()
             && let Some(e) = check_options(&job, info).into_iter().next()
         {
