@@ -35,6 +35,7 @@ use parquet::file::properties::WriterProperties;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sluice::engine::RunOptions;
+use sluice::fault::{CatalogFaults, Faults};
 use sluice::plugin::PluginHost;
 use sluice::source::generator::{DAYS, Generator};
 
@@ -410,7 +411,8 @@ max_attempts = {attempts}
     let toml = crate::generator_job_toml("study-d", cfg.writers, per_window, cfg.expected_rows(), 0, per_window, &sink);
     let job = crate::write_job(dir, &toml)?;
     // The same catalog latency as the native strategies' commits.
-    let slow_catalog = RunOptions { catalog_latency: cfg.commit_delay, ..RunOptions::default() };
+    let catalog = CatalogFaults { latency: cfg.commit_delay, ..CatalogFaults::default() };
+    let slow_catalog = RunOptions { faults: Faults { catalog, ..Faults::default() }, ..RunOptions::default() };
     match crate::run_quiet_with(&job, host, slow_catalog) {
         Ok(summary) => Ok(Outcome {
             wall: summary.data_elapsed,

@@ -271,7 +271,7 @@ impl Suite {
 
     fn run(&self, job: &Job, fault: Option<Fault>) -> Result<RunSummary, EngineError> {
         let mut opts = RunOptions::new(ProgressMode::Quiet, false);
-        opts.fault = fault;
+        opts.faults.crash = fault;
         engine::run(job, &self.host, &opts)
     }
 

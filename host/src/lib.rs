@@ -9,7 +9,6 @@ pub mod bindings;
 pub mod capability;
 pub mod cli;
 pub mod engine;
-#[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod ipc;
 pub mod job;

@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use sluice::bindings::CommitOutcome;
-use sluice::engine::RunOptions;
 use sluice::engine::landing::{self, Part};
+use sluice::engine::{Faults, RunOptions};
 use sluice::progress::ProgressMode;
 
 use super::{Host, Job, SluiceError, lock, to_py};
@@ -53,12 +53,8 @@ impl Landing {
     #[pyo3(signature = (job, host, new_incarnation = false))]
     fn new(py: Python<'_>, job: &Job, host: &Host, new_incarnation: bool) -> PyResult<Self> {
         let (job, host) = (job.job.clone(), host.host.clone());
-        #[allow(unused_mut)]
-        let mut opts = RunOptions::new(ProgressMode::Quiet, new_incarnation);
-        #[cfg(feature = "fault-injection")]
-        {
-            opts.fault = test_fault();
-        }
+        // A test build may be asked for a crash (`SLUICE_TEST_CRASH`); a released one never.
+        let opts = RunOptions { faults: Faults::from_env(), ..RunOptions::new(ProgressMode::Quiet, new_incarnation) };
         let landing = py.detach(move || landing::Landing::open(job, &host, &opts)).map_err(to_py)?;
         Ok(Self { inner: Mutex::new(Some(landing)) })
     }
@@ -118,18 +114,5 @@ impl Landing {
     /// Releases the state directory (also when the landing is dropped).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| lock(&self.inner).map(|mut l| drop(l.take())))
-    }
-}
-
-/// A crash the Ray suite asks of a test build (`SLUICE_TEST_CRASH=after-persist`).
-#[cfg(feature = "fault-injection")]
-fn test_fault() -> Option<sluice::engine::Fault> {
-    use sluice::engine::{CrashPoint, Fault};
-    match std::env::var("SLUICE_TEST_CRASH").ok()?.as_str() {
-        "after-persist" => Some(Fault { point: CrashPoint::AfterPersist, checkpoint: landing::CHECKPOINT, subtask: 0 }),
-        other => {
-            tracing::warn!(crash = other, "unknown SLUICE_TEST_CRASH; no crash injected");
-            None
-        }
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use arrow_array::{Array, Int64Array, RecordBatch};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice::bindings::CommitOutcome;
-use sluice::engine::{self, CrashPoint, EngineError, Fault, RunOptions, RunSummary};
+use sluice::engine::{self, CrashPoint, EngineError, Fault, Faults, RunOptions, RunSummary};
 use sluice::job::Job;
 use sluice::plugin::PluginHost;
 use sluice::progress::ProgressMode;
@@ -273,7 +273,10 @@ memory_mb = 64
     }
 
     pub fn run_with(&self, sets: &[&str], fault: Option<Fault>) -> Result<RunSummary, EngineError> {
-        self.run_opts(sets, RunOptions { fault, ..RunOptions::default() })
+        self.run_opts(
+            sets,
+            RunOptions { faults: Faults { crash: fault, ..Faults::default() }, ..RunOptions::default() },
+        )
     }
 
     /// Runs with full control over the options (catalog faults, ...).

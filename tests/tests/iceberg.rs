@@ -7,7 +7,7 @@ use std::path::Path;
 
 use sluice::bindings::CommitOutcome;
 use sluice::engine::{CrashPoint, EngineError, Fault, RunOptions};
-use sluice::fault::CommitFault;
+use sluice::fault::{CatalogFaults, CommitFault, Faults};
 use sluice_tests::{TestJob, assert_exactly_once_range, read_iceberg};
 
 const ROWS: u64 = 6000;
@@ -68,7 +68,8 @@ sluice_tests::crash_tests! {
 }
 
 fn with_catalog_faults(faults: Vec<(u64, CommitFault)>) -> RunOptions {
-    RunOptions { catalog_faults: faults, ..RunOptions::default() }
+    let catalog = CatalogFaults { faults, ..CatalogFaults::default() };
+    RunOptions { faults: Faults { catalog, ..Faults::default() }, ..RunOptions::default() }
 }
 
 /// The catalog applies commit 2 and crashes the engine before the plugin
@@ -151,8 +152,10 @@ fn three_jobs_write_one_table_at_the_same_time() {
             .iter()
             .map(|(_, job)| {
                 scope.spawn(move || {
+                    let catalog =
+                        CatalogFaults { latency: std::time::Duration::from_millis(15), ..CatalogFaults::default() };
                     let slow_catalog =
-                        RunOptions { catalog_latency: std::time::Duration::from_millis(15), ..RunOptions::default() };
+                        RunOptions { faults: Faults { catalog, ..Faults::default() }, ..RunOptions::default() };
                     job.run_opts(&["job.commit.max_attempts=50", "job.commit.max_backoff_ms=500"], slow_catalog)
                 })
             })

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use sluice::engine::landing::{Landing, Part};
-use sluice::engine::{CrashPoint, EngineError, Fault, RunOptions};
+use sluice::engine::{CrashPoint, EngineError, Fault, Faults, RunOptions};
 use sluice::job::Job;
 use sluice::plugin::{SinkCtx, SourceTable, WriterInstance};
 use sluice::progress::ProgressMode;
@@ -58,8 +58,8 @@ fn land(job: &Arc<Job>, opts: &RunOptions) -> Result<(), EngineError> {
 fn a_crash_between_persist_and_commit_is_finished_once_by_the_next_landing() {
     let job = TestJob::files("landing-crash", 1, 1, 1_000);
     let loaded = Arc::new(job.load(&[]).expect("job file"));
-    let crash =
-        RunOptions { fault: Some(Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 }), ..quiet() };
+    let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 };
+    let crash = RunOptions { faults: Faults { crash: Some(fault), ..Faults::default() }, ..quiet() };
     let e = land(&loaded, &crash).expect_err("the landing crashes after persist");
     assert!(e.is_injected_crash(), "{e}");
     assert_eq!(read_visible(&job.out()).num_rows(), 0, "rows visible before the commit");

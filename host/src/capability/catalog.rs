@@ -53,6 +53,7 @@ use super::catalog_rest::RestCommitter;
 use super::limits::HostDeadline;
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
+use crate::job::CatalogConfig;
 
 /// A catalog that cannot be set up (named in the job's `[sink.catalog]`).
 #[derive(Debug, Error)]
@@ -81,9 +82,10 @@ pub(crate) enum CommitError {
     Catalog(CatalogError),
     /// The plugin call's deadline passed during the commit.
     Deadline(HostDeadline),
-    /// A test asked the engine to die right after the commit was applied.
-    #[cfg(feature = "fault-injection")]
-    InjectedCrash,
+    /// A test asked the engine to die right after the commit was applied
+    /// (never without the `fault-injection` feature).
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    InjectedCrash(crate::fault::Injected),
 }
 
 const LOAD: &str = "sluice:connector/iceberg-catalog.load-table";
@@ -310,12 +312,19 @@ impl CatalogGrant {
         })
     }
 
-    /// Wraps the commit backend in the test faults and latency of a run.
-    #[cfg(feature = "fault-injection")]
-    pub fn with_faults(mut self, faults: crate::fault::CatalogFaults) -> Self {
-        if !faults.is_empty() {
-            self.backend = Box::new(super::catalog_faults::FaultyCommits::new(self.backend, faults));
+    /// The catalog `config` names (`[sink.catalog]`).
+    pub fn for_config(config: &CatalogConfig) -> Result<Self, CatalogSetupError> {
+        match config {
+            CatalogConfig::Sql { name, database, warehouse } => Self::open_sql(name, database, warehouse),
+            CatalogConfig::Rest { name, uri, warehouse, token } => {
+                Self::open_rest(name, uri, warehouse, token.as_ref().map(|t| t.expose().to_string()))
+            }
         }
+    }
+
+    /// Wraps the commit backend in the test faults and latency of a run.
+    pub fn with_faults(mut self, faults: &crate::fault::Faults) -> Self {
+        self.backend = super::catalog_faults::wrap(self.backend, faults);
         self
     }
 
@@ -517,8 +526,7 @@ impl wit::Host for CatalogView<'_> {
             Ok(loaded) => Ok(loaded),
             Err(CommitError::Catalog(e)) => Err(e),
             Err(CommitError::Deadline(d)) => return Err(wasmtime::Error::new(d)),
-            #[cfg(feature = "fault-injection")]
-            Err(CommitError::InjectedCrash) => return Err(wasmtime::Error::new(crate::fault::InjectedCrash)),
+            Err(CommitError::InjectedCrash(injected)) => return Err(wasmtime::Error::new(injected)),
         };
         if !matches!(result, Err(CatalogError::Conflict(_))) {
             // A crash "during commit" happens right after the commit's effect.

@@ -1,54 +1,79 @@
 //! Test faults and latency of catalog commits: a decorator around the commit
-//! backend (feature `fault-injection` only). The backend itself has no test
-//! branches; this layer decides, per call, whether the commit reaches it.
+//! backend. The backend itself has no test branches; this layer decides, per
+//! call, whether the commit reaches it. Without the `fault-injection`
+//! feature [`wrap`] hands the backend back as it is.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use super::catalog::CommitBackend;
+use crate::fault::Faults;
 
-use iceberg::{TableIdent, TableRequirement, TableUpdate};
-
-use super::catalog::{CommitBackend, CommitError};
-use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
-use crate::fault::{CatalogFaults, CommitFault};
-
-pub(crate) struct FaultyCommits {
-    inner: Box<dyn CommitBackend>,
-    faults: CatalogFaults,
-    calls: AtomicU64,
-}
-
-impl FaultyCommits {
-    pub(crate) fn new(inner: Box<dyn CommitBackend>, faults: CatalogFaults) -> Self {
-        Self { inner, faults, calls: AtomicU64::new(0) }
+/// `backend`, behind the catalog faults and latency of `faults` if it has any.
+#[cfg(feature = "fault-injection")]
+pub(crate) fn wrap(backend: Box<dyn CommitBackend>, faults: &Faults) -> Box<dyn CommitBackend> {
+    if faults.catalog.is_empty() {
+        return backend;
     }
+    Box::new(armed::FaultyCommits::new(backend, faults.catalog.clone()))
 }
 
-impl CommitBackend for FaultyCommits {
-    fn commit(
-        &self,
-        ident: &TableIdent,
-        requirements: Vec<TableRequirement>,
-        updates: Vec<TableUpdate>,
-    ) -> Result<LoadedTable, CommitError> {
-        let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        if !self.faults.latency.is_zero() {
-            std::thread::sleep(self.faults.latency);
+/// `backend` (no faults without the `fault-injection` feature).
+#[cfg(not(feature = "fault-injection"))]
+pub(crate) fn wrap(backend: Box<dyn CommitBackend>, _: &Faults) -> Box<dyn CommitBackend> {
+    backend
+}
+
+#[cfg(feature = "fault-injection")]
+mod armed {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use iceberg::{TableIdent, TableRequirement, TableUpdate};
+
+    use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
+    use crate::capability::catalog::{CommitBackend, CommitError};
+    use crate::fault::{CatalogFaults, CommitFault, Injected};
+
+    pub(super) struct FaultyCommits {
+        inner: Box<dyn CommitBackend>,
+        faults: CatalogFaults,
+        calls: AtomicU64,
+    }
+
+    impl FaultyCommits {
+        pub(super) fn new(inner: Box<dyn CommitBackend>, faults: CatalogFaults) -> Self {
+            Self { inner, faults, calls: AtomicU64::new(0) }
         }
-        let fault = self.faults.faults.iter().find(|(n, _)| *n == call).map(|(_, f)| *f);
-        if fault == Some(CommitFault::Conflict) {
-            tracing::warn!(table = %ident, call, "injected fault: commit refused as a conflict");
-            return Err(CatalogError::Conflict("another writer committed first (injected fault)".to_string()).into());
-        }
-        let applied = self.inner.commit(ident, requirements, updates)?;
-        match fault {
-            Some(CommitFault::LoseReply) => {
-                tracing::warn!(table = %ident, call, "injected fault: commit applied, reply dropped");
-                Err(CatalogError::UnknownOutcome("the catalog's reply was lost (injected fault)".to_string()).into())
+    }
+
+    impl CommitBackend for FaultyCommits {
+        fn commit(
+            &self,
+            ident: &TableIdent,
+            requirements: Vec<TableRequirement>,
+            updates: Vec<TableUpdate>,
+        ) -> Result<LoadedTable, CommitError> {
+            let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+            if !self.faults.latency.is_zero() {
+                std::thread::sleep(self.faults.latency);
             }
-            Some(CommitFault::CrashAfterApply) => {
-                tracing::warn!(table = %ident, call, "injected fault: crash right after the commit was applied");
-                Err(CommitError::InjectedCrash)
+            let fault = self.faults.faults.iter().find(|(n, _)| *n == call).map(|(_, f)| *f);
+            if fault == Some(CommitFault::Conflict) {
+                tracing::warn!(table = %ident, call, "injected fault: commit refused as a conflict");
+                return Err(
+                    CatalogError::Conflict("another writer committed first (injected fault)".to_string()).into()
+                );
             }
-            _ => Ok(applied),
+            let applied = self.inner.commit(ident, requirements, updates)?;
+            match fault {
+                Some(CommitFault::LoseReply) => {
+                    tracing::warn!(table = %ident, call, "injected fault: commit applied, reply dropped");
+                    Err(CatalogError::UnknownOutcome("the catalog's reply was lost (injected fault)".to_string())
+                        .into())
+                }
+                Some(CommitFault::CrashAfterApply) => {
+                    tracing::warn!(table = %ident, call, "injected fault: crash right after the commit was applied");
+                    Err(CommitError::InjectedCrash(Injected))
+                }
+                _ => Ok(applied),
+            }
         }
     }
 }

@@ -29,7 +29,6 @@
 //! linked by `v0_1`, whose host traits convert and delegate to the newest.
 
 pub mod catalog;
-#[cfg(feature = "fault-injection")]
 mod catalog_faults;
 mod catalog_rest;
 pub mod codec;
@@ -44,10 +43,12 @@ use std::sync::{Arc, OnceLock};
 
 use wasmtime::component::{Linker, ResourceTable};
 
-use catalog::{CatalogCtx, CatalogGrant};
-use file_io::{FileGrants, FileIoCtx};
-use grpc::{GrpcCtx, GrpcGrant};
-use http::{HttpCtx, HttpGrant};
+use crate::fault::Faults;
+use crate::job::Job;
+use catalog::{CatalogCtx, CatalogGrant, CatalogSetupError};
+use file_io::{FileGrants, FileIoCtx, GrantError};
+use grpc::{GrpcCtx, GrpcGrant, GrpcSetupError};
+use http::{HttpCtx, HttpGrant, HttpSetupError};
 use limits::{HandleCap, HostLimits, HostMemory};
 pub use log::InstanceTag;
 use log::{LogCtx, SharedLogBudget};
@@ -61,7 +62,40 @@ pub struct Granted {
     pub http: Arc<HttpGrant>,
 }
 
+/// Why a job's grants cannot be opened: the job file names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("job file: key `sink.catalog`: {0}")]
+    Catalog(#[from] CatalogSetupError),
+    #[error("job file: {0}")]
+    Grpc(#[from] GrpcSetupError),
+    #[error("job file: {0}")]
+    Http(#[from] HttpSetupError),
+    #[error("job file: key `sink.grants`: {0}")]
+    Files(#[from] GrantError),
+}
+
 impl Granted {
+    /// What a run of `job` grants its plugin instances: each capability
+    /// turns its part of the job file into its grant. `faults` are a test's
+    /// (none in a released build).
+    pub fn for_job(job: &Job, faults: &Faults) -> Result<Self, SetupError> {
+        let g = &job.spec.sink.grants;
+        let mut locations = g.locations.clone();
+        let catalog = match &job.catalog {
+            None => None,
+            Some(config) => {
+                // The tables' files live in the warehouse: the plugin writes them.
+                locations.push(config.warehouse().to_string_lossy().into_owned());
+                Some(Arc::new(CatalogGrant::for_config(config)?.with_faults(faults)))
+            }
+        };
+        let files = FileGrants::new(&job.base_dir, &locations, &g.read_locations)?;
+        let grpc = GrpcGrant::open(&job.endpoints)?;
+        let http = HttpGrant::open(&job.http_endpoints)?;
+        Ok(Self { files: Arc::new(files), catalog, grpc: Arc::new(grpc), http: Arc::new(http) })
+    }
+
     /// Nothing at all: for calls that need no capability (`describe`).
     pub fn none() -> Result<Self, file_io::GrantError> {
         Ok(Self {
@@ -145,15 +179,12 @@ pub fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Res
 /// call). A test may crash the plugin call there (feature `fault-injection`).
 #[derive(Debug, Default)]
 pub struct Effects {
-    #[cfg(feature = "fault-injection")]
     pub(crate) fault: crate::fault::SideEffectFault,
 }
 
 impl Effects {
     pub(crate) fn done(&mut self) -> wasmtime::Result<()> {
-        #[cfg(feature = "fault-injection")]
-        self.fault.after_side_effect()?;
-        Ok(())
+        self.fault.after_side_effect()
     }
 }
 

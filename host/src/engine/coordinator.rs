@@ -24,320 +24,73 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sluice_retry::{Failed, Policy};
-
 use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, DroppedCommit, Incarnation, PendingCommit, SubtaskRecord, now_ms,
 };
-use super::pool::{LocalPool, WriterEnv, WriterPool, WriterSetup};
-use super::subtask::RoundReport;
-use super::tables::{self, Change, TableSet};
-use super::{EngineError, RunOptions, crash_point};
-use crate::bindings::{CommitOutcome, PluginInfo};
-use crate::capability::Granted;
-use crate::capability::catalog::CatalogGrant;
-use crate::capability::file_io::FileGrants;
-use crate::capability::grpc::GrpcGrant;
-use crate::capability::http::HttpGrant;
-use crate::job::{CatalogConfig, Job, JobError};
-use crate::plugin::{
-    CommitterInstance, ContractVersion, Limits, Plugin, PluginError, PluginHost, SinkCtx, SinkErrorKind, reserved,
+use super::commit::{Commit, Committed, Committer};
+use super::pool::{LocalPool, WriterPool};
+use super::setup::{
+    check_restored, check_tables, load_plugin, open_unhalted, settle_incarnation, sink_ctx,
+    warn_about_incarnation_support,
 };
+use super::subtask::RoundReport;
+use super::summary::RunSummary;
+use super::tables::{self, Change, TableSet};
+use super::writer::{WriterEnv, WriterSetup};
+use super::{EngineError, RunOptions};
+use crate::bindings::CommitOutcome;
+use crate::capability::Granted;
+use crate::fault::{CrashPoint, Faults};
+use crate::job::Job;
+use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost};
 use crate::progress::{Progress, peak_memory};
 use crate::source::Source;
-
-/// What a run did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunSummary {
-    pub job_id: String,
-    /// The incarnation of the job's state directory.
-    pub incarnation: String,
-    /// This run started the incarnation (its state directory was new).
-    pub new_incarnation: bool,
-    pub attempt: u32,
-    /// Checkpoint the run resumed after, if any.
-    pub resumed_from: Option<u64>,
-    /// Pending checkpoints committed again on start, with their outcome.
-    pub recovered: Vec<(u64, CommitOutcome)>,
-    pub rows_this_run: u64,
-    pub rows_total: u64,
-    pub checkpoints_this_run: u64,
-    pub last_committed: Option<u64>,
-    pub elapsed: Duration,
-    /// Time spent moving rows (from the first read to the end), without
-    /// loading the plugin and recovering.
-    pub data_elapsed: Duration,
-    /// From the start of the run to the first rows written (plugin loaded,
-    /// recovered, writers opened): the start-up cost a user waits through.
-    pub first_write: Option<Duration>,
-    /// The process's peak resident memory so far (Linux), in bytes.
-    pub peak_memory: Option<u64>,
-    /// The largest linear memory a writer instance had (its sandbox limit
-    /// is `sink.sandbox.memory_mb`), in bytes.
-    pub writer_memory: Option<u64>,
-    /// `commit-table` calls and conflicts the catalog saw (Iceberg sinks).
-    pub catalog_commits: u64,
-    pub catalog_conflicts: u64,
-    /// The job had already finished before this run; nothing was read.
-    pub already_complete: bool,
-}
-
-impl std::fmt::Display for RunSummary {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let secs = self.elapsed.as_secs_f64();
-        let data_secs = self.data_elapsed.as_secs_f64();
-        let rate = if data_secs > 0.0 { self.rows_this_run as f64 / data_secs } else { 0.0 };
-        let committed = self.last_committed.map_or("none".to_string(), |c| c.to_string());
-        if self.already_complete {
-            return write!(
-                f,
-                "job {} was already complete: {} rows delivered, last committed checkpoint {committed}{}, incarnation {}",
-                self.job_id,
-                self.rows_total,
-                if self.recovered.is_empty() {
-                    String::new()
-                } else {
-                    format!(", {} pending commit(s) finished now", self.recovered.len())
-                },
-                self.incarnation,
-            );
-        }
-        write!(
-            f,
-            "job {} finished: {} rows in {secs:.1}s ({rate:.0} rows/s over {data_secs:.1}s of data movement), {} checkpoint(s), last committed checkpoint {committed}, {} rows in total{}, attempt {}, incarnation {}{}",
-            self.job_id,
-            self.rows_this_run,
-            self.checkpoints_this_run,
-            self.rows_total,
-            self.resumed_from.map_or(String::new(), |c| format!(", resumed after checkpoint {c}")),
-            self.attempt,
-            self.incarnation,
-            if self.new_incarnation { " (new)" } else { "" },
-        )?;
-        if let Some(bytes) = self.peak_memory {
-            write!(f, ", peak memory {} MB", bytes / (1024 * 1024))?;
-        }
-        Ok(())
-    }
-}
-
-/// Host-side check of the options against what the plugin declares.
-pub(super) fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
-    let mut errors = Vec::new();
-    let options = job.sink_options();
-    let known: Vec<&str> =
-        info.options.iter().map(|o| o.name.as_str()).filter(|name| !reserved::is_reserved(name)).collect();
-    for (key, _) in &options {
-        if reserved::is_reserved(key) {
-            errors.push(JobError::Invalid {
-                path: job.path.clone(),
-                key: format!("sink.options.{key}"),
-                message: format!("options starting with `{}` are the host's own; remove it", reserved::PREFIX),
-            });
-        } else if !known.contains(&key.as_str()) {
-            errors.push(JobError::Invalid {
-                path: job.path.clone(),
-                key: format!("sink.options.{key}"),
-                message: format!("plugin '{}' has no such option (it takes: {})", info.name, known.join(", ")),
-            });
-        }
-    }
-    for spec in info.options.iter().filter(|o| o.required && o.default_value.is_none()) {
-        if !reserved::is_reserved(&spec.name) && !options.iter().any(|(k, _)| k == &spec.name) {
-            errors.push(JobError::Invalid {
-                path: job.path.clone(),
-                key: format!("sink.options.{}", spec.name),
-                message: format!("required by plugin '{}': {}", info.name, spec.description),
-            });
-        }
-    }
-    errors
-}
-
-/// Who an instance is: writer `subtask`, or the committer (0), of
-/// `incarnation`; `refuse_others` on a fresh state directory's first run.
-pub(super) fn sink_ctx(
-    job: &Job,
-    incarnation: &Incarnation,
-    refuse_others: bool,
-    subtask: u32,
-    attempt: u32,
-) -> SinkCtx {
-    SinkCtx {
-        job_id: job.spec.job.id.clone(),
-        sink_id: job.spec.sink.id.clone(),
-        incarnation: incarnation.id.clone(),
-        refuse_other_incarnations: refuse_others,
-        beside: incarnation.beside,
-        subtask,
-        parallelism: job.spec.job.parallelism,
-        attempt,
-    }
-}
-
-/// Refuses a plugin that takes one table for a source of named tables.
-fn check_tables(plugin: &Plugin, source: &Source, tables: &TableSet) -> Result<(), EngineError> {
-    if plugin.multi_table() || !(source.is_multi_table() || tables.is_named()) {
-        return Ok(());
-    }
-    if plugin.version() == ContractVersion::V0_1 {
-        return Err(PluginError::Unsupported {
-            plugin: plugin.name.clone(),
-            version: plugin.version(),
-            what: "take several tables".to_string(),
-        }
-        .into());
-    }
-    Err(EngineError::SingleTablePlugin { plugin: plugin.name.to_string(), described: source.describe() })
-}
 
 /// `"orders"`, or `the source's table` for the unnamed one.
 fn table_label(table: &str) -> String {
     if table.is_empty() { "the source's table".to_string() } else { format!("{table:?}") }
 }
 
-/// What a run of `job` grants its plugin instances, and their limits: for
-/// tools that drive a plugin directly (the conformance suite).
-pub fn grants_and_limits(job: &Job) -> Result<(Granted, Limits), EngineError> {
-    Ok((grants(job, &RunOptions::default())?, limits(job)))
+/// Where the run stands in the job's checkpoints.
+struct Ledger {
+    /// The first checkpoint this run prepares.
+    first: u64,
+    pending: Vec<PendingCommit>,
+    dropped: Vec<DroppedCommit>,
+    last_committed: Option<u64>,
+    /// Rows covered by the newest persisted checkpoint.
+    rows_total: u64,
 }
 
-pub(crate) fn limits(job: &Job) -> Limits {
-    Limits::of(&job.spec.sink.sandbox)
-}
-
-pub(crate) fn grants(job: &Job, #[allow(unused_variables)] opts: &RunOptions) -> Result<Granted, EngineError> {
-    let g = &job.spec.sink.grants;
-    let mut locations = g.locations.clone();
-    let catalog = match &job.catalog {
-        None => None,
-        Some(config) => {
-            // The tables' files live in the warehouse: the plugin writes them.
-            locations.push(config.warehouse().to_string_lossy().into_owned());
-            let catalog = match config {
-                CatalogConfig::Sql { name, database, warehouse } => CatalogGrant::open_sql(name, database, warehouse)?,
-                CatalogConfig::Rest { name, uri, warehouse, token } => {
-                    CatalogGrant::open_rest(name, uri, warehouse, token.as_ref().map(|t| t.expose().to_string()))?
-                }
-            };
-            #[cfg(feature = "fault-injection")]
-            let catalog = catalog.with_faults(crate::fault::CatalogFaults {
-                faults: opts.catalog_faults.clone(),
-                latency: opts.catalog_latency,
-            });
-            Some(Arc::new(catalog))
-        }
-    };
-    let files = FileGrants::new(&job.base_dir, &locations, &g.read_locations)?;
-    let grpc = GrpcGrant::open(&job.endpoints)?;
-    let http = HttpGrant::open(&job.http_endpoints)?;
-    Ok(Granted { files: Arc::new(files), catalog, grpc: Arc::new(grpc), http: Arc::new(http) })
-}
-
-/// Result of `sluice check`.
-#[derive(Debug, Default)]
-pub struct CheckReport {
-    /// What was checked and found fine.
-    pub passed: Vec<String>,
-    /// One line per problem, each naming its cause.
-    pub problems: Vec<String>,
-}
-
-/// Validates a job without moving data: plugin, options, grants, source, the
-/// state directory, and the plugin's own `validate` against the source
-/// schema (which, for a new state directory, also looks for checkpoints of
-/// another incarnation in the target).
-pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
-    let mut report = CheckReport::default();
-    let plugin = match host.load(&job.spec.sink.plugin) {
-        Ok(p) => p,
-        Err(e) => {
-            report.problems.push(e.to_string());
-            return report;
-        }
-    };
-    if let Some(info) = plugin.info() {
-        report.passed.push(format!("plugin {} {} ({})", info.name, info.version, plugin.path.display()));
-        let option_errors = check_options(job, info);
-        if option_errors.is_empty() {
-            report.passed.push(format!("{} sink option(s) known to the plugin", job.sink_options().len()));
-        }
-        report.problems.extend(option_errors.iter().map(ToString::to_string));
-    }
-    let mut latest = None;
-    let identity = match super::state::inspect(job) {
-        Ok(state) => {
-            report.passed.push(format!("state: {}", state.one_line()));
-            if let Some(halt) = &state.halted {
-                report.problems.push(format!("the state directory is halted: {}", halt.reason));
-            }
-            latest = state.latest;
-            state.incarnation.map(|i| (i, false))
-        }
-        Err(e) => {
-            report.problems.push(e.to_string());
-            None
-        }
-    };
-    let grants = match grants(job, &RunOptions::default()) {
-        Ok(g) => {
-            report.passed.push(format!("grants: {}", g.describe()));
-            Some(g)
-        }
-        Err(e) => {
-            report.problems.push(e.to_string());
-            None
-        }
-    };
-    let source = match Source::open(&job.spec.source, job.spec.job.parallelism) {
-        Ok(s) => {
-            report.passed.push(format!("source: {}", s.describe()));
-            if let Some(r) = &latest
-                && let Err(change) = s.check_identity(r.source.as_ref())
-            {
-                report
-                    .problems
-                    .push(EngineError::SourceChanged { checkpoint: r.checkpoint, what: change.0 }.to_string());
-            }
-            Some(s)
-        }
-        Err(e) => {
-            report.problems.push(e.to_string());
-            None
-        }
-    };
-    if let (Some(grants), Some(source)) = (grants, source)
-        && report.problems.is_empty()
-    {
-        // A new state directory: the first run would refuse another incarnation's checkpoints.
-        let (incarnation, refuse) = match identity {
-            Some(known) => known,
-            None => match Incarnation::generate() {
-                Ok(i) => (i, true),
-                Err(e) => {
-                    report.problems.push(e.to_string());
-                    return report;
-                }
-            },
-        };
-        let ctx = sink_ctx(job, &incarnation, refuse, 0, 0);
-        let options = plugin.options_for(job.sink_options(), &ctx);
-        let result = source
-            .tables()
-            .map_err(EngineError::from)
-            .map(TableSet::new)
-            .and_then(|known| check_tables(&plugin, &source, &known).map(|()| known))
-            .and_then(|known| Ok(known.source_tables()?))
-            .and_then(|tables| {
-                let mut inst = plugin.instantiate("check", &grants, limits(job))?;
-                inst.validate(&ctx, &options, &tables).map_err(EngineError::from)
-            });
-        match result {
-            Ok(()) => report.passed.push("the plugin accepts the options and the source schema".to_string()),
-            Err(e) => report.problems.push(e.to_string()),
+impl Ledger {
+    /// As the newest record left it (a run from the beginning: nothing).
+    fn of(restored: Option<&CheckpointRecord>) -> Self {
+        Self {
+            first: restored.map_or(1, |r| r.checkpoint + 1),
+            pending: restored.map(|r| r.pending.clone()).unwrap_or_default(),
+            dropped: restored.map(|r| r.dropped.clone()).unwrap_or_default(),
+            last_committed: restored.and_then(|r| r.last_committed),
+            rows_total: restored.map_or(0, CheckpointRecord::total_rows),
         }
     }
-    report
+
+    /// Rows of committed checkpoints: those the newest record covers, less
+    /// the pending checkpoints' and the dropped ones'.
+    fn committed_rows(&self) -> u64 {
+        let pending: u64 = self.pending.iter().map(|p| p.rows).sum();
+        let dropped: u64 = self.dropped.iter().map(|d| d.rows).sum();
+        self.rows_total.saturating_sub(pending).saturating_sub(dropped)
+    }
+}
+
+/// Who the run is: the incarnation it belongs to and its attempt.
+struct Identity {
+    incarnation: Incarnation,
+    /// This run starts the incarnation (its state directory was new).
+    new_incarnation: bool,
+    /// Refuse another incarnation's checkpoints (a fresh state directory's first run).
+    refuse_others: bool,
+    attempt: u32,
 }
 
 /// Everything a run holds between its checkpoints.
@@ -346,30 +99,19 @@ struct Coordinator<'a> {
     store: CheckpointStore,
     plugin: Plugin,
     grants: Granted,
-    committer: CommitterInstance,
+    committer: Committer,
     source: Arc<Source>,
     /// The options every instance opens with (the job's and the host's own).
     options: Vec<(String, String)>,
     /// The tables the writers know, with their current schemas.
     tables: TableSet,
-    /// Refuse another incarnation's checkpoints (a fresh state directory's first run).
-    refuse_others: bool,
     restored: Option<CheckpointRecord>,
-    incarnation: Incarnation,
-    new_incarnation: bool,
-    attempt: u32,
-    /// The first checkpoint this run prepares.
-    first: u64,
-    pending: Vec<PendingCommit>,
-    dropped: Vec<DroppedCommit>,
-    last_committed: Option<u64>,
-    /// Rows covered by the newest persisted checkpoint.
-    rows_total: u64,
+    who: Identity,
+    at: Ledger,
     progress: Arc<Progress>,
     /// The largest linear memory of a writer instance, once they closed.
     writer_memory: Option<u64>,
-    #[cfg(feature = "fault-injection")]
-    fault: Option<crate::fault::Fault>,
+    faults: Faults,
 }
 
 /// Runs a job to the end of its source, resuming from its last checkpoint,
@@ -399,11 +141,11 @@ pub fn run_on(
     }
     if co.restored.as_ref().is_some_and(CheckpointRecord::finished) {
         co.settle_last_record()?;
-        return Ok(co.summary(started, recovered, co.first, true));
+        return Ok(co.summary(started, recovered, co.at.first, true));
     }
     co.open_writers(pool)?;
     co.progress.data_started();
-    let mut c = co.first;
+    let mut c = co.at.first;
     pool.start_round(c)?;
     while !co.checkpoint(pool, c)? {
         c += 1;
@@ -419,6 +161,28 @@ fn abort_prepare(pool: &mut dyn WriterPool, c: u64) {
     pool.abort_prepare(c, &all);
 }
 
+/// The newest record's checkpoint and pending commits, or the start.
+fn log_start(job: &Job, who: &Identity, restored: Option<&CheckpointRecord>) {
+    let (job_id, incarnation, attempt) = (&job.spec.job.id, &who.incarnation.id, who.attempt);
+    match restored {
+        Some(r) => tracing::info!(
+            job = %job_id,
+            incarnation = %incarnation,
+            checkpoint = r.checkpoint,
+            pending = r.pending.len(),
+            attempt,
+            "resuming from checkpoint record"
+        ),
+        None => tracing::info!(
+            job = %job_id,
+            incarnation = %incarnation,
+            attempt,
+            state_dir = %job.state_dir.display(),
+            "starting job from the beginning"
+        ),
+    }
+}
+
 impl<'a> Coordinator<'a> {
     /// Loads the plugin and opens the source, then opens the state
     /// directory, checks the newest record against the job (parallelism,
@@ -426,123 +190,83 @@ impl<'a> Coordinator<'a> {
     /// committer. Nothing is written to the target before the committer has
     /// accepted the incarnation.
     fn setup(job: &'a Job, host: &PluginHost, opts: &RunOptions, progress: Arc<Progress>) -> Result<Self, EngineError> {
-        let spec = &job.spec;
-        let parallelism = spec.job.parallelism;
         // The plugin and the source first: a job that cannot start leaves
         // the state directory as it was (not created, no attempt counted).
-        let plugin = host.load(&spec.sink.plugin)?;
-        if let Some(info) = plugin.info()
-            && let Some(e) = check_options(job, info).into_iter().next()
-        {
-            return Err(e.into());
-        }
-        let source = Arc::new(Source::open(&spec.source, parallelism)?);
+        let plugin = load_plugin(job, host)?;
+        let source = Arc::new(Source::open(&job.spec.source, job.spec.job.parallelism)?);
         let store = open_unhalted(job)?;
         let restored = store.latest()?;
         if let Some(r) = &restored {
-            if r.parallelism != parallelism {
-                return Err(EngineError::ParallelismChanged {
-                    checkpoint: r.checkpoint,
-                    recorded: r.parallelism,
-                    now: parallelism,
-                });
-            }
-            if let Err(change) = source.check_identity(r.source.as_ref()) {
-                return Err(EngineError::SourceChanged { checkpoint: r.checkpoint, what: change.0 });
-            }
-            if r.sink_id != spec.sink.id {
-                return Err(EngineError::SinkChanged {
-                    checkpoint: r.checkpoint,
-                    recorded: r.sink_id.clone(),
-                    now: spec.sink.id.clone(),
-                });
-            }
+            check_restored(job, &source, r)?;
         }
-        let (incarnation, new_incarnation) = settle_incarnation(job, &store, restored.as_ref(), opts)?;
-        let attempt = store.next_attempt()?;
-        match &restored {
-            Some(r) => tracing::info!(
-                job = %spec.job.id,
-                incarnation = %incarnation.id,
-                checkpoint = r.checkpoint,
-                pending = r.pending.len(),
-                attempt,
-                "resuming from checkpoint record"
-            ),
-            None => tracing::info!(
-                job = %spec.job.id,
-                incarnation = %incarnation.id,
-                attempt,
-                state_dir = %job.state_dir.display(),
-                "starting job from the beginning"
-            ),
-        }
-
-        let refuse_others = new_incarnation && !opts.new_incarnation;
-        warn_about_incarnation_support(job, &plugin, &incarnation, refuse_others);
+        let who = Self::identify(job, &store, restored.as_ref(), opts)?;
+        log_start(job, &who, restored.as_ref());
+        warn_about_incarnation_support(job, &plugin, &who.incarnation, who.refuse_others);
         // The tables as the last checkpoint left them, else as the source starts.
         let tables = match restored.as_ref().filter(|r| !r.tables.is_empty()) {
             Some(r) => TableSet::from_records(&r.tables)?,
             None => TableSet::new(source.tables()?),
         };
         check_tables(&plugin, &source, &tables)?;
-        let grants = grants(job, opts)?;
-        let ctx = sink_ctx(job, &incarnation, refuse_others, 0, attempt);
+        let grants = Granted::for_job(job, &opts.faults)?;
+        let ctx = sink_ctx(job, &who.incarnation, who.refuse_others, 0, who.attempt);
         let options = plugin.options_for(job.sink_options(), &ctx);
-        let instance = plugin.instantiate("committer", &grants, limits(job))?;
+        let instance = plugin.instantiate("committer", &grants, Limits::of(&job.spec.sink.sandbox))?;
         let committer = CommitterInstance::open(instance, &ctx, &options, &tables.source_tables()?)?;
-        if new_incarnation {
+        if who.new_incarnation {
             // The committer found no other incarnation in the target (or was told to accept one).
-            store.set_incarnation(&incarnation)?;
-            tracing::info!(job = %spec.job.id, incarnation = %incarnation.id, "started a new incarnation of the job");
+            store.set_incarnation(&who.incarnation)?;
+            tracing::info!(job = %job.spec.job.id, incarnation = %who.incarnation.id, "started a new incarnation of the job");
         }
         Ok(Self {
             job,
             store,
             plugin,
             grants,
-            committer,
+            committer: Committer::new(committer, job, opts.faults.clone()),
             source,
             options,
             tables,
-            refuse_others,
-            first: restored.as_ref().map_or(1, |r| r.checkpoint + 1),
-            pending: restored.as_ref().map(|r| r.pending.clone()).unwrap_or_default(),
-            dropped: restored.as_ref().map(|r| r.dropped.clone()).unwrap_or_default(),
-            last_committed: restored.as_ref().and_then(|r| r.last_committed),
-            rows_total: restored.as_ref().map_or(0, CheckpointRecord::total_rows),
+            at: Ledger::of(restored.as_ref()),
             restored,
-            incarnation,
-            new_incarnation,
-            attempt,
+            who,
             progress,
             writer_memory: None,
-            #[cfg(feature = "fault-injection")]
-            fault: opts.fault,
+            faults: opts.faults.clone(),
         })
+    }
+
+    /// Settles the incarnation and counts the attempt.
+    fn identify(
+        job: &Job,
+        store: &CheckpointStore,
+        restored: Option<&CheckpointRecord>,
+        opts: &RunOptions,
+    ) -> Result<Identity, EngineError> {
+        let (incarnation, new_incarnation) = settle_incarnation(job, store, restored, opts)?;
+        let attempt = store.next_attempt()?;
+        let refuse_others = new_incarnation && !opts.new_incarnation;
+        Ok(Identity { incarnation, new_incarnation, refuse_others, attempt })
     }
 
     /// Opens one writer (source reader and plugin writer) per subtask,
     /// restored from the last checkpoint, and waits until every one is open.
     fn open_writers(&self, pool: &mut dyn WriterPool) -> Result<(), EngineError> {
-        let (every_rows, interval) = self.job.checkpoint_trigger();
-        let env = WriterEnv {
-            plugin: self.plugin.clone(),
-            grants: self.grants.clone(),
-            limits: limits(self.job),
-            options: self.options.clone(),
-            source: self.source.clone(),
-            every_rows,
-            interval,
-            #[cfg(feature = "fault-injection")]
-            fault: self.fault,
-            progress: self.progress.clone(),
-        };
+        let env = WriterEnv::for_job(
+            self.job,
+            self.plugin.clone(),
+            self.grants.clone(),
+            self.options.clone(),
+            self.source.clone(),
+            self.faults.clone(),
+            self.progress.clone(),
+        );
         let tables = self.tables.records()?;
+        let who = &self.who;
         let setups = (0..self.job.spec.job.parallelism)
             .map(|s| WriterSetup {
                 subtask: s,
-                ctx: sink_ctx(self.job, &self.incarnation, self.refuse_others, s, self.attempt),
+                ctx: sink_ctx(self.job, &who.incarnation, who.refuse_others, s, who.attempt),
                 tables: tables.clone(),
                 restored: self.restored.as_ref().and_then(|r| r.subtasks.get(s as usize).cloned()),
             })
@@ -555,16 +279,9 @@ impl<'a> Coordinator<'a> {
     /// Returns whether the source is exhausted.
     fn checkpoint(&mut self, pool: &mut dyn WriterPool, c: u64) -> Result<bool, EngineError> {
         let waited = Instant::now();
-        let reports = self.gather(pool, c)?;
+        let round = Round::of(self.gather(pool, c)?);
         let gathered = Instant::now();
-        let (mut records, mut infos, mut changes, mut refusal) = (Vec::new(), Vec::new(), Vec::new(), None);
-        for report in reports {
-            records.push(report.record);
-            infos.extend(report.info);
-            changes.extend(report.changes);
-            refusal = refusal.or(report.refusal);
-        }
-        let combined = match self.combine(c, &infos) {
+        let combined = match self.combine(c, &round.infos) {
             Ok(combined) => combined,
             Err(e) => {
                 abort_prepare(pool, c);
@@ -572,24 +289,13 @@ impl<'a> Coordinator<'a> {
             }
         };
         let combined_at = Instant::now();
-        let record = self.persist(pool, c, records, combined)?;
+        let record = self.persist(pool, c, round.records, combined)?;
         let persisted = Instant::now();
-        crash_point!(self.fault, AfterPersist, c);
+        self.faults.check(CrashPoint::AfterPersist, c, None)?;
         let finished = record.finished();
         // At a barrier the next round waits for the target to change.
-        let barrier = !changes.is_empty() || refusal.is_some();
-        if !finished && !barrier {
-            pool.start_round(c + 1)?;
-        }
-        if let Err(e) = self.commit_pending(true) {
-            if !finished && !barrier && !e.is_injected_crash() {
-                // Let the running round end, then release what it prepared.
-                if self.gather(pool, c + 1).is_ok() {
-                    abort_prepare(pool, c + 1);
-                }
-            }
-            return Err(e);
-        }
+        let barrier = !round.changes.is_empty() || round.refusal.is_some();
+        self.commit_overlapped(pool, c, !finished && !barrier)?;
         tracing::debug!(
             checkpoint = c,
             wait_ms = (gathered - waited).as_millis() as u64,
@@ -598,26 +304,43 @@ impl<'a> Coordinator<'a> {
             commit_ms = persisted.elapsed().as_millis() as u64,
             "checkpoint done"
         );
-        if let Some(refused) = refusal {
+        if let Some(refused) = round.refusal {
             return Err(refused.into());
         }
         if barrier {
-            let changes = tables::merge_changes(changes)?;
-            self.evolve(c, &changes)?;
-            crash_point!(self.fault, AfterEvolve, c);
-            self.tables.apply(&changes);
-            pool.apply(&changes)?;
-            pool.start_round(c + 1)?;
+            self.cross_barrier(pool, c, round.changes)?;
         }
         Ok(finished)
     }
 
-    /// Rows of committed checkpoints: those the newest record covers, less
-    /// the pending checkpoints' and the dropped ones'.
-    fn committed_rows(&self) -> u64 {
-        let pending: u64 = self.pending.iter().map(|p| p.rows).sum();
-        let dropped: u64 = self.dropped.iter().map(|d| d.rows).sum();
-        self.rows_total.saturating_sub(pending).saturating_sub(dropped)
+    /// Commits what is pending, with round `c + 1` running meanwhile when
+    /// `overlap` (the source goes on, and no barrier stops it).
+    fn commit_overlapped(&mut self, pool: &mut dyn WriterPool, c: u64, overlap: bool) -> Result<(), EngineError> {
+        if overlap {
+            pool.start_round(c + 1)?;
+        }
+        if let Err(e) = self.commit_pending(true) {
+            if overlap && !e.is_injected_crash() {
+                // Let the running round end, then release what it prepared.
+                if self.gather(pool, c + 1).is_ok() {
+                    abort_prepare(pool, c + 1);
+                }
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The barrier that ended checkpoint `c`, once it is committed: the
+    /// committer evolves the target, the writers apply the changes, and
+    /// round `c + 1` starts.
+    fn cross_barrier(&mut self, pool: &mut dyn WriterPool, c: u64, changes: Vec<Change>) -> Result<(), EngineError> {
+        let changes = tables::merge_changes(changes)?;
+        self.evolve(c, &changes)?;
+        self.faults.check(CrashPoint::AfterEvolve, c, None)?;
+        self.tables.apply(&changes);
+        pool.apply(&changes)?;
+        pool.start_round(c + 1)
     }
 
     /// After the last checkpoint of a finished run was committed, its record
@@ -626,23 +349,13 @@ impl<'a> Coordinator<'a> {
     /// next run commits it again (already committed).
     fn settle_last_record(&self) -> Result<(), EngineError> {
         let Some(mut record) = self.store.latest()? else { return Ok(()) };
-        if record.pending.is_empty() || !self.pending.is_empty() {
+        if record.pending.is_empty() || !self.at.pending.is_empty() {
             return Ok(());
         }
         record.pending.clear();
-        record.last_committed = self.last_committed;
+        record.last_committed = self.at.last_committed;
         self.store.persist(&record)?;
         Ok(())
-    }
-
-    /// How commits and evolutions are retried (job.commit).
-    fn retry_policy(&self) -> Policy {
-        let spec = &self.job.spec.job.commit;
-        Policy {
-            attempts: spec.max_attempts,
-            initial: Duration::from_millis(spec.initial_backoff_ms),
-            max: Duration::from_millis(spec.max_backoff_ms),
-        }
     }
 
     /// Makes the target take `changes` (the barrier that ended checkpoint
@@ -652,39 +365,7 @@ impl<'a> Coordinator<'a> {
             changes.iter().map(|ch| format!("{} ({:?})", table_label(&ch.table), ch.kind)).collect();
         tracing::info!(checkpoint = c, changes = %described.join(", "), "evolving the target before rows of the new shape");
         let contract = tables::contract_changes(changes)?;
-        let retryable =
-            |e: &EngineError| matches!(e, EngineError::Plugin(pe) if pe.sink_kind() == Some(SinkErrorKind::Retryable));
-        self.retry_policy()
-            .run(
-                |_| self.evolve_call(c, &contract),
-                retryable,
-                |e, attempt, wait| {
-                    tracing::warn!(checkpoint = c, attempt, wait_ms = wait.as_millis() as u64, error = %e, "evolving the target failed; retrying");
-                },
-            )
-            .map_err(|failed| failed.error)
-    }
-
-    #[cfg(not(feature = "fault-injection"))]
-    fn evolve_call(&mut self, _c: u64, changes: &[crate::plugin::TableChange]) -> Result<(), EngineError> {
-        self.committer.evolve(changes).map_err(EngineError::from)
-    }
-
-    /// One `evolve` call, which a test may crash right after its first side
-    /// effect (`DuringEvolve`).
-    #[cfg(feature = "fault-injection")]
-    fn evolve_call(&mut self, c: u64, changes: &[crate::plugin::TableChange]) -> Result<(), EngineError> {
-        use crate::fault::{CrashPoint, Fault};
-        let arm = Fault::due(self.fault, CrashPoint::DuringEvolve, c, None);
-        self.committer.instance_mut().arm_crash_after_side_effect(arm);
-        let result = self.committer.evolve(changes);
-        self.committer.instance_mut().arm_crash_after_side_effect(false);
-        match result {
-            Err(e) if e.is_injected_crash() => {
-                Err(EngineError::InjectedCrash { point: CrashPoint::DuringEvolve, checkpoint: c })
-            }
-            other => other.map_err(EngineError::from),
-        }
+        self.committer.evolve(c, &contract)
     }
 
     /// The committer's fan-in of checkpoint `c` (none when no writer has rows).
@@ -706,43 +387,50 @@ impl<'a> Coordinator<'a> {
         combined: Option<Vec<u8>>,
     ) -> Result<CheckpointRecord, EngineError> {
         let rows: u64 = subtask_records.iter().map(|s| s.rows).sum();
-        let mut pending = self.pending.clone();
-        if let Some(bytes) = &combined {
-            pending.push(PendingCommit {
-                checkpoint: c,
-                combined: Blob(bytes.clone()),
-                rows: rows.saturating_sub(self.rows_total),
-            });
-        }
-        let spec = &self.job.spec;
-        let source = self.source.identity(&subtask_records.iter().map(|r| &r.position).collect::<Vec<_>>());
-        let record = CheckpointRecord {
-            job_id: spec.job.id.clone(),
-            sink_id: spec.sink.id.clone(),
-            checkpoint: c,
-            attempt: self.attempt,
-            parallelism: spec.job.parallelism,
-            subtasks: subtask_records,
-            pending,
-            last_committed: self.last_committed,
-            dropped: self.dropped.clone(),
-            tables: self.tables.records()?,
-            source,
-            created_at_ms: now_ms(),
-        };
+        let record = self.record(c, subtask_records, combined.as_deref(), rows)?;
         if let Err(e) = self.store.persist(&record) {
-            if let Some(bytes) = &combined
-                && let Err(ae) = self.committer.abort(c, bytes)
-            {
-                tracing::warn!(checkpoint = c, error = %ae, "abort of an unpersisted checkpoint failed");
+            if let Some(bytes) = &combined {
+                self.committer.abort(c, bytes);
             }
             abort_prepare(pool, c);
             return Err(e.into());
         }
-        self.pending = record.pending.clone();
-        self.rows_total = rows;
+        self.at.pending = record.pending.clone();
+        self.at.rows_total = rows;
         tracing::debug!(checkpoint = c, rows_total = rows, "checkpoint persisted");
         Ok(record)
+    }
+
+    /// The record of checkpoint `c`: the writers' parts, the pending
+    /// commits with `combined` added, the tables and the source's identity.
+    fn record(
+        &self,
+        c: u64,
+        subtasks: Vec<SubtaskRecord>,
+        combined: Option<&[u8]>,
+        rows: u64,
+    ) -> Result<CheckpointRecord, EngineError> {
+        let mut pending = self.at.pending.clone();
+        if let Some(bytes) = combined {
+            let rows = rows.saturating_sub(self.at.rows_total);
+            pending.push(PendingCommit { checkpoint: c, combined: Blob(bytes.to_vec()), rows });
+        }
+        let spec = &self.job.spec;
+        let source = self.source.identity(&subtasks.iter().map(|r| &r.position).collect::<Vec<_>>());
+        Ok(CheckpointRecord {
+            job_id: spec.job.id.clone(),
+            sink_id: spec.sink.id.clone(),
+            checkpoint: c,
+            attempt: self.who.attempt,
+            parallelism: spec.job.parallelism,
+            subtasks,
+            pending,
+            last_committed: self.at.last_committed,
+            dropped: self.at.dropped.clone(),
+            tables: self.tables.records()?,
+            source,
+            created_at_ms: now_ms(),
+        })
     }
 
     /// Waits for every subtask's report of round `c`. On a failure the other
@@ -780,76 +468,25 @@ impl<'a> Coordinator<'a> {
     /// run's own checkpoints (not ones recovered from an earlier run).
     fn commit_pending(&mut self, live: bool) -> Result<Vec<(u64, CommitOutcome)>, EngineError> {
         let mut done = Vec::new();
-        while let Some(p) = self.pending.first().cloned() {
-            let outcome = self.commit_one(&p, live)?;
-            self.pending.remove(0);
-            self.last_committed = Some(p.checkpoint);
-            self.progress.committed(p.checkpoint, self.committed_rows());
+        while let Some(p) = self.at.pending.first().cloned() {
+            let whose = match (live, p.checkpoint >= self.at.first) {
+                (false, _) => Commit::Recovered,
+                (true, false) => Commit::Live,
+                (true, true) => Commit::Own,
+            };
+            let outcome = match self.committer.commit(&p, whose)? {
+                Committed::Done(outcome) => outcome,
+                Committed::KeyReused => return Err(self.key_reused(p.checkpoint)),
+            };
+            self.at.pending.remove(0);
+            self.at.last_committed = Some(p.checkpoint);
+            self.progress.committed(p.checkpoint, self.at.committed_rows());
             done.push((p.checkpoint, outcome));
             if live {
-                crash_point!(self.fault, AfterCommit, p.checkpoint);
+                self.faults.check(CrashPoint::AfterCommit, p.checkpoint, None)?;
             }
         }
         Ok(done)
-    }
-
-    /// Commits one checkpoint, retrying `retryable` answers with backoff
-    /// (job.commit: the host owns commit retries).
-    fn commit_one(&mut self, p: &PendingCommit, live: bool) -> Result<CommitOutcome, EngineError> {
-        let policy = self.retry_policy();
-        let retryable =
-            |e: &EngineError| matches!(e, EngineError::Plugin(pe) if pe.sink_kind() == Some(SinkErrorKind::Retryable));
-        let first = self.first;
-        let result = policy.run(
-            |attempt| match self.commit_call(p, live) {
-                // This run's own checkpoint, found committed before this run ever committed it.
-                Ok(CommitOutcome::AlreadyCommitted) if live && attempt == 1 && p.checkpoint >= first => {
-                    Err(self.key_reused(p.checkpoint))
-                }
-                other => other,
-            },
-            retryable,
-            |e, attempt, wait| {
-                tracing::warn!(checkpoint = p.checkpoint, attempt, wait_ms = wait.as_millis() as u64, error = %e, "commit failed; retrying");
-            },
-        );
-        match result {
-            Ok(outcome) => {
-                if outcome == CommitOutcome::AlreadyCommitted {
-                    tracing::info!(checkpoint = p.checkpoint, "checkpoint was already committed");
-                }
-                Ok(outcome)
-            }
-            Err(Failed { error: EngineError::Plugin(last), attempts })
-                if last.sink_kind() == Some(SinkErrorKind::Retryable) =>
-            {
-                Err(EngineError::CommitExhausted { checkpoint: p.checkpoint, attempts, last })
-            }
-            Err(Failed { error, .. }) => Err(error),
-        }
-    }
-
-    /// One `commit` call.
-    #[cfg(not(feature = "fault-injection"))]
-    fn commit_call(&mut self, p: &PendingCommit, _live: bool) -> Result<CommitOutcome, EngineError> {
-        self.committer.commit(p.checkpoint, &p.combined.0).map_err(EngineError::from)
-    }
-
-    /// One `commit` call, which a test may crash right after its first side
-    /// effect (a live checkpoint's `DuringCommit` fault).
-    #[cfg(feature = "fault-injection")]
-    fn commit_call(&mut self, p: &PendingCommit, live: bool) -> Result<CommitOutcome, EngineError> {
-        use crate::fault::{CrashPoint, Fault};
-        let arm = live && Fault::due(self.fault, CrashPoint::DuringCommit, p.checkpoint, None);
-        self.committer.instance_mut().arm_crash_after_side_effect(arm);
-        let result = self.committer.commit(p.checkpoint, &p.combined.0);
-        self.committer.instance_mut().arm_crash_after_side_effect(false);
-        match result {
-            Err(e) if e.is_injected_crash() => {
-                Err(EngineError::InjectedCrash { point: CrashPoint::DuringCommit, checkpoint: p.checkpoint })
-            }
-            other => other.map_err(EngineError::from),
-        }
     }
 
     /// Halts the state directory after a reused idempotence key, saying
@@ -875,7 +512,7 @@ impl<'a> Coordinator<'a> {
                  (and of any later one) from a backup into {checkpoints}, replacing the one this run wrote, remove \
                  {halt}, and run again; without a backup, start over in a new job.state_dir with --new-incarnation \
                  (the source then lands again beside what is there)",
-                inc = self.incarnation.id,
+                inc = self.who.incarnation.id,
                 checkpoints =
                     self.store.record_path(checkpoint).parent().map_or(dir.to_string(), |p| p.display().to_string()),
                 halt = self.job.state_dir.join("halted").display(),
@@ -905,15 +542,15 @@ impl<'a> Coordinator<'a> {
         let catalog = self.grants.catalog.as_ref();
         RunSummary {
             job_id: self.job.spec.job.id.clone(),
-            incarnation: self.incarnation.id.clone(),
-            new_incarnation: self.new_incarnation,
-            attempt: self.attempt,
+            incarnation: self.who.incarnation.id.clone(),
+            new_incarnation: self.who.new_incarnation,
+            attempt: self.who.attempt,
             resumed_from: self.restored.as_ref().map(|r| r.checkpoint),
             recovered,
             rows_this_run: if already { 0 } else { self.progress.rows() },
-            rows_total: self.committed_rows(),
-            checkpoints_this_run: next - self.first,
-            last_committed: self.last_committed,
+            rows_total: self.at.committed_rows(),
+            checkpoints_this_run: next - self.at.first,
+            last_committed: self.at.last_committed,
             elapsed: started.elapsed(),
             data_elapsed: if already { Duration::ZERO } else { self.progress.elapsed() },
             first_write: self.progress.first_write(),
@@ -926,91 +563,23 @@ impl<'a> Coordinator<'a> {
     }
 }
 
-/// Opens and locks the job's state directory, refusing one that is halted.
-pub(super) fn open_unhalted(job: &Job) -> Result<CheckpointStore, EngineError> {
-    let spec = &job.spec;
-    let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
-    match store.halted()? {
-        Some(halt) => {
-            Err(EngineError::Halted { job: spec.job.id.clone(), state_dir: job.state_dir.clone(), reason: halt.reason })
-        }
-        None => Ok(store),
-    }
+/// What every writer reported for one round, gathered.
+struct Round {
+    records: Vec<SubtaskRecord>,
+    infos: Vec<Vec<u8>>,
+    changes: Vec<Change>,
+    refusal: Option<tables::SchemaRefusal>,
 }
 
-/// The incarnation this run belongs to, and whether the run starts it.
-///
-/// - A state directory with an incarnation resumes it (`--new-incarnation`
-///   is refused there: it would start over in a directory holding state).
-/// - A state directory of an earlier version (records, no incarnation)
-///   adopts one now; its pending commits keep the keys they were made with.
-/// - A new state directory gets a new id, persisted only once the committer
-///   accepted it.
-pub(super) fn settle_incarnation(
-    job: &Job,
-    store: &CheckpointStore,
-    restored: Option<&CheckpointRecord>,
-    opts: &RunOptions,
-) -> Result<(Incarnation, bool), EngineError> {
-    let existing = store.incarnation()?;
-    if opts.new_incarnation && (existing.is_some() || restored.is_some()) {
-        return Err(EngineError::IncarnationNotFresh {
-            job: job.spec.job.id.clone(),
-            state_dir: job.state_dir.clone(),
-            incarnation: existing.map_or_else(|| "(from an earlier version)".to_string(), |i| i.id),
-            checkpoint: restored.map_or(String::new(), |r| format!(" (last checkpoint {})", r.checkpoint)),
-        });
-    }
-    match existing {
-        Some(incarnation) => Ok((incarnation, false)),
-        None if restored.is_some() => {
-            // From before incarnations, and so before claims: it keeps landing as it did then.
-            let incarnation = Incarnation { beside: true, ..Incarnation::generate()? };
-            store.set_incarnation(&incarnation)?;
-            tracing::info!(incarnation = %incarnation.id, "the state directory predates incarnations; adopted one");
-            Ok((incarnation, false))
+impl Round {
+    fn of(reports: Vec<RoundReport>) -> Self {
+        let mut round = Round { records: Vec::new(), infos: Vec::new(), changes: Vec::new(), refusal: None };
+        for report in reports {
+            round.records.push(report.record);
+            round.infos.extend(report.info);
+            round.changes.extend(report.changes);
+            round.refusal = round.refusal.or(report.refusal);
         }
-        // `--new-incarnation` lands beside the job's other incarnations, so it leaves the target's claim alone.
-        None => Ok((Incarnation { beside: opts.new_incarnation, ..Incarnation::generate()? }, true)),
-    }
-}
-
-/// Says when a plugin cannot keep incarnations apart (it does not declare
-/// the host's options), so an operator knows what protects the job.
-pub(super) fn warn_about_incarnation_support(
-    job: &Job,
-    plugin: &Plugin,
-    incarnation: &Incarnation,
-    refuse_others: bool,
-) {
-    let (keys, checks) = plugin.incarnation_support();
-    if !keys {
-        tracing::warn!(
-            plugin = %plugin.name,
-            "the plugin does not take `{}`: the keys it writes cannot tell incarnation {} of job {} from another; \
-             the engine still stops the job if a commit of this run finds its key already taken",
-            reserved::INCARNATION,
-            incarnation.id,
-            job.spec.job.id
-        );
-    }
-    if !plugin.takes_claims() && !incarnation.beside {
-        tracing::warn!(
-            plugin = %plugin.name,
-            "the plugin does not take `{}`: it cannot claim its target for incarnation {} of job {}, so another \
-             fresh state directory of this job run at the same time could land the source a second time",
-            reserved::CLAIM,
-            incarnation.id,
-            job.spec.job.id
-        );
-    }
-    if refuse_others && !checks {
-        tracing::warn!(
-            plugin = %plugin.name,
-            "the plugin cannot tell whether its target already holds rows of an earlier incarnation of job {}; \
-             this new state directory lands the source as incarnation {}",
-            job.spec.job.id,
-            incarnation.id
-        );
+        round
     }
 }

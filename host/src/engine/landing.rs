@@ -17,21 +17,18 @@
 //!   fails, reports nothing delivered, and halts the state directory.
 
 use std::sync::Arc;
-use std::time::Duration;
-
-use sluice_retry::{Failed, Policy};
 
 use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, Incarnation, PendingCommit, SubtaskRecord, TableRecord, now_ms,
 };
-use super::coordinator::{
-    check_options, grants, limits, open_unhalted, settle_incarnation, sink_ctx, warn_about_incarnation_support,
-};
-use super::{EngineError, RunOptions, crash_point};
+use super::commit::{Commit, Committed, Committer};
+use super::setup::{load_plugin, open_unhalted, settle_incarnation, sink_ctx, warn_about_incarnation_support};
+use super::{EngineError, RunOptions};
 use crate::bindings::CommitOutcome;
 use crate::capability::Granted;
+use crate::fault::{CrashPoint, Faults};
 use crate::job::Job;
-use crate::plugin::{CommitterInstance, Plugin, PluginHost, SinkCtx, SinkErrorKind, SourceTable};
+use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost, SinkCtx, SourceTable};
 
 /// The one checkpoint of a landing.
 pub const CHECKPOINT: u64 = 1;
@@ -71,9 +68,8 @@ pub struct Landing {
     adopted: bool,
     refuse_others: bool,
     attempt: u32,
-    committer: Option<CommitterInstance>,
-    #[cfg(feature = "fault-injection")]
-    fault: Option<crate::fault::Fault>,
+    committer: Option<Committer>,
+    faults: Faults,
 }
 
 impl Landing {
@@ -82,21 +78,15 @@ impl Landing {
     /// landed its dataset: what that record left pending is committed now,
     /// then the landing is refused ([`EngineError::AlreadyLanded`]).
     pub fn open(job: Arc<Job>, host: &PluginHost, opts: &RunOptions) -> Result<Self, EngineError> {
-        let spec = &job.spec;
         // The plugin first: one that cannot load leaves no state directory behind.
-        let plugin = host.load(&spec.sink.plugin)?;
+        let plugin = load_plugin(&job, host)?;
         let store = open_unhalted(&job)?;
         let restored = store.latest()?;
         let (incarnation, new_incarnation) = settle_incarnation(&job, &store, restored.as_ref(), opts)?;
         let attempt = store.next_attempt()?;
-        if let Some(info) = plugin.info()
-            && let Some(e) = check_options(&job, info).into_iter().next()
-        {
-            return Err(e.into());
-        }
         let refuse_others = new_incarnation && !opts.new_incarnation;
         warn_about_incarnation_support(&job, &plugin, &incarnation, refuse_others);
-        let grants = grants(&job, opts)?;
+        let grants = Granted::for_job(&job, &opts.faults)?;
         let mut landing = Self {
             job,
             store,
@@ -108,8 +98,7 @@ impl Landing {
             refuse_others,
             attempt,
             committer: None,
-            #[cfg(feature = "fault-injection")]
-            fault: opts.fault,
+            faults: opts.faults.clone(),
         };
         if let Some(record) = restored {
             landing.finish(record)?;
@@ -170,16 +159,14 @@ impl Landing {
         let combined = self.committer_mut()?.combine(CHECKPOINT, &infos)?;
         let mut record = self.record(parts, schema, combined.clone());
         if let Err(e) = self.store.persist(&record) {
-            if let Err(ae) = self.committer_mut()?.abort(CHECKPOINT, &combined) {
-                tracing::warn!(checkpoint = CHECKPOINT, error = %ae, "abort of an unpersisted checkpoint failed");
-            }
+            self.committer_mut()?.abort(CHECKPOINT, &combined);
             return Err(e.into());
         }
         tracing::debug!(checkpoint = CHECKPOINT, rows, "checkpoint persisted");
-        crash_point!(self.fault, AfterPersist, CHECKPOINT);
+        self.faults.check(CrashPoint::AfterPersist, CHECKPOINT, None)?;
         let pending = record.pending.clone();
         for p in &pending {
-            summary.outcome = Some(self.commit(p, true)?);
+            summary.outcome = Some(self.commit(p, Commit::Own)?);
         }
         self.note_committed(&mut record);
         Ok(summary)
@@ -193,7 +180,7 @@ impl Landing {
             let schema = record.tables.first().map(|t| t.schema.0.clone()).unwrap_or_default();
             self.committer = Some(self.committer_for(&schema, false)?);
             for p in &pending {
-                let outcome = self.commit(p, false)?;
+                let outcome = self.commit(p, Commit::Recovered)?;
                 tracing::info!(checkpoint = p.checkpoint, outcome = ?outcome, "committed the pending checkpoint of an earlier landing");
             }
             self.note_committed(&mut record);
@@ -206,15 +193,16 @@ impl Landing {
         })
     }
 
-    fn committer_for(&self, schema: &[u8], refuse_others: bool) -> Result<CommitterInstance, EngineError> {
+    fn committer_for(&self, schema: &[u8], refuse_others: bool) -> Result<Committer, EngineError> {
         let ctx = sink_ctx(&self.job, &self.incarnation, refuse_others, 0, self.attempt);
         let options = self.plugin.options_for(self.job.sink_options(), &ctx);
-        let instance = self.plugin.instantiate("committer", &self.grants, limits(&self.job))?;
+        let instance = self.plugin.instantiate("committer", &self.grants, Limits::of(&self.job.spec.sink.sandbox))?;
         let tables = [SourceTable { name: String::new(), schema: schema.to_vec() }];
-        Ok(CommitterInstance::open(instance, &ctx, &options, &tables)?)
+        let instance = CommitterInstance::open(instance, &ctx, &options, &tables)?;
+        Ok(Committer::new(instance, &self.job, self.faults.clone()))
     }
 
-    fn committer_mut(&mut self) -> Result<&mut CommitterInstance, EngineError> {
+    fn committer_mut(&mut self) -> Result<&mut Committer, EngineError> {
         self.committer.as_mut().ok_or_else(|| EngineError::Pool { message: "the committer is not open".to_string() })
     }
 
@@ -259,35 +247,11 @@ impl Landing {
         }
     }
 
-    /// Commits one checkpoint, retrying `retryable` answers with backoff
-    /// (job.commit). `live`: the checkpoint is this landing's own.
-    fn commit(&mut self, p: &PendingCommit, live: bool) -> Result<CommitOutcome, EngineError> {
-        let spec = &self.job.spec.job.commit;
-        let policy = Policy {
-            attempts: spec.max_attempts,
-            initial: Duration::from_millis(spec.initial_backoff_ms),
-            max: Duration::from_millis(spec.max_backoff_ms),
-        };
-        let retryable =
-            |e: &EngineError| matches!(e, EngineError::Plugin(pe) if pe.sink_kind() == Some(SinkErrorKind::Retryable));
-        let result = policy.run(
-            |attempt| match self.committer_mut()?.commit(p.checkpoint, &p.combined.0) {
-                Ok(CommitOutcome::AlreadyCommitted) if live && attempt == 1 => Err(self.key_reused(p.checkpoint)),
-                other => other.map_err(EngineError::from),
-            },
-            retryable,
-            |e, attempt, wait| {
-                tracing::warn!(checkpoint = p.checkpoint, attempt, wait_ms = wait.as_millis() as u64, error = %e, "commit failed; retrying");
-            },
-        );
-        match result {
-            Ok(outcome) => Ok(outcome),
-            Err(Failed { error: EngineError::Plugin(last), attempts })
-                if last.sink_kind() == Some(SinkErrorKind::Retryable) =>
-            {
-                Err(EngineError::CommitExhausted { checkpoint: p.checkpoint, attempts, last })
-            }
-            Err(Failed { error, .. }) => Err(error),
+    /// Commits one checkpoint, with the host's retries (job.commit).
+    fn commit(&mut self, p: &PendingCommit, whose: Commit) -> Result<CommitOutcome, EngineError> {
+        match self.committer_mut()?.commit(p, whose)? {
+            Committed::Done(outcome) => Ok(outcome),
+            Committed::KeyReused => Err(self.key_reused(p.checkpoint)),
         }
     }
 

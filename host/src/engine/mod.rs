@@ -17,25 +17,29 @@
 //! a failure at any point leaves the job resumable with nothing lost and
 //! nothing committed twice.
 
+mod check;
 pub mod checkpoint;
+mod commit;
 mod coordinator;
 pub mod landing;
 pub mod pool;
+mod setup;
 pub mod state;
 mod subtask;
+mod summary;
 pub mod tables;
+mod writer;
 
 use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use coordinator::{CheckReport, RunSummary, check, grants_and_limits, run, run_on};
+pub use check::{CheckReport, check};
+pub use coordinator::{run, run_on};
+pub use setup::grants_and_limits;
 pub use subtask::RoundReport;
+pub use summary::RunSummary;
 
-use crate::capability::catalog::CatalogSetupError;
-use crate::capability::file_io::GrantError;
-use crate::capability::grpc::GrpcSetupError;
-use crate::capability::http::HttpSetupError;
 use crate::job::JobError;
 use crate::plugin::PluginError;
 use crate::progress::ProgressMode;
@@ -43,7 +47,8 @@ use crate::source::SourceError;
 use checkpoint::CheckpointError;
 
 #[cfg(feature = "fault-injection")]
-pub use crate::fault::{CrashPoint, Fault};
+pub use crate::fault::Fault;
+pub use crate::fault::{CrashPoint, Faults};
 
 /// How to run a job.
 #[derive(Debug, Clone, Default)]
@@ -53,42 +58,16 @@ pub struct RunOptions {
     /// the job, even when the target holds checkpoints of another one
     /// (`sluice run --new-incarnation`).
     pub new_incarnation: bool,
-    /// A crash to inject.
-    #[cfg(feature = "fault-injection")]
-    pub fault: Option<Fault>,
-    /// Faults of the catalog's `commit-table` calls.
-    #[cfg(feature = "fault-injection")]
-    pub catalog_faults: Vec<(u64, crate::fault::CommitFault)>,
-    /// Latency added to every catalog commit (benchmarks).
-    #[cfg(feature = "fault-injection")]
-    pub catalog_latency: std::time::Duration,
+    /// The faults a test armed (none in a released build).
+    pub faults: Faults,
 }
 
 impl RunOptions {
     /// Options of a released run (no faults).
-    // With the `fault-injection` feature the struct has more fields.
-    #[allow(clippy::needless_update)]
     pub fn new(progress: ProgressMode, new_incarnation: bool) -> Self {
         Self { progress, new_incarnation, ..Self::default() }
     }
 }
-
-/// Stops the run here when a test asked for a crash at this point of
-/// checkpoint `c` (in `subtask`, for the subtask-side points). Expands to
-/// nothing without the `fault-injection` feature.
-macro_rules! crash_point {
-    ($fault:expr, $point:ident, $c:expr $(, $subtask:expr)?) => {
-        #[cfg(feature = "fault-injection")]
-        {
-            let point = crate::fault::CrashPoint::$point;
-            let subtask: Option<u32> = None $(.or(Some($subtask)))?;
-            if crate::fault::Fault::due($fault, point, $c, subtask) {
-                return Err(EngineError::InjectedCrash { point, checkpoint: $c });
-            }
-        }
-    };
-}
-pub(crate) use crash_point;
 
 #[derive(Debug, Error)]
 pub enum EngineError {
@@ -100,20 +79,14 @@ pub enum EngineError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Source(#[from] SourceError),
-    #[error("job file: key `sink.catalog`: {0}")]
-    Catalog(#[from] CatalogSetupError),
-    #[error("job file: {0}")]
-    Grpc(#[from] GrpcSetupError),
-    #[error("job file: {0}")]
-    Http(#[from] HttpSetupError),
+    #[error(transparent)]
+    Grants(#[from] crate::capability::SetupError),
     #[error(transparent)]
     SchemaRefused(#[from] tables::SchemaRefusal),
     #[error(
         "plugin '{plugin}' writes one table, but the source ({described}) delivers named tables; use a plugin that takes several (its `plugin inspect` says `tables: many`)"
     )]
     SingleTablePlugin { plugin: String, described: String },
-    #[error("job file: key `sink.grants`: {0}")]
-    Grant(#[from] GrantError),
     #[error(
         "the last checkpoint ({checkpoint}) was taken with job.parallelism = {recorded}, but the job now sets {now}; \
          restore needs the same parallelism (or a new job.state_dir to start over)"
@@ -136,9 +109,9 @@ pub enum EngineError {
          the checkpoint stays pending and is committed again on the next run"
     )]
     CommitExhausted { checkpoint: u64, attempts: u32, last: PluginError },
-    #[cfg(feature = "fault-injection")]
-    #[error("injected crash at {point} of checkpoint {checkpoint}")]
-    InjectedCrash { point: CrashPoint, checkpoint: u64 },
+    /// A crash a test injected (never without the `fault-injection` feature).
+    #[error(transparent)]
+    InjectedCrash(#[from] crate::fault::Crash),
     #[error(
         "job {job}: the state directory {state_dir} is halted and is not resumed: {reason}. \
          Start the job over with a new job.state_dir once the cause is dealt with"
@@ -185,12 +158,11 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    /// Whether this is a crash injected by a test (always false without the
+    /// Whether this is a crash injected by a test (never without the
     /// `fault-injection` feature).
     pub fn is_injected_crash(&self) -> bool {
         match self {
-            #[cfg(feature = "fault-injection")]
-            EngineError::InjectedCrash { .. } => true,
+            EngineError::InjectedCrash(_) => true,
             EngineError::Plugin(p) => p.is_injected_crash(),
             _ => false,
         }

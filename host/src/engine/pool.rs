@@ -15,46 +15,21 @@
 //!   base64, like the checkpoint record.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
-use super::checkpoint::{Blob, SubtaskRecord, TableRecord};
+use super::checkpoint::{Blob, SubtaskRecord};
 use super::subtask::{Command, Reply, RoundReport, Subtask, SubtaskHandle, SubtaskSetup};
 use super::tables::{Change, SchemaRefusal, TableSet};
+pub use super::writer::{WriterEnv, WriterSetup};
 use crate::capability::Granted;
+use crate::fault::Faults;
 use crate::ipc;
 use crate::job::Job;
-use crate::plugin::{ChangeKind, Limits, Plugin, PluginHost, SinkCtx};
+use crate::plugin::{ChangeKind, PluginHost};
 use crate::progress::{Progress, ProgressMode};
 use crate::source::Source;
-
-/// What every writer of a run shares; the coordinator holds it. A local
-/// pool hands it to its threads; a remote writer rebuilds it from the job.
-pub struct WriterEnv {
-    pub plugin: Plugin,
-    pub grants: Granted,
-    pub limits: Limits,
-    /// The options every instance opens with (the job's and the host's own).
-    pub options: Vec<(String, String)>,
-    pub source: Arc<Source>,
-    pub every_rows: Option<u64>,
-    pub interval: Option<Duration>,
-    #[cfg(feature = "fault-injection")]
-    pub fault: Option<crate::fault::Fault>,
-    pub progress: Arc<Progress>,
-}
-
-/// What makes one writer: who it is, the tables it knows and what it
-/// resumes from.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct WriterSetup {
-    pub subtask: u32,
-    pub ctx: SinkCtx,
-    pub tables: Vec<TableRecord>,
-    pub restored: Option<SubtaskRecord>,
-}
 
 /// The writers of a run.
 pub trait WriterPool {
@@ -285,22 +260,11 @@ impl Worker {
     /// job file the coordinator runs), loading the plugin through `host`.
     pub fn open(job: &Job, host: &PluginHost, setup: WriterSetup) -> Result<Self, EngineError> {
         let plugin = host.load(&job.spec.sink.plugin)?;
-        let grants = super::coordinator::grants(job, &super::RunOptions::default())?;
+        let grants = Granted::for_job(job, &Faults::default())?;
         let options = plugin.options_for(job.sink_options(), &setup.ctx);
         let source = Arc::new(Source::open(&job.spec.source, job.spec.job.parallelism)?);
-        let (every_rows, interval) = job.checkpoint_trigger();
-        let env = WriterEnv {
-            plugin,
-            grants,
-            limits: super::coordinator::limits(job),
-            options,
-            source,
-            every_rows,
-            interval,
-            #[cfg(feature = "fault-injection")]
-            fault: None,
-            progress: Progress::new(ProgressMode::Quiet),
-        };
+        let progress = Progress::new(ProgressMode::Quiet);
+        let env = WriterEnv::for_job(job, plugin, grants, options, source, Faults::default(), progress);
         let subtask = Subtask::open(SubtaskSetup {
             env: Arc::new(env),
             subtask: setup.subtask,

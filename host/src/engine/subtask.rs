@@ -23,10 +23,11 @@ use std::time::{Duration, Instant};
 
 use arrow_schema::SchemaRef;
 
-use super::pool::WriterEnv;
+use super::EngineError;
+use super::checkpoint::{Blob, SubtaskRecord};
 use super::tables::{self, Change, Fit, SchemaRefusal, TableSet};
-use super::{EngineError, crash_point};
-use crate::engine::checkpoint::{Blob, SubtaskRecord};
+use super::writer::WriterEnv;
+use crate::fault::CrashPoint;
 use crate::ipc;
 use crate::plugin::{SinkCtx, WriterInstance};
 use crate::source::{SourceReader, TableBatch};
@@ -320,7 +321,7 @@ impl Subtask {
             self.setup.env.progress.add_rows(n);
             if !wrote {
                 wrote = true;
-                crash_point!(self.setup.env.fault, AfterWrite, c, self.setup.subtask);
+                self.setup.env.faults.check(CrashPoint::AfterWrite, c, Some(self.setup.subtask))?;
             }
             self.throttle(deadline);
         }
@@ -328,7 +329,7 @@ impl Subtask {
         self.position = cut.unwrap_or_else(|| self.reader.position());
         let preparing = Instant::now();
         let info = self.writer.prepare_commit(c)?;
-        crash_point!(self.setup.env.fault, AfterPrepareCommit, c, self.setup.subtask);
+        self.setup.env.faults.check(CrashPoint::AfterPrepareCommit, c, Some(self.setup.subtask))?;
         let state = self.writer.snapshot_state(c)?;
         tracing::debug!(
             subtask = self.setup.subtask,
@@ -337,7 +338,7 @@ impl Subtask {
             prepare_ms = preparing.elapsed().as_millis() as u64,
             "round ended"
         );
-        crash_point!(self.setup.env.fault, AfterSnapshotState, c, self.setup.subtask);
+        self.setup.env.faults.check(CrashPoint::AfterSnapshotState, c, Some(self.setup.subtask))?;
         Ok(RoundReport {
             c,
             info,

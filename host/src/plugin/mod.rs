@@ -136,13 +136,18 @@ impl PluginError {
         }
     }
 
-    /// Whether this is a crash injected by a test (always false without
-    /// the `fault-injection` feature).
+    /// The crash a test injected into the call, if this is one (never
+    /// without the `fault-injection` feature).
+    pub fn injected(&self) -> Option<crate::fault::Injected> {
+        match self {
+            PluginError::Trap { cause: TrapCause::Injected(injected), .. } => Some(*injected),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a crash injected by a test.
     pub fn is_injected_crash(&self) -> bool {
-        #[cfg(feature = "fault-injection")]
-        return matches!(self, PluginError::Trap { cause: TrapCause::Injected, .. });
-        #[cfg(not(feature = "fault-injection"))]
-        false
+        self.injected().is_some()
     }
 }
 

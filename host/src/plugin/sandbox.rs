@@ -237,9 +237,8 @@ pub enum TrapCause {
     Memory(u64),
     /// The plugin panicked; the message is its own.
     Panic(String),
-    /// A test injected a crash.
-    #[cfg(feature = "fault-injection")]
-    Injected,
+    /// A test injected a crash (never, without the `fault-injection` feature).
+    Injected(crate::fault::Injected),
     Other(String),
 }
 
@@ -262,8 +261,7 @@ impl std::fmt::Display for TrapCause {
                 "tried to use more than its memory limit of {mb} MiB and was stopped (raise sink.sandbox.memory_mb if the plugin needs more)"
             ),
             TrapCause::Panic(msg) => write!(f, "panicked: {msg}"),
-            #[cfg(feature = "fault-injection")]
-            TrapCause::Injected => write!(f, "{}", crate::fault::InjectedCrash),
+            TrapCause::Injected(injected) => write!(f, "{injected}"),
             TrapCause::Other(msg) => write!(f, "trapped: {msg}"),
         }
     }
@@ -278,9 +276,8 @@ pub fn classify(
     memory_exceeded: bool,
     output: &str,
 ) -> TrapCause {
-    #[cfg(feature = "fault-injection")]
-    if err.downcast_ref::<crate::fault::InjectedCrash>().is_some() {
-        return TrapCause::Injected;
+    if let Some(injected) = err.downcast_ref::<crate::fault::Injected>() {
+        return TrapCause::Injected(*injected);
     }
     if memory_exceeded {
         return TrapCause::Memory(memory_mb);

@@ -1,0 +1,222 @@
+//! The steps a run and a landing take before their first checkpoint, and
+//! `sluice check` takes without moving data: the job's options against the
+//! plugin's, the tables against the plugin, the state directory opened
+//! unhalted, the newest record against the job, and the incarnation.
+//!
+//! Invariants:
+//! - nothing here writes to the target;
+//! - a new incarnation is only generated here, and persisted by the caller
+//!   once its committer accepted it.
+
+use super::EngineError;
+use super::RunOptions;
+use super::checkpoint::{CheckpointRecord, CheckpointStore, Incarnation};
+use super::tables::TableSet;
+use crate::bindings::PluginInfo;
+use crate::capability::Granted;
+use crate::fault::Faults;
+use crate::job::{Job, JobError};
+use crate::plugin::{ContractVersion, Limits, Plugin, PluginError, PluginHost, SinkCtx, reserved};
+use crate::source::Source;
+
+/// What a run of `job` grants its plugin instances, and their limits: for
+/// tools that drive a plugin directly (the conformance suite).
+pub fn grants_and_limits(job: &Job) -> Result<(Granted, Limits), EngineError> {
+    Ok((Granted::for_job(job, &Faults::default())?, Limits::of(&job.spec.sink.sandbox)))
+}
+
+/// Loads the job's plugin and refuses options it does not take (the first
+/// such error): before the state directory is touched, so a job that
+/// cannot start leaves it as it was.
+pub(super) fn load_plugin(job: &Job, host: &PluginHost) -> Result<Plugin, EngineError> {
+    let plugin = host.load(&job.spec.sink.plugin)?;
+    if let Some(info) = plugin.info()
+        && let Some(e) = check_options(job, info).into_iter().next()
+    {
+        return Err(e.into());
+    }
+    Ok(plugin)
+}
+
+/// Host-side check of the options against what the plugin declares.
+pub(super) fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
+    let mut errors = Vec::new();
+    let options = job.sink_options();
+    let known: Vec<&str> =
+        info.options.iter().map(|o| o.name.as_str()).filter(|name| !reserved::is_reserved(name)).collect();
+    for (key, _) in &options {
+        if reserved::is_reserved(key) {
+            errors.push(JobError::Invalid {
+                path: job.path.clone(),
+                key: format!("sink.options.{key}"),
+                message: format!("options starting with `{}` are the host's own; remove it", reserved::PREFIX),
+            });
+        } else if !known.contains(&key.as_str()) {
+            errors.push(JobError::Invalid {
+                path: job.path.clone(),
+                key: format!("sink.options.{key}"),
+                message: format!("plugin '{}' has no such option (it takes: {})", info.name, known.join(", ")),
+            });
+        }
+    }
+    for spec in info.options.iter().filter(|o| o.required && o.default_value.is_none()) {
+        if !reserved::is_reserved(&spec.name) && !options.iter().any(|(k, _)| k == &spec.name) {
+            errors.push(JobError::Invalid {
+                path: job.path.clone(),
+                key: format!("sink.options.{}", spec.name),
+                message: format!("required by plugin '{}': {}", info.name, spec.description),
+            });
+        }
+    }
+    errors
+}
+
+/// Who an instance is: writer `subtask`, or the committer (0), of
+/// `incarnation`; `refuse_others` on a fresh state directory's first run.
+pub(super) fn sink_ctx(
+    job: &Job,
+    incarnation: &Incarnation,
+    refuse_others: bool,
+    subtask: u32,
+    attempt: u32,
+) -> SinkCtx {
+    SinkCtx {
+        job_id: job.spec.job.id.clone(),
+        sink_id: job.spec.sink.id.clone(),
+        incarnation: incarnation.id.clone(),
+        refuse_other_incarnations: refuse_others,
+        beside: incarnation.beside,
+        subtask,
+        parallelism: job.spec.job.parallelism,
+        attempt,
+    }
+}
+
+/// Refuses a plugin that takes one table for a source of named tables.
+pub(super) fn check_tables(plugin: &Plugin, source: &Source, tables: &TableSet) -> Result<(), EngineError> {
+    if plugin.multi_table() || !(source.is_multi_table() || tables.is_named()) {
+        return Ok(());
+    }
+    if plugin.version() == ContractVersion::V0_1 {
+        return Err(PluginError::Unsupported {
+            plugin: plugin.name.clone(),
+            version: plugin.version(),
+            what: "take several tables".to_string(),
+        }
+        .into());
+    }
+    Err(EngineError::SingleTablePlugin { plugin: plugin.name.to_string(), described: source.describe() })
+}
+
+/// Refuses a newest record that another job shape made: another
+/// parallelism, another source, another sink.
+pub(super) fn check_restored(job: &Job, source: &Source, r: &CheckpointRecord) -> Result<(), EngineError> {
+    let spec = &job.spec;
+    if r.parallelism != spec.job.parallelism {
+        return Err(EngineError::ParallelismChanged {
+            checkpoint: r.checkpoint,
+            recorded: r.parallelism,
+            now: spec.job.parallelism,
+        });
+    }
+    if let Err(change) = source.check_identity(r.source.as_ref()) {
+        return Err(EngineError::SourceChanged { checkpoint: r.checkpoint, what: change.0 });
+    }
+    if r.sink_id != spec.sink.id {
+        return Err(EngineError::SinkChanged {
+            checkpoint: r.checkpoint,
+            recorded: r.sink_id.clone(),
+            now: spec.sink.id.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Opens and locks the job's state directory, refusing one that is halted.
+pub(super) fn open_unhalted(job: &Job) -> Result<CheckpointStore, EngineError> {
+    let spec = &job.spec;
+    let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
+    match store.halted()? {
+        Some(halt) => {
+            Err(EngineError::Halted { job: spec.job.id.clone(), state_dir: job.state_dir.clone(), reason: halt.reason })
+        }
+        None => Ok(store),
+    }
+}
+
+/// The incarnation this run belongs to, and whether the run starts it.
+///
+/// - A state directory with an incarnation resumes it (`--new-incarnation`
+///   is refused there: it would start over in a directory holding state).
+/// - A state directory of an earlier version (records, no incarnation)
+///   adopts one now; its pending commits keep the keys they were made with.
+/// - A new state directory gets a new id, persisted only once the committer
+///   accepted it.
+pub(super) fn settle_incarnation(
+    job: &Job,
+    store: &CheckpointStore,
+    restored: Option<&CheckpointRecord>,
+    opts: &RunOptions,
+) -> Result<(Incarnation, bool), EngineError> {
+    let existing = store.incarnation()?;
+    if opts.new_incarnation && (existing.is_some() || restored.is_some()) {
+        return Err(EngineError::IncarnationNotFresh {
+            job: job.spec.job.id.clone(),
+            state_dir: job.state_dir.clone(),
+            incarnation: existing.map_or_else(|| "(from an earlier version)".to_string(), |i| i.id),
+            checkpoint: restored.map_or(String::new(), |r| format!(" (last checkpoint {})", r.checkpoint)),
+        });
+    }
+    match existing {
+        Some(incarnation) => Ok((incarnation, false)),
+        None if restored.is_some() => {
+            // From before incarnations, and so before claims: it keeps landing as it did then.
+            let incarnation = Incarnation { beside: true, ..Incarnation::generate()? };
+            store.set_incarnation(&incarnation)?;
+            tracing::info!(incarnation = %incarnation.id, "the state directory predates incarnations; adopted one");
+            Ok((incarnation, false))
+        }
+        // `--new-incarnation` lands beside the job's other incarnations, so it leaves the target's claim alone.
+        None => Ok((Incarnation { beside: opts.new_incarnation, ..Incarnation::generate()? }, true)),
+    }
+}
+
+/// Says when a plugin cannot keep incarnations apart (it does not declare
+/// the host's options), so an operator knows what protects the job.
+pub(super) fn warn_about_incarnation_support(
+    job: &Job,
+    plugin: &Plugin,
+    incarnation: &Incarnation,
+    refuse_others: bool,
+) {
+    let (keys, checks) = plugin.incarnation_support();
+    if !keys {
+        tracing::warn!(
+            plugin = %plugin.name,
+            "the plugin does not take `{}`: the keys it writes cannot tell incarnation {} of job {} from another; \
+             the engine still stops the job if a commit of this run finds its key already taken",
+            reserved::INCARNATION,
+            incarnation.id,
+            job.spec.job.id
+        );
+    }
+    if !plugin.takes_claims() && !incarnation.beside {
+        tracing::warn!(
+            plugin = %plugin.name,
+            "the plugin does not take `{}`: it cannot claim its target for incarnation {} of job {}, so another \
+             fresh state directory of this job run at the same time could land the source a second time",
+            reserved::CLAIM,
+            incarnation.id,
+            job.spec.job.id
+        );
+    }
+    if refuse_others && !checks {
+        tracing::warn!(
+            plugin = %plugin.name,
+            "the plugin cannot tell whether its target already holds rows of an earlier incarnation of job {}; \
+             this new state directory lands the source as incarnation {}",
+            job.spec.job.id,
+            incarnation.id
+        );
+    }
+}
