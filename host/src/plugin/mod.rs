@@ -15,6 +15,7 @@
 //!   loads (newest first); every version in `bindings::SUPPORTED` is served,
 //!   and a call a plugin's version cannot express is refused, never guessed.
 
+mod adapter;
 pub mod cache;
 pub mod host_state;
 mod instance;
