@@ -12,7 +12,7 @@ use crate::bindings::PluginInfo;
 use crate::engine::{self, RunOptions};
 use crate::job::Job;
 use crate::plugin::{ComponentCache, PluginHost, reserved};
-use crate::progress::{ProgressMode, StatusAwareStderr};
+use crate::progress::{ProgressMode, log_writer};
 
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "Lands data exactly once through sandboxed WebAssembly sink plugins")]
@@ -108,7 +108,7 @@ fn init_logging(verbose: u8, quiet: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(StatusAwareStderr)
+        .with_writer(log_writer())
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .try_init();
