@@ -1,17 +1,18 @@
 //! The `sluice` command line. The only place where errors become `anyhow`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
+use crate::bindings::PluginInfo;
 use crate::engine::{self, RunOptions};
 use crate::job::Job;
 use crate::plugin::{ComponentCache, PluginHost, reserved};
-use crate::progress::{ProgressMode, StatusAwareStderr};
+use crate::progress::{ProgressMode, log_writer};
 
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "Lands data exactly once through sandboxed WebAssembly sink plugins")]
@@ -107,7 +108,7 @@ fn init_logging(verbose: u8, quiet: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(StatusAwareStderr)
+        .with_writer(log_writer())
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .try_init();
@@ -147,115 +148,159 @@ fn host(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {
 }
 
 fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
+    let cache_dir = cli.cache_dir;
     match cli.command {
         Command::Run { job, sets, progress, new_incarnation } => {
-            let job = Job::load(&job, &sets)?;
-            let host = host(cli.cache_dir)?;
-            let progress = match (cli.quiet, progress) {
-                (true, _) | (_, ProgressArg::Quiet) => ProgressMode::Quiet,
-                (_, ProgressArg::Plain) => ProgressMode::Plain,
-                (_, ProgressArg::Auto) => ProgressMode::Auto,
-            };
-            let summary = engine::run(&job, &host, &RunOptions::new(progress, new_incarnation))?;
-            println!("{summary}");
-            Ok(ExitCode::SUCCESS)
+            run_job(&job, &sets, cache_dir, progress_mode(cli.quiet, progress), new_incarnation)
         }
-        Command::State { job, sets, drop_pending } => {
-            let job = Job::load(&job, &sets)?;
-            if let Some(c) = drop_pending {
-                let dropped = engine::state::drop_pending(&job, c)?;
-                println!(
-                    "dropped pending checkpoint {} of job {} ({} rows): the next run will not commit it",
-                    dropped.checkpoint, job.spec.job.id, dropped.rows
-                );
-            }
-            let mut report = engine::state::inspect(&job)?;
-            let host = host(cli.cache_dir)?;
-            if let Err(why) = report.describe_with(&job, &host) {
-                tracing::warn!("the plugin cannot describe the pending commits ({why}); showing them as stored");
-            }
-            print!("{report}");
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Check { job, sets } => {
-            let job = Job::load(&job, &sets)?;
-            let host = host(cli.cache_dir)?;
-            let report = engine::check(&job, &host);
-            for line in &report.passed {
-                println!("ok: {line}");
-            }
-            for problem in &report.problems {
-                println!("error: {problem}");
-            }
-            if report.problems.is_empty() {
-                println!("job {} is ready to run", job.spec.job.id);
-                Ok(ExitCode::SUCCESS)
-            } else {
-                println!("job {}: {} problem(s)", job.spec.job.id, report.problems.len());
-                Ok(ExitCode::FAILURE)
-            }
-        }
-        Command::Plugin { command: PluginCommand::Test { args } } => {
-            let exe = std::env::current_exe().context("finding the sluice binary")?;
-            let runner = exe.with_file_name("sluice-plugin-test");
-            if !runner.exists() {
-                anyhow::bail!(
-                    "the conformance runner {} is not built: run `cargo build --release -p sluice-conformance` \
-                     (it is a binary of its own so that the crash machinery never ships in sluice)",
-                    runner.display()
-                );
-            }
-            let mut cmd = std::process::Command::new(&runner);
-            cmd.args(&args);
-            if let Some(dir) = cli.cache_dir {
-                cmd.env("SLUICE_CACHE_DIR", dir);
-            }
-            let status = cmd.status().with_context(|| format!("running {}", runner.display()))?;
-            Ok(match status.code() {
-                Some(0) => ExitCode::SUCCESS,
-                Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-                None => ExitCode::FAILURE,
-            })
-        }
-        Command::Plugin { command: PluginCommand::Inspect { file } } => {
-            let host = host(cli.cache_dir)?;
-            let plugin = host.load(&file)?;
-            println!("file:        {}", plugin.path.display());
-            println!("contract:    sluice:connector@{}", plugin.version());
-            println!("world:       {}", plugin.version().world());
-            if let Some(info) = plugin.info() {
-                println!("plugin:      {} {}", info.name, info.version);
-                println!("description: {}", info.description);
-                println!(
-                    "tables:      {}",
-                    if info.multi_table { "many (named tables, schema changes during a run)" } else { "one" }
-                );
-                println!("options:");
-                for o in info.options.iter().filter(|o| !reserved::is_reserved(&o.name)) {
-                    let req = if o.required { "required" } else { "optional" };
-                    let default = o.default_value.as_ref().map(|d| format!(" [default: {d}]")).unwrap_or_default();
-                    println!("  {:<16} {req}{default}  {}", o.name, o.description);
-                }
-                let host_options: Vec<&str> =
-                    info.options.iter().map(|o| o.name.as_str()).filter(|n| reserved::is_reserved(n)).collect();
-                if !host_options.is_empty() {
-                    println!("from the host: {}", host_options.join(", "));
-                }
-                println!("needs:");
-                for c in &info.capabilities {
-                    println!("  {c}");
-                }
-            }
-            println!("imports:");
-            for name in plugin.imports() {
-                println!("  {name}");
-            }
-            println!("exports:");
-            for name in plugin.exports() {
-                println!("  {name}");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::State { job, sets, drop_pending } => show_state(&job, &sets, cache_dir, drop_pending),
+        Command::Check { job, sets } => check_job(&job, &sets, cache_dir),
+        Command::Plugin { command: PluginCommand::Test { args } } => test_plugin(&args, cache_dir),
+        Command::Plugin { command: PluginCommand::Inspect { file } } => inspect_plugin(&file, cache_dir),
+    }
+}
+
+/// `--quiet` wins over `--progress`.
+fn progress_mode(quiet: bool, progress: ProgressArg) -> ProgressMode {
+    match (quiet, progress) {
+        (true, _) | (_, ProgressArg::Quiet) => ProgressMode::Quiet,
+        (_, ProgressArg::Plain) => ProgressMode::Plain,
+        (_, ProgressArg::Auto) => ProgressMode::Auto,
+    }
+}
+
+/// `sluice run`: the run's summary on stdout.
+fn run_job(
+    job: &Path,
+    sets: &[String],
+    cache_dir: Option<PathBuf>,
+    progress: ProgressMode,
+    new_incarnation: bool,
+) -> anyhow::Result<ExitCode> {
+    let job = Job::load(job, sets)?;
+    let host = host(cache_dir)?;
+    let summary = engine::run(&job, &host, &RunOptions::new(progress, new_incarnation))?;
+    println!("{summary}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice state`: drops a pending checkpoint when asked, then shows the
+/// state directory (its pending commits as the plugin describes them, when
+/// it can).
+fn show_state(
+    job: &Path,
+    sets: &[String],
+    cache_dir: Option<PathBuf>,
+    drop_pending: Option<u64>,
+) -> anyhow::Result<ExitCode> {
+    let job = Job::load(job, sets)?;
+    if let Some(c) = drop_pending {
+        let dropped = engine::state::drop_pending(&job, c)?;
+        println!(
+            "dropped pending checkpoint {} of job {} ({} rows): the next run will not commit it",
+            dropped.checkpoint, job.spec.job.id, dropped.rows
+        );
+    }
+    let mut report = engine::state::inspect(&job)?;
+    let host = host(cache_dir)?;
+    if let Err(why) = report.describe_with(&job, &host) {
+        tracing::warn!("the plugin cannot describe the pending commits ({why}); showing them as stored");
+    }
+    print!("{report}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice check`: each check passed and each problem, then the verdict;
+/// fails when there is a problem.
+fn check_job(job: &Path, sets: &[String], cache_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let job = Job::load(job, sets)?;
+    let host = host(cache_dir)?;
+    let report = engine::check(&job, &host);
+    for line in &report.passed {
+        println!("ok: {line}");
+    }
+    for problem in &report.problems {
+        println!("error: {problem}");
+    }
+    if report.problems.is_empty() {
+        println!("job {} is ready to run", job.spec.job.id);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("job {}: {} problem(s)", job.spec.job.id, report.problems.len());
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// `sluice plugin test`: runs `sluice-plugin-test` from beside this binary
+/// and exits as it does.
+fn test_plugin(args: &[String], cache_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().context("finding the sluice binary")?;
+    let runner = exe.with_file_name("sluice-plugin-test");
+    if !runner.exists() {
+        anyhow::bail!(
+            "the conformance runner {} is not built: run `cargo build --release -p sluice-conformance` \
+             (it is a binary of its own so that the crash machinery never ships in sluice)",
+            runner.display()
+        );
+    }
+    let mut cmd = std::process::Command::new(&runner);
+    cmd.args(args);
+    if let Some(dir) = cache_dir {
+        cmd.env("SLUICE_CACHE_DIR", dir);
+    }
+    let status = cmd.status().with_context(|| format!("running {}", runner.display()))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}
+
+/// `sluice plugin inspect`: the plugin's contract, what it says of itself,
+/// and its imports and exports.
+fn inspect_plugin(file: &Path, cache_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let host = host(cache_dir)?;
+    let plugin = host.load(file)?;
+    println!("file:        {}", plugin.path.display());
+    println!("contract:    sluice:connector@{}", plugin.version());
+    println!("world:       {}", plugin.version().world());
+    if let Some(info) = plugin.info() {
+        print_info(info);
+    }
+    println!("imports:");
+    for name in plugin.imports() {
+        println!("  {name}");
+    }
+    println!("exports:");
+    for name in plugin.exports() {
+        println!("  {name}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a plugin says of itself: name, tables, its options (the host's own
+/// named apart) and the capabilities it needs.
+fn print_info(info: &PluginInfo) {
+    println!("plugin:      {} {}", info.name, info.version);
+    println!("description: {}", info.description);
+    println!(
+        "tables:      {}",
+        if info.multi_table { "many (named tables, schema changes during a run)" } else { "one" }
+    );
+    println!("options:");
+    for o in info.options.iter().filter(|o| !reserved::is_reserved(&o.name)) {
+        let req = if o.required { "required" } else { "optional" };
+        let default = o.default_value.as_ref().map(|d| format!(" [default: {d}]")).unwrap_or_default();
+        println!("  {:<16} {req}{default}  {}", o.name, o.description);
+    }
+    let host_options: Vec<&str> =
+        info.options.iter().map(|o| o.name.as_str()).filter(|n| reserved::is_reserved(n)).collect();
+    if !host_options.is_empty() {
+        println!("from the host: {}", host_options.join(", "));
+    }
+    println!("needs:");
+    for c in &info.capabilities {
+        println!("  {c}");
     }
 }
 

@@ -1,14 +1,21 @@
 //! Progress reporting: a status line on a terminal, log lines otherwise.
 //!
-//! On a terminal a thread redraws one status line (rows, rows/s, last
-//! committed checkpoint) twice a second; log lines erase it before printing
-//! (see [`StatusAwareStderr`]) and it is redrawn on the next tick.
+//! Invariants:
+//! - on a terminal, indicatif draws the status line (rows, rows/s, last
+//!   committed checkpoint) and redraws it twice a second; every bar is in
+//!   one [`MultiProgress`], and log lines written through [`log_writer`]
+//!   suspend it, so they print above the bars, never through them;
+//! - anywhere else (a pipe, a file) no bar exists and log lines are written
+//!   to stderr as they are formatted, nothing added.
 
-use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
+use tracing_indicatif::IndicatifWriter;
+use tracing_indicatif::writer::Stderr;
 
 /// How to show progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,8 +29,37 @@ pub enum ProgressMode {
     Quiet,
 }
 
-static STATUS_ACTIVE: AtomicBool = AtomicBool::new(false);
-static STDERR_LOCK: Mutex<()> = Mutex::new(());
+/// The bars on stderr: drawn when it is a terminal, hidden otherwise.
+fn bars() -> &'static MultiProgress {
+    static BARS: OnceLock<MultiProgress> = OnceLock::new();
+    BARS.get_or_init(MultiProgress::new)
+}
+
+/// A `tracing` writer for stderr that lifts the bars off the terminal while
+/// a log line is written and draws them again below it.
+pub fn log_writer() -> IndicatifWriter<Stderr> {
+    IndicatifWriter::new(bars().clone())
+}
+
+/// A bar of [`bars`] showing `line` and redrawn every `every` until
+/// [`stop`] clears it; `None` when indicatif refuses the template.
+fn start_bar(
+    every: Duration,
+    line: impl Fn(&ProgressState, &mut dyn std::fmt::Write) + Send + Sync + Clone + 'static,
+) -> Option<ProgressBar> {
+    let style = ProgressStyle::with_template("{line}").ok()?.with_key("line", line);
+    let bar = bars().add(ProgressBar::no_length().with_style(style));
+    bar.enable_steady_tick(every);
+    Some(bar)
+}
+
+/// Clears a bar of [`start_bar`] and takes it out of [`bars`].
+fn stop(bar: Option<ProgressBar>) {
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+        bars().remove(&bar);
+    }
+}
 
 /// Counters shared by the engine's threads.
 #[derive(Debug)]
@@ -111,70 +147,24 @@ impl Progress {
     /// Starts the status line when showing one; stops when the guard drops.
     pub fn start_status_line(self: &Arc<Self>) -> StatusLine {
         if self.mode != ProgressMode::Auto {
-            return StatusLine { stop: Arc::new(AtomicBool::new(true)), thread: None };
+            return StatusLine { bar: None };
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
         let progress = self.clone();
-        let thread = std::thread::Builder::new()
-            .name("sluice-progress".into())
-            .spawn(move || {
-                STATUS_ACTIVE.store(true, Ordering::Relaxed);
-                while !flag.load(Ordering::Relaxed) {
-                    {
-                        let _guard = STDERR_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-                        let mut err = std::io::stderr().lock();
-                        let _ = write!(err, "\r\x1b[2K{}", progress.status());
-                        let _ = err.flush();
-                    }
-                    std::thread::sleep(Duration::from_millis(500));
-                }
-                let _guard = STDERR_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = write!(std::io::stderr(), "\r\x1b[2K");
-                STATUS_ACTIVE.store(false, Ordering::Relaxed);
-            })
-            .ok();
-        StatusLine { stop, thread }
+        let bar = start_bar(Duration::from_millis(500), move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = w.write_str(&progress.status());
+        });
+        StatusLine { bar }
     }
 }
 
 /// Stops the status line when dropped.
 pub struct StatusLine {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    bar: Option<ProgressBar>,
 }
 
 impl Drop for StatusLine {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// A `tracing` writer for stderr that erases the status line first.
-pub struct StatusAwareStderr;
-
-impl Write for StatusAwareStderr {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _guard = STDERR_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        let mut err = std::io::stderr().lock();
-        if STATUS_ACTIVE.load(Ordering::Relaxed) {
-            err.write_all(b"\r\x1b[2K")?;
-        }
-        err.write_all(buf)?;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for StatusAwareStderr {
-    type Writer = StatusAwareStderr;
-    fn make_writer(&'a self) -> Self::Writer {
-        StatusAwareStderr
+        stop(self.bar.take());
     }
 }
 
@@ -190,44 +180,28 @@ pub fn peak_memory() -> Option<u64> {
 /// for a long step without other output (compiling a plugin). Nothing when
 /// stderr is not a terminal.
 pub struct Ticker {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    bar: Option<ProgressBar>,
 }
 
 impl Ticker {
     /// Shows `line(elapsed)` until the ticker is dropped.
     pub fn start(line: impl Fn(Duration) -> String + Send + 'static) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
         if !std::io::stderr().is_terminal() {
-            return Self { stop, thread: None };
+            return Self { bar: None };
         }
-        let flag = stop.clone();
-        let started = Instant::now();
-        let thread = std::thread::Builder::new()
-            .name("sluice-ticker".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    {
-                        let _guard = STDERR_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-                        let mut err = std::io::stderr().lock();
-                        let _ = write!(err, "\r\x1b[2K{}", line(started.elapsed()));
-                        let _ = err.flush();
-                    }
-                    std::thread::sleep(Duration::from_millis(250));
-                }
-                let _guard = STDERR_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = write!(std::io::stderr(), "\r\x1b[2K");
-            })
-            .ok();
-        Self { stop, thread }
+        // indicatif shares the line between threads; the mutex makes any
+        // `Send` closure do.
+        let line = Arc::new(Mutex::new(line));
+        let bar = start_bar(Duration::from_millis(250), move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let text = line.lock().map(|line| line(state.elapsed())).unwrap_or_default();
+            let _ = w.write_str(&text);
+        });
+        Self { bar }
     }
 }
 
 impl Drop for Ticker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        stop(self.bar.take());
     }
 }

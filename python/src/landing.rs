@@ -16,7 +16,9 @@ use sluice::engine::landing::{self, Part};
 use sluice::engine::{Faults, RunOptions};
 use sluice::progress::ProgressMode;
 
-use super::{Host, Job, SluiceError, lock, to_py};
+use crate::errors::{SluiceError, lock, to_py};
+use crate::host::Host;
+use crate::job::Job;
 
 /// A landing of one dataset through a job's sink (`sluice.ray.Datasink`).
 ///

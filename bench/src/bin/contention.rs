@@ -4,6 +4,7 @@
 //!
 //! `cargo build-plugins && cargo run --release -p sluice-bench --bin contention`
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -48,6 +49,32 @@ fn main() -> Result<()> {
     host.load(&wasm)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let started = std::time::Instant::now();
+    let cells = measure(&args, &rt, &host, &wasm)?;
+    let table = markdown(&cells);
+    println!("{table}");
+    let duplicated: u64 = cells.iter().map(Cell::duplicated).sum();
+    let check = if duplicated == 0 {
+        "Check: no strategy duplicated a row.".to_string()
+    } else {
+        format!("Check FAILED: {duplicated} duplicated rows (see the table).")
+    };
+    println!("{check}");
+
+    let png = args.out.with_extension("png");
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let chart_line = draw_chart(&cells, &args.writers, &png);
+    let reading = reading(&args, &cells);
+    let parts = Report { table, check, chart_line, reading, took: started.elapsed() };
+    std::fs::write(&args.out, document(&args, &parts))?;
+    eprintln!("wrote {} and {}", args.out.display(), png.display());
+    anyhow::ensure!(duplicated == 0, "a strategy duplicated rows");
+    Ok(())
+}
+
+/// Runs every strategy `args.reps` times for each writer count, logging each run.
+fn measure(args: &Args, rt: &tokio::runtime::Runtime, host: &PluginHost, wasm: &Path) -> Result<Vec<Cell>> {
     let mut cells = Vec::new();
     for &writers in &args.writers {
         for strategy in Strategy::ALL {
@@ -64,7 +91,7 @@ fn main() -> Result<()> {
             let mut runs = Vec::new();
             for rep in 0..args.reps {
                 let dir = tempfile::tempdir()?;
-                let outcome = run_once(&rt, &host, &wasm, strategy, &cfg, dir.path())?;
+                let outcome = run_once(rt, host, wasm, strategy, &cfg, dir.path())?;
                 eprintln!(
                     "W={writers} {:<10} rep {}: {:.2}s, {} attempts, {} conflicts, {} lost, {}/{} rows, {} duplicated",
                     strategy.name(),
@@ -82,27 +109,23 @@ fn main() -> Result<()> {
             cells.push(Cell { strategy, writers, runs });
         }
     }
-    let table = markdown(&cells);
-    println!("{table}");
-    let duplicated: u64 = cells.iter().map(Cell::duplicated).sum();
-    let check = if duplicated == 0 {
-        "Check: no strategy duplicated a row.".to_string()
-    } else {
-        format!("Check FAILED: {duplicated} duplicated rows (see the table).")
-    };
-    println!("{check}");
+    Ok(cells)
+}
 
-    let png = args.out.with_extension("png");
-    if let Some(dir) = args.out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let chart_line = match chart(&cells, &args.writers, &png) {
+/// Draws the chart to `png`; the report's line that shows it, or says why not.
+fn draw_chart(cells: &[Cell], writers: &[u32], png: &Path) -> String {
+    match chart(cells, writers, png) {
         Ok(()) => format!(
             "![wall time and lost windows per strategy]({})",
             png.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned())
         ),
         Err(e) => format!("(chart not drawn: {e})"),
-    };
+    }
+}
+
+/// The report's "Reading" bullets: C against D for each W, and how the
+/// retrying strategies change from the fewest writers to the most.
+fn reading(args: &Args, cells: &[Cell]) -> String {
     let wall_of =
         |s: Strategy, w: u32| cells.iter().find(|c| c.strategy == s && c.writers == w).map_or(0.0, Cell::wall_mean);
     let mut reading = String::new();
@@ -130,6 +153,22 @@ fn main() -> Result<()> {
             ));
         }
     }
+    reading
+}
+
+/// The measured parts of the report.
+struct Report {
+    table: String,
+    check: String,
+    chart_line: String,
+    reading: String,
+    /// How long the measuring and the chart took.
+    took: Duration,
+}
+
+/// The markdown report: the command that reproduces it, the setup, the
+/// measured parts and seed 002's numbers to compare with.
+fn document(args: &Args, r: &Report) -> String {
     let command = format!(
         "cargo build-plugins && cargo run --release -p sluice-bench --bin contention -- --writers {} --windows {} --rows-per-partition {} --reps {} --max-attempts {} --delay-ms {} --seed {}",
         args.writers.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
@@ -141,7 +180,7 @@ fn main() -> Result<()> {
         args.seed
     );
     let legend: String = Strategy::ALL.iter().map(|s| format!("- **{}**: {}\n", s.name(), s.describe())).collect();
-    let doc = format!(
+    format!(
         "# Commit contention: seed 002's strategies, measured\n\n\
          Produced by:\n\n```sh\n{command}\n```\n\n\
          One real Iceberg table (iceberg-rust `SqlCatalog` on SQLite, local warehouse) partitioned by `day(day)`; \
@@ -151,15 +190,15 @@ fn main() -> Result<()> {
          backoff still lost 3.3 windows on average, serialising took 401 s → 1164 s (2.9× slower than fan-in), the fan-in \
          committer was fastest with zero conflicts, and going from 4 to 12 writers took 401 s → 773 s with failures rising \
          from 3.3 to 69.7; full jitter and fixed backoff were roughly a tie.\n",
+        table = r.table,
+        check = r.check,
+        chart_line = r.chart_line,
+        reading = r.reading,
         windows = args.windows,
         rpp = args.rows_per_partition,
         delay = args.delay_ms,
         attempts = args.max_attempts,
         reps = args.reps,
-        took = started.elapsed().as_secs_f64(),
-    );
-    std::fs::write(&args.out, doc)?;
-    eprintln!("wrote {} and {}", args.out.display(), png.display());
-    anyhow::ensure!(duplicated == 0, "a strategy duplicated rows");
-    Ok(())
+        took = r.took.as_secs_f64(),
+    )
 }

@@ -361,6 +361,9 @@ fn element(field: &Field) -> (bool, &Field) {
     }
 }
 
+/// The plans and the writer-schema message for `fields`, checked against the
+/// table's `columns` when they are known. Fields are checked in order, each
+/// before its children; the table's REQUIRED columns last.
 fn plan_fields(
     fields: &Fields,
     columns: Option<&[TableFieldSchema]>,
@@ -371,82 +374,135 @@ fn plan_fields(
     let mut plans = Vec::new();
     let mut descriptor = DescriptorProto { name: Some(message_name.to_string()), ..Default::default() };
     for (i, field) in fields.iter().enumerate() {
-        let path = format!("{prefix}{}", field.name());
         let tag = u32::try_from(i + 1).unwrap_or(u32::MAX);
-        let (repeated, value_field) = element(field);
-        if repeated && matches!(value_field.data_type(), DataType::List(_) | DataType::LargeList(_)) {
-            return Err(unsupported(&path, field.data_type(), "BigQuery has no arrays of arrays"));
-        }
-        let (natural, mut conv) = natural_type(&path, value_field.data_type())?;
-        let column = match columns {
-            None => None,
-            Some(cols) => Some(cols.iter().find(|c| c.name.eq_ignore_ascii_case(field.name())).ok_or_else(|| {
-                SchemaError::NotInTable {
-                    column: path.clone(),
-                    columns: cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
-                }
-            })?),
-        };
-        if let Some(col) = column {
-            let col_type = Type::try_from(col.r#type).unwrap_or(Type::Unspecified);
-            if !compatible(natural, col_type, value_field.data_type()) {
-                return Err(SchemaError::Mismatch {
-                    column: path,
-                    arrow: field.data_type().to_string(),
-                    bigquery: bq_type_name(col.r#type),
-                });
-            }
-            let col_repeated = col.mode == Mode::Repeated as i32;
-            if col_repeated != repeated {
-                return Err(SchemaError::Mode {
-                    column: path,
-                    table_mode: Mode::try_from(col.mode).map(|m| m.as_str_name()).unwrap_or("NULLABLE").to_string(),
-                    source_mode: if repeated { "a list".into() } else { "single values".into() },
-                });
-            }
-            if col.mode == Mode::Required as i32 && field.is_nullable() {
-                return Err(SchemaError::NullableIntoRequired { column: path });
-            }
-        }
-        let mut type_name = None;
-        if let DataType::Struct(children) = value_field.data_type() {
-            let nested_name = format!("f{}_{}", tag, field.name());
-            let nested_full = format!("{full_name}.{nested_name}");
-            let child_columns = column.map(|c| c.fields.as_slice());
-            let (child_plans, child_desc) =
-                plan_fields(children, child_columns, &nested_name, &format!("{path}."), &nested_full)?;
-            conv = Conv::Struct(child_plans);
-            descriptor.nested_type.push(child_desc);
-            type_name = Some(nested_full);
-        }
-        let proto_type = match &conv {
-            Conv::Int64 | Conv::Timestamp(_) => ProtoType::Int64,
-            Conv::Double => ProtoType::Double,
-            Conv::Bool => ProtoType::Bool,
-            Conv::String | Conv::Datetime(_) | Conv::Decimal(..) => ProtoType::String,
-            Conv::Bytes => ProtoType::Bytes,
-            Conv::Date => ProtoType::Int32,
-            Conv::Struct(_) => ProtoType::Message,
-        };
-        descriptor.field.push(FieldDescriptorProto {
-            name: Some(field.name().clone()),
-            number: Some(tag as i32),
-            label: Some(if repeated { Label::Repeated } else { Label::Optional } as i32),
-            r#type: Some(proto_type as i32),
-            type_name,
-            ..Default::default()
-        });
-        plans.push(Plan { tag, repeated, conv });
+        let planned = plan_field(field, tag, columns, prefix, full_name)?;
+        descriptor.nested_type.extend(planned.nested);
+        descriptor.field.push(planned.proto);
+        plans.push(planned.plan);
     }
-    // A table's REQUIRED columns must all be given.
-    if let Some(cols) = columns {
-        for col in cols {
-            if col.mode == Mode::Required as i32 && !fields.iter().any(|f| f.name().eq_ignore_ascii_case(&col.name)) {
-                return Err(SchemaError::MissingRequired { column: format!("{prefix}{}", col.name) });
-            }
-        }
-    }
+    check_required_given(fields, columns, prefix)?;
     Ok((plans, descriptor))
+}
+
+/// One field's plan, its proto field and, for a STRUCT, its nested message.
+struct PlannedField {
+    plan: Plan,
+    proto: FieldDescriptorProto,
+    nested: Option<DescriptorProto>,
+}
+
+fn plan_field(
+    field: &Field,
+    tag: u32,
+    columns: Option<&[TableFieldSchema]>,
+    prefix: &str,
+    full_name: &str,
+) -> Result<PlannedField, SchemaError> {
+    let path = format!("{prefix}{}", field.name());
+    let (repeated, value_field) = element(field);
+    if repeated && matches!(value_field.data_type(), DataType::List(_) | DataType::LargeList(_)) {
+        return Err(unsupported(&path, field.data_type(), "BigQuery has no arrays of arrays"));
+    }
+    let (natural, mut conv) = natural_type(&path, value_field.data_type())?;
+    let column = match columns {
+        None => None,
+        Some(cols) => Some(find_column(cols, field, &path)?),
+    };
+    if let Some(col) = column {
+        check_column(col, field, natural, repeated, &path)?;
+    }
+    let mut type_name = None;
+    let mut nested = None;
+    if let DataType::Struct(children) = value_field.data_type() {
+        let nested_name = format!("f{}_{}", tag, field.name());
+        let nested_full = format!("{full_name}.{nested_name}");
+        let child_columns = column.map(|c| c.fields.as_slice());
+        let (child_plans, child_desc) =
+            plan_fields(children, child_columns, &nested_name, &format!("{path}."), &nested_full)?;
+        conv = Conv::Struct(child_plans);
+        nested = Some(child_desc);
+        type_name = Some(nested_full);
+    }
+    let proto = FieldDescriptorProto {
+        name: Some(field.name().clone()),
+        number: Some(tag as i32),
+        label: Some(if repeated { Label::Repeated } else { Label::Optional } as i32),
+        r#type: Some(proto_type(&conv) as i32),
+        type_name,
+        ..Default::default()
+    };
+    Ok(PlannedField { plan: Plan { tag, repeated, conv }, proto, nested })
+}
+
+/// The table's column for `field` (names match case-insensitively).
+fn find_column<'c>(
+    cols: &'c [TableFieldSchema],
+    field: &Field,
+    path: &str,
+) -> Result<&'c TableFieldSchema, SchemaError> {
+    cols.iter().find(|c| c.name.eq_ignore_ascii_case(field.name())).ok_or_else(|| SchemaError::NotInTable {
+        column: path.to_string(),
+        columns: cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// Whether `field`'s values may land in the table's column `col`: its type,
+/// its mode (REPEATED for a list) and its nullability.
+fn check_column(
+    col: &TableFieldSchema,
+    field: &Field,
+    natural: Type,
+    repeated: bool,
+    path: &str,
+) -> Result<(), SchemaError> {
+    let (_, value_field) = element(field);
+    let col_type = Type::try_from(col.r#type).unwrap_or(Type::Unspecified);
+    if !compatible(natural, col_type, value_field.data_type()) {
+        return Err(SchemaError::Mismatch {
+            column: path.to_string(),
+            arrow: field.data_type().to_string(),
+            bigquery: bq_type_name(col.r#type),
+        });
+    }
+    let col_repeated = col.mode == Mode::Repeated as i32;
+    if col_repeated != repeated {
+        return Err(SchemaError::Mode {
+            column: path.to_string(),
+            table_mode: Mode::try_from(col.mode).map(|m| m.as_str_name()).unwrap_or("NULLABLE").to_string(),
+            source_mode: if repeated { "a list".into() } else { "single values".into() },
+        });
+    }
+    if col.mode == Mode::Required as i32 && field.is_nullable() {
+        return Err(SchemaError::NullableIntoRequired { column: path.to_string() });
+    }
+    Ok(())
+}
+
+/// The proto field type a conversion writes.
+fn proto_type(conv: &Conv) -> ProtoType {
+    match conv {
+        Conv::Int64 | Conv::Timestamp(_) => ProtoType::Int64,
+        Conv::Double => ProtoType::Double,
+        Conv::Bool => ProtoType::Bool,
+        Conv::String | Conv::Datetime(_) | Conv::Decimal(..) => ProtoType::String,
+        Conv::Bytes => ProtoType::Bytes,
+        Conv::Date => ProtoType::Int32,
+        Conv::Struct(_) => ProtoType::Message,
+    }
+}
+
+/// A table's REQUIRED columns must all be given.
+fn check_required_given(
+    fields: &Fields,
+    columns: Option<&[TableFieldSchema]>,
+    prefix: &str,
+) -> Result<(), SchemaError> {
+    for col in columns.unwrap_or_default() {
+        if col.mode == Mode::Required as i32 && !fields.iter().any(|f| f.name().eq_ignore_ascii_case(&col.name)) {
+            return Err(SchemaError::MissingRequired { column: format!("{prefix}{}", col.name) });
+        }
+    }
+    Ok(())
 }
 
 fn table_field(field: &Field, prefix: &str) -> Result<TableFieldSchema, SchemaError> {

@@ -132,7 +132,7 @@ class RayPool:
         self.nodes: List[str] = []
         self._round: List[Any] = []
 
-    # The coordinator's calls (see `PyPool` in python/src/lib.rs).
+    # The coordinator's calls (see `PyPool` in python/src/coordinator.rs).
 
     def open(self, setups: Sequence[bytes]) -> None:
         parts = _job_parts(self.job)
