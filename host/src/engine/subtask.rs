@@ -113,6 +113,20 @@ impl Drop for SubtaskHandle {
     }
 }
 
+/// What a round wrote before its cut.
+#[derive(Default)]
+struct Filled {
+    /// Rows written in this round.
+    rows: u64,
+    wrote: bool,
+    /// The barrier's changes, when the round ends at one.
+    changes: Vec<Change>,
+    /// The refused shape, when the round ends at one.
+    refusal: Option<SchemaRefusal>,
+    /// The cut when the round ends at a barrier: just before the held batch.
+    cut: Option<serde_json::Value>,
+}
+
 pub(crate) struct Subtask {
     setup: SubtaskSetup,
     writer: WriterInstance,
@@ -251,98 +265,123 @@ impl Subtask {
         self.setup.env.source.rate().map(|r| r / f64::from(self.setup.ctx.parallelism.max(1)))
     }
 
+    /// Round `c`: reads and writes rows up to the checkpoint trigger (or a
+    /// barrier), then prepares and snapshots the writer at that cut.
     pub(crate) fn round(&mut self, c: u64) -> Result<RoundReport, EngineError> {
+        let filled = self.fill(c)?;
+        // The cut: rows up to here belong to checkpoint `c`.
+        self.position = match filled.cut.clone() {
+            Some(cut) => cut,
+            None => self.reader.position(),
+        };
+        self.end_round(c, filled)
+    }
+
+    /// Writes rows until the round's trigger, the end of the source, or a
+    /// batch that needs the target changed first (held for a later round).
+    fn fill(&mut self, c: u64) -> Result<Filled, EngineError> {
         let deadline = self.setup.env.interval.map(|d| Instant::now() + d);
-        let mut rows_in_round = 0u64;
-        let mut wrote = false;
-        let mut changes = Vec::new();
-        let mut refusal = None;
-        // The cut when the round ends at a barrier: just before the held batch.
-        let mut cut = None;
+        let mut filled = Filled::default();
         while !self.finished {
-            if self.held.is_empty() {
-                if self.setup.env.every_rows.is_some_and(|k| rows_in_round >= k) {
-                    break;
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    break;
-                }
+            if self.held.is_empty() && self.trigger_reached(filled.rows, deadline) {
+                break;
             }
-            let (next, before) = match self.held.pop_front() {
-                Some(held) => held,
-                None => {
-                    let mut want = self.batch_rows() as u64;
-                    if let Some(k) = self.setup.env.every_rows {
-                        want = want.min(k - rows_in_round);
-                    }
-                    let before = self.reader.position();
-                    match self.reader.next_batch(want as usize)? {
-                        Some(next) => (next, before),
-                        None => {
-                            self.finished = true;
-                            break;
-                        }
-                    }
-                }
+            let Some((next, before)) = self.next_input(filled.rows)? else {
+                self.finished = true;
+                break;
             };
-            let schema = next.batch.schema();
-            let fitted =
-                tables::fit(&next.table, self.setup.tables.get(&next.table), self.seen.get(&next.table), &schema);
-            let batch = match fitted {
-                Ok(Fit::AsIs) => next.batch,
-                Ok(Fit::Conform(target)) => tables::conform(&next.batch, &target)?,
-                Ok(Fit::Barrier(change)) => {
-                    tracing::info!(
-                        subtask = self.setup.subtask,
-                        table = %next.table,
-                        change = ?change.kind,
-                        "the source changed a table: checkpoint {c} ends here, and the sink evolves the target before the rows of the new shape"
-                    );
-                    changes.push(change);
-                    self.held.push_front((next, before.clone()));
-                    cut = Some(before);
-                    self.read_ahead(&mut changes)?;
-                    break;
-                }
-                Err(refused) => {
-                    refusal = Some(refused);
-                    self.held.push_front((next, before.clone()));
-                    cut = Some(before);
-                    break;
-                }
-            };
-            self.seen.insert(next.table.clone(), schema);
+            let Some(batch) = self.fit(c, next.clone(), before, &mut filled)? else { break };
+            self.seen.insert(next.table.clone(), next.batch.schema());
             let n = batch.num_rows() as u64;
-            let bytes = ipc::encode_batch(&batch)?;
-            self.writer.write(&next.table, &bytes)?;
-            rows_in_round += n;
+            self.writer.write(&next.table, &ipc::encode_batch(&batch)?)?;
+            filled.rows += n;
             self.rows_total += n;
             self.rows_this_run += n;
             self.setup.env.progress.add_rows(n);
-            if !wrote {
-                wrote = true;
+            if !filled.wrote {
+                filled.wrote = true;
                 self.setup.env.faults.check(CrashPoint::AfterWrite, c, Some(self.setup.subtask))?;
             }
             self.throttle(deadline);
         }
-        // The cut: rows up to here belong to checkpoint `c`.
-        self.position = cut.unwrap_or_else(|| self.reader.position());
+        Ok(filled)
+    }
+
+    /// The round's trigger: `every_rows` written, or its interval passed.
+    fn trigger_reached(&self, rows_in_round: u64, deadline: Option<Instant>) -> bool {
+        self.setup.env.every_rows.is_some_and(|k| rows_in_round >= k) || deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// The next batch, held first, else read (`None`: the source is
+    /// exhausted), with the position before it.
+    fn next_input(&mut self, rows_in_round: u64) -> Result<Option<(TableBatch, serde_json::Value)>, EngineError> {
+        if let Some(held) = self.held.pop_front() {
+            return Ok(Some(held));
+        }
+        let mut want = self.batch_rows() as u64;
+        if let Some(k) = self.setup.env.every_rows {
+            want = want.min(k - rows_in_round);
+        }
+        let before = self.reader.position();
+        Ok(self.reader.next_batch(want as usize)?.map(|next| (next, before)))
+    }
+
+    /// `next` as its table takes it now; `None` when it must wait for a
+    /// barrier or is refused, in which case it is held and the round ends
+    /// just before it.
+    fn fit(
+        &mut self,
+        c: u64,
+        next: TableBatch,
+        before: serde_json::Value,
+        filled: &mut Filled,
+    ) -> Result<Option<arrow_array::RecordBatch>, EngineError> {
+        let schema = next.batch.schema();
+        let fitted = tables::fit(&next.table, self.setup.tables.get(&next.table), self.seen.get(&next.table), &schema);
+        match fitted {
+            Ok(Fit::AsIs) => Ok(Some(next.batch)),
+            Ok(Fit::Conform(target)) => Ok(Some(tables::conform(&next.batch, &target)?)),
+            Ok(Fit::Barrier(change)) => {
+                tracing::info!(
+                    subtask = self.setup.subtask,
+                    table = %next.table,
+                    change = ?change.kind,
+                    "the source changed a table: checkpoint {c} ends here, and the sink evolves the target before the rows of the new shape"
+                );
+                filled.changes.push(change);
+                self.held.push_front((next, before.clone()));
+                filled.cut = Some(before);
+                self.read_ahead(&mut filled.changes)?;
+                Ok(None)
+            }
+            Err(refused) => {
+                filled.refusal = Some(refused);
+                self.held.push_front((next, before.clone()));
+                filled.cut = Some(before);
+                Ok(None)
+            }
+        }
+    }
+
+    /// `prepare-commit(c)` and `snapshot-state(c)` at the cut, and the report.
+    fn end_round(&mut self, c: u64, filled: Filled) -> Result<RoundReport, EngineError> {
+        let subtask = self.setup.subtask;
         let preparing = Instant::now();
         let info = self.writer.prepare_commit(c)?;
-        self.setup.env.faults.check(CrashPoint::AfterPrepareCommit, c, Some(self.setup.subtask))?;
+        self.setup.env.faults.check(CrashPoint::AfterPrepareCommit, c, Some(subtask))?;
         let state = self.writer.snapshot_state(c)?;
         tracing::debug!(
-            subtask = self.setup.subtask,
+            subtask,
             checkpoint = c,
-            rows = rows_in_round,
+            rows = filled.rows,
             prepare_ms = preparing.elapsed().as_millis() as u64,
             "round ended"
         );
-        self.setup.env.faults.check(CrashPoint::AfterSnapshotState, c, Some(self.setup.subtask))?;
+        self.setup.env.faults.check(CrashPoint::AfterSnapshotState, c, Some(subtask))?;
         Ok(RoundReport {
             c,
             info,
-            rows: rows_in_round,
+            rows: filled.rows,
             record: SubtaskRecord {
                 position: self.position.clone(),
                 writer_state: Blob(state),
@@ -350,8 +389,8 @@ impl Subtask {
                 finished: self.finished && self.held.is_empty(),
                 seen: self.seen_record()?,
             },
-            changes,
-            refusal,
+            changes: filled.changes,
+            refusal: filled.refusal,
         })
     }
 
