@@ -4,6 +4,7 @@
 //! Invariants of every exactly-once assertion here: rows are compared by id
 //! *and* by value against the generator's deterministic rows, never by count.
 
+pub mod moto;
 pub mod nested_cargo;
 pub mod rest_catalog;
 
@@ -513,7 +514,10 @@ fn interpreter() -> Result<&'static Path, String> {
 
 fn imports_all(python: &Path) -> bool {
     Command::new(python)
-        .args(["-c", "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data"])
+        .args([
+            "-c",
+            "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data, moto.server",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
