@@ -6,6 +6,10 @@
 //!   and the file;
 //! - relative paths are resolved against the job file's directory, so a job
 //!   behaves the same from any working directory;
+//! - every location (state dir, warehouse, catalog database, source path,
+//!   grants, plugin and token files) is parsed by [`crate::location`]: a URL
+//!   whose scheme the key does not serve is refused here, naming the key,
+//!   before anything is written, and is never taken for a relative path;
 //! - after [`Job::load`] the job is valid in full: every path is absolute,
 //!   every value in range, the catalog and the endpoints are resolved (their
 //!   tokens read), so the engine never checks a job key again.
@@ -18,6 +22,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::capability::limits::{self, HostLimits};
+use crate::location::{Location, Served};
 
 /// A job file that could not be used.
 #[derive(Debug, Error)]
@@ -509,7 +514,21 @@ impl Job {
         normalize(&self.base_dir.join(p))
     }
 
+    /// Checks the job in named steps, each resolving what it checks.
     fn validate(&mut self) -> Result<(), JobError> {
+        self.check_job_section()?;
+        self.check_source()?;
+        self.check_plugin()?;
+        self.check_sandbox()?;
+        self.check_sink_options()?;
+        self.check_grants()?;
+        self.resolve_state_dir()?;
+        self.catalog = self.spec.sink.catalog.as_ref().map(|c| self.catalog_config(c)).transpose()?;
+        self.resolve_endpoints()
+    }
+
+    /// `[job]`: the ids, the parallelism, the checkpoint trigger and the commit retries.
+    fn check_job_section(&self) -> Result<(), JobError> {
         check_id(&self.spec.job.id).map_err(|m| self.invalid("job.id", m))?;
         check_id(&self.spec.sink.id).map_err(|m| self.invalid("sink.id", m))?;
         if self.spec.job.parallelism == 0 || self.spec.job.parallelism > 1024 {
@@ -530,6 +549,11 @@ impl Job {
         if self.spec.job.commit.max_attempts == 0 {
             return Err(self.invalid("job.commit.max_attempts", "must be at least 1"));
         }
+        Ok(())
+    }
+
+    /// `[source]`; a file source's path becomes absolute.
+    fn check_source(&mut self) -> Result<(), JobError> {
         match &self.spec.source {
             SourceSpec::Generator { rate, batch_rows, tables, new_table_at, .. } => {
                 let mut names = std::collections::BTreeSet::new();
@@ -545,25 +569,11 @@ impl Job {
                         self.invalid("source.new_table_at", "needs at least two `tables` (the last one appears late)")
                     );
                 }
-                if let Some(r) = rate
-                    && !(r.is_finite() && *r > 0.0)
-                {
-                    return Err(self.invalid("source.rate", "must be a positive number of rows per second"));
-                }
-                if *batch_rows == 0 {
-                    return Err(self.invalid("source.batch_rows", "must be at least 1"));
-                }
+                self.check_rate_and_batch(*rate, *batch_rows)
             }
             SourceSpec::File { path, batch_rows, format, rate, .. } => {
-                if *batch_rows == 0 {
-                    return Err(self.invalid("source.batch_rows", "must be at least 1"));
-                }
-                if let Some(r) = rate
-                    && !(r.is_finite() && *r > 0.0)
-                {
-                    return Err(self.invalid("source.rate", "must be a positive number of rows per second"));
-                }
-                let resolved = self.resolve(path);
+                self.check_rate_and_batch(*rate, *batch_rows)?;
+                let resolved = self.local_path("source.path", path)?;
                 if !resolved.exists() {
                     return Err(self.invalid("source.path", format!("{} does not exist", resolved.display())));
                 }
@@ -579,9 +589,26 @@ impl Job {
                 if let SourceSpec::File { path, .. } = &mut self.spec.source {
                     *path = resolved;
                 }
+                Ok(())
             }
         }
-        let plugin = self.resolve(&self.spec.sink.plugin);
+    }
+
+    fn check_rate_and_batch(&self, rate: Option<f64>, batch_rows: usize) -> Result<(), JobError> {
+        if let Some(r) = rate
+            && !(r.is_finite() && r > 0.0)
+        {
+            return Err(self.invalid("source.rate", "must be a positive number of rows per second"));
+        }
+        if batch_rows == 0 {
+            return Err(self.invalid("source.batch_rows", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// `sink.plugin` must be a file; it becomes absolute.
+    fn check_plugin(&mut self) -> Result<(), JobError> {
+        let plugin = self.local_path("sink.plugin", &self.spec.sink.plugin)?;
         if !plugin.is_file() {
             return Err(self.invalid(
                 "sink.plugin",
@@ -589,6 +616,11 @@ impl Job {
             ));
         }
         self.spec.sink.plugin = plugin;
+        Ok(())
+    }
+
+    /// `[sink.sandbox]`: every limit in range.
+    fn check_sandbox(&self) -> Result<(), JobError> {
         let sb = &self.spec.sink.sandbox;
         if !(sb.call_timeout_secs.is_finite() && sb.call_timeout_secs > 0.0) {
             return Err(self.invalid("sink.sandbox.call_timeout_secs", "must be a positive number of seconds"));
@@ -620,16 +652,42 @@ impl Job {
                 return Err(self.invalid(key, "must be at least 1"));
             }
         }
+        Ok(())
+    }
+
+    /// `[sink.options]`: plain values only (the plugin receives strings).
+    fn check_sink_options(&self) -> Result<(), JobError> {
         for (key, value) in &self.spec.sink.options {
             if matches!(value, toml::Value::Table(_)) {
                 return Err(self.invalid(&format!("sink.options.{key}"), "must be a plain value, not a table"));
             }
         }
+        Ok(())
+    }
+
+    /// `[sink.grants]`: every location parses and is served (local only, for
+    /// now); the file-io capability resolves them again as it sets them up.
+    fn check_grants(&self) -> Result<(), JobError> {
+        let g = &self.spec.sink.grants;
+        for (list, name) in [(&g.locations, "locations"), (&g.read_locations, "read_locations")] {
+            for (i, location) in list.iter().enumerate() {
+                self.location(&format!("sink.grants.{name}[{i}]"), location, Served::LOCAL)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `job.state_dir`, or `.sluice/<id>` next to the job file.
+    fn resolve_state_dir(&mut self) -> Result<(), JobError> {
         self.state_dir = match &self.spec.job.state_dir {
-            Some(dir) => self.resolve(dir),
+            Some(dir) => self.local_path("job.state_dir", dir)?,
             None => self.base_dir.join(".sluice").join(&self.spec.job.id),
         };
-        self.catalog = self.spec.sink.catalog.as_ref().map(|c| self.catalog_config(c)).transpose()?;
+        Ok(())
+    }
+
+    /// `[sink.grpc.*]` and `[sink.http.*]`, their tokens read.
+    fn resolve_endpoints(&mut self) -> Result<(), JobError> {
         let mut endpoints = BTreeMap::new();
         for (name, spec) in &self.spec.sink.grpc {
             endpoints.insert(name.clone(), self.endpoint_config("grpc", name, spec)?);
@@ -643,6 +701,19 @@ impl Job {
         Ok(())
     }
 
+    /// The location `raw` given for `key`, refused unless `served` lists its kind.
+    fn location(&self, key: &str, raw: &str, served: Served) -> Result<Location, JobError> {
+        Location::parse(raw, &self.base_dir, served).map_err(|e| self.invalid(key, e.to_string()))
+    }
+
+    /// The absolute local path given for `key`, which serves local paths only:
+    /// a URL of any other scheme is refused, never taken for a relative path.
+    fn local_path(&self, key: &str, raw: &Path) -> Result<PathBuf, JobError> {
+        let text = raw.to_str().ok_or_else(|| self.invalid(key, format!("{} is not UTF-8", raw.display())))?;
+        let location = self.location(key, text, Served::LOCAL)?;
+        location.into_local().ok_or_else(|| self.invalid(key, format!("{text:?} is not a local path")))
+    }
+
     /// A secret from the environment variable `var`; `key` names the job key.
     fn token_from_env(&self, key: &str, var: &str) -> Result<Secret, JobError> {
         match std::env::var(var) {
@@ -653,7 +724,7 @@ impl Job {
     }
 
     fn catalog_config(&self, spec: &CatalogSpec) -> Result<CatalogConfig, JobError> {
-        let warehouse = self.resolve(&spec.warehouse);
+        let warehouse = self.local_path("sink.catalog.warehouse", &spec.warehouse)?;
         let name = spec.name.clone();
         match spec.kind {
             CatalogKind::Sql => {
@@ -666,7 +737,8 @@ impl Job {
                 let Some(database) = &spec.database else {
                     return Err(self.invalid("sink.catalog.database", "kind = \"sql\" needs the SQLite file"));
                 };
-                Ok(CatalogConfig::Sql { name, database: self.resolve(database), warehouse })
+                let database = self.local_path("sink.catalog.database", database)?;
+                Ok(CatalogConfig::Sql { name, database, warehouse })
             }
             CatalogKind::Rest => {
                 if spec.database.is_some() {
@@ -714,7 +786,7 @@ impl Job {
             (None, None) => None,
             (Some(var), None) => Some(self.token_from_env(&key("token_env"), var)?),
             (None, Some(file)) => {
-                let path = self.resolve(file);
+                let path = self.local_path(&key("token_file"), file)?;
                 let text = std::fs::read_to_string(&path)
                     .map_err(|e| self.invalid(&key("token_file"), format!("cannot read {}: {e}", path.display())))?;
                 if text.trim().is_empty() {

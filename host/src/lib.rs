@@ -12,6 +12,7 @@ pub mod engine;
 pub mod fault;
 pub mod ipc;
 pub mod job;
+pub mod location;
 pub mod plugin;
 pub mod progress;
 pub mod source;

