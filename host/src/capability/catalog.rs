@@ -98,15 +98,16 @@ impl From<CatalogError> for CommitError {
     }
 }
 
+/// What one commit asks of a table: every requirement holding, every update.
+pub(crate) struct TableCommit {
+    pub requirements: Vec<TableRequirement>,
+    pub updates: Vec<TableUpdate>,
+}
+
 /// Where commits go. A commit applies every update with every requirement
 /// holding, or nothing; it is never rebased or retried here.
 pub(crate) trait CommitBackend: Send + Sync {
-    fn commit(
-        &self,
-        ident: &TableIdent,
-        requirements: Vec<TableRequirement>,
-        updates: Vec<TableUpdate>,
-    ) -> Result<LoadedTable, CommitError>;
+    fn commit(&self, ident: &TableIdent, commit: TableCommit) -> Result<LoadedTable, CommitError>;
 }
 
 /// Commits to `SqlCatalog`'s own table with a compare-and-swap on the
@@ -122,12 +123,8 @@ struct SqlCommits {
 }
 
 impl CommitBackend for SqlCommits {
-    fn commit(
-        &self,
-        ident: &TableIdent,
-        requirements: Vec<TableRequirement>,
-        updates: Vec<TableUpdate>,
-    ) -> Result<LoadedTable, CommitError> {
+    fn commit(&self, ident: &TableIdent, commit: TableCommit) -> Result<LoadedTable, CommitError> {
+        let TableCommit { requirements, updates } = commit;
         super::block_on(COMMIT, self.commit_async(ident, requirements, updates))
             .map_err(CommitError::Deadline)?
             .map_err(CommitError::Catalog)
@@ -193,12 +190,8 @@ impl SqlCommits {
 }
 
 impl CommitBackend for RestCommitter {
-    fn commit(
-        &self,
-        ident: &TableIdent,
-        requirements: Vec<TableRequirement>,
-        updates: Vec<TableUpdate>,
-    ) -> Result<LoadedTable, CommitError> {
+    fn commit(&self, ident: &TableIdent, commit: TableCommit) -> Result<LoadedTable, CommitError> {
+        let TableCommit { requirements, updates } = commit;
         super::block_on(COMMIT, self.post(ident, &requirements, &updates))
             .map_err(CommitError::Deadline)?
             .map_err(CommitError::Catalog)
@@ -421,7 +414,7 @@ impl CatalogGrant {
             .map_err(|e| CatalogError::Other(format!("commit requirements are not valid REST-spec JSON: {e}")))?;
         let updates: Vec<TableUpdate> = serde_json::from_str(updates)
             .map_err(|e| CatalogError::Other(format!("commit updates are not valid REST-spec JSON: {e}")))?;
-        let result = self.backend.commit(ident, requirements, updates);
+        let result = self.backend.commit(ident, TableCommit { requirements, updates });
         if matches!(result, Err(CommitError::Catalog(CatalogError::Conflict(_)))) {
             self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
         }

@@ -25,10 +25,10 @@ pub(crate) fn wrap(backend: Box<dyn CommitBackend>, _: &Faults) -> Box<dyn Commi
 mod armed {
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use iceberg::{TableIdent, TableRequirement, TableUpdate};
+    use iceberg::TableIdent;
 
     use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
-    use crate::capability::catalog::{CommitBackend, CommitError};
+    use crate::capability::catalog::{CommitBackend, CommitError, TableCommit};
     use crate::fault::{CatalogFaults, CommitFault, Injected};
 
     pub(super) struct FaultyCommits {
@@ -44,12 +44,8 @@ mod armed {
     }
 
     impl CommitBackend for FaultyCommits {
-        fn commit(
-            &self,
-            ident: &TableIdent,
-            requirements: Vec<TableRequirement>,
-            updates: Vec<TableUpdate>,
-        ) -> Result<LoadedTable, CommitError> {
+        fn commit(&self, ident: &TableIdent, commit: TableCommit) -> Result<LoadedTable, CommitError> {
+            let TableCommit { requirements, updates } = commit;
             let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
             if !self.faults.latency.is_zero() {
                 std::thread::sleep(self.faults.latency);
@@ -61,7 +57,7 @@ mod armed {
                     CatalogError::Conflict("another writer committed first (injected fault)".to_string()).into()
                 );
             }
-            let applied = self.inner.commit(ident, requirements, updates)?;
+            let applied = self.inner.commit(ident, TableCommit { requirements, updates })?;
             match fault {
                 Some(CommitFault::LoseReply) => {
                     tracing::warn!(table = %ident, call, "injected fault: commit applied, reply dropped");

@@ -15,7 +15,7 @@ use wasmtime::Store;
 use wasmtime::component::{ResourceAny, ResourceTable};
 use wasmtime_wasi::WasiCtx;
 
-use super::adapter::{self, Adapter, Failure};
+use super::adapter::{self, Adapter, Failure, Opening};
 use super::host_state::HostState;
 use super::sandbox::{self, GuestOutput, MemoryCap, TrapCause};
 use super::{ContractVersion, Limits, Plugin, PluginError, SinkCtx, SourceTable, TableChange};
@@ -103,7 +103,7 @@ impl Instance {
         tables: &[SourceTable],
     ) -> Result<(), PluginError> {
         let options = borrowed(options);
-        self.with(|a, g| a.validate(g, ctx, &options, tables))
+        self.with(|a, g| a.validate(g, &Opening { ctx, options: &options, tables }))
     }
 
     /// Arms the test-only crash after the next side effect of a call (does
@@ -209,7 +209,7 @@ impl WriterInstance {
         restored: Option<&[u8]>,
     ) -> Result<Self, PluginError> {
         let options = borrowed(options);
-        let handle = inst.with(|a, g| a.open_writer(g, ctx, &options, tables, restored))?;
+        let handle = inst.with(|a, g| a.open_writer(g, &Opening { ctx, options: &options, tables }, restored))?;
         Ok(Self { inst, handle })
     }
 
@@ -263,7 +263,7 @@ impl CommitterInstance {
         tables: &[SourceTable],
     ) -> Result<Self, PluginError> {
         let options = borrowed(options);
-        let handle = inst.with(|a, g| a.open_committer(g, ctx, &options, tables))?;
+        let handle = inst.with(|a, g| a.open_committer(g, &Opening { ctx, options: &options, tables }))?;
         Ok(Self { inst, handle })
     }
 

@@ -41,6 +41,48 @@ macro_rules! failure_from {
     };
 }
 
+/// The calls whose shape is the same in every contract version, written
+/// once: each expands inside a version's `impl Adapter`, where `self.0` is
+/// that version's bindings.
+macro_rules! same_calls {
+    () => {
+        fn prepare_commit(
+            &self,
+            guest: &mut Guest<'_>,
+            h: ResourceAny,
+            c: u64,
+        ) -> Result<Option<Vec<u8>>, PluginError> {
+            guest.call("prepare-commit", |s| self.0.sluice_connector_sink().writer().call_prepare_commit(s, h, c))
+        }
+
+        fn snapshot_state(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64) -> Result<Vec<u8>, PluginError> {
+            guest.call("snapshot-state", |s| self.0.sluice_connector_sink().writer().call_snapshot_state(s, h, c))
+        }
+
+        fn abort_prepare(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64) -> Result<(), PluginError> {
+            guest.call("abort-prepare", |s| self.0.sluice_connector_sink().writer().call_abort_prepare(s, h, c))
+        }
+
+        fn close(&self, guest: &mut Guest<'_>, h: ResourceAny) -> Result<(), PluginError> {
+            guest.call("close", |s| self.0.sluice_connector_sink().writer().call_close(s, h))
+        }
+
+        fn combine(
+            &self,
+            guest: &mut Guest<'_>,
+            h: ResourceAny,
+            c: u64,
+            infos: &[&[u8]],
+        ) -> Result<Vec<u8>, PluginError> {
+            guest.call("combine", |s| self.0.sluice_connector_sink().committer().call_combine(s, h, c, infos))
+        }
+
+        fn abort(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<(), PluginError> {
+            guest.call("abort", |s| self.0.sluice_connector_sink().committer().call_abort(s, h, c, combined))
+        }
+    };
+}
+
 mod v0_1;
 mod v0_2;
 
@@ -59,6 +101,14 @@ pub(super) fn instantiate(pre: &Pre, store: &mut Store<HostState>) -> wasmtime::
     })
 }
 
+/// What an instance opens (or validates) with: who it is, its options
+/// and the tables it takes.
+pub(super) struct Opening<'a> {
+    pub ctx: &'a SinkCtx,
+    pub options: &'a [(&'a str, &'a str)],
+    pub tables: &'a [SourceTable],
+}
+
 /// The calls of the newest contract, in the host's types; each version
 /// serves them with its own export, or refuses what it cannot express.
 /// `h` is the instance's writer or committer resource, `c` a checkpoint.
@@ -73,20 +123,12 @@ pub(super) trait Adapter: Send + Sync {
         combined: &[u8],
     ) -> Result<Option<Vec<String>>, PluginError>;
 
-    fn validate(
-        &self,
-        guest: &mut Guest<'_>,
-        ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
-    ) -> Result<(), PluginError>;
+    fn validate(&self, guest: &mut Guest<'_>, open: &Opening<'_>) -> Result<(), PluginError>;
 
     fn open_writer(
         &self,
         guest: &mut Guest<'_>,
-        ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
+        open: &Opening<'_>,
         restored: Option<&[u8]>,
     ) -> Result<ResourceAny, PluginError>;
 
@@ -102,25 +144,13 @@ pub(super) trait Adapter: Send + Sync {
 
     fn close(&self, guest: &mut Guest<'_>, h: ResourceAny) -> Result<(), PluginError>;
 
-    fn open_committer(
-        &self,
-        guest: &mut Guest<'_>,
-        ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
-    ) -> Result<ResourceAny, PluginError>;
+    fn open_committer(&self, guest: &mut Guest<'_>, open: &Opening<'_>) -> Result<ResourceAny, PluginError>;
 
     fn evolve(&self, guest: &mut Guest<'_>, h: ResourceAny, changes: &[TableChange]) -> Result<(), PluginError>;
 
     fn combine(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64, infos: &[&[u8]]) -> Result<Vec<u8>, PluginError>;
 
-    fn commit(
-        &self,
-        guest: &mut Guest<'_>,
-        h: ResourceAny,
-        c: u64,
-        combined: &[u8],
-    ) -> Result<CommitOutcome, PluginError>;
+    fn commit(&self, g: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<CommitOutcome, PluginError>;
 
     fn abort(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<(), PluginError>;
 }

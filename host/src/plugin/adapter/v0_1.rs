@@ -5,7 +5,7 @@
 
 use wasmtime::component::ResourceAny;
 
-use super::Failure;
+use super::{Failure, Opening};
 use crate::bindings::{CommitOutcome, PluginInfo, v0_1, v0_2};
 use crate::plugin::instance::Guest;
 use crate::plugin::{ContractVersion, PluginError, SinkCtx, SourceTable, TableChange};
@@ -65,6 +65,8 @@ fn single_table<'t>(guest: &Guest<'_>, tables: &'t [SourceTable]) -> Result<&'t 
 }
 
 impl super::Adapter for Adapter {
+    same_calls!();
+
     fn describe(&self, guest: &mut Guest<'_>) -> Result<PluginInfo, PluginError> {
         guest.call("describe", |s| self.0.sluice_connector_sink().call_describe(s).map(|i| Ok::<_, Failure>(info(i))))
     }
@@ -80,26 +82,20 @@ impl super::Adapter for Adapter {
         guest.call("describe-commit", |_| Ok(Ok::<_, Failure>(None)))
     }
 
-    fn validate(
-        &self,
-        guest: &mut Guest<'_>,
-        _ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
-    ) -> Result<(), PluginError> {
-        let schema = single_table(guest, tables)?;
+    fn validate(&self, guest: &mut Guest<'_>, open: &Opening<'_>) -> Result<(), PluginError> {
+        let options = open.options;
+        let schema = single_table(guest, open.tables)?;
         guest.call("validate", |s| self.0.sluice_connector_sink().call_validate(s, options, schema))
     }
 
     fn open_writer(
         &self,
         guest: &mut Guest<'_>,
-        ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
+        open: &Opening<'_>,
         restored: Option<&[u8]>,
     ) -> Result<ResourceAny, PluginError> {
-        let schema = single_table(guest, tables)?;
+        let (ctx, options) = (open.ctx, open.options);
+        let schema = single_table(guest, open.tables)?;
         guest.call("open", |s| {
             self.0.sluice_connector_sink().writer().call_open(s, context(ctx), options, schema, restored)
         })
@@ -112,34 +108,13 @@ impl super::Adapter for Adapter {
         guest.call("write", |s| self.0.sluice_connector_sink().writer().call_write(s, h, batch))
     }
 
-    fn prepare_commit(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64) -> Result<Option<Vec<u8>>, PluginError> {
-        guest.call("prepare-commit", |s| self.0.sluice_connector_sink().writer().call_prepare_commit(s, h, c))
-    }
-
-    fn snapshot_state(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64) -> Result<Vec<u8>, PluginError> {
-        guest.call("snapshot-state", |s| self.0.sluice_connector_sink().writer().call_snapshot_state(s, h, c))
-    }
-
     fn apply_changes(&self, guest: &mut Guest<'_>, _h: ResourceAny, _: &[TableChange]) -> Result<(), PluginError> {
         Err(refuse(guest, "follow a new table or a schema change"))
     }
 
-    fn abort_prepare(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64) -> Result<(), PluginError> {
-        guest.call("abort-prepare", |s| self.0.sluice_connector_sink().writer().call_abort_prepare(s, h, c))
-    }
-
-    fn close(&self, guest: &mut Guest<'_>, h: ResourceAny) -> Result<(), PluginError> {
-        guest.call("close", |s| self.0.sluice_connector_sink().writer().call_close(s, h))
-    }
-
-    fn open_committer(
-        &self,
-        guest: &mut Guest<'_>,
-        ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
-    ) -> Result<ResourceAny, PluginError> {
-        let schema = single_table(guest, tables)?;
+    fn open_committer(&self, guest: &mut Guest<'_>, open: &Opening<'_>) -> Result<ResourceAny, PluginError> {
+        let (ctx, options) = (open.ctx, open.options);
+        let schema = single_table(guest, open.tables)?;
         guest.call("open", |s| self.0.sluice_connector_sink().committer().call_open(s, context(ctx), options, schema))
     }
 
@@ -147,23 +122,9 @@ impl super::Adapter for Adapter {
         Err(refuse(guest, "create a table or change a schema"))
     }
 
-    fn combine(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64, infos: &[&[u8]]) -> Result<Vec<u8>, PluginError> {
-        guest.call("combine", |s| self.0.sluice_connector_sink().committer().call_combine(s, h, c, infos))
-    }
-
-    fn commit(
-        &self,
-        guest: &mut Guest<'_>,
-        h: ResourceAny,
-        c: u64,
-        combined: &[u8],
-    ) -> Result<CommitOutcome, PluginError> {
-        guest.call("commit", |s| {
+    fn commit(&self, g: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<CommitOutcome, PluginError> {
+        g.call("commit", |s| {
             self.0.sluice_connector_sink().committer().call_commit(s, h, c, combined).map(|r| r.map(outcome))
         })
-    }
-
-    fn abort(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<(), PluginError> {
-        guest.call("abort", |s| self.0.sluice_connector_sink().committer().call_abort(s, h, c, combined))
     }
 }

@@ -3,7 +3,7 @@
 
 use wasmtime::component::ResourceAny;
 
-use super::Failure;
+use super::{Failure, Opening};
 use crate::bindings::{CommitOutcome, PluginInfo, v0_2};
 use crate::plugin::instance::Guest;
 use crate::plugin::{ChangeKind, PluginError, SinkCtx, SourceTable, TableChange};
@@ -47,6 +47,8 @@ fn changes(changes: &[TableChange]) -> Vec<v0_2::TableChange<'_>> {
 }
 
 impl super::Adapter for Adapter {
+    same_calls!();
+
     fn describe(&self, guest: &mut Guest<'_>) -> Result<PluginInfo, PluginError> {
         guest.call("describe", |s| self.0.sluice_connector_sink().call_describe(s).map(Ok::<_, Failure>))
     }
@@ -65,26 +67,20 @@ impl super::Adapter for Adapter {
         })
     }
 
-    fn validate(
-        &self,
-        guest: &mut Guest<'_>,
-        ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
-    ) -> Result<(), PluginError> {
-        let tables = self::tables(tables);
+    fn validate(&self, guest: &mut Guest<'_>, open: &Opening<'_>) -> Result<(), PluginError> {
+        let (ctx, options) = (open.ctx, open.options);
+        let tables = self::tables(open.tables);
         guest.call("validate", |s| self.0.sluice_connector_sink().call_validate(s, context(ctx), options, &tables))
     }
 
     fn open_writer(
         &self,
         guest: &mut Guest<'_>,
-        ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
+        open: &Opening<'_>,
         restored: Option<&[u8]>,
     ) -> Result<ResourceAny, PluginError> {
-        let tables = self::tables(tables);
+        let (ctx, options) = (open.ctx, open.options);
+        let tables = self::tables(open.tables);
         guest.call("open", |s| {
             self.0.sluice_connector_sink().writer().call_open(s, context(ctx), options, &tables, restored)
         })
@@ -94,35 +90,14 @@ impl super::Adapter for Adapter {
         guest.call("write", |s| self.0.sluice_connector_sink().writer().call_write(s, h, table, batch))
     }
 
-    fn prepare_commit(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64) -> Result<Option<Vec<u8>>, PluginError> {
-        guest.call("prepare-commit", |s| self.0.sluice_connector_sink().writer().call_prepare_commit(s, h, c))
-    }
-
-    fn snapshot_state(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64) -> Result<Vec<u8>, PluginError> {
-        guest.call("snapshot-state", |s| self.0.sluice_connector_sink().writer().call_snapshot_state(s, h, c))
-    }
-
     fn apply_changes(&self, guest: &mut Guest<'_>, h: ResourceAny, changes: &[TableChange]) -> Result<(), PluginError> {
         let changes = self::changes(changes);
         guest.call("apply-changes", |s| self.0.sluice_connector_sink().writer().call_apply_changes(s, h, &changes))
     }
 
-    fn abort_prepare(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64) -> Result<(), PluginError> {
-        guest.call("abort-prepare", |s| self.0.sluice_connector_sink().writer().call_abort_prepare(s, h, c))
-    }
-
-    fn close(&self, guest: &mut Guest<'_>, h: ResourceAny) -> Result<(), PluginError> {
-        guest.call("close", |s| self.0.sluice_connector_sink().writer().call_close(s, h))
-    }
-
-    fn open_committer(
-        &self,
-        guest: &mut Guest<'_>,
-        ctx: &SinkCtx,
-        options: &[(&str, &str)],
-        tables: &[SourceTable],
-    ) -> Result<ResourceAny, PluginError> {
-        let tables = self::tables(tables);
+    fn open_committer(&self, guest: &mut Guest<'_>, open: &Opening<'_>) -> Result<ResourceAny, PluginError> {
+        let (ctx, options) = (open.ctx, open.options);
+        let tables = self::tables(open.tables);
         guest.call("open", |s| self.0.sluice_connector_sink().committer().call_open(s, context(ctx), options, &tables))
     }
 
@@ -131,21 +106,7 @@ impl super::Adapter for Adapter {
         guest.call("evolve", |s| self.0.sluice_connector_sink().committer().call_evolve(s, h, &changes))
     }
 
-    fn combine(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64, infos: &[&[u8]]) -> Result<Vec<u8>, PluginError> {
-        guest.call("combine", |s| self.0.sluice_connector_sink().committer().call_combine(s, h, c, infos))
-    }
-
-    fn commit(
-        &self,
-        guest: &mut Guest<'_>,
-        h: ResourceAny,
-        c: u64,
-        combined: &[u8],
-    ) -> Result<CommitOutcome, PluginError> {
-        guest.call("commit", |s| self.0.sluice_connector_sink().committer().call_commit(s, h, c, combined))
-    }
-
-    fn abort(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<(), PluginError> {
-        guest.call("abort", |s| self.0.sluice_connector_sink().committer().call_abort(s, h, c, combined))
+    fn commit(&self, g: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<CommitOutcome, PluginError> {
+        g.call("commit", |s| self.0.sluice_connector_sink().committer().call_commit(s, h, c, combined))
     }
 }
