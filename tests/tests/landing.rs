@@ -108,3 +108,67 @@ fn a_landing_that_finds_its_key_taken_halts_its_state_directory() {
         Ok(_) => panic!("a halted state directory was opened"),
     }
 }
+
+/// The landing's own commit may be crashed right after its first side
+/// effect (`Committer::commit` arms `DuringCommit` for `Commit::Own`, which
+/// the landing did not before issue #22): the next landing commits the
+/// recovered checkpoint (`Commit::Recovered`, so an `already-committed`
+/// answer is not taken for a reused key), once, and is refused.
+#[test]
+fn a_crash_during_the_landings_commit_is_finished_once_by_the_next_landing() {
+    let job = TestJob::files("landing-during-commit", 1, 1, 1_000);
+    let loaded = Arc::new(job.load(&[]).expect("job file"));
+    let fault = Fault { point: CrashPoint::DuringCommit, checkpoint: 1, subtask: 0 };
+    let crash = RunOptions { faults: Faults { crash: Some(fault), ..Faults::default() }, ..quiet() };
+    let e = land(&loaded, &crash).expect_err("the landing crashes during its commit");
+    assert!(matches!(e, EngineError::InjectedCrash(_)), "{e}");
+    assert!(e.to_string().contains("during-commit of checkpoint 1"), "{e}");
+    // The claim is the commit's first side effect: nothing is published yet.
+    assert_eq!(read_visible(&job.out()).num_rows(), 0, "rows visible before the commit finished");
+
+    match Landing::open(loaded.clone(), host(), &quiet()) {
+        Err(EngineError::AlreadyLanded { finished: 1, checkpoint: 1, .. }) => {}
+        Err(e) => panic!("the next landing did not finish the interrupted commit: {e}"),
+        Ok(_) => panic!("the next landing was not refused"),
+    }
+    assert_exactly_once(&read_visible(&job.out()), 5_000);
+}
+
+/// A chaos job: every `commit` answers `already-committed` and fails unless
+/// the record of its checkpoint is already in the state directory.
+fn chaos_job(id: &str) -> (TestJob, Arc<Job>) {
+    let job = TestJob::chaos(id, 1, 1, 1_000, "already-committed", "commit");
+    let loaded = Arc::new(job.load(&[]).expect("job file"));
+    (job, loaded)
+}
+
+/// A landing's own first commit that answers `already-committed` halts the
+/// state directory; the same answer to a recovered commit (an earlier
+/// landing's, crashed after persisting) is the idempotent re-commit, and the
+/// landing is refused as already landed, not halted. The chaos committer
+/// also proves the record was durable before each commit.
+#[test]
+fn already_committed_is_key_reuse_for_the_landings_own_commit_only() {
+    let (_job, own) = chaos_job("landing-chaos-own");
+    match land(&own, &quiet()) {
+        Err(EngineError::KeyReused { checkpoint: 1, .. }) => {}
+        Err(e) => panic!("expected the key-reuse halt: {e}"),
+        Ok(()) => panic!("an already-committed first commit counted as delivered"),
+    }
+    assert!(matches!(Landing::open(own, host(), &quiet()), Err(EngineError::Halted { .. })));
+
+    let (_job, recovered) = chaos_job("landing-chaos-recovered");
+    let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 };
+    let crash = RunOptions { faults: Faults { crash: Some(fault), ..Faults::default() }, ..quiet() };
+    assert!(land(&recovered, &crash).expect_err("crash after persist").is_injected_crash());
+    match Landing::open(recovered.clone(), host(), &quiet()) {
+        Err(EngineError::AlreadyLanded { finished: 1, checkpoint: 1, .. }) => {}
+        Err(e) => panic!("a recovered commit answering already-committed was not finished: {e}"),
+        Ok(_) => panic!("the next landing was not refused"),
+    }
+    match Landing::open(recovered, host(), &quiet()) {
+        Err(EngineError::AlreadyLanded { finished: 0, .. }) => {}
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a landed state directory landed again"),
+    }
+}
