@@ -172,3 +172,63 @@ fn already_committed_is_key_reuse_for_the_landings_own_commit_only() {
         Ok(_) => panic!("a landed state directory landed again"),
     }
 }
+
+/// An Iceberg landing whose catalog misbehaves, driven through the
+/// landing's retries (`Committer::commit`, job.commit).
+fn iceberg_landing(id: &str, warehouse: &std::path::Path, sets: &[&str]) -> (TestJob, Arc<Job>) {
+    let job = TestJob::iceberg(id, warehouse, "db.landed", 1, 0, 1, 1_000);
+    let loaded = Arc::new(job.load(sets).expect("job file"));
+    (job, loaded)
+}
+
+fn with_catalog_faults(faults: Vec<(u64, sluice::fault::CommitFault)>) -> RunOptions {
+    let catalog = sluice::fault::CatalogFaults { faults, ..Default::default() };
+    RunOptions { faults: Faults { catalog, ..Faults::default() }, ..quiet() }
+}
+
+/// A lost reply to the landing's first commit is retried; the retry finds
+/// the snapshot and answers `already-committed`, which on a second attempt
+/// is the landing's own commit arriving, not a reused key.
+#[test]
+fn a_lost_commit_reply_is_retried_and_not_taken_for_key_reuse() {
+    use sluice::fault::CommitFault;
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let (_job, loaded) = iceberg_landing("landing-lost-reply", warehouse.path(), &["job.commit.initial_backoff_ms=1"]);
+    let opts = with_catalog_faults(vec![(1, CommitFault::LoseReply)]);
+    let mut landing = Landing::open(loaded.clone(), host(), &opts).expect("opens");
+    landing.open_committer(&schema()).expect("committer");
+    let parts = [write_part(&loaded, &landing, 0, 0, 3_000), write_part(&loaded, &landing, 1, 3_000, 2_000)];
+    let summary = landing.land(&parts, &schema()).expect("the landing retries the lost reply");
+    assert_eq!(summary.outcome, Some(sluice::bindings::CommitOutcome::AlreadyCommitted), "{summary:?}");
+    drop(landing);
+    let table = sluice_tests::read_iceberg(warehouse.path(), "db.landed");
+    sluice_tests::assert_exactly_once_range(&table.rows, 0, 5_000);
+    table.assert_no_checkpoint_twice();
+}
+
+/// Every attempt conflicts: the landing stops with `CommitExhausted`, its
+/// checkpoint pending; the next landing commits it once and is refused.
+#[test]
+fn exhausted_commit_attempts_leave_the_landing_pending_for_the_next_one() {
+    use sluice::fault::CommitFault;
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let sets = ["job.commit.max_attempts=3", "job.commit.initial_backoff_ms=1"];
+    let (_job, loaded) = iceberg_landing("landing-exhausted", warehouse.path(), &sets);
+    let opts = with_catalog_faults((1..=20).map(|n| (n, CommitFault::Conflict)).collect());
+    match land(&loaded, &opts) {
+        Err(e @ EngineError::CommitExhausted { checkpoint: 1, attempts: 3, .. }) => {
+            assert!(e.to_string().contains("stays pending"), "{e}");
+        }
+        Err(e) => panic!("expected the exhausted commit: {e}"),
+        Ok(()) => panic!("a commit that always conflicts landed"),
+    }
+    assert!(sluice_tests::read_iceberg(warehouse.path(), "db.landed").commits.is_empty(), "nothing may be committed");
+    match Landing::open(loaded.clone(), host(), &quiet()) {
+        Err(EngineError::AlreadyLanded { finished: 1, checkpoint: 1, .. }) => {}
+        Err(e) => panic!("the next landing did not finish the pending commit: {e}"),
+        Ok(_) => panic!("the next landing was not refused"),
+    }
+    let table = sluice_tests::read_iceberg(warehouse.path(), "db.landed");
+    sluice_tests::assert_exactly_once_range(&table.rows, 0, 5_000);
+    table.assert_no_checkpoint_twice();
+}
