@@ -232,3 +232,62 @@ fn exhausted_commit_attempts_leave_the_landing_pending_for_the_next_one() {
     sluice_tests::assert_exactly_once_range(&table.rows, 0, 5_000);
     table.assert_no_checkpoint_twice();
 }
+
+/// The log lines written while a test runs `f` on this thread.
+fn logged<R>(f: impl FnOnce() -> R) -> (R, String) {
+    use tracing_subscriber::util::SubscriberInitExt;
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+    let result = {
+        let _guard = subscriber.set_default();
+        f()
+    };
+    let text = String::from_utf8_lossy(&captured.0.lock().expect("log buffer")).into_owned();
+    (result, text)
+}
+
+/// A crash a landing never reaches (a subtask's point, one after its
+/// commit, or another checkpoint than 1) is said to be ignored: since
+/// `Faults::from_env` takes every point for the Ray suite's landing, a test
+/// asking for one would otherwise see a landing that silently never crashes
+/// (before issue #22 anything but `after-persist` was warned about).
+#[test]
+fn a_crash_a_landing_never_reaches_is_warned_about() {
+    for (n, (point, checkpoint)) in
+        [(CrashPoint::AfterCommit, 1), (CrashPoint::AfterWrite, 1), (CrashPoint::AfterPersist, 2)]
+            .into_iter()
+            .enumerate()
+    {
+        let job = TestJob::files(&format!("landing-unreached-{n}"), 1, 1, 1_000);
+        let loaded = Arc::new(job.load(&[]).expect("job file"));
+        let fault = Fault { point, checkpoint, subtask: 0 };
+        let opts = RunOptions { faults: Faults { crash: Some(fault), ..Faults::default() }, ..quiet() };
+        let (landed, log) = logged(|| land(&loaded, &opts));
+        landed.unwrap_or_else(|e| panic!("{point} of checkpoint {checkpoint}: {e}"));
+        assert!(
+            log.contains("a landing never reaches") && log.contains(&point.to_string()),
+            "{point} of checkpoint {checkpoint} was ignored silently: {log}"
+        );
+        assert_exactly_once(&read_visible(&job.out()), 5_000);
+    }
+    // The points a landing does reach are not warned about.
+    let job = TestJob::files("landing-reached", 1, 1, 1_000);
+    let loaded = Arc::new(job.load(&[]).expect("job file"));
+    let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 };
+    let opts = RunOptions { faults: Faults { crash: Some(fault), ..Faults::default() }, ..quiet() };
+    let (landed, log) = logged(|| land(&loaded, &opts));
+    assert!(landed.expect_err("crashes").is_injected_crash());
+    assert!(!log.contains("never reaches"), "{log}");
+}
