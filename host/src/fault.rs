@@ -89,6 +89,20 @@ impl Faults {
         Self::default()
     }
 
+    /// Warns when the armed crash is at none of the points `reached` of
+    /// checkpoint `c`, the only ones `by` (a landing) checks: such a crash
+    /// never happens, and a test asking for it must hear so. Nothing without
+    /// the feature.
+    pub fn warn_if_unreached(&self, by: &str, reached: &[CrashPoint], c: u64) {
+        #[cfg(feature = "fault-injection")]
+        if let Some(f) = self.crash
+            && !(f.checkpoint == c && reached.contains(&f.point))
+        {
+            tracing::warn!(crash = %f.point, checkpoint = f.checkpoint, "{by} never reaches this crash point; no crash injected");
+        }
+        let _ = (by, reached, c);
+    }
+
     /// Stops the run here ([`Crash`]) when a test asked for a crash at
     /// `point` of checkpoint `c`.
     #[inline]

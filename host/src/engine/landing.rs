@@ -87,6 +87,7 @@ impl Landing {
         let refuse_others = new_incarnation && !opts.new_incarnation;
         warn_about_incarnation_support(&job, &plugin, &incarnation, refuse_others);
         let grants = Granted::for_job(&job, &opts.faults)?;
+        opts.faults.warn_if_unreached("a landing", &[CrashPoint::AfterPersist, CrashPoint::DuringCommit], CHECKPOINT);
         let mut landing = Self {
             job,
             store,
