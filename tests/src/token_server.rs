@@ -87,6 +87,15 @@ impl TokenServer {
         move |token: &str| shared.issued().get(token).is_some_and(|expires| Instant::now() < *expires)
     }
 
+    /// Revokes every token issued so far (as when a service account's
+    /// keys are rotated): the service refuses them from now on.
+    pub fn revoke_all(&self) {
+        let now = Instant::now();
+        for expires in self.shared.issued().values_mut() {
+            *expires = (*expires).min(now);
+        }
+    }
+
     /// Tokens issued so far.
     pub fn issued(&self) -> usize {
         self.shared.issued().len()

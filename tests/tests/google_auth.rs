@@ -78,6 +78,38 @@ fn tokens_that_expire_every_few_seconds_are_renewed_for_a_long_run() {
     assert!(d.calls(Rpc::FlushRows) >= 11, "checkpoints ran through the run: {}", d.calls(Rpc::FlushRows));
 }
 
+/// Tokens revoked mid-run are refused as UNAUTHENTICATED: the host renews
+/// the token, sends a refused unary call once more and answers a refused
+/// stream UNAVAILABLE, which the plugin retries; every row lands once.
+#[test]
+fn a_token_refused_mid_run_is_renewed_and_the_call_retried() {
+    let tokens = TokenServer::start(Duration::from_secs(3600)).expect("starting the token double");
+    let d = double();
+    d.require_valid_token(tokens.validator());
+    const ROWS: u64 = 8_000;
+    let mut job = google_job("bq-revoked", &d, ROWS, 2, 500);
+    // 1000 rows/s: 8 s, 16 checkpoints; revoked twice on the way.
+    job.toml = job.toml.replace("batch_rows = 700", "batch_rows = 100\nrate = 1000.0");
+    let (out, _) = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Once checkpoints are under way, twice, a few checkpoints apart.
+            for at in [1, 5] {
+                let start = Instant::now();
+                while d.calls(Rpc::FlushRows) < at && start.elapsed() < Duration::from_secs(120) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                tokens.revoke_all();
+            }
+        });
+        run(&job, &tokens.host())
+    });
+    let log = text(&out);
+    assert!(out.status.success(), "the run succeeds:\n{log}");
+    assert_exactly_once_range(&bigquery_rows(&d.visible_rows(TABLE)), 0, ROWS);
+    assert!(d.unauthenticated() > 0, "revoked tokens were refused");
+    assert!(tokens.issued() >= 3, "tokens were renewed after each revocation: {}", tokens.issued());
+}
+
 /// The double refuses what a token service did not issue, as BigQuery does.
 #[test]
 fn the_double_refuses_a_token_the_token_service_did_not_issue() {
