@@ -258,9 +258,24 @@ pub struct EndpointSpec {
     /// File holding a bearer token (relative to the job file).
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// Credentials the host obtains and refreshes itself: `"google"` is
+    /// Google's Application Default Credentials. Excludes `token_env` and
+    /// `token_file`.
+    #[serde(default)]
+    pub auth: Option<EndpointAuth>,
     /// How long to wait for a connection.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+}
+
+/// `auth` of an endpoint: credentials that refresh, held by the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointAuth {
+    /// Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`,
+    /// gcloud's ADC file, the metadata server), see
+    /// `capability::google_auth`.
+    Google,
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -442,6 +457,9 @@ pub struct EndpointConfig {
     pub tls: bool,
     /// Sent as `authorization: Bearer <token>`.
     pub token: Option<Secret>,
+    /// Google's Application Default Credentials instead of a static token
+    /// (`auth = "google"`; never with `token`).
+    pub google_auth: bool,
     pub connect_timeout: Duration,
 }
 
@@ -779,6 +797,16 @@ impl Job {
                 );
             }
         };
+        if spec.auth.is_some() && (spec.token_env.is_some() || spec.token_file.is_some()) {
+            let given = if spec.token_env.is_some() { "token_env" } else { "token_file" };
+            return Err(self.invalid(
+                &key("auth"),
+                format!(
+                    "auth = \"google\" obtains and refreshes its own tokens: remove `{given}` (a static token), \
+                     or remove `auth` to send the static token"
+                ),
+            ));
+        }
         let token = match (&spec.token_env, &spec.token_file) {
             (Some(_), Some(_)) => {
                 return Err(self.invalid(&key("token_env"), "set at most one of token_env and token_file"));
@@ -804,6 +832,7 @@ impl Job {
             address: spec.address.clone(),
             tls,
             token,
+            google_auth: spec.auth == Some(EndpointAuth::Google),
             connect_timeout: Duration::from_millis(spec.connect_timeout_ms),
         })
     }

@@ -7,6 +7,7 @@
 pub mod nested_cargo;
 pub mod rest_catalog;
 pub mod store_servers;
+pub mod token_server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

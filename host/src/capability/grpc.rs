@@ -4,9 +4,18 @@
 //! Invariants:
 //! - a plugin names an endpoint, never an address; a name the job file does
 //!   not map is `denied`, and nothing else is reachable;
-//! - credentials (a bearer token from an environment variable or a file)
-//!   are read by the host and added as the `authorization` header; they never
-//!   cross into the guest;
+//! - credentials (a bearer token from an environment variable or a file,
+//!   or Google's Application Default Credentials with `auth = "google"`,
+//!   see [`super::google_auth`]) are read by the host and added as the
+//!   `authorization` header; they never cross into the guest;
+//! - with `auth = "google"`, a call refused as `UNAUTHENTICATED` renews the
+//!   token. A unary call is then sent once more by the host: a call refused
+//!   for its credentials was never applied, so any method may be sent
+//!   again. A stream's messages are the plugin's (the host keeps none to
+//!   replay), so a stream refused that way ends `UNAVAILABLE`, which the
+//!   plugin retries (AppendRows with explicit offsets: a replayed offset
+//!   answers ALREADY_EXISTS, so no row lands twice). A token refused again
+//!   once renewed stays `UNAUTHENTICATED`;
 //! - `https` addresses use TLS with the system roots;
 //! - messages cross as raw protobuf bytes ([`RawCodec`]): the host never
 //!   decodes them, so any protobuf API works without rebuilding the engine;
@@ -36,6 +45,7 @@ use tonic::{Code, Status};
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
+use super::google_auth::{GoogleAuthError, GoogleToken};
 use super::limits::{CallDeadline, HandleCap, HandleSlot, HostDeadline, HostMemory, Reservation};
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::grpc::{self as wit, GrpcError, Received};
@@ -64,12 +74,44 @@ pub enum GrpcSetupError {
     },
     #[error("sink.grpc.{name}: the token is not a valid header value")]
     TokenValue { name: String },
+    #[error(transparent)]
+    Google(#[from] GoogleAuthError),
 }
 
 struct GrantedEndpoint {
     address: String,
     channel: Channel,
     authorization: Option<AsciiMetadataValue>,
+    /// `auth = "google"`: the token is fetched (and renewed) per call.
+    google: Option<Arc<GoogleToken>>,
+}
+
+/// The `authorization` value of a call to `endpoint` (`name`), if any.
+async fn authorization(
+    name: &str,
+    endpoint_static: Option<&AsciiMetadataValue>,
+    google: Option<&GoogleToken>,
+) -> Result<Option<AsciiMetadataValue>, Status> {
+    let Some(google) = google else { return Ok(endpoint_static.cloned()) };
+    // A token service that fails mid-run may recover: the plugin retries.
+    let bearer = google.bearer().await.map_err(|e| Status::unavailable(e.to_string()))?;
+    let mut value: AsciiMetadataValue = MetadataValue::try_from(bearer)
+        .map_err(|_| Status::unauthenticated(format!("endpoint `{name}`: the Google token is not a header value")))?;
+    value.set_sensitive(true);
+    Ok(Some(value))
+}
+
+/// After `refused` was refused as UNAUTHENTICATED: whether the token was
+/// renewed (a new call may succeed).
+async fn renewed(google: &GoogleToken, refused: Option<&AsciiMetadataValue>) -> bool {
+    let Some(refused) = refused.and_then(|v| v.to_str().ok()) else { return false };
+    match google.renew(refused).await {
+        Ok(changed) => changed,
+        Err(e) => {
+            tracing::warn!("{e}");
+            false
+        }
+    }
 }
 
 /// The endpoints one plugin may call, shared by its instances.
@@ -114,7 +156,16 @@ impl GrpcGrant {
             // `connect_lazy` spawns the channel's worker: it needs the runtime.
             let _guard = super::runtime().enter();
             let channel = endpoint.connect_lazy();
-            endpoints.insert(name.clone(), GrantedEndpoint { address: config.address.clone(), channel, authorization });
+            drop(_guard);
+            let google = if config.google_auth {
+                Some(Arc::new(GoogleToken::open(&format!("sink.grpc.{name}"))?))
+            } else {
+                None
+            };
+            endpoints.insert(
+                name.clone(),
+                GrantedEndpoint { address: config.address.clone(), channel, authorization, google },
+            );
         }
         Ok(Self { endpoints })
     }
@@ -129,7 +180,13 @@ impl GrpcGrant {
             .endpoints
             .iter()
             .map(|(name, e)| {
-                let auth = if e.authorization.is_some() { " (bearer token)" } else { "" };
+                let auth = if e.google.is_some() {
+                    " (Google credentials)"
+                } else if e.authorization.is_some() {
+                    " (bearer token)"
+                } else {
+                    ""
+                };
                 format!("{name} → {}{auth}", e.address)
             })
             .collect();
@@ -180,17 +237,23 @@ impl GrpcGrant {
         let timeout = timeout.min(MAX_TIMEOUT);
         let max_reply = MAX_MESSAGE.min(usize::try_from(memory.free()).unwrap_or(usize::MAX));
         let mut grpc = tonic::client::Grpc::new(endpoint.channel.clone()).max_decoding_message_size(max_reply);
-        let mut req = tonic::Request::new(request);
-        // The server is told the plugin's timeout; the call's own deadline
-        // is the host's to enforce (below), so that its passing is told
-        // apart from the server's or the transport's timeout.
-        req.set_timeout(timeout);
-        if let Some(auth) = &endpoint.authorization {
-            req.metadata_mut().insert("authorization", auth.clone());
-        }
+        let google = endpoint.google.as_deref();
         let call = async move {
-            grpc.ready().await.map_err(|e| Status::unavailable(format!("endpoint not ready: {e}")))?;
-            grpc.unary(req, path, RawCodec).await
+            // Held for a second sending only where one may happen.
+            let copy = google.map(|_| request.clone());
+            let (first, auth) = unary_once(&mut grpc, name, endpoint, &path, request, timeout).await;
+            match (first, google, copy) {
+                (Err(s), Some(g), Some(copy)) if s.code() == Code::Unauthenticated => {
+                    if !renewed(g, auth.as_ref()).await {
+                        return Err(s);
+                    }
+                    // The refused call was not applied: send it once more,
+                    // with the renewed token.
+                    tracing::debug!("endpoint `{name}`: token refused; renewed, sending the call again");
+                    unary_once(&mut grpc, name, endpoint, &path, copy, timeout).await.0
+                }
+                (result, _, _) => result,
+            }
         };
         const UNARY: &str = "sluice:connector/grpc.unary";
         let result = super::block_on(UNARY, async {
@@ -219,20 +282,45 @@ impl GrpcGrant {
         let requests = ReceiverStream::new(req_rx).map(|(message, _held)| message);
         let mut req = tonic::Request::new(requests);
         let memory = memory.clone();
-        if let Some(auth) = &endpoint.authorization {
-            req.metadata_mut().insert("authorization", auth.clone());
-        }
+        let fixed = endpoint.authorization.clone();
+        let google = endpoint.google.clone();
+        let endpoint_name = name.to_string();
         // The call runs on the host runtime; the guest talks to it through the
         // two queues. A server may withhold its response headers until it has
         // read a request, so the call must not be awaited before the first send.
         super::runtime().spawn(async move {
+            let auth = match authorization(&endpoint_name, fixed.as_ref(), google.as_deref()).await {
+                Ok(auth) => auth,
+                Err(s) => {
+                    let _ = resp_tx.send(Err(s)).await;
+                    return;
+                }
+            };
+            if let Some(auth) = &auth {
+                req.metadata_mut().insert("authorization", auth.clone());
+            }
+            // A token refused and then renewed: the plugin opens the
+            // stream again and resends (see the module's invariants).
+            let refused = async |s: Status| -> Status {
+                if s.code() != Code::Unauthenticated {
+                    return s;
+                }
+                match &google {
+                    Some(g) if renewed(g, auth.as_ref()).await => Status::unavailable(format!(
+                        "endpoint `{endpoint_name}`: the Google token was refused ({}); the host renewed it: \
+                         open the stream again",
+                        s.message()
+                    )),
+                    _ => s,
+                }
+            };
             if let Err(e) = grpc.ready().await {
                 let _ = resp_tx.send(Err(Status::unavailable(format!("endpoint not ready: {e}")))).await;
                 return;
             }
             match grpc.streaming(req, path, RawCodec).await {
                 Err(status) => {
-                    let _ = resp_tx.send(Err(status)).await;
+                    let _ = resp_tx.send(Err(refused(status).await)).await;
                 }
                 Ok(response) => {
                     let mut messages = response.into_inner();
@@ -253,7 +341,7 @@ impl GrpcGrant {
                             // Dropping `resp_tx` tells the guest the call ended with OK.
                             Ok(None) => break,
                             Err(status) => {
-                                let _ = resp_tx.send(Err(status)).await;
+                                let _ = resp_tx.send(Err(refused(status).await)).await;
                                 break;
                             }
                         }
@@ -269,6 +357,33 @@ impl GrpcGrant {
             _slot: None,
         })
     }
+}
+
+/// One sending of a unary call, and the `authorization` it carried.
+async fn unary_once(
+    grpc: &mut tonic::client::Grpc<Channel>,
+    name: &str,
+    endpoint: &GrantedEndpoint,
+    path: &tonic::codegen::http::uri::PathAndQuery,
+    request: Vec<u8>,
+    timeout: Duration,
+) -> (Result<tonic::Response<Vec<u8>>, Status>, Option<AsciiMetadataValue>) {
+    let auth = match authorization(name, endpoint.authorization.as_ref(), endpoint.google.as_deref()).await {
+        Ok(auth) => auth,
+        Err(s) => return (Err(s), None),
+    };
+    let mut req = tonic::Request::new(request);
+    // The server is told the plugin's timeout; the call's own deadline
+    // is the host's to enforce (in `unary`), so that its passing is told
+    // apart from the server's or the transport's timeout.
+    req.set_timeout(timeout);
+    if let Some(auth) = &auth {
+        req.metadata_mut().insert("authorization", auth.clone());
+    }
+    if let Err(e) = grpc.ready().await {
+        return (Err(Status::unavailable(format!("endpoint not ready: {e}"))), auth);
+    }
+    (grpc.unary(req, path.clone(), RawCodec).await, auth)
 }
 
 fn status(endpoint: &str, address: &str, s: Status) -> GrpcError {

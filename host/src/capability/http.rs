@@ -10,6 +10,14 @@
 //! - credentials (a bearer token from an environment variable or a file) are
 //!   added by the host as the `authorization` header; a plugin may not set
 //!   that header itself, and the token never crosses into the guest;
+//! - with `auth = "google"` the host adds Google's Application Default
+//!   Credentials ([`super::google_auth`]) the same way. A `401` answer
+//!   renews the token; the request's body has streamed from the plugin and
+//!   the host keeps no copy to send again, so the plugin gets `503` (which
+//!   it retries, as it retries the service's own 503) with a Google-style
+//!   error body saying so. A request refused for its credentials was not
+//!   applied, so sending it again is safe. A token refused again once
+//!   renewed is answered `401`, as the service sent it;
 //! - `https` addresses use TLS (wasmtime-wasi-http's rustls with the web
 //!   PKI roots);
 //! - no request waits forever: connect and first-byte timeouts apply when
@@ -37,6 +45,7 @@ use wasmtime_wasi_http::{
 };
 
 use super::CapabilityHost;
+use super::google_auth::{GoogleAuthError, GoogleToken};
 use super::limits::{CallDeadline, HandleCap};
 use crate::job::EndpointConfig;
 
@@ -51,6 +60,8 @@ pub enum HttpSetupError {
     Address { name: String, reason: String },
     #[error("sink.http.{name}: the token is not a valid header value")]
     TokenValue { name: String },
+    #[error(transparent)]
+    Google(#[from] GoogleAuthError),
 }
 
 /// `Debug` prints the token as `Sensitive` (the header value is marked so).
@@ -61,6 +72,8 @@ struct GrantedEndpoint {
     /// Prefix of every path (the address's own path, without a trailing `/`).
     base_path: String,
     authorization: Option<HeaderValue>,
+    /// `auth = "google"`: the token is fetched (and renewed) per request.
+    google: Option<Arc<GoogleToken>>,
     connect_timeout: Duration,
 }
 
@@ -102,6 +115,11 @@ impl HttpGrant {
                     authority,
                     base_path: uri.path().trim_end_matches('/').to_string(),
                     authorization,
+                    google: if config.google_auth {
+                        Some(Arc::new(GoogleToken::open(&format!("sink.http.{name}"))?))
+                    } else {
+                        None
+                    },
                     connect_timeout: config.connect_timeout,
                 },
             );
@@ -119,7 +137,13 @@ impl HttpGrant {
             .endpoints
             .iter()
             .map(|(name, e)| {
-                let auth = if e.authorization.is_some() { " (bearer token)" } else { "" };
+                let auth = if e.google.is_some() {
+                    " (Google credentials)"
+                } else if e.authorization.is_some() {
+                    " (bearer token)"
+                } else {
+                    ""
+                };
                 format!("{name} → {}://{}{}{auth}", e.scheme, e.authority, e.base_path)
             })
             .collect();
@@ -222,7 +246,19 @@ impl WasiHttpHooks for Hooks {
             if let Ok(host) = HeaderValue::from_str(endpoint.authority.as_str()) {
                 request.headers_mut().insert(http::header::HOST, host);
             }
-            if let Some(auth) = &endpoint.authorization {
+            let mut authorization = endpoint.authorization.clone();
+            if let Some(google) = &endpoint.google {
+                let bearer = google.bearer().await.map_err(|e| {
+                    tracing::warn!("{e}");
+                    wasmtime_wasi_http::Error::InternalError(Some(e.to_string()))
+                })?;
+                let mut value = HeaderValue::try_from(bearer).map_err(|_| {
+                    wasmtime_wasi_http::Error::InternalError(Some("the Google token is not a header value".into()))
+                })?;
+                value.set_sensitive(true);
+                authorization = Some(value);
+            }
+            if let Some(auth) = &authorization {
                 request.headers_mut().insert(AUTHORIZATION, auth.clone());
             }
             *request.uri_mut() = uri;
@@ -231,9 +267,38 @@ impl WasiHttpHooks for Hooks {
             options.first_byte_timeout = Some(bound(options.first_byte_timeout.unwrap_or(DEFAULT_TIMEOUT)));
             options.between_bytes_timeout = Some(bound(options.between_bytes_timeout.unwrap_or(DEFAULT_TIMEOUT)));
             let (response, io) = wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
+            if response.status() == http::StatusCode::UNAUTHORIZED
+                && let Some(google) = &endpoint.google
+                && let Some(refused) = authorization.as_ref().and_then(|v| v.to_str().ok())
+            {
+                match google.renew(refused).await {
+                    Ok(true) => return Ok(token_renewed(endpoint.authority.as_str())),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!("{e}"),
+                }
+            }
             Ok((response.map(BodyExt::boxed_unsync), Box::new(io) as Box<dyn Future<Output = _> + Send>))
         })
     }
+}
+
+/// The answer to a request refused `401` whose token the host renewed:
+/// `503`, in the error shape of Google's APIs, for the plugin to retry.
+fn token_renewed(
+    authority: &str,
+) -> (http::Response<WasiBody>, Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>) {
+    use http_body_util::BodyExt;
+    let message =
+        format!("{authority} refused the Google token (HTTP 401); the host renewed it: send the request again");
+    let body = serde_json::json!({"error": {"code": 503, "message": message, "status": "UNAVAILABLE"}}).to_string();
+    let mut response = http::Response::new(
+        http_body_util::Full::new(bytes::Bytes::from(body)).map_err(|never| match never {}).boxed_unsync(),
+    );
+    *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=UTF-8"));
+    (response, Box::new(async { Ok(()) }))
 }
 
 fn view<T: CapabilityHost>(data: &mut T) -> WasiHttpCtxView<'_> {
@@ -259,6 +324,7 @@ mod tests {
             address: address.to_string(),
             tls: address.starts_with("https"),
             token: None,
+            google_auth: false,
             connect_timeout: Duration::from_secs(1),
         };
         HttpGrant::open(&BTreeMap::from([("bigquery".to_string(), config)])).expect("valid endpoint")

@@ -33,6 +33,7 @@ mod catalog_faults;
 mod catalog_rest;
 pub mod codec;
 pub mod file_io;
+pub mod google_auth;
 pub mod grpc;
 pub mod http;
 pub mod limits;

@@ -136,14 +136,28 @@ pub struct Stats {
     pub flush_calls: u64,
 }
 
+/// What a call's bearer token must satisfy (see [`BigQueryDouble::require_valid_token`]).
+#[derive(Clone)]
+pub(crate) struct RequiredToken(Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl RequiredToken {
+    /// Whether the `authorization` header value carries an accepted token.
+    pub(crate) fn accepts(&self, authorization: Option<&str>) -> bool {
+        authorization.and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|t| (self.0)(t))
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) inner: Mutex<state::Inner>,
     pub(crate) faults: Mutex<Vec<(Rpc, u64, Fault)>>,
     pub(crate) calls: Mutex<std::collections::HashMap<Rpc, u64>>,
     pub(crate) stats: Mutex<Stats>,
-    /// When set, every call must carry `authorization: Bearer <token>`.
-    pub(crate) token: Mutex<Option<String>>,
+    /// When set, every call must carry `authorization: Bearer <token>`
+    /// with a token this accepts.
+    pub(crate) token: Mutex<Option<RequiredToken>>,
+    /// Calls refused as unauthenticated.
+    pub(crate) unauthenticated: std::sync::atomic::AtomicU64,
     /// Answer CreateWriteStream and GetWriteStream without `table_schema`.
     pub(crate) hide_schema: std::sync::atomic::AtomicBool,
     /// How a flush at or below the flushed offset is answered.
@@ -312,7 +326,23 @@ impl BigQueryDouble {
     /// UNAUTHENTICATED ("The request does not have valid authentication
     /// credentials for the operation").
     pub fn require_token(&self, token: &str) {
-        *self.shared.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.to_string());
+        let token = token.to_string();
+        self.require_valid_token(move |given| given == token);
+    }
+
+    /// Requires `authorization: Bearer <token>` on every call with a token
+    /// `valid` accepts (a token service's own view: issued by it and not
+    /// expired); others get UNAUTHENTICATED, as the real service answers an
+    /// expired or unknown OAuth token (gRPC `UNAUTHENTICATED`, HTTP 401).
+    /// Like the real service, a streaming call is checked once, when it
+    /// opens: a token that expires while AppendRows runs does not end it.
+    pub fn require_valid_token(&self, valid: impl Fn(&str) -> bool + Send + Sync + 'static) {
+        *self.shared.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(RequiredToken(Arc::new(valid)));
+    }
+
+    /// How many calls were refused as unauthenticated (gRPC and REST).
+    pub fn unauthenticated(&self) -> u64 {
+        self.shared.unauthenticated.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Leaves `table_schema` out of stream replies, as API versions before

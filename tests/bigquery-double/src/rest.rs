@@ -242,9 +242,10 @@ fn etag(table: &state::Table) -> String {
 fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
     let token = shared.token.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
     let given = headers.get("authorization").and_then(|v| v.to_str().ok());
-    if given == Some(format!("Bearer {token}").as_str()) {
+    if token.accepts(given) {
         return None;
     }
+    shared.unauthenticated.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     Some(error(
         StatusCode::UNAUTHORIZED,
         "UNAUTHENTICATED",

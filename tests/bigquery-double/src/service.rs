@@ -637,7 +637,8 @@ where
         let required = self.shared.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(token) = required {
             let given = req.headers().get("authorization").and_then(|v| v.to_str().ok());
-            if given != Some(format!("Bearer {token}").as_str()) {
+            if !token.accepts(given) {
+                self.shared.unauthenticated.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 return Box::pin(async move {
                     Ok(Status::unauthenticated("Request is missing required authentication credential").into_http())
                 });
