@@ -152,15 +152,8 @@ impl ObjectState {
             .build()
             .map_err(|source| CheckpointError::Io { path: PathBuf::from(&url), source })?;
         let handle = runtime.handle().clone();
-        let mut state = Self {
-            store,
-            url,
-            prefix: prefix.to_string(),
-            runtime: Some(runtime),
-            handle,
-            held: None,
-            renewer: None,
-        };
+        let mut state =
+            Self { store, url, prefix: prefix.to_string(), runtime: Some(runtime), handle, held: None, renewer: None };
         if let Some(lease) = lease {
             state.take_lease(lease)?;
         }
@@ -467,7 +460,8 @@ fn renew(held: &Held, store: &ObjectStore, handle: &Handle) -> Result<(), Checkp
         return Err(lost(reason.clone()));
     }
     if state.renewed.elapsed() >= held.lease {
-        let reason = format!("it was last renewed {:.1}s ago, longer than the lease", state.renewed.elapsed().as_secs_f64());
+        let reason =
+            format!("it was last renewed {:.1}s ago, longer than the lease", state.renewed.elapsed().as_secs_f64());
         state.lost = Some(reason.clone());
         return Err(lost(reason));
     }
@@ -511,7 +505,8 @@ impl Drop for ObjectState {
             && let Ok(state) = held.state.lock()
             && state.lost.is_none()
         {
-            let doc = LeaseDoc { holder: held.holder.clone(), lease_ms: held.lease.as_millis() as u64, expires_at_ms: 0 };
+            let doc =
+                LeaseDoc { holder: held.holder.clone(), lease_ms: held.lease.as_millis() as u64, expires_at_ms: 0 };
             if let Ok(bytes) = serde_json::to_vec(&doc) {
                 let (s, key, etag) = (self.store.clone(), held.key.clone(), state.etag.clone());
                 match block(&self.handle, async move { s.replace_if(&key, Bytes::from(bytes), &etag).await }) {
