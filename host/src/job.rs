@@ -22,7 +22,10 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::capability::limits::{self, HostLimits};
-use crate::location::{Location, Served};
+use crate::location::{Location, LocationError, Scheme, Served};
+
+/// What `job.state_dir` serves besides local paths.
+const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3] };
 
 /// A job file that could not be used.
 #[derive(Debug, Error)]
@@ -62,8 +65,14 @@ pub struct JobSection {
     /// Number of source readers and sink writers.
     #[serde(default = "default_parallelism")]
     pub parallelism: u32,
-    /// Where checkpoints live. Default: `.sluice/<id>` next to the job file.
+    /// Where checkpoints live: a local directory or `s3://bucket/prefix`.
+    /// Default: `.sluice/<id>` next to the job file.
     pub state_dir: Option<PathBuf>,
+    /// How long a run's hold on an object-store state directory lasts
+    /// unless renewed (the run renews it every third of this); a run killed
+    /// without releasing it blocks the next one at most this long.
+    #[serde(default = "default_lease_secs")]
+    pub lease_secs: f64,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
     #[serde(default)]
@@ -381,6 +390,10 @@ fn default_max_http_requests() -> u32 {
 fn default_parallelism() -> u32 {
     1
 }
+fn default_lease_secs() -> f64 {
+    30.0
+}
+
 fn default_retain() -> usize {
     3
 }
@@ -471,8 +484,11 @@ pub struct Job {
     pub path: PathBuf,
     /// Its directory: the base of every relative path and location.
     pub base_dir: PathBuf,
-    /// Absolute state directory.
+    /// The state directory as shown in messages: the absolute local path,
+    /// or the store URL (`s3://bucket/prefix`) of an object-store one.
     pub state_dir: PathBuf,
+    /// Where the state directory is: what the checkpoint store opens.
+    pub state: Location,
     /// The sink's catalog, if the job configures one.
     pub catalog: Option<CatalogConfig>,
     /// The gRPC endpoints the plugin may call, by name.
@@ -512,6 +528,7 @@ impl Job {
         })?;
         let mut job = Job {
             state_dir: PathBuf::new(),
+            state: Location::Local(PathBuf::new()),
             spec,
             path: path.to_path_buf(),
             base_dir,
@@ -563,6 +580,10 @@ impl Job {
         }
         if ck.retain == 0 {
             return Err(self.invalid("job.checkpoint.retain", "must be at least 1"));
+        }
+        let lease = self.spec.job.lease_secs;
+        if !(lease.is_finite() && (0.3..=3600.0).contains(&lease)) {
+            return Err(self.invalid("job.lease_secs", "must be a number of seconds from 0.3 to 3600"));
         }
         if self.spec.job.commit.max_attempts == 0 {
             return Err(self.invalid("job.commit.max_attempts", "must be at least 1"));
@@ -696,10 +717,30 @@ impl Job {
     }
 
     /// `job.state_dir`, or `.sluice/<id>` next to the job file.
+    /// S3 is served (records are exclusive creates, the run's lease a
+    /// compare-and-swap on its ETag); GCS is not: opendal 0.57 has no
+    /// conditional replace there, so no lease could be taken honestly.
     fn resolve_state_dir(&mut self) -> Result<(), JobError> {
-        self.state_dir = match &self.spec.job.state_dir {
-            Some(dir) => self.local_path("job.state_dir", dir)?,
-            None => self.base_dir.join(".sluice").join(&self.spec.job.id),
+        const KEY: &str = "job.state_dir";
+        self.state = match &self.spec.job.state_dir {
+            Some(dir) => {
+                let text = dir.to_str().ok_or_else(|| self.invalid(KEY, format!("{} is not UTF-8", dir.display())))?;
+                Location::parse(text, &self.base_dir, STATE_DIR_SERVED).map_err(|e| match e {
+                    LocationError::NotServed { scheme: Scheme::Gs, .. } => self.invalid(
+                        KEY,
+                        format!(
+                            "{e}. A state directory on GCS needs a conditional replace for the run's lease, \
+                             which the object-store layer (opendal 0.57) does not offer on GCS"
+                        ),
+                    ),
+                    e => self.invalid(KEY, e.to_string()),
+                })?
+            }
+            None => Location::Local(self.base_dir.join(".sluice").join(&self.spec.job.id)),
+        };
+        self.state_dir = match &self.state {
+            Location::Local(path) => path.clone(),
+            store => PathBuf::from(store.to_string()),
         };
         Ok(())
     }

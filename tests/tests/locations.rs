@@ -50,18 +50,20 @@ fn assert_refused(command: &str, sets: &[&str], expected: &[&str]) {
 }
 
 /// The reported bug: an s3:// warehouse and state dir ran to exit 0,
-/// writing into a local folder named `s3:`.
+/// writing into a local folder named `s3:`. (An s3:// state dir is served
+/// since; a gs:// one is refused, saying why.)
 #[test]
 fn s3_warehouse_and_state_dir_are_refused_before_anything_is_written() {
-    let sets = ["sink.catalog.warehouse=s3://lake/warehouse", "job.state_dir=s3://lake/state"];
+    let sets = ["sink.catalog.warehouse=s3://lake/warehouse", "job.state_dir=gs://lake/state"];
     for command in ["run", "check"] {
         assert_refused(
             command,
             &sets,
             &[
                 "key `job.state_dir`",
-                "\"s3://lake/state\": s3:// locations are not served here yet",
-                "served here: local paths and file:// URLs",
+                "\"gs://lake/state\": gs:// locations are not served here yet",
+                "served here: local paths and file:// URLs, s3://",
+                "needs a conditional replace for the run's lease",
             ],
         );
         // The warehouse alone is refused the same way.

@@ -19,7 +19,14 @@
 //!   fresh state directory never mistakes an earlier incarnation's
 //!   checkpoints for its own;
 //! - a state directory marked `halted` is never resumed: the marker names a
-//!   failure that resuming would turn into silent loss.
+//!   failure that resuming would turn into silent loss;
+//! - a state directory on an object store (`s3://bucket/prefix`, see
+//!   [`super::object_state`]) keeps these invariants with the store's
+//!   conditional writes instead of renames and file locks: a record is one
+//!   object, created exclusively and never overwritten (re-persisting a
+//!   checkpoint writes its next sequence number; the newest wins), and the
+//!   one-run-at-a-time lock is a lease object renewed by compare-and-swap.
+//!   Which backend holds the state is this module's business alone.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -30,6 +37,8 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
+
+use crate::location::Location;
 
 const MAGIC: &str = "sluice-checkpoint";
 const FORMAT_VERSION: u32 = 1;
@@ -47,6 +56,18 @@ pub enum CheckpointError {
          wait for it to end or stop it"
     )]
     Locked { path: PathBuf },
+    #[error(
+        "state directory {url} is in use by another sluice run of this job: {holder} holds its lease, renewed \
+         while this run waited, until {expires} unless renewed again; wait for it to end or stop it"
+    )]
+    Leased { url: String, holder: String, expires: String },
+    #[error(
+        "state directory {url}: this run no longer holds its lease ({reason}); it stops before writing anything \
+         more. Another run may hold the state directory now (see job.lease_secs)"
+    )]
+    LeaseLost { url: String, reason: String },
+    #[error("state directory: {0}")]
+    Store(#[from] sluice_store::StoreError),
     #[error(
         "checkpoint record {path} is corrupt ({reason}); refusing to resume from it. \
          Nothing was changed. Restore the file from a backup. Moving it away resumes from the previous \
@@ -235,35 +256,59 @@ impl CheckpointRecord {
     }
 }
 
-/// A job's state directory, locked for the lifetime of this value.
+/// A job's state directory, held (locked, or leased on an object store) for
+/// the lifetime of this value. The coordinator and the landing see only
+/// this; where the state lives is the [`Backend`]'s business.
 #[derive(Debug)]
 pub struct CheckpointStore {
-    dir: PathBuf,
-    checkpoints: PathBuf,
+    backend: Backend,
     job_id: String,
     retain: usize,
+}
+
+/// Where a state directory lives.
+#[derive(Debug)]
+enum Backend {
+    Local(LocalDir),
+    Object(super::object_state::ObjectState),
+}
+
+/// A local state directory.
+#[derive(Debug)]
+struct LocalDir {
+    dir: PathBuf,
+    checkpoints: PathBuf,
     /// `None` for a read-only view ([`CheckpointStore::inspect`]).
     _lock: Option<File>,
 }
 
-const INCARNATION_FILE: &str = "incarnation";
-const HALT_FILE: &str = "halted";
+/// A small state file of either backend.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum StateFile {
+    Attempt,
+    Incarnation,
+    Halted,
+}
 
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, CheckpointError> {
-    match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|source| CheckpointError::StateFile { path: path.to_path_buf(), source }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io(path)(e)),
+impl StateFile {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            StateFile::Attempt => ATTEMPT_FILE,
+            StateFile::Incarnation => INCARNATION_FILE,
+            StateFile::Halted => HALT_FILE,
+        }
     }
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), CheckpointError> {
+const ATTEMPT_FILE: &str = "attempt";
+const INCARNATION_FILE: &str = "incarnation";
+const HALT_FILE: &str = "halted";
+
+fn json_bytes<T: Serialize>(path: &Path, value: &T) -> Result<Vec<u8>, CheckpointError> {
     let mut bytes = serde_json::to_vec_pretty(value)
         .map_err(|source| CheckpointError::StateFile { path: path.to_path_buf(), source })?;
     bytes.push(b'\n');
-    write_atomic(path, &bytes)
+    Ok(bytes)
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -320,83 +365,9 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
-impl CheckpointStore {
-    /// Opens (creating) and locks a job's state directory.
-    pub fn open(dir: &Path, job_id: &str, retain: usize) -> Result<Self, CheckpointError> {
-        let checkpoints = dir.join("checkpoints");
-        ensure_dir_path(&checkpoints)?;
-        fs::create_dir_all(&checkpoints).map_err(io(&checkpoints))?;
-        let lock_path = dir.join("lock");
-        let lock =
-            OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => return Err(CheckpointError::Locked { path: dir.to_path_buf() }),
-            Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
-        }
-        Ok(Self { dir: dir.to_path_buf(), checkpoints, job_id: job_id.to_string(), retain, _lock: Some(lock) })
-    }
-
-    /// A read-only view of a state directory, without taking its lock (a run
-    /// may hold it): for showing the state. `None` when the directory does
-    /// not exist. Records are written atomically, so what it reads is whole.
-    pub fn inspect(dir: &Path, job_id: &str) -> Result<Option<Self>, CheckpointError> {
-        let checkpoints = dir.join("checkpoints");
-        if !dir.is_dir() {
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            dir: dir.to_path_buf(),
-            checkpoints,
-            job_id: job_id.to_string(),
-            retain: usize::MAX,
-            _lock: None,
-        }))
-    }
-
-    /// Runs started in this state directory so far (without raising it).
-    pub fn attempts(&self) -> Result<u32, CheckpointError> {
-        let path = self.dir.join("attempt");
-        match fs::read_to_string(&path) {
-            Ok(s) => s.trim().parse::<u32>().map_err(|e| CheckpointError::Corrupt {
-                path: path.clone(),
-                reason: format!("not a number: {e}"),
-                older: String::new(),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(io(&path)(e)),
-        }
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// The incarnation of this state directory, once one was adopted.
-    pub fn incarnation(&self) -> Result<Option<Incarnation>, CheckpointError> {
-        read_json(&self.dir.join(INCARNATION_FILE))
-    }
-
-    /// Adopts `incarnation` for this state directory, durably.
-    pub fn set_incarnation(&self, incarnation: &Incarnation) -> Result<(), CheckpointError> {
-        write_json(&self.dir.join(INCARNATION_FILE), incarnation)
-    }
-
-    /// Why this state directory must not be resumed, if it was halted.
-    pub fn halted(&self) -> Result<Option<Halt>, CheckpointError> {
-        read_json(&self.dir.join(HALT_FILE))
-    }
-
-    /// Marks this state directory as never to be resumed, durably.
-    pub fn halt(&self, reason: &str) -> Result<(), CheckpointError> {
-        write_json(&self.dir.join(HALT_FILE), &Halt { reason: reason.to_string(), halted_at_ms: now_ms() })
-    }
-
-    /// Raises and returns the run attempt (1 for the first run).
-    pub fn next_attempt(&self) -> Result<u32, CheckpointError> {
-        let next = self.attempts()?.saturating_add(1);
-        write_atomic(&self.dir.join("attempt"), format!("{next}\n").as_bytes())?;
-        Ok(next)
+impl LocalDir {
+    fn file(&self, file: StateFile) -> PathBuf {
+        self.dir.join(file.name())
     }
 
     /// Checkpoint ids present on disk, newest first.
@@ -414,13 +385,233 @@ impl CheckpointStore {
         ids.sort_unstable_by(|a, b| b.cmp(a));
         Ok(ids)
     }
+}
+
+impl Backend {
+    fn read_file(&self, file: StateFile) -> Result<Option<Vec<u8>>, CheckpointError> {
+        match self {
+            Backend::Local(l) => {
+                let path = l.file(file);
+                match fs::read(&path) {
+                    Ok(bytes) => Ok(Some(bytes)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(io(&path)(e)),
+                }
+            }
+            Backend::Object(o) => o.read_file(file),
+        }
+    }
+
+    fn write_file(&self, file: StateFile, bytes: Vec<u8>) -> Result<(), CheckpointError> {
+        match self {
+            Backend::Local(l) => write_atomic(&l.file(file), &bytes),
+            Backend::Object(o) => o.write_file(file, bytes),
+        }
+    }
+
+    /// Where `file` is, for messages.
+    fn file_path(&self, file: StateFile) -> PathBuf {
+        match self {
+            Backend::Local(l) => l.file(file),
+            Backend::Object(o) => PathBuf::from(o.file_url(file)),
+        }
+    }
+
+    fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        match self {
+            Backend::Local(l) => l.ids(),
+            Backend::Object(o) => o.ids(),
+        }
+    }
+
+    /// The newest record of checkpoint `c`: where it is and its bytes.
+    fn read_record(&self, c: u64) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
+        match self {
+            Backend::Local(l) => {
+                let path = l.checkpoints.join(file_name(c));
+                let bytes = fs::read(&path).map_err(io(&path))?;
+                Ok((path, bytes))
+            }
+            Backend::Object(o) => o.read_record(c),
+        }
+    }
+
+    /// Writes a record of checkpoint `c`: on disk in place of the one
+    /// there, on an object store as a new object (never overwritten).
+    fn write_record(&self, c: u64, bytes: Vec<u8>) -> Result<PathBuf, CheckpointError> {
+        match self {
+            Backend::Local(l) => {
+                let path = l.checkpoints.join(file_name(c));
+                write_atomic(&path, &bytes)?;
+                Ok(path)
+            }
+            Backend::Object(o) => o.write_record(c, bytes),
+        }
+    }
+
+    fn delete_record(&self, c: u64) {
+        match self {
+            Backend::Local(l) => {
+                let p = l.checkpoints.join(file_name(c));
+                if let Err(e) = fs::remove_file(&p) {
+                    tracing::warn!(path = %p.display(), error = %e, "could not prune old checkpoint record");
+                }
+            }
+            Backend::Object(o) => o.delete_record(c),
+        }
+    }
+}
+
+impl CheckpointStore {
+    /// Opens (creating) and locks a job's local state directory.
+    pub fn open(dir: &Path, job_id: &str, retain: usize) -> Result<Self, CheckpointError> {
+        let checkpoints = dir.join("checkpoints");
+        ensure_dir_path(&checkpoints)?;
+        fs::create_dir_all(&checkpoints).map_err(io(&checkpoints))?;
+        let lock_path = dir.join("lock");
+        let lock =
+            OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(CheckpointError::Locked { path: dir.to_path_buf() }),
+            Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
+        }
+        let local = LocalDir { dir: dir.to_path_buf(), checkpoints, _lock: Some(lock) };
+        Ok(Self { backend: Backend::Local(local), job_id: job_id.to_string(), retain })
+    }
+
+    /// Opens and holds the state directory at `location`: a local one
+    /// locked, an object-store one under a lease of `lease` (taken over
+    /// from a run that stopped renewing it, once it expired).
+    pub fn open_at(
+        location: &Location,
+        job_id: &str,
+        retain: usize,
+        lease: std::time::Duration,
+    ) -> Result<Self, CheckpointError> {
+        match location {
+            Location::Local(dir) => Self::open(dir, job_id, retain),
+            Location::ObjectStore { scheme, bucket, prefix } => {
+                let state = super::object_state::ObjectState::open(*scheme, bucket, prefix, Some(lease))?;
+                Ok(Self { backend: Backend::Object(state), job_id: job_id.to_string(), retain })
+            }
+        }
+    }
+
+    /// A read-only view of a local state directory, without taking its lock
+    /// (a run may hold it): for showing the state. `None` when the directory
+    /// does not exist. Records are written atomically, so what it reads is whole.
+    pub fn inspect(dir: &Path, job_id: &str) -> Result<Option<Self>, CheckpointError> {
+        let checkpoints = dir.join("checkpoints");
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        let local = LocalDir { dir: dir.to_path_buf(), checkpoints, _lock: None };
+        Ok(Some(Self { backend: Backend::Local(local), job_id: job_id.to_string(), retain: usize::MAX }))
+    }
+
+    /// [`CheckpointStore::inspect`] of the state directory at `location`,
+    /// without its lock or lease. `None` when nothing is there yet.
+    pub fn inspect_at(location: &Location, job_id: &str) -> Result<Option<Self>, CheckpointError> {
+        match location {
+            Location::Local(dir) => Self::inspect(dir, job_id),
+            Location::ObjectStore { scheme, bucket, prefix } => {
+                let state = super::object_state::ObjectState::open(*scheme, bucket, prefix, None)?;
+                if state.is_empty()? {
+                    return Ok(None);
+                }
+                Ok(Some(Self { backend: Backend::Object(state), job_id: job_id.to_string(), retain: usize::MAX }))
+            }
+        }
+    }
+
+    /// Runs started in this state directory so far (without raising it).
+    pub fn attempts(&self) -> Result<u32, CheckpointError> {
+        let Some(bytes) = self.backend.read_file(StateFile::Attempt)? else { return Ok(0) };
+        let corrupt = |reason: String| CheckpointError::Corrupt {
+            path: self.backend.file_path(StateFile::Attempt),
+            reason,
+            older: String::new(),
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|e| corrupt(format!("not text: {e}")))?;
+        text.trim().parse::<u32>().map_err(|e| corrupt(format!("not a number: {e}")))
+    }
+
+    /// The local directory, or the store URL as a path, for messages.
+    pub fn dir(&self) -> PathBuf {
+        match &self.backend {
+            Backend::Local(l) => l.dir.clone(),
+            Backend::Object(o) => PathBuf::from(o.url()),
+        }
+    }
+
+    fn read_state<T: serde::de::DeserializeOwned>(&self, file: StateFile) -> Result<Option<T>, CheckpointError> {
+        let Some(bytes) = self.backend.read_file(file)? else { return Ok(None) };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|source| CheckpointError::StateFile { path: self.backend.file_path(file), source })
+    }
+
+    fn write_state<T: Serialize>(&self, file: StateFile, value: &T) -> Result<(), CheckpointError> {
+        self.check_held()?;
+        let bytes = json_bytes(&self.backend.file_path(file), value)?;
+        self.backend.write_file(file, bytes)
+    }
+
+    /// The incarnation of this state directory, once one was adopted.
+    pub fn incarnation(&self) -> Result<Option<Incarnation>, CheckpointError> {
+        self.read_state(StateFile::Incarnation)
+    }
+
+    /// Adopts `incarnation` for this state directory, durably.
+    pub fn set_incarnation(&self, incarnation: &Incarnation) -> Result<(), CheckpointError> {
+        self.write_state(StateFile::Incarnation, incarnation)
+    }
+
+    /// Why this state directory must not be resumed, if it was halted.
+    pub fn halted(&self) -> Result<Option<Halt>, CheckpointError> {
+        self.read_state(StateFile::Halted)
+    }
+
+    /// Marks this state directory as never to be resumed, durably.
+    pub fn halt(&self, reason: &str) -> Result<(), CheckpointError> {
+        self.write_state(StateFile::Halted, &Halt { reason: reason.to_string(), halted_at_ms: now_ms() })
+    }
+
+    /// Where the halt marker is (whether or not it exists), for messages.
+    pub fn halt_path(&self) -> PathBuf {
+        self.backend.file_path(StateFile::Halted)
+    }
+
+    /// Raises and returns the run attempt (1 for the first run).
+    pub fn next_attempt(&self) -> Result<u32, CheckpointError> {
+        self.check_held()?;
+        let next = self.attempts()?.saturating_add(1);
+        self.backend.write_file(StateFile::Attempt, format!("{next}\n").into_bytes())?;
+        Ok(next)
+    }
+
+    /// Fails once this run no longer holds its state directory (an
+    /// object-store lease lost or expired), renewing the lease otherwise:
+    /// called before every persist and every commit. A local directory's
+    /// lock is held until the process ends.
+    pub fn check_held(&self) -> Result<(), CheckpointError> {
+        match &self.backend {
+            Backend::Local(_) => Ok(()),
+            Backend::Object(o) => o.check_held(),
+        }
+    }
+
+    /// Checkpoint ids present, newest first.
+    fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        self.backend.ids()
+    }
 
     /// The newest record, verified. A corrupt newest record is an error.
     pub fn latest(&self) -> Result<Option<CheckpointRecord>, CheckpointError> {
         let ids = self.ids()?;
         let Some(&newest) = ids.first() else { return Ok(None) };
-        let path = self.checkpoints.join(file_name(newest));
-        let bytes = fs::read(&path).map_err(io(&path))?;
+        let (path, bytes) = self.backend.read_record(newest)?;
         match decode(&bytes) {
             Ok(record) => {
                 if record.job_id != self.job_id {
@@ -445,20 +636,29 @@ impl CheckpointStore {
 
     /// Persists a record atomically and durably, then prunes old ones.
     pub fn persist(&self, record: &CheckpointRecord) -> Result<PathBuf, CheckpointError> {
-        let path = self.checkpoints.join(file_name(record.checkpoint));
-        write_atomic(&path, &encode(record)?)?;
+        self.check_held()?;
+        let path = self.backend.write_record(record.checkpoint, encode(record)?)?;
         for old in self.ids()?.into_iter().skip(self.retain) {
-            let p = self.checkpoints.join(file_name(old));
-            if let Err(e) = fs::remove_file(&p) {
-                tracing::warn!(path = %p.display(), error = %e, "could not prune old checkpoint record");
-            }
+            self.backend.delete_record(old);
         }
         Ok(path)
     }
 
-    /// Path of the record of checkpoint `c` (whether or not it exists).
+    /// Where the records are, for messages.
+    pub fn records_dir(&self) -> PathBuf {
+        match &self.backend {
+            Backend::Local(l) => l.checkpoints.clone(),
+            Backend::Object(o) => PathBuf::from(o.records_url()),
+        }
+    }
+
+    /// Path of the record of checkpoint `c` in a local state directory
+    /// (whether or not it exists); on an object store, where its records go.
     pub fn record_path(&self, c: u64) -> PathBuf {
-        self.checkpoints.join(file_name(c))
+        match &self.backend {
+            Backend::Local(l) => l.checkpoints.join(file_name(c)),
+            Backend::Object(o) => PathBuf::from(o.record_url(c)),
+        }
     }
 }
 

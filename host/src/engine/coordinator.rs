@@ -474,6 +474,8 @@ impl<'a> Coordinator<'a> {
                 (true, false) => Commit::Live,
                 (true, true) => Commit::Own,
             };
+            // A run that lost its hold on the state directory commits nothing more.
+            self.store.check_held()?;
             let outcome = match self.committer.commit(&p, whose)? {
                 Committed::Done(outcome) => outcome,
                 Committed::KeyReused => return Err(self.key_reused(p.checkpoint)),
@@ -513,9 +515,8 @@ impl<'a> Coordinator<'a> {
                  {halt}, and run again; without a backup, start over in a new job.state_dir with --new-incarnation \
                  (the source then lands again beside what is there)",
                 inc = self.who.incarnation.id,
-                checkpoints =
-                    self.store.record_path(checkpoint).parent().map_or(dir.to_string(), |p| p.display().to_string()),
-                halt = self.job.state_dir.join("halted").display(),
+                checkpoints = self.store.records_dir().display(),
+                halt = self.store.halt_path().display(),
             )
         } else {
             format!(

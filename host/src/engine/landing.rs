@@ -250,6 +250,8 @@ impl Landing {
 
     /// Commits one checkpoint, with the host's retries (job.commit).
     fn commit(&mut self, p: &PendingCommit, whose: Commit) -> Result<CommitOutcome, EngineError> {
+        // A run that lost its hold on the state directory commits nothing more.
+        self.store.check_held()?;
         match self.committer_mut()?.commit(p, whose)? {
             Committed::Done(outcome) => Ok(outcome),
             Committed::KeyReused => Err(self.key_reused(p.checkpoint)),

@@ -132,10 +132,18 @@ pub(super) fn check_restored(job: &Job, source: &Source, r: &CheckpointRecord) -
     Ok(())
 }
 
-/// Opens and locks the job's state directory, refusing one that is halted.
+/// Opens and holds the job's state directory (locked on disk, leased on an
+/// object store for job.lease_secs).
+pub(super) fn open_state(job: &Job) -> Result<CheckpointStore, EngineError> {
+    let spec = &job.spec;
+    let lease = std::time::Duration::from_secs_f64(spec.job.lease_secs);
+    Ok(CheckpointStore::open_at(&job.state, &spec.job.id, spec.job.checkpoint.retain, lease)?)
+}
+
+/// Opens and holds the job's state directory, refusing one that is halted.
 pub(super) fn open_unhalted(job: &Job) -> Result<CheckpointStore, EngineError> {
     let spec = &job.spec;
-    let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
+    let store = open_state(job)?;
     match store.halted()? {
         Some(halt) => {
             Err(EngineError::Halted { job: spec.job.id.clone(), state_dir: job.state_dir.clone(), reason: halt.reason })

@@ -47,7 +47,7 @@ pub fn inspect(job: &Job) -> Result<StateReport, EngineError> {
         latest: None,
         described: BTreeMap::new(),
     };
-    let Some(store) = CheckpointStore::inspect(&job.state_dir, &spec.job.id)? else { return Ok(report) };
+    let Some(store) = CheckpointStore::inspect_at(&job.state, &spec.job.id)? else { return Ok(report) };
     report.exists = true;
     report.incarnation = store.incarnation()?;
     report.runs = store.attempts()?;
@@ -87,7 +87,7 @@ impl StateReport {
 /// no run may hold it meanwhile.
 pub fn drop_pending(job: &Job, checkpoint: u64) -> Result<DroppedCommit, EngineError> {
     let spec = &job.spec;
-    let store = CheckpointStore::open(&job.state_dir, &spec.job.id, spec.job.checkpoint.retain)?;
+    let store = super::setup::open_state(job)?;
     let mut record = store.latest()?.ok_or_else(|| EngineError::NotPending {
         job: spec.job.id.clone(),
         checkpoint,

@@ -1,0 +1,217 @@
+//! `job.state_dir` on S3 (moto's server on 127.0.0.1): a job lands every
+//! row once and resumes after a crash; records are objects created once,
+//! never overwritten; one run at a time holds the state directory by a
+//! lease object: a second live run refuses, the run after a SIGKILL takes
+//! the lease over once it expired, and a holder whose compare-and-swap fails
+//! stops. The host reaches moto through the standard AWS environment
+//! (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`), set once for this process and inherited by the
+//! `sluice run` processes it starts.
+
+use std::process::{Child, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sluice::engine::checkpoint::CheckpointError;
+use sluice::engine::{CrashPoint, EngineError, Fault};
+use sluice_store::{ObjectStore, S3Credentials, S3Options};
+use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
+use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible, run_cli, sluice_run};
+
+const BUCKET: &str = "state";
+
+/// One moto server for this test binary, and the AWS environment pointing at it.
+fn moto() -> &'static Moto {
+    static MOTO: OnceLock<Moto> = OnceLock::new();
+    MOTO.get_or_init(|| {
+        let moto = Moto::start(&[BUCKET]);
+        // SAFETY: set once, before any test of this binary runs the engine or
+        // starts a process (each first waits here for the server).
+        unsafe {
+            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
+            std::env::set_var("AWS_REGION", REGION);
+            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
+        }
+        moto
+    })
+}
+
+/// The bucket, as the test sees it (not through the host).
+fn bucket() -> ObjectStore {
+    let options = S3Options {
+        region: Some(REGION.into()),
+        endpoint: Some(moto().endpoint.clone()),
+        credentials: Some(S3Credentials {
+            access_key_id: ACCESS_KEY_ID.into(),
+            secret_access_key: SECRET_ACCESS_KEY.into(),
+            session_token: None,
+        }),
+    };
+    ObjectStore::s3(BUCKET, &options).expect("bucket")
+}
+
+fn block<T>(fut: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(fut)
+}
+
+/// Keys under `prefix`, relative to it.
+fn keys(prefix: &str) -> Vec<String> {
+    let listed = block(bucket().list(prefix)).expect("list");
+    listed.into_iter().map(|o| o.key.strip_prefix(&format!("{prefix}/")).unwrap_or(&o.key).to_string()).collect()
+}
+
+/// `--set`s that put the job's state on S3 under `prefix`, with `lease_secs`.
+fn on_s3(prefix: &str, lease_secs: &str) -> Vec<String> {
+    moto();
+    vec![format!("job.state_dir=s3://{BUCKET}/{prefix}"), format!("job.lease_secs={lease_secs}")]
+}
+
+fn refs(sets: &[String]) -> Vec<&str> {
+    sets.iter().map(String::as_str).collect()
+}
+
+/// Slow enough to be caught mid-way: about 4 s for 40 000 rows.
+fn slowed(mut job: TestJob) -> TestJob {
+    job.toml = job.toml.replace("batch_rows = 700", "batch_rows = 700\nrate = 10000.0");
+    job
+}
+
+fn committed_dirs(job: &TestJob) -> usize {
+    std::fs::read_dir(job.out()).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Starts `sluice run` with `sets` and waits until it committed `dirs`
+/// checkpoints (so it holds the lease and renews it).
+fn start_and_wait(job: &TestJob, sets: &[String], dirs: usize) -> Child {
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let mut child = sluice_run(job, sets).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("sluice");
+    let start = Instant::now();
+    while committed_dirs(job) < dirs {
+        if let Ok(Some(status)) = child.try_wait() {
+            let out = child.wait_with_output().expect("reaping sluice");
+            panic!("sluice ended ({status}) too early:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "no progress within 2 minutes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+#[test]
+fn a_job_with_its_state_on_s3_resumes_after_a_crash_and_lands_every_row_once() {
+    let prefix = "crash/state";
+    let sets = on_s3(prefix, "30");
+    let job = TestJob::files("s3-crash", 3100, 2, 500);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(job.run_with(&refs(&sets), Some(crash)).expect_err("crash").is_injected_crash());
+    let after_crash = keys(prefix);
+    assert!(after_crash.contains(&"checkpoints/chk-00000000000000000002-000000.json".to_string()), "{after_crash:?}");
+    assert!(after_crash.contains(&"incarnation".into()) && after_crash.contains(&"attempt".into()), "{after_crash:?}");
+
+    // `sluice state` reads the state on S3 while no run holds it.
+    let mut args = vec!["state", "job.toml"];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    let (code, out, err) = run_cli(&args, job.dir.path());
+    assert_eq!(code, 0, "{err}");
+    for part in [format!("s3://{BUCKET}/{prefix}"), "last record:  checkpoint 2".into(), "runs:         1".into()] {
+        assert!(out.contains(&part), "{part:?} in:\n{out}");
+    }
+
+    let summary = job.run_with(&refs(&sets), None).expect("resumes");
+    assert_eq!(summary.attempt, 2, "{summary:?}");
+    assert_exactly_once(&read_visible(&job.out()), 3100);
+    assert!(!job.dir.path().join(".sluice").exists() && !job.state().exists(), "state went to S3 only");
+
+    let at_end = keys(prefix);
+    // The finished run re-persisted its last checkpoint with nothing pending:
+    // as a new object beside the one it supersedes (removed after), never over it.
+    let records: Vec<&String> = at_end.iter().filter(|k| k.starts_with("checkpoints/")).collect();
+    assert!(
+        records.iter().any(|k| k.ends_with("-000001.json")),
+        "the settled record took the next sequence number: {records:?}"
+    );
+    assert!(records.len() <= 3, "retention keeps 3 checkpoints: {records:?}");
+    let lease: serde_json::Value =
+        serde_json::from_slice(&block(bucket().read(&format!("{prefix}/lease"))).expect("lease")).expect("json");
+    assert_eq!(lease["expires_at_ms"], 0, "a run that ended released its lease: {lease}");
+}
+
+#[test]
+fn a_second_live_run_refuses_while_the_first_holds_the_lease() {
+    let prefix = "two-runs/state";
+    let sets = on_s3(prefix, "2");
+    let job = slowed(TestJob::files("s3-two", 40_000, 2, 1000));
+    let mut first = start_and_wait(&job, &sets, 1);
+    let err = job.run_with(&refs(&sets), None).expect_err("the second run refuses");
+    assert!(matches!(&err, EngineError::Checkpoint(CheckpointError::Leased { .. })), "{err}");
+    let message = err.to_string();
+    for part in [
+        format!("state directory s3://{BUCKET}/{prefix} is in use by another sluice run"),
+        format!("pid {} on", first.id()),
+        "holds its lease".into(),
+    ] {
+        assert!(message.contains(&part), "{part:?} in: {message}");
+    }
+    assert!(first.try_wait().expect("status").is_none(), "the first run goes on undisturbed");
+    let out = first.wait_with_output().expect("first run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+}
+
+#[test]
+fn after_a_sigkill_the_next_run_takes_the_lease_over_once_it_expired() {
+    let prefix = "sigkill/state";
+    let sets = on_s3(prefix, "3");
+    let job = slowed(TestJob::files("s3-kill", 40_000, 2, 1000));
+    let mut first = start_and_wait(&job, &sets, 2);
+    first.kill().expect("SIGKILL");
+    assert!(!first.wait().expect("reaped").success());
+    let killed_at = Instant::now();
+    let lease: serde_json::Value =
+        serde_json::from_slice(&block(bucket().read(&format!("{prefix}/lease"))).expect("lease")).expect("json");
+    assert_ne!(lease["expires_at_ms"], 0, "a killed run cannot release its lease: {lease}");
+
+    let out = sluice_run(&job, &sets).output().expect("next run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("took over the state directory's lease after it expired"), "{stderr}");
+    assert!(stderr.contains("waited_ms="), "it logs how long it waited: {stderr}");
+    assert!(stderr.contains(&format!("pid {} on", first.id())), "it names the run it took over from: {stderr}");
+    assert!(killed_at.elapsed() >= Duration::from_secs(2), "it waited for the lease to expire");
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+}
+
+#[test]
+fn a_holder_whose_compare_and_swap_fails_stops_before_its_next_write() {
+    let prefix = "stolen/state";
+    let sets = on_s3(prefix, "2");
+    let job = slowed(TestJob::files("s3-stolen", 40_000, 2, 1000));
+    let first = start_and_wait(&job, &sets, 1);
+    // Another holder writes the lease (as a run taking it over would): the
+    // holder's next compare-and-swap on its ETag fails.
+    let key = format!("{prefix}/lease");
+    let store = bucket();
+    let current = block(store.read_versioned(&key)).expect("lease");
+    let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() + 1500;
+    let thief = serde_json::json!({"holder": "the thief", "lease_ms": 1500, "expires_at_ms": expires as u64});
+    block(store.replace_if(&key, Bytes::from(thief.to_string()), &current.etag)).expect("replace the lease");
+    let stolen_at = committed_dirs(&job);
+
+    let out = first.wait_with_output().expect("first run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the holder must stop: {stderr}");
+    for part in ["no longer holds its lease", "compare-and-swap", "the thief holds it now"] {
+        assert!(stderr.contains(part), "{part:?} in:\n{stderr}");
+    }
+    assert!(committed_dirs(&job) <= stolen_at + 1, "it committed at most the checkpoint under way");
+    assert!(ids(&read_visible(&job.out())).len() < 40_000, "it stopped before the end of the job");
+
+    // The thief never renews: the next run takes over once it expired and finishes the job.
+    let out = sluice_run(&job, &sets).output().expect("next run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+}
