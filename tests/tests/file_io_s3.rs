@@ -3,26 +3,31 @@
 //! API (`sluice::capability::file_io::FileGrants`, the same code the WIT
 //! interface calls): exclusive creates, streaming multipart uploads, ranged
 //! reads, one-level lists, stat, delete, the refused rename, and locations
-//! outside the grant refused before any request reaches the server.
+//! outside the grant refused before any request reaches the server. And
+//! once through a real plugin: the `sluice` binary runs the chaos plugin's
+//! `file-io-probe` against an `s3://` grant, with the credentials, region
+//! and endpoint only in the host process's environment (the AWS chain).
 
 use sluice::bindings::v0_2::sluice::connector::file_io::IoError;
 use sluice::capability::file_io::{FileGrants, StoreConfig};
-use sluice_store::{S3Credentials, S3Options};
+use sluice_store::{ObjectStore, S3Credentials, S3Options};
 use sluice_tests::store_servers::{self as moto, Moto};
+use sluice_tests::{TestJob, sluice_run};
+
+fn s3_options(server: &Moto) -> S3Options {
+    S3Options {
+        region: Some(moto::REGION.to_string()),
+        endpoint: Some(server.endpoint.clone()),
+        credentials: Some(S3Credentials {
+            access_key_id: moto::ACCESS_KEY_ID.to_string(),
+            secret_access_key: moto::SECRET_ACCESS_KEY.to_string(),
+            session_token: None,
+        }),
+    }
+}
 
 fn grants(server: &Moto, rw: &[&str], ro: &[&str]) -> FileGrants {
-    let stores = StoreConfig {
-        s3: S3Options {
-            region: Some(moto::REGION.to_string()),
-            endpoint: Some(server.endpoint.clone()),
-            credentials: Some(S3Credentials {
-                access_key_id: moto::ACCESS_KEY_ID.to_string(),
-                secret_access_key: moto::SECRET_ACCESS_KEY.to_string(),
-                session_token: None,
-            }),
-        },
-        gcs: Default::default(),
-    };
+    let stores = StoreConfig { s3: s3_options(server), gcs: Default::default() };
     let rw: Vec<String> = rw.iter().map(|s| s.to_string()).collect();
     let ro: Vec<String> = ro.iter().map(|s| s.to_string()).collect();
     let base = tempfile::tempdir().expect("base dir");
@@ -130,4 +135,41 @@ fn locations_outside_the_grant_never_reach_the_server() {
     let log = server.log();
     assert!(log.contains("/lake/wh/inside"), "the server logs each request: {log}");
     assert!(!log.contains("escape") && !log.contains("/lake/ro/x"), "a refused location was sent: {log}");
+}
+
+#[test]
+fn a_plugin_drives_file_io_on_s3_through_the_host() {
+    let server = Moto::start(&["lake"]);
+    let job = TestJob::chaos("fileio-s3", 20, 1, 10, "file-io-probe", "open");
+    let set_refs = [
+        "sink.options.target=s3://lake/wh",
+        r#"sink.grants.locations=["journal", "s3://lake/wh"]"#,
+        "sink.sandbox.call_timeout_secs=120",
+    ];
+    // Writes job.toml; the s3:// grant passes the job's checks.
+    job.load(&set_refs).expect("the job loads with an s3:// grant");
+    let sets: Vec<String> = set_refs.map(String::from).to_vec();
+    let no_files = job.dir.path().join("no-aws-files");
+    let out = sluice_run(&job, &sets)
+        .env("AWS_ENDPOINT_URL", &server.endpoint)
+        .env("AWS_REGION", moto::REGION)
+        .env("AWS_ACCESS_KEY_ID", moto::ACCESS_KEY_ID)
+        .env("AWS_SECRET_ACCESS_KEY", moto::SECRET_ACCESS_KEY)
+        .env("AWS_CONFIG_FILE", &no_files)
+        .env("AWS_SHARED_CREDENTIALS_FILE", &no_files)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("running sluice");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the probe found wrong answers, or the run failed:\n{stderr}");
+
+    // What the plugin wrote is in the bucket, as it wrote it.
+    let s3 = ObjectStore::s3("lake", &s3_options(&server)).expect("store");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        assert_eq!(s3.read("wh/probe/a.txt").await.expect("a.txt"), &b"first"[..], "the exclusive create held");
+        assert_eq!(s3.stat("wh/probe/big.bin").await.expect("big.bin").size, 10 << 20);
+        let keys: Vec<String> = s3.list("").await.expect("list").into_iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["wh/probe/a.txt", "wh/probe/big.bin"], "no rename and no write outside the grant");
+    });
 }
