@@ -295,7 +295,7 @@ fn default_connect_timeout_ms() -> u64 {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Grants {
-    /// Locations the plugin may read and write (directories, `memory://name`).
+    /// Locations the plugin may read and write (directories, `s3://bucket/prefix`, `gs://bucket/prefix`).
     #[serde(default)]
     pub locations: Vec<String>,
     /// Locations the plugin may only read.
@@ -704,13 +704,15 @@ impl Job {
         Ok(())
     }
 
-    /// `[sink.grants]`: every location parses and is served (local only, for
-    /// now); the file-io capability resolves them again as it sets them up.
+    /// `[sink.grants]`: every location parses and is served (local paths,
+    /// `s3://` and `gs://`); the file-io capability resolves them again as
+    /// it sets them up.
     fn check_grants(&self) -> Result<(), JobError> {
+        const GRANTS: Served = Served { stores: &[Scheme::S3, Scheme::Gs] };
         let g = &self.spec.sink.grants;
         for (list, name) in [(&g.locations, "locations"), (&g.read_locations, "read_locations")] {
             for (i, location) in list.iter().enumerate() {
-                self.location(&format!("sink.grants.{name}[{i}]"), location, Served::LOCAL)?;
+                self.location(&format!("sink.grants.{name}[{i}]"), location, GRANTS)?;
             }
         }
         Ok(())

@@ -368,6 +368,61 @@ impl ObjectStore {
         Ok(out)
     }
 
+    /// Up to `length` bytes of `key` from `offset` (fewer at its end; none
+    /// at or past it): one ranged GET, so only those bytes are held.
+    pub async fn read_range(&self, key: &str, offset: u64, length: u64) -> Result<Bytes, StoreError> {
+        self.check_key(key)?;
+        if length == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = offset.saturating_add(length);
+        let buffer = self.op.read_with(key).range(offset..end).await.map_err(|e| self.error(key, "ranged read", e))?;
+        Ok(buffer.to_bytes())
+    }
+
+    /// The names directly under the folder `prefix` (`""`: the bucket's
+    /// top level), sorted: objects by their last segment, deeper objects by
+    /// the one folder segment that leads to them (without a trailing `/`).
+    pub async fn list_level(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let dir = self.folder(prefix)?;
+        let entries = self.op.list_with(&dir).await.map_err(|e| self.error(prefix, "list", e))?;
+        let mut names: Vec<String> = entries
+            .into_iter()
+            .filter_map(|e| {
+                let rest = e.path().strip_prefix(dir.as_str())?;
+                let name = rest.trim_end_matches('/');
+                (!name.is_empty()).then(|| name.to_string())
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// Whether any object lies under the folder `prefix`: reads one page of
+    /// a listing at most.
+    pub async fn has_children(&self, prefix: &str) -> Result<bool, StoreError> {
+        use tokio_stream::StreamExt;
+        let dir = self.folder(prefix)?;
+        let mut lister = self.op.lister_with(&dir).await.map_err(|e| self.error(prefix, "list", e))?;
+        while let Some(entry) = lister.next().await {
+            let entry = entry.map_err(|e| self.error(prefix, "list", e))?;
+            if entry.path() != dir {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// `prefix/` for a listing (`""` for the whole bucket).
+    fn folder(&self, prefix: &str) -> Result<String, StoreError> {
+        if prefix.is_empty() {
+            return Ok(String::new());
+        }
+        self.check_key(prefix)?;
+        Ok(format!("{prefix}/"))
+    }
+
     /// Deletes `key`; deleting a missing object succeeds (as S3 and GCS do).
     pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.check_key(key)?;

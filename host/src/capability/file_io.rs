@@ -29,10 +29,15 @@ use cap_std::fs::{Dir, OpenOptions};
 use thiserror::Error;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-use super::limits::{CallDeadline, HandleCap, HandleSlot};
+pub use super::file_io_store::StoreConfig;
+use super::file_io_store::{
+    Failure, ObjectGrant, ObjectOutput, is_object_url, parse_plugin_location, rename_unsupported,
+};
+use super::limits::{CallDeadline, HandleCap, HandleSlot, HostMemory};
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::file_io::{self as wit, FileStatus, Host, HostOutputFile, IoError};
 use crate::job::normalize;
+use crate::location::Location;
 
 /// A grant that cannot be set up (named in the job's `[sink.grants]`).
 #[derive(Debug, Error)]
@@ -54,6 +59,7 @@ struct LocalGrant {
 pub struct FileGrants {
     base_dir: PathBuf,
     local: Vec<LocalGrant>,
+    objects: Vec<ObjectGrant>,
 }
 
 impl std::fmt::Debug for FileGrants {
@@ -99,20 +105,37 @@ fn sync_parent(dir: &Dir, rel: &Path) -> std::io::Result<()> {
 }
 
 impl FileGrants {
-    /// Sets up the grants of a job. Read-write local grants are created when
-    /// missing; read-only ones must exist.
+    /// Sets up the grants of a job, reaching object stores as the
+    /// environment says ([`StoreConfig::default`]).
     pub fn new(base_dir: &Path, read_write: &[String], read_only: &[String]) -> Result<Self, GrantError> {
-        let mut grants = Self { base_dir: base_dir.to_path_buf(), local: Vec::new() };
+        Self::with_stores(base_dir, read_write, read_only, &StoreConfig::default())
+    }
+
+    /// Sets up the grants of a job. Read-write local grants are created when
+    /// missing; read-only ones must exist. Object-store grants send nothing
+    /// yet: their first use finds out whether the bucket is reachable.
+    pub fn with_stores(
+        base_dir: &Path,
+        read_write: &[String],
+        read_only: &[String],
+        stores: &StoreConfig,
+    ) -> Result<Self, GrantError> {
+        let mut grants = Self { base_dir: base_dir.to_path_buf(), local: Vec::new(), objects: Vec::new() };
         for (list, writable) in [(read_write, true), (read_only, false)] {
             for location in list {
-                grants.add(location, writable)?;
+                grants.add(location, writable, stores)?;
             }
         }
         Ok(grants)
     }
 
-    fn add(&mut self, location: &str, writable: bool) -> Result<(), GrantError> {
+    fn add(&mut self, location: &str, writable: bool, stores: &StoreConfig) -> Result<(), GrantError> {
         let invalid = |message: String| GrantError::Invalid { location: location.to_string(), message };
+        if is_object_url(location) {
+            let root = parse_plugin_location(location).map_err(|e| invalid(describe_io(&e)))?;
+            self.objects.push(ObjectGrant::open(root, writable, stores).map_err(invalid)?);
+            return Ok(());
+        }
         let spelled = self.local_path(location).map_err(invalid)?;
         if writable {
             std::fs::create_dir_all(&spelled)
@@ -151,6 +174,7 @@ impl FileGrants {
             .local
             .iter()
             .map(|g| format!("{} ({})", g.spelled.display(), if g.writable { "read-write" } else { "read-only" }))
+            .chain(self.objects.iter().map(ObjectGrant::describe))
             .collect();
         if parts.is_empty() { "nothing".to_string() } else { parts.join(", ") }
     }
@@ -180,18 +204,166 @@ impl FileGrants {
         Ok((grant, rel))
     }
 
+    /// The object-store grant a location lies in (the deepest), and its
+    /// key; judged before any request (see `file_io_store`).
+    fn resolve_object(&self, location: &str, write: bool) -> Result<(&ObjectGrant, String), IoError> {
+        let target = parse_plugin_location(location)?;
+        let grant = self
+            .objects
+            .iter()
+            .filter(|g| target.is_within(&g.root))
+            .max_by_key(|g| g.depth())
+            .ok_or_else(|| self.denied_outside(location))?;
+        if write && !grant.writable {
+            return Err(IoError::Denied(format!("{location} lies in the read-only grant {}", grant.root)));
+        }
+        let Location::ObjectStore { prefix, .. } = target else {
+            return Err(self.denied_outside(location));
+        };
+        Ok((grant, prefix))
+    }
+
     pub fn exists(&self, location: &str) -> Result<bool, IoError> {
+        self.exists_call(location).map_err(Failure::into_io)
+    }
+
+    fn exists_call(&self, location: &str) -> Result<bool, Failure> {
+        if is_object_url(location) {
+            let (grant, key) = self.resolve_object(location, false)?;
+            return grant.exists(&key);
+        }
+        Ok(self.exists_local(location)?)
+    }
+
+    pub fn stat(&self, location: &str) -> Result<FileStatus, IoError> {
+        self.stat_call(location).map_err(Failure::into_io)
+    }
+
+    fn stat_call(&self, location: &str) -> Result<FileStatus, Failure> {
+        if is_object_url(location) {
+            let (grant, key) = self.resolve_object(location, false)?;
+            return grant.stat(&key, location);
+        }
+        Ok(self.stat_local(location)?)
+    }
+
+    /// Reads without a host-memory budget (the in-process API).
+    pub fn read(&self, location: &str, offset: u64, length: u64) -> Result<Vec<u8>, IoError> {
+        self.read_call(location, offset, length, &unbudgeted()).map_err(Failure::into_io)
+    }
+
+    fn read_call(
+        &self,
+        location: &str,
+        offset: u64,
+        length: u64,
+        memory: &Arc<HostMemory>,
+    ) -> Result<Vec<u8>, Failure> {
+        if is_object_url(location) {
+            let (grant, key) = self.resolve_object(location, false)?;
+            return grant.read(&key, location, offset, length, memory);
+        }
+        Ok(self.read_local(location, offset, length)?)
+    }
+
+    pub fn list_dir(&self, location: &str) -> Result<Vec<String>, IoError> {
+        self.list_dir_call(location).map_err(Failure::into_io)
+    }
+
+    fn list_dir_call(&self, location: &str) -> Result<Vec<String>, Failure> {
+        if is_object_url(location) {
+            let (grant, key) = self.resolve_object(location, false)?;
+            return grant.list_dir(&key, location);
+        }
+        Ok(self.list_dir_local(location)?)
+    }
+
+    /// On an object store: checks the grant and sends nothing (no folders there).
+    pub fn create_dir_all(&self, location: &str) -> Result<(), IoError> {
+        if is_object_url(location) {
+            return self.resolve_object(location, true).map(|_| ());
+        }
+        self.create_dir_all_local(location)
+    }
+
+    /// Writes without a host-memory budget (the in-process API).
+    pub fn write_file(&self, location: &str, contents: &[u8], overwrite: bool) -> Result<(), IoError> {
+        self.write_file_call(location, contents.to_vec(), overwrite, &unbudgeted()).map_err(Failure::into_io)
+    }
+
+    fn write_file_call(
+        &self,
+        location: &str,
+        contents: Vec<u8>,
+        overwrite: bool,
+        memory: &Arc<HostMemory>,
+    ) -> Result<(), Failure> {
+        if is_object_url(location) {
+            let (grant, key) = self.resolve_object(location, true)?;
+            return grant.write_file(&key, location, contents, overwrite, memory);
+        }
+        Ok(self.write_file_local(location, &contents, overwrite)?)
+    }
+
+    /// On an object store: `other`, "cannot rename on an object store",
+    /// once both locations are judged inside the grants.
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), IoError> {
+        if is_object_url(from) || is_object_url(to) {
+            for location in [from, to] {
+                if is_object_url(location) {
+                    self.resolve_object(location, true)?;
+                } else {
+                    self.resolve(location, true)?;
+                }
+            }
+            return Err(rename_unsupported(from, to));
+        }
+        self.rename_local(from, to)
+    }
+
+    pub fn delete(&self, location: &str) -> Result<(), IoError> {
+        self.delete_call(location).map_err(Failure::into_io)
+    }
+
+    fn delete_call(&self, location: &str) -> Result<(), Failure> {
+        if is_object_url(location) {
+            let (grant, key) = self.resolve_object(location, true)?;
+            return grant.delete(&key, location);
+        }
+        Ok(self.delete_local(location)?)
+    }
+
+    /// An output file, without a host-memory budget (the in-process API).
+    pub fn create_output(&self, location: &str, overwrite: bool) -> Result<OutputFileHandle, IoError> {
+        self.create_output_call(location, overwrite, &unbudgeted()).map_err(Failure::into_io)
+    }
+
+    fn create_output_call(
+        &self,
+        location: &str,
+        overwrite: bool,
+        memory: &Arc<HostMemory>,
+    ) -> Result<OutputFileHandle, Failure> {
+        if is_object_url(location) {
+            let (grant, key) = self.resolve_object(location, true)?;
+            let upload = grant.create_output(&key, location, overwrite, memory)?;
+            return Ok(OutputFileHandle { location: location.to_string(), inner: Output::Object(upload), slot: None });
+        }
+        Ok(self.create_output_local(location, overwrite)?)
+    }
+
+    fn exists_local(&self, location: &str) -> Result<bool, IoError> {
         let (grant, rel) = self.resolve(location, false)?;
         grant.dir.try_exists(rel_or_dot(&rel)).map_err(|e| io_error(location, e))
     }
 
-    pub fn stat(&self, location: &str) -> Result<FileStatus, IoError> {
+    fn stat_local(&self, location: &str) -> Result<FileStatus, IoError> {
         let (grant, rel) = self.resolve(location, false)?;
         let meta = grant.dir.metadata(rel_or_dot(&rel)).map_err(|e| io_error(location, e))?;
         Ok(FileStatus { size: if meta.is_dir() { 0 } else { meta.len() }, is_dir: meta.is_dir() })
     }
 
-    pub fn read(&self, location: &str, offset: u64, length: u64) -> Result<Vec<u8>, IoError> {
+    fn read_local(&self, location: &str, offset: u64, length: u64) -> Result<Vec<u8>, IoError> {
         let length = usize::try_from(length).map_err(|e| other(location, e))?;
         let (grant, rel) = self.resolve(location, false)?;
         let mut file = grant.dir.open(&rel).map_err(|e| io_error(location, e))?;
@@ -201,7 +373,7 @@ impl FileGrants {
         Ok(buf)
     }
 
-    pub fn list_dir(&self, location: &str) -> Result<Vec<String>, IoError> {
+    fn list_dir_local(&self, location: &str) -> Result<Vec<String>, IoError> {
         let (grant, rel) = self.resolve(location, false)?;
         let mut names = Vec::new();
         for entry in grant.dir.read_dir(rel_or_dot(&rel)).map_err(|e| io_error(location, e))? {
@@ -212,7 +384,7 @@ impl FileGrants {
         Ok(names)
     }
 
-    pub fn create_dir_all(&self, location: &str) -> Result<(), IoError> {
+    fn create_dir_all_local(&self, location: &str) -> Result<(), IoError> {
         let (grant, rel) = self.resolve(location, true)?;
         if rel.as_os_str().is_empty() {
             return Ok(());
@@ -221,7 +393,7 @@ impl FileGrants {
         sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
     }
 
-    pub fn write_file(&self, location: &str, contents: &[u8], overwrite: bool) -> Result<(), IoError> {
+    fn write_file_local(&self, location: &str, contents: &[u8], overwrite: bool) -> Result<(), IoError> {
         let (grant, rel) = self.resolve(location, true)?;
         let name = rel.file_name().ok_or_else(|| IoError::Denied(format!("{location} names no file")))?;
         refuse_link_out(grant, &rel, location)?;
@@ -250,7 +422,7 @@ impl FileGrants {
         sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
     }
 
-    pub fn rename(&self, from: &str, to: &str) -> Result<(), IoError> {
+    fn rename_local(&self, from: &str, to: &str) -> Result<(), IoError> {
         let (g1, r1) = self.resolve(from, true)?;
         let (g2, r2) = self.resolve(to, true)?;
         if r1.as_os_str().is_empty() || r2.as_os_str().is_empty() {
@@ -266,7 +438,7 @@ impl FileGrants {
         sync_parent(&g1.dir, &r1).map_err(|e| io_error(from, e))
     }
 
-    pub fn delete(&self, location: &str) -> Result<(), IoError> {
+    fn delete_local(&self, location: &str) -> Result<(), IoError> {
         let (grant, rel) = self.resolve(location, true)?;
         if rel.as_os_str().is_empty() {
             return Err(IoError::Denied(format!("cannot delete the granted root {location}")));
@@ -277,7 +449,7 @@ impl FileGrants {
         sync_parent(&grant.dir, &rel).map_err(|e| io_error(location, e))
     }
 
-    fn create_output(&self, location: &str, overwrite: bool) -> Result<OutputFileHandle, IoError> {
+    fn create_output_local(&self, location: &str, overwrite: bool) -> Result<OutputFileHandle, IoError> {
         let (grant, rel) = self.resolve(location, true)?;
         if rel.file_name().is_none() {
             return Err(IoError::Denied(format!("{location} names no file")));
@@ -295,7 +467,8 @@ impl FileGrants {
         }
         let file = grant.dir.open_with(&rel, &opts).map_err(|e| io_error(location, e))?;
         let dir = grant.dir.try_clone().map_err(|e| io_error(location, e))?;
-        Ok(OutputFileHandle { location: location.to_string(), file: Some(file), dir, rel, slot: None })
+        let local = LocalOutput { file: Some(file), dir, rel };
+        Ok(OutputFileHandle { location: location.to_string(), inner: Output::Local(local), slot: None })
     }
 }
 
@@ -327,35 +500,86 @@ fn unique() -> u64 {
 /// An `output-file` resource held in the instance's resource table.
 pub struct OutputFileHandle {
     location: String,
+    inner: Output,
+    /// Counts the handle against `sink.sandbox.max_open_files` until dropped.
+    slot: Option<HandleSlot>,
+}
+
+enum Output {
+    Local(LocalOutput),
+    /// An upload to an object store (see `file_io_store`).
+    Object(ObjectOutput),
+}
+
+struct LocalOutput {
     /// `None` once finished.
     file: Option<cap_std::fs::File>,
     /// The grant's root and the file's path in it (to sync its directory).
     dir: Dir,
     rel: PathBuf,
-    /// Counts the handle against `sink.sandbox.max_open_files` until dropped.
-    slot: Option<HandleSlot>,
 }
 
 impl OutputFileHandle {
-    fn write(&mut self, data: &[u8]) -> Result<(), IoError> {
-        match &mut self.file {
-            Some(f) => f.write_all(data).map_err(|e| io_error(&self.location, e)),
-            None => Err(other(&self.location, "already finished")),
+    /// Appends `data` (the in-process API: a deadline passed is `other`).
+    pub fn write(&mut self, data: Vec<u8>) -> Result<(), IoError> {
+        self.write_call(data).map_err(Failure::into_io)
+    }
+
+    /// Completes the file (the in-process API: a deadline passed is `other`).
+    pub fn finish(&mut self) -> Result<(), IoError> {
+        self.finish_call().map_err(Failure::into_io)
+    }
+
+    fn write_call(&mut self, data: Vec<u8>) -> Result<(), Failure> {
+        let local = match &mut self.inner {
+            Output::Object(upload) => return upload.write(data),
+            Output::Local(local) => local,
+        };
+        match &mut local.file {
+            Some(f) => Ok(f.write_all(&data).map_err(|e| io_error(&self.location, e))?),
+            None => Err(other(&self.location, "already finished").into()),
         }
     }
 
-    fn finish(&mut self) -> Result<(), IoError> {
-        let f = self.file.take().ok_or_else(|| other(&self.location, "already finished"))?;
+    fn finish_call(&mut self) -> Result<(), Failure> {
+        let local = match &mut self.inner {
+            Output::Object(upload) => return upload.finish(),
+            Output::Local(local) => local,
+        };
+        let f = local.file.take().ok_or_else(|| other(&self.location, "already finished"))?;
         f.sync_all().map_err(|e| io_error(&self.location, e))?;
         drop(f);
-        sync_parent(&self.dir, &self.rel).map_err(|e| io_error(&self.location, e))
+        Ok(sync_parent(&local.dir, &local.rel).map_err(|e| io_error(&self.location, e))?)
     }
 }
 
-/// One instance's file access: the run's grants, and its open output files.
+/// A host-memory budget that never refuses, for the in-process API.
+fn unbudgeted() -> Arc<HostMemory> {
+    HostMemory::new(u64::MAX >> 20)
+}
+
+/// The message of an `io-error`, for setup errors.
+fn describe_io(e: &IoError) -> String {
+    match e {
+        IoError::Denied(m) | IoError::NotFound(m) | IoError::AlreadyExists(m) | IoError::Other(m) => m.clone(),
+    }
+}
+
+/// The plugin's answer, or a trap when the call's deadline passed.
+fn answer<T>(result: Result<T, Failure>) -> wasmtime::Result<Result<T, IoError>> {
+    match result {
+        Ok(v) => Ok(Ok(v)),
+        Err(Failure::Io(e)) => Ok(Err(e)),
+        Err(Failure::Deadline(d)) => Err(wasmtime::Error::new(d)),
+    }
+}
+
+/// One instance's file access: the run's grants, its open output files and
+/// the host memory object-store reads and uploads are held against.
 pub struct FileIoCtx {
     pub grants: Arc<FileGrants>,
     pub open: HandleCap,
+    pub memory: Arc<HostMemory>,
 }
 
 /// Traps when the call is past its deadline before `op` starts.
@@ -392,22 +616,22 @@ pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmti
 impl Host for FileIoView<'_> {
     fn exists(&mut self, location: String) -> wasmtime::Result<Result<bool, IoError>> {
         started("sluice:connector/file-io.exists")?;
-        Ok(self.ctx.grants.exists(&location))
+        answer(self.ctx.grants.exists_call(&location))
     }
 
     fn stat(&mut self, location: String) -> wasmtime::Result<Result<FileStatus, IoError>> {
         started("sluice:connector/file-io.stat")?;
-        Ok(self.ctx.grants.stat(&location))
+        answer(self.ctx.grants.stat_call(&location))
     }
 
     fn read(&mut self, location: String, offset: u64, length: u64) -> wasmtime::Result<Result<Vec<u8>, IoError>> {
         started("sluice:connector/file-io.read")?;
-        Ok(self.ctx.grants.read(&location, offset, length))
+        answer(self.ctx.grants.read_call(&location, offset, length, &self.ctx.memory))
     }
 
     fn list_dir(&mut self, location: String) -> wasmtime::Result<Result<Vec<String>, IoError>> {
         started("sluice:connector/file-io.list-dir")?;
-        Ok(self.ctx.grants.list_dir(&location))
+        answer(self.ctx.grants.list_dir_call(&location))
     }
 
     fn create_dir_all(&mut self, location: String) -> wasmtime::Result<Result<(), IoError>> {
@@ -422,7 +646,7 @@ impl Host for FileIoView<'_> {
         overwrite: bool,
     ) -> wasmtime::Result<Result<(), IoError>> {
         started("sluice:connector/file-io.write-file")?;
-        let result = self.ctx.grants.write_file(&location, &contents, overwrite);
+        let result = answer(self.ctx.grants.write_file_call(&location, contents, overwrite, &self.ctx.memory))?;
         if result.is_ok() {
             self.effects.done()?;
         }
@@ -440,7 +664,7 @@ impl Host for FileIoView<'_> {
 
     fn delete(&mut self, location: String) -> wasmtime::Result<Result<(), IoError>> {
         started("sluice:connector/file-io.delete")?;
-        let result = self.ctx.grants.delete(&location);
+        let result = answer(self.ctx.grants.delete_call(&location))?;
         if result.is_ok() {
             self.effects.done()?;
         }
@@ -459,7 +683,7 @@ impl HostOutputFile for FileIoView<'_> {
             Ok(slot) => slot,
             Err(too_many) => return Ok(Err(IoError::Other(format!("{location}: {too_many}")))),
         };
-        match self.ctx.grants.create_output(&location, overwrite) {
+        match answer(self.ctx.grants.create_output_call(&location, overwrite, &self.ctx.memory))? {
             Ok(mut handle) => {
                 handle.slot = Some(slot);
                 Ok(Ok(self.table.push(handle)?))
@@ -470,12 +694,12 @@ impl HostOutputFile for FileIoView<'_> {
 
     fn write(&mut self, this: Resource<OutputFileHandle>, contents: Vec<u8>) -> wasmtime::Result<Result<(), IoError>> {
         started("sluice:connector/file-io.[method]output-file.write")?;
-        Ok(self.table.get_mut(&this)?.write(&contents))
+        answer(self.table.get_mut(&this)?.write_call(contents))
     }
 
     fn finish(&mut self, this: Resource<OutputFileHandle>) -> wasmtime::Result<Result<(), IoError>> {
         started("sluice:connector/file-io.[method]output-file.finish")?;
-        let result = self.table.get_mut(&this)?.finish();
+        let result = answer(self.table.get_mut(&this)?.finish_call())?;
         if result.is_ok() {
             self.effects.done()?;
         }
@@ -529,6 +753,95 @@ mod tests {
         // A link that stays inside the grant is an ordinary existing entry.
         std::os::unix::fs::symlink("a/b.txt", dir.path().join("out/inside")).unwrap();
         assert!(matches!(g.write_file("out/inside", b"x", false), Err(IoError::AlreadyExists(_))));
+    }
+
+    /// Grants on a store at a port nothing listens on: a request sent
+    /// would fail as `other`, so `denied` shows none was sent.
+    fn store_grants(rw: &[&str], ro: &[&str]) -> FileGrants {
+        let rw: Vec<String> = rw.iter().map(|s| s.to_string()).collect();
+        let ro: Vec<String> = ro.iter().map(|s| s.to_string()).collect();
+        let stores = StoreConfig {
+            s3: sluice_store::S3Options {
+                region: Some("us-east-1".into()),
+                endpoint: Some("http://127.0.0.1:9".into()),
+                credentials: None,
+            },
+            gcs: sluice_store::GcsOptions { endpoint: Some("http://127.0.0.1:9".into()), anonymous: true },
+        };
+        FileGrants::with_stores(Path::new("/nonexistent"), &rw, &ro, &stores).unwrap()
+    }
+
+    #[test]
+    fn object_locations_are_judged_before_any_request() {
+        let g = store_grants(&["s3://lake/wh", "gs://lake/gwh"], &["s3://lake/wh/ro"]);
+        assert_eq!(g.describe(), "s3://lake/wh (read-write), gs://lake/gwh (read-write), s3://lake/wh/ro (read-only)");
+        let outside = [
+            ("another bucket", "s3://lake2/wh/x"),
+            ("a prefix with the same letters", "s3://lake/wh-other/x"),
+            ("the prefix with the same letters itself", "s3://lake/whx"),
+            ("a `..` segment", "s3://lake/wh/../secret"),
+            ("a `..` segment that stays inside", "s3://lake/wh/a/../b"),
+            ("a `.` segment", "s3://lake/wh/./x"),
+            ("an empty segment", "s3://lake/wh//x"),
+            ("encoded `..`", "s3://lake/wh/%2e%2e/x"),
+            ("encoded upper-case `..`", "s3://lake/wh/%2E%2E/secret"),
+            ("encoded `/`", "s3://lake/wh%2Fx"),
+            ("encoded `/` inside", "s3://lake/wh/a%2F..%2F..%2Fx"),
+            ("a backslash", "s3://lake/wh/..\\x"),
+            ("a query", "s3://lake/wh/x?versionId=1"),
+            ("a fragment", "s3://lake/wh/x#y"),
+            ("surrounding whitespace", " s3://lake/wh/x"),
+            ("a control character", "s3://lake/wh/x\n"),
+            ("another scheme, same bucket and prefix", "gs://lake/wh/x"),
+            ("an unknown scheme", "http://lake/wh/x"),
+            ("a local path", "/wh/x"),
+            ("a file URL", "file:///wh/x"),
+            ("an upper-case bucket", "s3://LAKE/wh/x"),
+            ("no bucket", "s3:///wh/x"),
+        ];
+        for (why, location) in outside {
+            let denied = |r: Result<(), IoError>, op: &str| {
+                assert!(matches!(&r, Err(IoError::Denied(_))), "{why}: {op} {location:?}: {r:?}");
+            };
+            denied(g.read(location, 0, 1).map(drop), "read");
+            denied(g.write_file(location, b"x", false), "write-file");
+            denied(g.write_file(location, b"x", true), "write-file (overwrite)");
+            denied(g.stat(location).map(drop), "stat");
+            denied(g.exists(location).map(drop), "exists");
+            denied(g.list_dir(location).map(drop), "list-dir");
+            denied(g.create_dir_all(location), "create-dir-all");
+            denied(g.delete(location), "delete");
+            denied(g.create_output(location, false).map(drop), "output-file.create");
+            denied(g.rename(location, "s3://lake/wh/y"), "rename from");
+            denied(g.rename("s3://lake/wh/y", location), "rename to");
+        }
+        // Writes under the deeper, read-only grant are denied; creating a
+        // folder inside a read-write grant sends nothing and succeeds.
+        let err = g.write_file("s3://lake/wh/ro/x", b"x", false).unwrap_err();
+        assert!(matches!(&err, IoError::Denied(m) if m.contains("read-only grant s3://lake/wh/ro")), "{err:?}");
+        assert!(matches!(g.delete("s3://lake/wh/ro/x"), Err(IoError::Denied(_))));
+        g.create_dir_all("s3://lake/wh/a/b").unwrap();
+        g.create_dir_all("S3://lake/wh/").unwrap();
+        // The granted roots are not files and cannot be deleted.
+        assert!(matches!(g.delete("s3://lake/wh"), Err(IoError::Denied(_))));
+        assert!(matches!(g.write_file("gs://lake/gwh/", b"x", true), Err(IoError::Denied(_))));
+        // Inside the grants a rename is refused as `other`, in words a plugin can match.
+        for (from, to) in [("s3://lake/wh/a", "s3://lake/wh/b"), ("s3://lake/wh/a", "gs://lake/gwh/b")] {
+            let err = g.rename(from, to).unwrap_err();
+            assert!(matches!(&err, IoError::Other(m) if m.contains("cannot rename on an object store")), "{err:?}");
+        }
+        // Only here is a request sent: to the port nothing listens on.
+        let err = g.read("s3://lake/wh/x", 0, 1).unwrap_err();
+        assert!(matches!(&err, IoError::Other(m) if m.contains("s3://lake/wh/x")), "{err:?}");
+    }
+
+    #[test]
+    fn a_malformed_object_grant_is_refused_at_setup() {
+        let stores = StoreConfig::default();
+        for bad in ["s3://lake/%2e%2e", "gs://UP/x", "s3://lake/a/../b"] {
+            let err = FileGrants::with_stores(Path::new("/"), &[bad.to_string()], &[], &stores).unwrap_err();
+            assert!(err.to_string().contains(bad), "{err}");
+        }
     }
 
     #[test]

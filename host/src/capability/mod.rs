@@ -33,6 +33,7 @@ mod catalog_faults;
 mod catalog_rest;
 pub mod codec;
 pub mod file_io;
+mod file_io_store;
 pub mod google_auth;
 pub mod grpc;
 pub mod http;
@@ -130,6 +131,7 @@ impl Granted {
             file_io: FileIoCtx {
                 grants: self.files.clone(),
                 open: HandleCap::new(limits.max_open_files, "output files open", "sink.sandbox.max_open_files"),
+                memory: memory.clone(),
             },
             catalog: CatalogCtx { catalog: self.catalog.clone() },
             grpc: GrpcCtx {

@@ -11,6 +11,7 @@
 //! answering every `commit` `already-committed`, as a plugin whose keys
 //! collide with an earlier incarnation's would; or one of the host-limit
 //! probes: `sleep` (a WASI sleep of an hour), `exit` (`exit(0)`),
+//! `file-io-probe` (file-io under `target`, see `file_io_probe`),
 //! `grpc-hang` and `http-hang` (a call to the granted endpoint `hang`, which
 //! never answers, with the largest timeout), `grpc-streams`, `http-requests`
 //! and `open-files` (opening until refused), `log-flood` (64 MiB of log
@@ -103,6 +104,7 @@ impl Cfg {
                 }
             }
             "escape" => self.escape(),
+            "file-io-probe" => self.file_io_probe(),
             "already-committed" => Ok(()),
             "sleep" => {
                 std::thread::sleep(Duration::from_secs(3600));
@@ -204,6 +206,59 @@ impl Cfg {
 
     fn misbehave_is(&self, misbehave: &str, at: &str) -> bool {
         self.misbehave == misbehave && self.at == at
+    }
+
+    /// Drives `file-io` under the granted location `target` (an object
+    /// store, in `tests/tests/file_io_s3.rs`) and fails, listing every
+    /// answer that was not the expected one, unless all were: exclusive
+    /// creates, a streamed output file, reads, a list, the refused rename
+    /// and a sibling prefix outside the grant.
+    fn file_io_probe(&self) -> Result<(), SinkError> {
+        use sluice_guest_sdk::bindings::sluice::connector::file_io::{self as fio, IoError};
+        let target = self.target.clone().ok_or_else(|| error::config("file-io-probe needs option `target`"))?;
+        let mut wrong = Vec::new();
+        let a = join(&target, "probe/a.txt");
+        let big = join(&target, "probe/big.bin");
+        if let Err(e) = fio::write_file(&a, b"first", false) {
+            wrong.push(format!("first create: {}", files::describe(&e)));
+        }
+        match fio::write_file(&a, b"second", false) {
+            Err(IoError::AlreadyExists(_)) => {}
+            other => wrong.push(format!("second create answered {other:?}")),
+        }
+        let streamed = (|| {
+            let out = OutputFile::create(&big, false)?;
+            let chunk = vec![7u8; 1 << 20];
+            for _ in 0..10 {
+                out.write(&chunk)?;
+            }
+            out.finish()
+        })();
+        if let Err(e) = streamed {
+            wrong.push(format!("output-file: {}", files::describe(&e)));
+        }
+        match fio::read(&a, 1, 3) {
+            Ok(bytes) if bytes == b"irs" => {}
+            other => wrong.push(format!("read answered {other:?}")),
+        }
+        match fio::stat(&big) {
+            Ok(s) if s.size == 10 << 20 && !s.is_dir => {}
+            other => wrong.push(format!("stat answered {other:?}")),
+        }
+        match fio::list_dir(&join(&target, "probe")) {
+            Ok(names) if names == ["a.txt", "big.bin"] => {}
+            other => wrong.push(format!("list-dir answered {other:?}")),
+        }
+        match fio::rename(&a, &join(&target, "probe/moved.txt")) {
+            Err(IoError::Other(m)) if m.contains("cannot rename on an object store") => {}
+            other => wrong.push(format!("rename answered {other:?}")),
+        }
+        let sibling = format!("{}-other/x", target.trim_end_matches('/'));
+        match fio::write_file(&sibling, b"x", true) {
+            Err(IoError::Denied(_)) => {}
+            other => wrong.push(format!("a write to {sibling} answered {other:?}")),
+        }
+        if wrong.is_empty() { Ok(()) } else { Err(error::fatal(format!("file-io-probe: {}", wrong.join("; ")))) }
     }
 
     /// Tries every way out of the sandbox; fails loudly if any works.

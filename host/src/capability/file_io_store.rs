@@ -1,0 +1,351 @@
+//! The `file-io` capability on object stores: grants of `s3://bucket/prefix`
+//! and `gs://bucket/prefix`, served through `sluice-store`.
+//!
+//! Invariants:
+//! - a plugin's location is judged before any request is sent: it must be
+//!   an `s3://` or `gs://` URL with no `%` (no percent-encoding, so no
+//!   encoded `/` or `..` reaches the store), no control character and no
+//!   surrounding whitespace (which opendal would trim), no empty, `.` or
+//!   `..` segment and no `?`, `#` or `\`; and it must lie inside a grant of
+//!   the same scheme and bucket, compared segment by segment
+//!   ([`Location::is_within`]: `s3://lake/wh` does not cover
+//!   `s3://lake/wh-other`). Anything else is `denied`;
+//! - `write-file` and `output-file` with `overwrite = false` are conditional
+//!   creates (`If-None-Match: *` / `ifGenerationMatch=0`): a taken key is
+//!   `already-exists`, never overwritten. GCS cannot stream such a create
+//!   (see `sluice-store`), so that one case is `other`, saying so;
+//! - an `output-file` streams a multipart upload: the host holds one part
+//!   at most ([`DEFAULT_PART_SIZE`], reserved from the instance's host
+//!   memory while the file is open), and nothing is visible before
+//!   `finish`; one dropped unfinished is aborted;
+//! - reads are ranged (only the bytes asked for, reserved from the host
+//!   memory before they are fetched); lists read one folder level;
+//! - `rename` is refused as `other` with the words "cannot rename on an
+//!   object store" (stores have no atomic rename; the WIT's error variants
+//!   are frozen and have no `unsupported`), after both locations are judged;
+//! - every request is awaited no later than the call's deadline (a
+//!   [`HostDeadline`] traps the call); credentials never leave the host:
+//!   S3 through the AWS default chain, GCS through Application Default
+//!   Credentials (`sluice-store`).
+//!
+//! Folders do not exist on object stores: `create-dir-all` checks the grant
+//! and sends nothing; a folder "exists" when some object lies under it (a
+//! grant's root always does); `delete` of a folder deletes the objects
+//! under it one by one (not atomically).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sluice_store::{DEFAULT_PART_SIZE, GcsOptions, ObjectStore, ObjectWriter, S3Options, StoreError};
+
+use super::limits::{HostDeadline, HostMemory, Reservation};
+use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError};
+use crate::location::{Location, Scheme, Served};
+
+/// How the host reaches the object stores of its grants. The default takes
+/// everything from the environment (AWS chain, `AWS_REGION`,
+/// `AWS_ENDPOINT_URL`; Google ADC).
+#[derive(Debug, Clone, Default)]
+pub struct StoreConfig {
+    pub s3: S3Options,
+    pub gcs: GcsOptions,
+}
+
+/// Why a `file-io` call on an object store failed: an answer for the
+/// plugin, or the call's deadline, which traps it.
+#[derive(Debug)]
+pub(super) enum Failure {
+    Io(IoError),
+    Deadline(HostDeadline),
+}
+
+impl From<IoError> for Failure {
+    fn from(e: IoError) -> Self {
+        Failure::Io(e)
+    }
+}
+
+impl From<HostDeadline> for Failure {
+    fn from(e: HostDeadline) -> Self {
+        Failure::Deadline(e)
+    }
+}
+
+impl Failure {
+    /// For callers without a deadline (the in-process API): the deadline as `other`.
+    pub(super) fn into_io(self) -> IoError {
+        match self {
+            Failure::Io(e) => e,
+            Failure::Deadline(d) => IoError::Other(d.to_string()),
+        }
+    }
+}
+
+/// The answer of a store error, for the plugin.
+fn io_error(e: StoreError) -> IoError {
+    match e {
+        StoreError::AlreadyExists { url } => IoError::AlreadyExists(url),
+        StoreError::NotFound { url } => IoError::NotFound(url),
+        e @ StoreError::Denied { .. } => {
+            IoError::Denied(format!("the object store refused the host's credentials or access: {e}"))
+        }
+        e => IoError::Other(e.to_string()),
+    }
+}
+
+/// Whether `location` names an object store (`s3://`, `gs://`, any case).
+pub(super) fn is_object_url(location: &str) -> bool {
+    let Some((scheme, _)) = location.split_once("://") else { return false };
+    Scheme::ALL.iter().any(|s| s.as_str().eq_ignore_ascii_case(scheme))
+}
+
+/// A plugin's object-store location, judged strictly (see the module doc).
+pub(super) fn parse_plugin_location(location: &str) -> Result<Location, IoError> {
+    let denied = |why: &str| IoError::Denied(format!("{location}: {why}"));
+    if location.contains('%') {
+        return Err(denied("object locations take no percent-encoding (`%` is refused)"));
+    }
+    if location.chars().any(char::is_control) || location.trim() != location {
+        return Err(denied("control characters and surrounding whitespace are refused in object locations"));
+    }
+    let all = Served { stores: &Scheme::ALL };
+    // Object URLs never depend on the base directory.
+    Location::parse(location, Path::new("/"), all).map_err(|e| IoError::Denied(e.to_string()))
+}
+
+/// One granted object-store location.
+pub(super) struct ObjectGrant {
+    /// `Location::ObjectStore`.
+    pub(super) root: Location,
+    pub(super) writable: bool,
+    store: ObjectStore,
+}
+
+/// `import` names, for deadline traps.
+const READ: &str = "sluice:connector/file-io.read";
+const STAT: &str = "sluice:connector/file-io.stat";
+
+/// Awaits `fut` no later than the call's deadline.
+fn wait<T>(import: &'static str, fut: impl Future<Output = T>) -> Result<T, HostDeadline> {
+    super::block_on(import, fut)
+}
+
+impl ObjectGrant {
+    /// The grant of `root` (an object-store location). Sends nothing.
+    pub(super) fn open(root: Location, writable: bool, config: &StoreConfig) -> Result<Self, String> {
+        let store = match &root {
+            Location::ObjectStore { scheme: Scheme::S3, bucket, .. } => ObjectStore::s3(bucket, &config.s3),
+            Location::ObjectStore { scheme: Scheme::Gs, bucket, .. } => ObjectStore::gcs(bucket, &config.gcs),
+            Location::Local(_) => return Err("not an object-store location".to_string()),
+        }
+        .map_err(|e| e.to_string())?;
+        Ok(Self { root, writable, store })
+    }
+
+    /// The grant root's key prefix (`""`: the whole bucket).
+    fn root_prefix(&self) -> &str {
+        match &self.root {
+            Location::ObjectStore { prefix, .. } => prefix,
+            Location::Local(_) => "",
+        }
+    }
+
+    /// The number of segments of the root (to pick the deepest grant).
+    pub(super) fn depth(&self) -> usize {
+        let p = self.root_prefix();
+        if p.is_empty() { 0 } else { p.split('/').count() }
+    }
+
+    pub(super) fn describe(&self) -> String {
+        format!("{} ({})", self.root, if self.writable { "read-write" } else { "read-only" })
+    }
+
+    fn is_root(&self, key: &str) -> bool {
+        key == self.root_prefix()
+    }
+
+    /// `key` names an object (not the grant's root, which is a folder).
+    fn file_key<'k>(&self, key: &'k str, location: &str) -> Result<&'k str, IoError> {
+        if self.is_root(key) {
+            return Err(IoError::Denied(format!("{location} is the granted root {}, not a file", self.root)));
+        }
+        Ok(key)
+    }
+
+    /// Whether `key` is a folder: the root, or a prefix some object lies under.
+    fn is_folder(&self, import: &'static str, key: &str) -> Result<bool, Failure> {
+        if self.is_root(key) {
+            return Ok(true);
+        }
+        Ok(wait(import, self.store.has_children(key))?.map_err(io_error)?)
+    }
+
+    pub(super) fn exists(&self, key: &str) -> Result<bool, Failure> {
+        const IMPORT: &str = "sluice:connector/file-io.exists";
+        if self.is_root(key) {
+            return Ok(true);
+        }
+        match wait(IMPORT, self.store.stat(key))? {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound { .. }) => self.is_folder(IMPORT, key),
+            Err(e) => Err(io_error(e).into()),
+        }
+    }
+
+    pub(super) fn stat(&self, key: &str, location: &str) -> Result<FileStatus, Failure> {
+        if !self.is_root(key) {
+            match wait(STAT, self.store.stat(key))? {
+                Ok(info) => return Ok(FileStatus { size: info.size, is_dir: false }),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(io_error(e).into()),
+            }
+        }
+        if self.is_folder(STAT, key)? {
+            Ok(FileStatus { size: 0, is_dir: true })
+        } else {
+            Err(IoError::NotFound(location.to_string()).into())
+        }
+    }
+
+    /// Up to `length` bytes from `offset`, reserved from `memory` first.
+    pub(super) fn read(
+        &self,
+        key: &str,
+        location: &str,
+        offset: u64,
+        length: u64,
+        memory: &Arc<HostMemory>,
+    ) -> Result<Vec<u8>, Failure> {
+        let key = self.file_key(key, location)?;
+        let size = wait(READ, self.store.stat(key))?.map_err(io_error)?.size;
+        let wanted = length.min(size.saturating_sub(offset));
+        let _held = reserve(memory, &format!("reading {location}"), wanted)?;
+        // A ranged read of exactly `wanted` bytes: an object that grew since
+        // the stat cannot make it hold more.
+        let bytes = wait(READ, self.store.read_range(key, offset, wanted))?.map_err(io_error)?;
+        Ok(bytes.to_vec())
+    }
+
+    pub(super) fn list_dir(&self, key: &str, location: &str) -> Result<Vec<String>, Failure> {
+        const IMPORT: &str = "sluice:connector/file-io.list-dir";
+        let names = wait(IMPORT, self.store.list_level(key))?.map_err(io_error)?;
+        if names.is_empty() && !self.is_root(key) {
+            return Err(IoError::NotFound(location.to_string()).into());
+        }
+        Ok(names)
+    }
+
+    /// One whole object: a conditional create unless `overwrite`.
+    pub(super) fn write_file(
+        &self,
+        key: &str,
+        location: &str,
+        contents: Vec<u8>,
+        overwrite: bool,
+        memory: &Arc<HostMemory>,
+    ) -> Result<(), Failure> {
+        const IMPORT: &str = "sluice:connector/file-io.write-file";
+        let key = self.file_key(key, location)?;
+        let _held = reserve(memory, &format!("writing {location}"), contents.len() as u64)?;
+        let bytes = Bytes::from(contents);
+        if !overwrite {
+            wait(IMPORT, self.store.create_exclusive(key, bytes))?.map_err(io_error)?;
+            return Ok(());
+        }
+        wait(IMPORT, async {
+            let mut writer = self.store.writer(key, false, DEFAULT_PART_SIZE).await?;
+            writer.write(bytes).await?;
+            writer.finish().await
+        })?
+        .map_err(io_error)?;
+        Ok(())
+    }
+
+    /// The object `key`, or every object under the folder `key`.
+    pub(super) fn delete(&self, key: &str, location: &str) -> Result<(), Failure> {
+        const IMPORT: &str = "sluice:connector/file-io.delete";
+        if self.is_root(key) {
+            return Err(IoError::Denied(format!("cannot delete the granted root {location}")).into());
+        }
+        match wait(IMPORT, self.store.stat(key))? {
+            Ok(_) => return Ok(wait(IMPORT, self.store.delete(key))?.map_err(io_error)?),
+            Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(io_error(e).into()),
+        }
+        let under = wait(IMPORT, self.store.list(key))?.map_err(io_error)?;
+        if under.is_empty() {
+            return Err(IoError::NotFound(location.to_string()).into());
+        }
+        for object in under {
+            wait(IMPORT, self.store.delete(&object.key))?.map_err(io_error)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a streaming upload of `key`.
+    pub(super) fn create_output(
+        &self,
+        key: &str,
+        location: &str,
+        overwrite: bool,
+        memory: &Arc<HostMemory>,
+    ) -> Result<ObjectOutput, Failure> {
+        const IMPORT: &str = "sluice:connector/file-io.[static]output-file.create";
+        let key = self.file_key(key, location)?;
+        let held = reserve(memory, &format!("the upload buffer of {location}"), DEFAULT_PART_SIZE as u64)?;
+        let writer = wait(IMPORT, self.store.writer(key, !overwrite, DEFAULT_PART_SIZE))?.map_err(io_error)?;
+        Ok(ObjectOutput { location: location.to_string(), writer: Some(writer), _held: held })
+    }
+}
+
+/// The error `rename` answers on object stores (see the module doc).
+pub(super) fn rename_unsupported(from: &str, to: &str) -> IoError {
+    IoError::Other(format!(
+        "{from} -> {to}: cannot rename on an object store (s3://, gs://): it has no atomic rename; \
+         write under the final name with an exclusive create instead"
+    ))
+}
+
+/// Reserves `bytes` of host memory for `what`, or answers `other` naming the budget.
+fn reserve(memory: &Arc<HostMemory>, what: &str, bytes: u64) -> Result<Reservation, IoError> {
+    memory.reserve(what, bytes).map_err(|e| IoError::Other(e.to_string()))
+}
+
+/// An `output-file` on an object store: an upload under way.
+pub struct ObjectOutput {
+    location: String,
+    /// `None` once finished.
+    writer: Option<ObjectWriter>,
+    /// The one part the upload buffers, held against the host memory.
+    _held: Reservation,
+}
+
+impl ObjectOutput {
+    pub(super) fn write(&mut self, contents: Vec<u8>) -> Result<(), Failure> {
+        const IMPORT: &str = "sluice:connector/file-io.[method]output-file.write";
+        let writer =
+            self.writer.as_mut().ok_or_else(|| IoError::Other(format!("{}: already finished", self.location)))?;
+        Ok(wait(IMPORT, writer.write(Bytes::from(contents)))?.map_err(io_error)?)
+    }
+
+    pub(super) fn finish(&mut self) -> Result<(), Failure> {
+        const IMPORT: &str = "sluice:connector/file-io.[method]output-file.finish";
+        let writer =
+            self.writer.take().ok_or_else(|| IoError::Other(format!("{}: already finished", self.location)))?;
+        wait(IMPORT, writer.finish())?.map_err(io_error)?;
+        Ok(())
+    }
+}
+
+impl Drop for ObjectOutput {
+    /// An unfinished upload is abandoned: its parts are freed in the
+    /// background (best effort; stores also expire unfinished uploads).
+    fn drop(&mut self) {
+        if let Some(writer) = self.writer.take() {
+            super::runtime().spawn(async move {
+                let _ = writer.abort().await;
+            });
+        }
+    }
+}
