@@ -215,3 +215,59 @@ fn a_holder_whose_compare_and_swap_fails_stops_before_its_next_write() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_exactly_once(&read_visible(&job.out()), 40_000);
 }
+
+/// A live holder whose wall clock lags this machine's by more than its lease
+/// (clocks of two hosts are not in step): its lease object says
+/// `expires_at_ms` in this machine's past, yet it renews it by
+/// compare-and-swap every third of its length. The run that comes second
+/// must judge the lease by watching it change (its own monotonic clock),
+/// not by comparing another host's wall-clock stamp to its own: it refuses.
+#[test]
+fn a_lease_renewed_by_a_holder_with_a_lagging_clock_is_not_taken_over() {
+    let prefix = "skew/state";
+    let sets = on_s3(prefix, "2");
+    let job = TestJob::files("s3-skew", 600, 2, 300);
+    let key = format!("{prefix}/lease");
+    let store = bucket();
+    let lease_ms: u64 = 2000;
+    // The holder's clock runs 5 s behind this machine's.
+    let skewed_now = || {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+        now as u64 - 5000
+    };
+    let doc = move |at: u64| {
+        Bytes::from(
+            serde_json::json!({"holder": "the lagging holder", "lease_ms": lease_ms, "expires_at_ms": at + lease_ms})
+                .to_string(),
+        )
+    };
+    let first = block(store.create_exclusive(&key, doc(skewed_now()))).expect("create the lease").expect("etag");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renewing = {
+        let (stop, store, key) = (stop.clone(), store.clone(), key.clone());
+        std::thread::spawn(move || {
+            let mut etag = first;
+            let mut renewals = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(lease_ms / 3));
+                match block(store.replace_if(&key, doc(skewed_now()), &etag)) {
+                    Ok(Some(e)) => {
+                        etag = e;
+                        renewals += 1;
+                    }
+                    // The lease was taken from under the holder.
+                    _ => return Err(renewals),
+                }
+            }
+            Ok(renewals)
+        })
+    };
+    let result = job.run_with(&refs(&sets), None);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let renewed = renewing.join().expect("renewer");
+    let err = result.expect_err("the second run refuses a lease its holder renews");
+    assert!(matches!(&err, EngineError::Checkpoint(CheckpointError::Leased { .. })), "{err}");
+    assert!(err.to_string().contains("the lagging holder"), "{err}");
+    assert!(matches!(renewed, Ok(n) if n >= 1), "the holder kept its lease: {renewed:?}");
+    assert_eq!(committed_dirs(&job), 0, "nothing landed while another run held the state directory");
+}

@@ -14,8 +14,8 @@
 //!   was read with (created exclusively when absent);
 //! - one run at a time holds the state directory, by a lease object: taken
 //!   by exclusive create, or by compare-and-swap over a lease that expired
-//!   (its `expires_at_ms` passed, or it was watched unrenewed for its whole
-//!   length); renewed by compare-and-swap every third of its length by a
+//!   (released, or watched unrenewed for its whole length on this run's
+//!   monotonic clock: another host's wall clock is never trusted); renewed by compare-and-swap every third of its length by a
 //!   background thread and before every write and commit. A run that sees
 //!   the lease renewed while it waits refuses, naming the holder; a run
 //!   whose compare-and-swap fails, or that could not renew within the lease,
@@ -345,11 +345,14 @@ impl ObjectState {
             };
             let doc: LeaseDoc = serde_json::from_slice(&theirs.bytes)
                 .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(&lease_url), source })?;
-            let now = now_ms();
-            let expired = doc.expires_at_ms <= now
+            // Another host's wall clock is not this one's: the holder's
+            // `expires_at_ms` means nothing here but "released" (0). A live
+            // lease has expired only once this run watched it unrenewed for
+            // its whole length, on its own monotonic clock.
+            let expired = doc.expires_at_ms == 0
                 || match &watched {
                     None => {
-                        let left = Duration::from_millis(doc.lease_ms.min(doc.expires_at_ms - now));
+                        let left = Duration::from_millis(doc.lease_ms);
                         watched = Some((theirs.etag.clone(), Instant::now() + left));
                         false
                     }
