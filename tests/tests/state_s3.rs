@@ -107,8 +107,14 @@ fn a_job_with_its_state_on_s3_resumes_after_a_crash_and_lands_every_row_once() {
     let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
     assert!(job.run_with(&refs(&sets), Some(crash)).expect_err("crash").is_injected_crash());
     let after_crash = keys(prefix);
-    assert!(after_crash.contains(&"checkpoints/chk-00000000000000000002-000000.json".to_string()), "{after_crash:?}");
-    assert!(after_crash.contains(&"incarnation".into()) && after_crash.contains(&"attempt".into()), "{after_crash:?}");
+    // The first run took epoch 1 and writes only in its folder.
+    assert!(
+        after_crash.contains(&"epoch-000001/checkpoints/chk-00000000000000000002-000000.json".to_string()),
+        "{after_crash:?}"
+    );
+    for file in ["epoch-000001/incarnation", "epoch-000001/attempt", "lease"] {
+        assert!(after_crash.contains(&file.to_string()), "{file} in {after_crash:?}");
+    }
 
     // `sluice state` reads the state on S3 while no run holds it.
     let mut args = vec!["state", "job.toml"];
@@ -127,9 +133,11 @@ fn a_job_with_its_state_on_s3_resumes_after_a_crash_and_lands_every_row_once() {
     assert!(!job.dir.path().join(".sluice").exists() && !job.state().exists(), "state went to S3 only");
 
     let at_end = keys(prefix);
+    // The resumed run took epoch 2, copied the state in, and left no other folder.
+    assert!(at_end.iter().all(|k| k == "lease" || k.starts_with("epoch-000002/")), "{at_end:?}");
     // The finished run re-persisted its last checkpoint with nothing pending:
     // as a new object beside the one it supersedes (removed after), never over it.
-    let records: Vec<&String> = at_end.iter().filter(|k| k.starts_with("checkpoints/")).collect();
+    let records: Vec<&String> = at_end.iter().filter(|k| k.starts_with("epoch-000002/checkpoints/")).collect();
     assert!(
         records.iter().any(|k| k.ends_with("-000001.json")),
         "the settled record took the next sequence number: {records:?}"
@@ -138,6 +146,7 @@ fn a_job_with_its_state_on_s3_resumes_after_a_crash_and_lands_every_row_once() {
     let lease: serde_json::Value =
         serde_json::from_slice(&block(bucket().read(&format!("{prefix}/lease"))).expect("lease")).expect("json");
     assert_eq!(lease["expires_at_ms"], 0, "a run that ended released its lease: {lease}");
+    assert_eq!((lease["epoch"].as_u64(), lease["current"].as_u64()), (Some(2), Some(2)), "{lease}");
 }
 
 #[test]
@@ -270,4 +279,59 @@ fn a_lease_renewed_by_a_holder_with_a_lagging_clock_is_not_taken_over() {
     assert!(err.to_string().contains("the lagging holder"), "{err}");
     assert!(matches!(renewed, Ok(n) if n >= 1), "the holder kept its lease: {renewed:?}");
     assert_eq!(committed_dirs(&job), 0, "nothing landed while another run held the state directory");
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().expect("kill");
+    assert!(status.success(), "kill {sig}");
+}
+
+/// Fencing. A holder frozen (SIGSTOP) past its lease comes back after
+/// another run took the lease over and finished the job. Whatever the frozen
+/// run then does must change nothing: it stops before another commit, and
+/// what it writes in its own epoch's folder (here also a record it could
+/// have had in flight, written by the test as it would) is never read
+/// again: the next run resumes from the state of the run that took over.
+#[test]
+fn a_frozen_holder_that_wakes_after_a_takeover_changes_nothing() {
+    let prefix = "frozen/state";
+    let sets = on_s3(prefix, "2");
+    let job = slowed(TestJob::files("s3-frozen", 40_000, 2, 1000));
+    let frozen = start_and_wait(&job, &sets, 1);
+    signal(&frozen, "-STOP");
+    let frozen_at = Instant::now();
+
+    // The next run waits out the lease, takes it over and finishes the job.
+    let out = sluice_run(&job, &sets).output().expect("next run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("took over the state directory's lease after it expired"), "{stderr}");
+    assert!(frozen_at.elapsed() >= Duration::from_secs(2), "it waited for the lease to expire");
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+    let landed = committed_dirs(&job);
+    let lease: serde_json::Value =
+        serde_json::from_slice(&block(bucket().read(&format!("{prefix}/lease"))).expect("lease")).expect("json");
+    assert_eq!((lease["epoch"].as_u64(), lease["current"].as_u64()), (Some(2), Some(2)), "{lease}");
+
+    // The frozen run's write in flight lands late, in its own epoch's folder:
+    // a record newer than any, which no run may read.
+    let late = format!("{prefix}/epoch-000001/checkpoints/chk-{:020}-000000.json", 999);
+    block(bucket().create_exclusive(&late, Bytes::from_static(b"{ not a record"))).expect("late write");
+
+    // The frozen run wakes: its next renewal finds the lease taken, and it
+    // stops without committing anything more.
+    signal(&frozen, "-CONT");
+    let out = frozen.wait_with_output().expect("frozen run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the woken run must stop: {stderr}");
+    assert!(stderr.contains("no longer holds its lease"), "{stderr}");
+    assert_eq!(committed_dirs(&job), landed, "the woken run committed nothing");
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+
+    // A rerun resumes from the state of the run that took over: the late
+    // record is never read (it would not even parse), and nothing lands twice.
+    let summary = job.run_with(&refs(&sets), None).expect("rerun");
+    assert_eq!(summary.attempt, 3, "{summary:?}");
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+    assert_eq!(committed_dirs(&job), landed, "the rerun had nothing to land");
 }

@@ -270,7 +270,7 @@ pub struct CheckpointStore {
 #[derive(Debug)]
 enum Backend {
     Local(LocalDir),
-    Object(super::object_state::ObjectState),
+    Object(Box<super::object_state::ObjectState>),
 }
 
 /// A local state directory.
@@ -493,7 +493,7 @@ impl CheckpointStore {
             Location::Local(dir) => Self::open(dir, job_id, retain),
             Location::ObjectStore { scheme, bucket, prefix } => {
                 let state = super::object_state::ObjectState::open(*scheme, bucket, prefix, Some(lease))?;
-                Ok(Self { backend: Backend::Object(state), job_id: job_id.to_string(), retain })
+                Ok(Self { backend: Backend::Object(Box::new(state)), job_id: job_id.to_string(), retain })
             }
         }
     }
@@ -520,7 +520,11 @@ impl CheckpointStore {
                 if state.is_empty()? {
                     return Ok(None);
                 }
-                Ok(Some(Self { backend: Backend::Object(state), job_id: job_id.to_string(), retain: usize::MAX }))
+                Ok(Some(Self {
+                    backend: Backend::Object(Box::new(state)),
+                    job_id: job_id.to_string(),
+                    retain: usize::MAX,
+                }))
             }
         }
     }

@@ -1,8 +1,9 @@
 //! A job's state directory on an object store (`job.state_dir =
 //! "s3://bucket/prefix"`), behind [`super::checkpoint::CheckpointStore`].
 //!
-//! Layout under the prefix: `checkpoints/chk-<c>-<seq>.json` (the records),
-//! `attempt`, `incarnation`, `halted` (small state files) and `lease`.
+//! Layout under the prefix: `lease`, and the state of each holding epoch in
+//! `epoch-<e>/`: `checkpoints/chk-<c>-<seq>.json` (the records), `attempt`,
+//! `incarnation` and `halted` (small state files).
 //!
 //! Invariants:
 //! - a record is one object, created exclusively (`If-None-Match: *`) and
@@ -15,13 +16,29 @@
 //! - one run at a time holds the state directory, by a lease object: taken
 //!   by exclusive create, or by compare-and-swap over a lease that expired
 //!   (released, or watched unrenewed for its whole length on this run's
-//!   monotonic clock: another host's wall clock is never trusted); renewed by compare-and-swap every third of its length by a
-//!   background thread and before every write and commit. A run that sees
-//!   the lease renewed while it waits refuses, naming the holder; a run
-//!   whose compare-and-swap fails, or that could not renew within the lease,
-//!   has lost it and writes nothing more;
-//! - a run that ends releases its lease (expired at once) so the next run
-//!   need not wait; a killed one leaves it to expire;
+//!   monotonic clock: another host's wall clock is never trusted); renewed
+//!   by compare-and-swap every third of its length by a background thread
+//!   and before every write and commit. A run that sees the lease renewed
+//!   while it waits refuses, naming the holder; a run whose
+//!   compare-and-swap fails, or that could not renew within the lease, has
+//!   lost it and writes nothing more;
+//! - **fencing:** a check before a write is not part of the write, so a
+//!   holder paused (SIGSTOP, a long GC, a frozen VM) between its last
+//!   renewal and its write may land that write after another run took the
+//!   lease over. So each taking of the lease starts a new epoch (the
+//!   lease's `epoch`, raised by the very compare-and-swap that takes it),
+//!   and a run writes only under its own `epoch-<e>/`. The lease's
+//!   `current` names the epoch whose folder holds the state: a run that
+//!   takes over copies the state of `current` into its own folder, and only
+//!   then swaps `current` to its epoch (by the renewal's compare-and-swap).
+//!   What a former holder writes or deletes after that copy lands in a
+//!   folder nobody reads again; what it wrote before is a true record of
+//!   what it did (persist before commit), taken over as if it came before
+//!   the takeover. Every instant of a folder holds a whole newest record (a
+//!   record is created before the ones it supersedes are removed), and a
+//!   copy that finds a listed object gone starts over;
+//! - a run that ends releases its lease (expired at once, `current` kept) so
+//!   the next run need not wait; a killed one leaves it to expire;
 //! - credentials and endpoint come from the standard AWS environment
 //!   (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...), through
 //!   `sluice-store`.
@@ -55,6 +72,14 @@ struct LeaseDoc {
     lease_ms: u64,
     /// Milliseconds since the Unix epoch; 0 once released.
     expires_at_ms: u64,
+    /// Raised by each taking of the lease: its holder writes only under
+    /// `epoch-<epoch>/`.
+    #[serde(default)]
+    epoch: u64,
+    /// The epoch whose folder holds the state; absent in a lease written by
+    /// hand, when the newest folder does.
+    #[serde(default)]
+    current: Option<u64>,
 }
 
 /// What a run knows of the lease it holds.
@@ -65,6 +90,9 @@ struct HeldState {
     renewed: Instant,
     /// Why the lease is lost, once it is.
     lost: Option<String>,
+    /// The epoch whose folder holds the state (this run's own, once it
+    /// copied the state it took over).
+    current: u64,
 }
 
 #[derive(Debug)]
@@ -73,7 +101,21 @@ struct Held {
     url: String,
     holder: String,
     lease: Duration,
+    /// This run's epoch.
+    epoch: u64,
     state: Mutex<HeldState>,
+}
+
+impl Held {
+    fn doc(&self, expires_at_ms: u64, current: u64) -> LeaseDoc {
+        LeaseDoc {
+            holder: self.holder.clone(),
+            lease_ms: self.lease.as_millis() as u64,
+            expires_at_ms,
+            epoch: self.epoch,
+            current: Some(current),
+        }
+    }
 }
 
 /// A state directory on an object store, with its lease when opened to write.
@@ -83,6 +125,8 @@ pub(super) struct ObjectState {
     /// `s3://bucket/prefix`
     url: String,
     prefix: String,
+    /// The key of the folder of the epoch that holds the state.
+    base: String,
     runtime: Option<tokio::runtime::Runtime>,
     handle: Handle,
     held: Option<Arc<Held>>,
@@ -113,6 +157,19 @@ fn no_etag(url: &str) -> CheckpointError {
         url: url.to_string(),
         message: "the store sent no ETag, which the state directory's compare-and-swap needs".into(),
     })
+}
+
+/// How often a takeover's copy of the state starts over when an object it
+/// listed is gone before it is read (a former holder superseding a record).
+const COPY_TRIES: usize = 8;
+
+/// `epoch-<e>`
+fn epoch_name(e: u64) -> String {
+    format!("epoch-{e:06}")
+}
+
+fn parse_epoch_name(name: &str) -> Option<u64> {
+    name.strip_prefix("epoch-")?.parse().ok()
 }
 
 /// `chk-<c>-<seq>.json`
@@ -152,16 +209,64 @@ impl ObjectState {
             .build()
             .map_err(|source| CheckpointError::Io { path: PathBuf::from(&url), source })?;
         let handle = runtime.handle().clone();
-        let mut state =
-            Self { store, url, prefix: prefix.to_string(), runtime: Some(runtime), handle, held: None, renewer: None };
-        if let Some(lease) = lease {
-            state.take_lease(lease)?;
+        let mut state = Self {
+            store,
+            url,
+            prefix: prefix.to_string(),
+            base: String::new(),
+            runtime: Some(runtime),
+            handle,
+            held: None,
+            renewer: None,
+        };
+        match lease {
+            Some(lease) => state.take_lease(lease)?,
+            None => {
+                // A read-only view: the folder the lease names, else the newest.
+                let current = match state.read_lease()? {
+                    Some((doc, _)) => doc.current,
+                    None => None,
+                };
+                let current = match current {
+                    Some(c) => c,
+                    None => state.newest_epoch()?,
+                };
+                state.base = state.root_key(&epoch_name(current));
+            }
         }
         Ok(state)
     }
 
-    fn key(&self, name: &str) -> String {
+    /// The key of `name` directly under the prefix.
+    fn root_key(&self, name: &str) -> String {
         if self.prefix.is_empty() { name.to_string() } else { format!("{}/{name}", self.prefix) }
+    }
+
+    /// The key of `name` in the folder that holds the state.
+    fn key(&self, name: &str) -> String {
+        format!("{}/{name}", self.base)
+    }
+
+    /// The lease object and its ETag, if there is one.
+    fn read_lease(&self) -> Result<Option<(LeaseDoc, String)>, CheckpointError> {
+        let store = self.store.clone();
+        let key = self.root_key(LEASE_KEY);
+        let url = self.store.url(&key);
+        match self.run(async move { store.read_versioned(&key).await })? {
+            Ok(v) => serde_json::from_slice(&v.bytes)
+                .map(|doc| Some((doc, v.etag)))
+                .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(url), source }),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The highest epoch with a folder under the prefix (0 when none).
+    fn newest_epoch(&self) -> Result<u64, CheckpointError> {
+        let store = self.store.clone();
+        let prefix = self.prefix.clone();
+        let names = self.run(async move { store.list_level(&prefix).await })??;
+        Ok(names.iter().filter_map(|n| parse_epoch_name(n)).max().unwrap_or(0))
     }
 
     pub(super) fn url(&self) -> &str {
@@ -300,9 +405,10 @@ impl ObjectState {
     }
 
     /// Takes the lease: creates it, or takes over one that expired; refuses
-    /// while another run renews it. Then starts renewing it.
+    /// while another run renews it. Then starts renewing it, and moves the
+    /// state into this run's epoch folder (see the fencing invariant).
     fn take_lease(&mut self, lease: Duration) -> Result<(), CheckpointError> {
-        let key = self.key(LEASE_KEY);
+        let key = self.root_key(LEASE_KEY);
         let lease_url = self.store.url(&key);
         let token = getrandom::u32().unwrap_or(0);
         let host = std::env::var("HOSTNAME")
@@ -311,8 +417,16 @@ impl ObjectState {
             .unwrap_or_else(|| "?".to_string());
         let holder = format!("pid {} on {host} ({token:08x})", std::process::id());
         let lease_ms = lease.as_millis() as u64;
-        let doc = |expires_at_ms| {
-            serde_json::to_vec(&LeaseDoc { holder: holder.clone(), lease_ms, expires_at_ms }).map(Bytes::from)
+        let doc = |epoch: u64, current: u64| {
+            serde_json::to_vec(&LeaseDoc {
+                holder: holder.clone(),
+                lease_ms,
+                expires_at_ms: now_ms() + lease_ms,
+                epoch,
+                current: Some(current),
+            })
+            .map(Bytes::from)
+            .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(&lease_url), source })
         };
         let poll = (lease / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
         let started = Instant::now();
@@ -320,19 +434,18 @@ impl ObjectState {
         // by this run's clock if it stays unrenewed.
         let mut watched: Option<(String, Instant)> = None;
         let mut previous: Option<String> = None;
-        let etag = loop {
-            let store = self.store.clone();
-            let k = key.clone();
+        let (etag, renewed, epoch, current) = loop {
             let sent = Instant::now();
-            let ours = doc(now_ms() + lease_ms)
-                .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(&lease_url), source })?;
-            let read = self.run(async move { store.read_versioned(&k).await })?;
-            let theirs = match read {
-                Err(StoreError::NotFound { .. }) => {
+            let theirs = match self.read_lease()? {
+                None => {
+                    // No lease yet (or removed by hand): the next epoch
+                    // after every folder there is, taking over the newest.
+                    let newest = self.newest_epoch()?;
+                    let ours = doc(newest + 1, newest)?;
                     let store = self.store.clone();
                     let k = key.clone();
                     match self.run(async move { store.create_exclusive(&k, ours).await })? {
-                        Ok(etag) => break (etag.ok_or_else(|| no_etag(&lease_url))?, sent),
+                        Ok(etag) => break (etag.ok_or_else(|| no_etag(&lease_url))?, sent, newest + 1, newest),
                         Err(StoreError::AlreadyExists { .. } | StoreError::Contended { .. }) => {
                             std::thread::sleep(poll);
                             continue;
@@ -340,28 +453,26 @@ impl ObjectState {
                         Err(e) => return Err(e.into()),
                     }
                 }
-                Err(e) => return Err(e.into()),
-                Ok(v) => v,
+                Some(theirs) => theirs,
             };
-            let doc: LeaseDoc = serde_json::from_slice(&theirs.bytes)
-                .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(&lease_url), source })?;
+            let (doc_theirs, their_etag) = theirs;
             // Another host's wall clock is not this one's: the holder's
             // `expires_at_ms` means nothing here but "released" (0). A live
             // lease has expired only once this run watched it unrenewed for
             // its whole length, on its own monotonic clock.
-            let expired = doc.expires_at_ms == 0
+            let expired = doc_theirs.expires_at_ms == 0
                 || match &watched {
                     None => {
-                        let left = Duration::from_millis(doc.lease_ms);
-                        watched = Some((theirs.etag.clone(), Instant::now() + left));
+                        let left = Duration::from_millis(doc_theirs.lease_ms);
+                        watched = Some((their_etag.clone(), Instant::now() + left));
                         false
                     }
-                    Some((etag, deadline)) if *etag == theirs.etag => Instant::now() >= *deadline,
+                    Some((etag, deadline)) if *etag == their_etag => Instant::now() >= *deadline,
                     Some(_) => {
                         return Err(CheckpointError::Leased {
                             url: self.url.clone(),
-                            holder: doc.holder,
-                            expires: when(doc.expires_at_ms),
+                            holder: doc_theirs.holder,
+                            expires: when(doc_theirs.expires_at_ms),
                         });
                     }
                 };
@@ -369,37 +480,43 @@ impl ObjectState {
                 std::thread::sleep(poll);
                 continue;
             }
+            // The swap that takes the lease also raises the epoch, so no two
+            // holders ever share one.
+            let newest = self.newest_epoch()?;
+            let epoch = doc_theirs.epoch.max(newest) + 1;
+            let current = doc_theirs.current.unwrap_or(newest);
+            let ours = doc(epoch, current)?;
             let store = self.store.clone();
             let k = key.clone();
-            let etag = theirs.etag.clone();
+            let etag = their_etag.clone();
             match self.run(async move { store.replace_if(&k, ours, &etag).await })? {
                 Ok(etag) => {
-                    if doc.expires_at_ms != 0 {
-                        previous = Some(doc.holder);
+                    if doc_theirs.expires_at_ms != 0 {
+                        previous = Some(doc_theirs.holder);
                     }
-                    break (etag.ok_or_else(|| no_etag(&lease_url))?, sent);
+                    break (etag.ok_or_else(|| no_etag(&lease_url))?, sent, epoch, current);
                 }
                 // Someone wrote it meanwhile: look again, afresh.
                 Err(StoreError::Conflict { .. } | StoreError::Contended { .. }) => watched = None,
                 Err(e) => return Err(e.into()),
             }
         };
-        let (etag, renewed) = etag;
-        match previous {
+        match &previous {
             Some(previous) => tracing::info!(
                 state_dir = %self.url,
                 previous = %previous,
                 waited_ms = started.elapsed().as_millis() as u64,
                 "took over the state directory's lease after it expired unrenewed (the run holding it had stopped)"
             ),
-            None => tracing::debug!(state_dir = %self.url, holder = %holder, "took the state directory's lease"),
+            None => tracing::debug!(state_dir = %self.url, holder = %holder, epoch, "took the state directory's lease"),
         }
         let held = Arc::new(Held {
             key,
             url: self.url.clone(),
             holder,
             lease,
-            state: Mutex::new(HeldState { etag, renewed, lost: None }),
+            epoch,
+            state: Mutex::new(HeldState { etag, renewed, lost: None, current }),
         });
         let (stop, stopped) = mpsc::channel::<()>();
         let renewing = held.clone();
@@ -418,9 +535,79 @@ impl ObjectState {
                 }
             })
             .map_err(|source| CheckpointError::Io { path: PathBuf::from(&self.url), source })?;
-        self.held = Some(held);
+        self.held = Some(held.clone());
         self.renewer = Some((stop, thread));
+        self.base = self.root_key(&epoch_name(epoch));
+        if current != epoch {
+            self.move_state(&held, current, epoch)?;
+        }
         Ok(())
+    }
+
+    /// Copies the state of epoch `from` into this run's folder, then makes
+    /// it current (by the lease's compare-and-swap), then removes the old
+    /// folder, best effort: what a former holder writes there later is never
+    /// read.
+    fn move_state(&self, held: &Held, from: u64, to: u64) -> Result<(), CheckpointError> {
+        let from_dir = self.root_key(&epoch_name(from));
+        let to_dir = self.root_key(&epoch_name(to));
+        let mut copied = None;
+        for _ in 0..COPY_TRIES {
+            if let Some(n) = self.copy_folder(&from_dir, &to_dir)? {
+                copied = Some(n);
+                break;
+            }
+        }
+        let Some(copied) = copied else {
+            return Err(CheckpointError::LeaseLost {
+                url: self.url.clone(),
+                reason: format!(
+                    "the state in {} kept changing while it was taken over ({COPY_TRIES} tries): another run still writes there",
+                    self.store.url(&from_dir)
+                ),
+            });
+        };
+        {
+            let mut state = held.state.lock().map_err(|_| poisoned(held))?;
+            state.current = to;
+        }
+        self.check_held()?;
+        tracing::debug!(state_dir = %self.url, from, to, objects = copied, "moved the state into this run's epoch");
+        let store = self.store.clone();
+        let listed = self.run(async move { store.list(&from_dir).await })?;
+        for o in listed.unwrap_or_default() {
+            self.delete_key(o.key);
+        }
+        Ok(())
+    }
+
+    /// One try at copying every object under `from` to the same name under
+    /// `to` (cleared first: only this run writes there). `None` when a
+    /// listed object was gone before it was read.
+    fn copy_folder(&self, from: &str, to: &str) -> Result<Option<usize>, CheckpointError> {
+        let store = self.store.clone();
+        let dir = to.to_string();
+        for o in self.run(async move { store.list(&dir).await })?? {
+            let store = self.store.clone();
+            self.run(async move { store.delete(&o.key).await })??;
+        }
+        let store = self.store.clone();
+        let dir = from.to_string();
+        let listed = self.run(async move { store.list(&dir).await })??;
+        for o in &listed {
+            let Some(rel) = o.key.strip_prefix(from).and_then(|r| r.strip_prefix('/')) else { continue };
+            let store = self.store.clone();
+            let key = o.key.clone();
+            let bytes = match self.run(async move { store.read(&key).await })? {
+                Ok(bytes) => bytes,
+                Err(StoreError::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            let store = self.store.clone();
+            let key = format!("{to}/{rel}");
+            self.run(async move { store.create_exclusive(&key, bytes).await })??;
+        }
+        Ok(Some(listed.len()))
     }
 
     /// Renews the lease now; an error once it is lost.
@@ -468,8 +655,7 @@ fn renew(held: &Held, store: &ObjectStore, handle: &Handle) -> Result<(), Checkp
         state.lost = Some(reason.clone());
         return Err(lost(reason));
     }
-    let lease_ms = held.lease.as_millis() as u64;
-    let doc = LeaseDoc { holder: held.holder.clone(), lease_ms, expires_at_ms: now_ms() + lease_ms };
+    let doc = held.doc(now_ms() + held.lease.as_millis() as u64, state.current);
     let bytes = serde_json::to_vec(&doc)
         .map(Bytes::from)
         .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(store.url(&held.key)), source })?;
@@ -508,8 +694,7 @@ impl Drop for ObjectState {
             && let Ok(state) = held.state.lock()
             && state.lost.is_none()
         {
-            let doc =
-                LeaseDoc { holder: held.holder.clone(), lease_ms: held.lease.as_millis() as u64, expires_at_ms: 0 };
+            let doc = held.doc(0, state.current);
             if let Ok(bytes) = serde_json::to_vec(&doc) {
                 let (s, key, etag) = (self.store.clone(), held.key.clone(), state.etag.clone());
                 match block(&self.handle, async move { s.replace_if(&key, Bytes::from(bytes), &etag).await }) {
