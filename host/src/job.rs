@@ -25,7 +25,7 @@ use crate::capability::limits::{self, HostLimits};
 use crate::location::{Location, LocationError, Scheme, Served};
 
 /// What `job.state_dir` serves besides local paths.
-const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3] };
+pub const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3] };
 
 /// A job file that could not be used.
 #[derive(Debug, Error)]

@@ -1,15 +1,23 @@
 //! `CheckpointStore`: a job's state directory, in the CLI's format.
 //!
-//! Invariant: Python reads records here but never writes one; only the
-//! engine (`run`, `Landing`) does.
+//! Invariants:
+//! - Python reads records here but never writes one; only the engine
+//!   (`run`, `Landing`) does;
+//! - a state directory is a location as `job.state_dir` takes it: a local
+//!   path or `s3://bucket/prefix` (held by a lease there); a scheme the
+//!   engine does not serve is refused, never taken for a relative path.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use pyo3::prelude::*;
 
 use sluice::engine::checkpoint::{CheckpointStore as Store, Incarnation};
+use sluice::job::STATE_DIR_SERVED;
+use sluice::location::Location;
 
 use crate::errors::{SluiceError, to_py};
+use crate::job::Job;
 
 /// A job's durable checkpoint store (its state directory), in the format
 /// `sluice run` writes. Records are JSON documents, read here and written
@@ -21,11 +29,39 @@ pub(crate) struct CheckpointStore {
 
 #[pymethods]
 impl CheckpointStore {
-    /// Opens and locks the state directory of `job_id`.
+    /// Opens and holds the state directory of `job_id`: a local path
+    /// (relative to the working directory), locked, or `s3://bucket/prefix`,
+    /// under a lease of `lease_secs`.
     #[new]
-    #[pyo3(signature = (state_dir, job_id, retain = 3))]
-    fn new(state_dir: PathBuf, job_id: String, retain: usize) -> PyResult<Self> {
-        Ok(Self { store: Store::open(&state_dir, &job_id, retain).map_err(to_py)? })
+    #[pyo3(signature = (state_dir, job_id, retain = 3, lease_secs = 30.0))]
+    fn new(py: Python<'_>, state_dir: PathBuf, job_id: String, retain: usize, lease_secs: f64) -> PyResult<Self> {
+        let text = state_dir
+            .to_str()
+            .ok_or_else(|| SluiceError::new_err(format!("state directory {}: not UTF-8", state_dir.display())))?;
+        let cwd = std::env::current_dir()
+            .map_err(|e| SluiceError::new_err(format!("state directory {text}: no working directory: {e}")))?;
+        let location = Location::parse(text, &cwd, STATE_DIR_SERVED)
+            .map_err(|e| SluiceError::new_err(format!("state directory {text}: {e}")))?;
+        if !(lease_secs.is_finite() && lease_secs > 0.0) {
+            return Err(SluiceError::new_err(format!(
+                "lease_secs = {lease_secs}: must be a positive number of seconds"
+            )));
+        }
+        let lease = Duration::from_secs_f64(lease_secs);
+        let store = py.detach(|| Store::open_at(&location, &job_id, retain, lease)).map_err(to_py)?;
+        Ok(Self { store })
+    }
+
+    /// Opens and holds the state directory of `job`, as `sluice run` does
+    /// (its `job.state_dir`, retention and lease).
+    #[staticmethod]
+    fn for_job(py: Python<'_>, job: &Job) -> PyResult<Self> {
+        let job = job.job.clone();
+        let spec = &job.spec;
+        let lease = Duration::from_secs_f64(spec.job.lease_secs);
+        let store =
+            py.detach(|| Store::open_at(&job.state, &spec.job.id, spec.job.checkpoint.retain, lease)).map_err(to_py)?;
+        Ok(Self { store })
     }
 
     /// The newest record, as JSON, or `None` in a new state directory.

@@ -77,11 +77,25 @@ def scenario_iceberg(spec, cache_dir, cluster):
     return iceberg_result(spec, run_job(spec, cache_dir))
 
 
+def records(state_dir):
+    """How many checkpoint records the state directory holds: a local one,
+    or one on S3 (`s3://bucket/prefix`, read with boto3 through the same
+    AWS environment the engine reads)."""
+    if state_dir.startswith("s3://"):
+        import boto3
+
+        bucket, _, prefix = state_dir[len("s3://") :].partition("/")
+        s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
+        return sum(1 for o in listed.get("Contents", []) if "/checkpoints/chk-" in o["Key"])
+    checkpoints = os.path.join(state_dir, "checkpoints")
+    return sum(1 for n in os.listdir(checkpoints) if n.endswith(".json")) if os.path.isdir(checkpoints) else 0
+
+
 def scenario_node_loss(spec, cache_dir, cluster):
     """Removes a worker node once the run has persisted a checkpoint, and
     adds a node back a few seconds later. The run goes on in a thread: Ray
     starts and stops nodes from the main thread only."""
-    checkpoints = os.path.join(spec["state_dir"], "checkpoints")
     events = []
     outcome = {}
 
@@ -97,14 +111,14 @@ def scenario_node_loss(spec, cache_dir, cluster):
     t.start()
     deadline = time.time() + 120
     while time.time() < deadline and t.is_alive():
-        if os.path.isdir(checkpoints) and any(n.endswith(".json") for n in os.listdir(checkpoints)):
+        if records(spec["state_dir"]) > 0:
             break
         time.sleep(0.05)
     if not t.is_alive():
         events.append("the run ended before a node could be removed")
     else:
         victim = cluster.worker_nodes[-1] if isinstance(cluster.worker_nodes, list) else list(cluster.worker_nodes)[-1]
-        events.append(f"removing a node after {len(os.listdir(checkpoints))} record(s)")
+        events.append(f"removing a node after {records(spec['state_dir'])} record(s)")
         cluster.remove_node(victim, allow_graceful=False)
         time.sleep(3)
         cluster.add_node(**NODE)
@@ -174,7 +188,7 @@ def scenario_datasink_kill(spec, cache_dir, cluster):
     p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     job = sluice.Job.load(spec["job"])
     # What the killed driver left: its record, and what is visible.
-    store = sluice.CheckpointStore(str(job.state_dir), job.id, job.retain)
+    store = sluice.CheckpointStore.for_job(job)
     latest = store.latest()
     del store  # releases the state directory's lock
     record = json.loads(latest) if latest else {}
@@ -185,7 +199,7 @@ def scenario_datasink_kill(spec, cache_dir, cluster):
     again = write_again(spec, cache_dir)
     ids, checkpoints = pyiceberg_ids(spec["warehouse"], spec["table"])
     rows, wrong = landed_values(spec)
-    store = sluice.CheckpointStore(str(job.state_dir), job.id, job.retain)
+    store = sluice.CheckpointStore.for_job(job)
     after = json.loads(store.latest())
     del store
     return {
@@ -271,7 +285,7 @@ def scenario_low_level(spec, cache_dir, cluster):
     writer.close()
     landed = landing.land([(info, rows * writes)], tables[0][1])
     landing.close()
-    store = sluice.CheckpointStore(str(job.state_dir), job.id, job.retain)
+    store = sluice.CheckpointStore.for_job(job)
     latest = json.loads(store.latest())
     del store
     # A second landing into the same state directory is refused.

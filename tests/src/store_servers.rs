@@ -148,6 +148,20 @@ impl Moto {
         Moto { server, endpoint }
     }
 
+    /// How to reach the server from the test itself (not through the host's
+    /// AWS environment): its endpoint, region and keys.
+    pub fn s3_options(&self) -> sluice_store::S3Options {
+        sluice_store::S3Options {
+            region: Some(REGION.into()),
+            endpoint: Some(self.endpoint.clone()),
+            credentials: Some(sluice_store::S3Credentials {
+                access_key_id: ACCESS_KEY_ID.into(),
+                secret_access_key: SECRET_ACCESS_KEY.into(),
+                session_token: None,
+            }),
+        }
+    }
+
     /// What the server logged so far (one line a request), for assertions.
     pub fn log(&self) -> String {
         self.server.log()

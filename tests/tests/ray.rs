@@ -15,6 +15,10 @@
 //!   checkpoint that the engine's landing persists and commits, the GIL free
 //!   during plugin calls, and errors carrying the message the CLI prints.
 //!
+//! Every job keeps its state directory on S3 (moto's server on 127.0.0.1),
+//! so the driver and the nodes share no disk for it: the state is held by
+//! the engine's lease there, also across the killed Datasink driver.
+//!
 //! One cluster serves every scenario (`tests/ray/cluster_suite.py`): on two
 //! cores a cluster per scenario would cost more than the scenarios.
 
@@ -25,12 +29,27 @@ use std::time::Instant;
 use arrow_array::{Array, Int64Array, StringArray};
 use serde_json::Value;
 use sluice_bigquery_double::{BigQueryDouble, generator_schema};
+use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
 use sluice_tests::{
     TestJob, assert_exactly_once_range, bigquery_rows, cache_dir, python_interpreter, read_visible, run_cli,
 };
 
 const TARGET: &str = env!("SLUICE_TEST_TARGET_DIR");
 const BQ_TABLE: &str = "projects/p/datasets/d/tables/ray";
+const STATE_BUCKET: &str = "ray-state";
+
+/// `job`, with its state directory on S3 under its id, and a short lease
+/// (the killed driver's lease expires in 3 s).
+fn on_s3(mut job: TestJob, id: &str) -> TestJob {
+    let url = state_url(id);
+    job.toml = job.toml.replacen("state_dir = \"state\"", &format!("state_dir = \"{url}\"\nlease_secs = 3"), 1);
+    assert!(job.toml.contains(&url), "the test job has no state_dir line to replace:\n{}", job.toml);
+    job
+}
+
+fn state_url(id: &str) -> String {
+    format!("s3://{STATE_BUCKET}/{id}")
+}
 
 /// Builds the `sluice` wheel (abi3, the dev profile: it shares the test
 /// build's compiled crates; with the engine's crash points, which only a
@@ -146,27 +165,29 @@ fn assert_iceberg_once<'a>(results: &'a Value, scenario: &str, warehouse: &Path,
 fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     let python = python_interpreter();
     let site = install_wheel(python);
+    let moto = Moto::start(&[STATE_BUCKET]);
 
     // Six writers into one Iceberg table.
     let ice_wh = tempfile::tempdir().expect("warehouse");
-    let ice = TestJob::iceberg("ray-ice", ice_wh.path(), "ray.events", 60_000, 0, 6, 2_000);
+    let ice = on_s3(TestJob::iceberg("ray-ice", ice_wh.path(), "ray.events", 60_000, 0, 6, 2_000), "ray-ice");
     // The same, rate-limited so that a node can be removed mid-run.
     let loss_wh = tempfile::tempdir().expect("warehouse");
-    let loss = TestJob::iceberg("ray-loss", loss_wh.path(), "ray.loss", 120_000, 0, 6, 2_000);
-    let files = TestJob::files("ray-files", 30_000, 6, 1_000);
+    let loss = on_s3(TestJob::iceberg("ray-loss", loss_wh.path(), "ray.loss", 120_000, 0, 6, 2_000), "ray-loss");
+    let files = on_s3(TestJob::files("ray-files", 30_000, 6, 1_000), "ray-files");
     let double = BigQueryDouble::start().expect("starting the BigQuery double");
     double.create_table(BQ_TABLE, generator_schema());
-    let bq = TestJob::bigquery("ray-bq", &double.address(), BQ_TABLE, 30_000, 6, 1_000);
+    let bq = on_s3(TestJob::bigquery("ray-bq", &double.address(), BQ_TABLE, 30_000, 6, 1_000), "ray-bq");
     // The package without Ray: a writer and the committer by hand; and a
     // job whose plugin is missing, for the error message.
-    let low = TestJob::files("ray-low", 1, 1, 1_000);
+    let low = on_s3(TestJob::files("ray-low", 1, 1, 1_000), "ray-low");
     let bad = TestJob::files_with("/nonexistent/sluice_sink_files.wasm", "ray-bad", 1, 1, 1_000);
     // The Datasink reads only the job's [sink]; the dataset is the source.
     let ds_wh = tempfile::tempdir().expect("warehouse");
-    let datasink = TestJob::iceberg("ray-datasink", ds_wh.path(), "ray.dataset", 1, 0, 1, 1_000);
+    let datasink = on_s3(TestJob::iceberg("ray-datasink", ds_wh.path(), "ray.dataset", 1, 0, 1, 1_000), "ray-datasink");
     // The same, with its driver killed between persist and commit.
     let kill_wh = tempfile::tempdir().expect("warehouse");
-    let killed = TestJob::iceberg("ray-datasink-kill", kill_wh.path(), "ray.killed", 1, 0, 1, 1_000);
+    let killed =
+        on_s3(TestJob::iceberg("ray-datasink-kill", kill_wh.path(), "ray.killed", 1, 0, 1, 1_000), "ray-datasink-kill");
 
     let spec = serde_json::json!({
         "cache_dir": cache_dir(),
@@ -175,7 +196,7 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         "iceberg": {"job": job_file(&ice), "warehouse": ice_wh.path(), "table": "ray.events", "rows": 60_000},
         "node_loss": {
             "job": job_file(&loss), "warehouse": loss_wh.path(), "table": "ray.loss", "rows": 120_000,
-            "rate": 24_000, "state_dir": loss.state(),
+            "rate": 24_000, "state_dir": state_url("ray-loss"),
         },
         "files": {"job": job_file(&files)},
         "bigquery": {"job": job_file(&bq)},
@@ -193,6 +214,10 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         .env("PYTHONPATH", &site)
         .env("RAY_AUTH_MODE", "disabled")
         .env("RAY_USAGE_STATS_ENABLED", "0")
+        .env("AWS_ENDPOINT_URL", &moto.endpoint)
+        .env("AWS_REGION", REGION)
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY)
         .output()
         .expect("running the Ray suite");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -202,6 +227,26 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         .unwrap_or_else(|e| panic!("the Ray suite printed no results ({e}):\n{stdout}\n{stderr}"));
     eprintln!("Ray suite: {:.1} s in all; {results}", started.elapsed().as_secs_f64());
     assert_eq!(results["nodes"], 3, "the cluster has three nodes");
+    // Every job's state went to S3 only: a lease and records there, nothing on disk.
+    let store = sluice_store::ObjectStore::s3(STATE_BUCKET, &moto.s3_options()).expect("bucket");
+    let listed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(store.list(""))
+        .expect("listing the state bucket");
+    let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
+    for (job, id) in [(&ice, "ray-ice"), (&loss, "ray-loss"), (&files, "ray-files"), (&bq, "ray-bq"), (&low, "ray-low")]
+        .into_iter()
+        .chain([(&datasink, "ray-datasink"), (&killed, "ray-datasink-kill")])
+    {
+        assert!(keys.contains(&format!("{id}/lease").as_str()), "{id}: no lease on S3: {keys:?}");
+        assert!(
+            keys.iter().any(|k| k.starts_with(&format!("{id}/epoch-")) && k.contains("/checkpoints/chk-")),
+            "{id}: no checkpoint record on S3: {keys:?}"
+        );
+        assert!(!job.state().exists() && !job.dir.path().join(".sluice").exists(), "{id}: state on local disk");
+    }
 
     // The package's own calls: one checkpoint by hand, which the engine's
     // landing persists and commits, and a second landing refused.
