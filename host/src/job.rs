@@ -238,6 +238,20 @@ pub struct CatalogSpec {
     /// Environment variable holding a bearer token for the REST catalog.
     #[serde(default)]
     pub token_env: Option<String>,
+    /// Environment variable holding the REST catalog's OAuth2 client
+    /// credential, `client_id:secret` (or a bare secret), exchanged for
+    /// tokens that the host refreshes (`capability::catalog_auth`).
+    #[serde(default)]
+    pub credential_env: Option<String>,
+    /// File holding that credential (relative to the job file).
+    #[serde(default)]
+    pub credential_file: Option<PathBuf>,
+    /// The OAuth2 token endpoint; default the spec's `<uri>/v1/oauth/tokens`.
+    #[serde(default)]
+    pub oauth2_server_uri: Option<String>,
+    /// The scope asked for with the credential; default `catalog`.
+    #[serde(default)]
+    pub scope: Option<String>,
     /// Directory under which new tables are placed (for `rest`: the
     /// warehouse asked of the catalog); granted to the plugin read-write.
     pub warehouse: PathBuf,
@@ -433,6 +447,11 @@ pub const DEFAULT_INTERVAL_SECS: f64 = 10.0;
 pub struct Secret(String);
 
 impl Secret {
+    /// A credential given by a caller (tools and tests); jobs read theirs.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -450,8 +469,34 @@ pub enum CatalogConfig {
     /// iceberg-rust's `SqlCatalog` on the SQLite file `database`.
     Sql { name: String, database: PathBuf, warehouse: PathBuf },
     /// An Iceberg REST catalog at `uri`.
-    Rest { name: String, uri: String, warehouse: PathBuf, token: Option<Secret> },
+    Rest { name: String, uri: String, warehouse: PathBuf, auth: Option<RestAuth> },
 }
+
+/// How the host authenticates to a REST catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestAuth {
+    /// A static bearer token (`token_env`).
+    Token(Secret),
+    /// OAuth2 client credentials (`credential_env` / `credential_file`).
+    OAuth2(OAuth2Config),
+}
+
+/// The OAuth2 client-credentials grant of a REST catalog, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuth2Config {
+    /// `client_id:secret`, or a bare secret.
+    pub credential: Secret,
+    /// Where the credential was read, for messages: `the environment
+    /// variable X (sink.catalog.credential_env)`.
+    pub credential_source: String,
+    /// The token endpoint.
+    pub server_uri: String,
+    pub scope: String,
+}
+
+/// The scope asked for when the job names none: the REST spec's only one
+/// (`catalog`), and what the Java, Python and Rust clients send.
+pub const DEFAULT_OAUTH2_SCOPE: &str = "catalog";
 
 impl CatalogConfig {
     /// The warehouse, granted to the plugin read-write.
@@ -789,10 +834,18 @@ impl Job {
         let name = spec.name.clone();
         match spec.kind {
             CatalogKind::Sql => {
-                if spec.uri.is_some() || spec.token_env.is_some() {
+                let rest_only = [
+                    ("uri", spec.uri.is_some()),
+                    ("token_env", spec.token_env.is_some()),
+                    ("credential_env", spec.credential_env.is_some()),
+                    ("credential_file", spec.credential_file.is_some()),
+                    ("oauth2_server_uri", spec.oauth2_server_uri.is_some()),
+                    ("scope", spec.scope.is_some()),
+                ];
+                if let Some((key, _)) = rest_only.iter().find(|(_, given)| *given) {
                     return Err(self.invalid(
-                        "sink.catalog",
-                        "kind = \"sql\" takes no `uri` or `token_env` (those are the REST catalog's)",
+                        &format!("sink.catalog.{key}"),
+                        format!("kind = \"sql\" takes no `{key}` (that is the REST catalog's)"),
                     ));
                 }
                 let Some(database) = &spec.database else {
@@ -814,14 +867,73 @@ impl Job {
                 if !(uri.starts_with("http://") || uri.starts_with("https://")) {
                     return Err(self.invalid("sink.catalog.uri", format!("{uri:?} is not an http:// or https:// URI")));
                 }
+                let auth = self.rest_auth(spec, uri)?;
+                Ok(CatalogConfig::Rest { name, uri: uri.clone(), warehouse, auth })
+            }
+        }
+    }
+
+    /// The REST catalog's credentials: none, a static token, or OAuth2
+    /// client credentials read from an environment variable or a file.
+    fn rest_auth(&self, spec: &CatalogSpec, uri: &str) -> Result<Option<RestAuth>, JobError> {
+        // Keys that contradict each other are refused before any is read.
+        if spec.credential_env.is_some() && spec.credential_file.is_some() {
+            return Err(
+                self.invalid("sink.catalog.credential_env", "set at most one of credential_env and credential_file")
+            );
+        }
+        if (spec.credential_env.is_some() || spec.credential_file.is_some()) && spec.token_env.is_some() {
+            return Err(self.invalid(
+                "sink.catalog.token_env",
+                "OAuth2 client credentials obtain and refresh their own tokens: remove `token_env` (a static \
+                 token), or remove credential_env/credential_file to send the static token",
+            ));
+        }
+        let (credential, credential_source) = match (&spec.credential_env, &spec.credential_file) {
+            (Some(var), _) => {
+                let key = "sink.catalog.credential_env";
+                (self.token_from_env(key, var)?, format!("the environment variable {var} ({key})"))
+            }
+            (None, Some(file)) => {
+                let key = "sink.catalog.credential_file";
+                let path = self.local_path(key, file)?;
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| self.invalid(key, format!("cannot read {}: {e}", path.display())))?;
+                if text.trim().is_empty() {
+                    return Err(self.invalid(key, format!("{} is empty", path.display())));
+                }
+                (Secret(text.trim().to_string()), format!("the file {} ({key})", path.display()))
+            }
+            (None, None) => {
+                for (key, given) in
+                    [("oauth2_server_uri", spec.oauth2_server_uri.is_some()), ("scope", spec.scope.is_some())]
+                {
+                    if given {
+                        return Err(self.invalid(
+                            &format!("sink.catalog.{key}"),
+                            "applies to OAuth2 client credentials only: set credential_env or credential_file too",
+                        ));
+                    }
+                }
                 let token = spec
                     .token_env
                     .as_deref()
                     .map(|var| self.token_from_env("sink.catalog.token_env", var))
                     .transpose()?;
-                Ok(CatalogConfig::Rest { name, uri: uri.clone(), warehouse, token })
+                return Ok(token.map(RestAuth::Token));
             }
-        }
+        };
+        let server_uri = match &spec.oauth2_server_uri {
+            Some(u) if u.starts_with("http://") || u.starts_with("https://") => u.clone(),
+            Some(u) => {
+                return Err(
+                    self.invalid("sink.catalog.oauth2_server_uri", format!("{u:?} is not an http:// or https:// URI"))
+                );
+            }
+            None => format!("{}/v1/oauth/tokens", uri.trim_end_matches('/')),
+        };
+        let scope = spec.scope.clone().unwrap_or_else(|| DEFAULT_OAUTH2_SCOPE.to_string());
+        Ok(Some(RestAuth::OAuth2(OAuth2Config { credential, credential_source, server_uri, scope })))
     }
 
     /// `[sink.<section>.<name>]` (`grpc` or `http`), resolved.

@@ -727,7 +727,17 @@ pub fn read_iceberg(warehouse: &Path, table: &str) -> IcebergTable {
 
 /// Reads `table` through the REST catalog at `uri`.
 pub fn read_iceberg_rest(uri: &str, warehouse: &Path, table: &str) -> IcebergTable {
-    let catalog = sluice::capability::catalog::CatalogGrant::open_rest("sluice", uri, warehouse, None)
+    read_iceberg_rest_with(uri, warehouse, table, None)
+}
+
+/// [`read_iceberg_rest`] with the catalog's credentials.
+pub fn read_iceberg_rest_with(
+    uri: &str,
+    warehouse: &Path,
+    table: &str,
+    auth: Option<&sluice::job::RestAuth>,
+) -> IcebergTable {
+    let catalog = sluice::capability::catalog::CatalogGrant::open_rest("sluice", uri, warehouse, auth)
         .expect("opening the REST catalog");
     read_iceberg_from(&catalog, table)
 }

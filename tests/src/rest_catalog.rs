@@ -16,19 +16,49 @@
 //! Errors have the spec's `{"error": {"message", "type", "code"}}` body.
 //! Faults: lose the reply of an applied commit (504, "CommitStateUnknown"),
 //! refuse a commit as a conflict (409), or fail before applying (503).
+//!
+//! With OAuth2 ([`RestCatalogDouble::start_with_oauth`]) it is also the
+//! token service, as the spec's `securitySchemes` describe it ("OAuth2 ...
+//! flows: clientCredentials: tokenUrl: /v1/oauth/tokens"; "For unauthorized
+//! requests, services should return an appropriate 401 or 403 response"):
+//! - `POST /v1/oauth/tokens` (`getToken`): an `OAuthClientCredentialsRequest`,
+//!   form-encoded: `grant_type=client_credentials`, `client_id` and
+//!   `client_secret` in the body or, as RFC 6749 §2.3.1 prefers, in an HTTP
+//!   Basic `Authorization` header, and optionally `scope` (the spec's one
+//!   scope, `catalog`). It answers an `OAuthTokenResponse` (`access_token`,
+//!   `token_type: bearer`, `expires_in` in whole seconds rounded down,
+//!   `issued_token_type`), or an `OAuthError`: 400 `invalid_request`,
+//!   `unsupported_grant_type`, `invalid_scope`; 401 `invalid_client`;
+//! - `POST /idp/token`: the same grant at a path of its own, standing in for
+//!   an external identity provider's token endpoint (`oauth2-server-uri`);
+//! - every catalog route (`/v1/config` included, as each lists `401:
+//!   UnauthorizedResponse`) requires `Authorization: Bearer <token>` with a
+//!   token issued here and not expired, else answers 401 with the spec's
+//!   example body (`NotAuthorizedException`) and `WWW-Authenticate: Bearer
+//!   error="invalid_token"` (RFC 6750 §3).
+//!
+//! Fault: the token endpoints can be taken down (503) and brought back.
+//!
+//! Invariants: every token is new (unique) and valid from its issue until
+//! `lifetime` after it, unless revoked; a client is never told a token lives
+//! longer than it does.
 
 use axum::serve::ListenerExt as _;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::{Path as UrlPath, State};
-use axum::http::StatusCode;
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Form, Path as UrlPath, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
+use base64::Engine as _;
 use iceberg::io::{FileIO, FileIOBuilder, LocalFsStorageFactory};
 use iceberg::spec::{Schema, SortOrder, TableMetadata, TableMetadataBuilder, UnboundPartitionSpec};
 use iceberg::{MetadataLocation, TableCreation, TableRequirement, TableUpdate};
@@ -60,11 +90,54 @@ struct Catalog {
     conflicts: u64,
 }
 
+/// The one OAuth2 client the double knows, and how long its tokens live.
+#[derive(Debug, Clone)]
+pub struct OAuthClient {
+    pub client_id: String,
+    pub secret: String,
+    pub lifetime: Duration,
+}
+
+/// What the token service and the catalog routes saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuthStats {
+    /// Tokens issued at `/v1/oauth/tokens`.
+    pub issued_spec: u64,
+    /// Tokens issued at `/idp/token`.
+    pub issued_idp: u64,
+    /// Token requests refused (bad client, grant, scope or body).
+    pub token_refusals: u64,
+    /// Catalog requests answered 401 (no token, an unknown or an expired one).
+    pub unauthorized: u64,
+    /// Catalog requests that carried a valid token.
+    pub authorized: u64,
+}
+
+struct OAuth {
+    client: OAuthClient,
+    /// The token endpoints answer 503 (a fault).
+    down: std::sync::atomic::AtomicBool,
+    /// Token → when it expires.
+    issued: Mutex<HashMap<String, Instant>>,
+    stats: Mutex<AuthStats>,
+}
+
+impl OAuth {
+    fn issued(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.issued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, AuthStats> {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 struct Shared {
     /// Held across a commit's metadata write: check, write and swap never interleave.
     catalog: tokio::sync::Mutex<Catalog>,
     warehouse: PathBuf,
     file_io: FileIO,
+    oauth: Option<OAuth>,
 }
 
 impl Shared {
@@ -265,9 +338,157 @@ async fn namespace_exists(State(s): State<Arc<Shared>>, UrlPath(ns): UrlPath<Str
     if s.lock().await.namespaces.contains_key(&namespace(&ns)) { StatusCode::NO_CONTENT } else { StatusCode::NOT_FOUND }
 }
 
+/// An `OAuthError` reply (RFC 6749 §5.2, the spec's `OAuthErrorResponse`).
+fn oauth_error(oauth: &OAuth, status: StatusCode, error: &str, description: &str) -> Response {
+    oauth.stats().token_refusals += 1;
+    let body = json!({ "error": error, "error_description": description });
+    let mut response = (status, Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Basic"));
+    }
+    response
+}
+
+/// `Authorization: Basic base64(client_id:client_secret)`, if sent.
+fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, encoded) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok()?;
+    let (id, secret) = String::from_utf8(decoded).ok()?.split_once(':').map(|(a, b)| (a.to_string(), b.to_string()))?;
+    Some((id, secret))
+}
+
+/// The client-credentials grant, at `/v1/oauth/tokens` (`spec`) or `/idp/token`.
+fn grant(
+    s: &Shared,
+    spec: bool,
+    headers: &HeaderMap,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
+) -> Response {
+    let Some(oauth) = &s.oauth else {
+        return error(StatusCode::NOT_FOUND, "NotFoundException", "this catalog serves no tokens");
+    };
+    if oauth.down.load(std::sync::atomic::Ordering::SeqCst) {
+        oauth.stats().token_refusals += 1;
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableException",
+            "injected: the token service is down",
+        );
+    }
+    let form = match form {
+        Ok(Form(f)) => f,
+        Err(e) => return oauth_error(oauth, StatusCode::BAD_REQUEST, "invalid_request", &e.body_text()),
+    };
+    if form.get("grant_type").map(String::as_str) != Some("client_credentials") {
+        let given = form.get("grant_type").cloned().unwrap_or_default();
+        return oauth_error(
+            oauth,
+            StatusCode::BAD_REQUEST,
+            "unsupported_grant_type",
+            &format!("grant_type {given:?} is not client_credentials"),
+        );
+    }
+    let in_body = form.get("client_id").zip(form.get("client_secret")).map(|(a, b)| (a.clone(), b.clone()));
+    let Some((id, secret)) = basic_credentials(headers).or(in_body) else {
+        return oauth_error(oauth, StatusCode::BAD_REQUEST, "invalid_request", "client_id and client_secret missing");
+    };
+    if id != oauth.client.client_id || secret != oauth.client.secret {
+        return oauth_error(oauth, StatusCode::UNAUTHORIZED, "invalid_client", "unknown client or wrong secret");
+    }
+    if let Some(scope) = form.get("scope")
+        && scope.split(' ').any(|s| s != "catalog")
+    {
+        return oauth_error(
+            oauth,
+            StatusCode::BAD_REQUEST,
+            "invalid_scope",
+            &format!("scope {scope:?} is not catalog"),
+        );
+    }
+    let access_token = {
+        let mut issued = oauth.issued();
+        let token = format!("rest-double-{}-{:x}", issued.len(), rand::random::<u64>());
+        issued.insert(token.clone(), Instant::now() + oauth.client.lifetime);
+        token
+    };
+    {
+        let mut stats = oauth.stats();
+        if spec {
+            stats.issued_spec += 1;
+        } else {
+            stats.issued_idp += 1;
+        }
+    }
+    Json(json!({
+        "access_token": access_token,
+        "token_type": "bearer",
+        "expires_in": oauth.client.lifetime.as_secs(),
+        "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+    }))
+    .into_response()
+}
+
+async fn spec_token(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
+) -> Response {
+    grant(&s, true, &headers, form)
+}
+
+async fn idp_token(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
+) -> Response {
+    grant(&s, false, &headers, form)
+}
+
+/// Every catalog route: a token issued here and not expired, else 401.
+async fn require_token(State(s): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let Some(oauth) = &s.oauth else { return next.run(request).await };
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().to_string());
+    let valid = token.as_ref().and_then(|t| oauth.issued().get(t).copied()).is_some_and(|exp| Instant::now() < exp);
+    if !valid {
+        oauth.stats().unauthorized += 1;
+        let message = match &token {
+            None => "Not authorized to make this request: no bearer token",
+            Some(_) => "Not authorized to make this request: the token is unknown or expired",
+        };
+        let mut response = error(StatusCode::UNAUTHORIZED, "NotAuthorizedException", message);
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer error=\"invalid_token\""));
+        return response;
+    }
+    oauth.stats().authorized += 1;
+    next.run(request).await
+}
+
 impl RestCatalogDouble {
     /// Starts on 127.0.0.1 (a port the OS picks); tables go under `warehouse`.
+    /// Every route is open.
     pub fn start(warehouse: &Path) -> std::io::Result<Self> {
+        Self::start_inner(warehouse, None)
+    }
+
+    /// Starts as [`RestCatalogDouble::start`], as its own OAuth2 token
+    /// service for `client`: every catalog route requires a current token.
+    pub fn start_with_oauth(warehouse: &Path, client: OAuthClient) -> std::io::Result<Self> {
+        Self::start_inner(warehouse, Some(client))
+    }
+
+    fn start_inner(warehouse: &Path, client: Option<OAuthClient>) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
         let addr = listener.local_addr()?;
@@ -275,13 +496,23 @@ impl RestCatalogDouble {
             catalog: tokio::sync::Mutex::new(Catalog::default()),
             warehouse: warehouse.to_path_buf(),
             file_io: FileIOBuilder::new(Arc::new(LocalFsStorageFactory)).build(),
+            oauth: client.map(|client| OAuth {
+                client,
+                down: Default::default(),
+                issued: Mutex::default(),
+                stats: Mutex::default(),
+            }),
         });
         let app = axum::Router::new()
             .route("/v1/config", get(config))
-            .route("/v1/namespaces", axum::routing::post(create_namespace))
+            .route("/v1/namespaces", post(create_namespace))
             .route("/v1/namespaces/{ns}", get(get_namespace).head(namespace_exists))
-            .route("/v1/namespaces/{ns}/tables", axum::routing::post(create_table))
+            .route("/v1/namespaces/{ns}/tables", post(create_table))
             .route("/v1/namespaces/{ns}/tables/{table}", get(load_table).head(table_exists).post(commit_table))
+            // Only the routes above: the token endpoints take no bearer token.
+            .route_layer(axum::middleware::from_fn_with_state(shared.clone(), require_token))
+            .route("/v1/oauth/tokens", post(spec_token))
+            .route("/idp/token", post(idp_token))
             .with_state(shared.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -308,6 +539,30 @@ impl RestCatalogDouble {
     /// Aims `fault` at the nth `updateTable` call (counted from 1).
     pub fn inject(&self, nth: u64, fault: RestFault) {
         self.shared.catalog.blocking_lock().faults.push((nth, fault));
+    }
+
+    /// What the token service and the catalog routes saw (all zero without OAuth2).
+    pub fn auth_stats(&self) -> AuthStats {
+        self.shared.oauth.as_ref().map(|o| *o.stats()).unwrap_or_default()
+    }
+
+    /// Takes the token endpoints down (503) or brings them back; tokens
+    /// already issued stay valid until they expire.
+    pub fn tokens_down(&self, down: bool) {
+        if let Some(oauth) = &self.shared.oauth {
+            oauth.down.store(down, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Revokes every token issued so far (as when a client's secret is
+    /// rotated): the catalog refuses them from now on.
+    pub fn revoke_all(&self) {
+        if let Some(oauth) = &self.shared.oauth {
+            let now = Instant::now();
+            for expires in oauth.issued().values_mut() {
+                *expires = (*expires).min(now);
+            }
+        }
     }
 
     /// `updateTable` calls so far, and how many were refused as conflicts.

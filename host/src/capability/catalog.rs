@@ -1,6 +1,8 @@
 //! The `iceberg-catalog` capability: the one catalog the job file configures
 //! for the sink (`[sink.catalog]`), served with iceberg-rust's `SqlCatalog`
-//! (the embedded default) or `RestCatalog` (`kind = "rest"`).
+//! (the embedded default) or `RestCatalog` (`kind = "rest"`), whose token
+//! (static, or OAuth2 client credentials refreshed ahead of expiry) is the
+//! host's, see `catalog_auth`.
 //!
 //! Invariants:
 //! - a plugin reaches only this catalog; its address and credentials never
@@ -41,7 +43,7 @@ use iceberg::{
     Catalog, CatalogBuilder, ErrorKind, MetadataLocation, NamespaceIdent, TableCreation, TableIdent, TableRequirement,
     TableUpdate,
 };
-use iceberg_catalog_rest::{REST_CATALOG_PROP_URI, REST_CATALOG_PROP_WAREHOUSE, RestCatalogBuilder};
+use iceberg_catalog_rest::{REST_CATALOG_PROP_URI, REST_CATALOG_PROP_WAREHOUSE};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalogBuilder};
 use serde::Deserialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
@@ -49,11 +51,12 @@ use thiserror::Error;
 
 use wasmtime::component::{HasData, Linker};
 
-use super::catalog_rest::RestCommitter;
+use super::catalog_auth::{CatalogAuth, CatalogAuthError};
+use super::catalog_rest::{RestCommitter, RestLoads};
 use super::limits::HostDeadline;
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
-use crate::job::CatalogConfig;
+use crate::job::{CatalogConfig, RestAuth};
 
 /// A catalog that cannot be set up (named in the job's `[sink.catalog]`).
 #[derive(Debug, Error)]
@@ -66,6 +69,8 @@ pub enum CatalogSetupError {
     },
     #[error("cannot open the catalog {uri}: {message}")]
     Open { uri: String, message: String },
+    #[error("{0}")]
+    Auth(#[from] CatalogAuthError),
 }
 
 /// What the catalog saw, for reports and benchmarks.
@@ -267,38 +272,30 @@ impl CatalogGrant {
     }
 
     /// Connects to the REST catalog at `uri` (its `/v1/config` must answer).
-    /// `warehouse` is passed to the catalog as the warehouse it should use,
-    /// and `token` is sent as a bearer token.
+    /// `warehouse` is passed to the catalog as the warehouse it should use.
+    /// `auth` is a static bearer token or OAuth2 client credentials, whose
+    /// first token is obtained here (see `catalog_auth`).
     pub fn open_rest(
         name: &str,
         uri: &str,
         warehouse: &Path,
-        token: Option<String>,
+        auth: Option<&RestAuth>,
     ) -> Result<Self, CatalogSetupError> {
         std::fs::create_dir_all(warehouse)
             .map_err(|source| CatalogSetupError::Dir { path: warehouse.to_path_buf(), source })?;
         let open_err = |message: String| CatalogSetupError::Open { uri: uri.to_string(), message };
         let rt = super::runtime();
+        let auth = Arc::new(rt.block_on(CatalogAuth::open(auth))?);
         let committer =
-            rt.block_on(RestCommitter::connect(uri, &to_file_uri(warehouse), token.clone())).map_err(open_err)?;
-        let mut props = HashMap::from([
+            rt.block_on(RestCommitter::connect(uri, &to_file_uri(warehouse), auth.clone())).map_err(open_err)?;
+        let props = HashMap::from([
             (REST_CATALOG_PROP_URI.to_string(), uri.trim_end_matches('/').to_string()),
             (REST_CATALOG_PROP_WAREHOUSE.to_string(), to_file_uri(warehouse)),
         ]);
-        if let Some(token) = token {
-            props.insert("token".to_string(), token);
-        }
-        let rest = rt
-            .block_on(
-                RestCatalogBuilder::default()
-                    .with_storage_factory(Arc::new(LocalFsStorageFactory))
-                    .with_runtime(iceberg::Runtime::new(rt))
-                    .load(name, props),
-            )
-            .map_err(|e| open_err(e.to_string()))?;
+        let loads = RestLoads::new(name, props, Arc::new(LocalFsStorageFactory), iceberg::Runtime::new(rt), auth);
         Ok(Self {
             catalog_name: name.to_string(),
-            catalog: Arc::new(rest),
+            catalog: Arc::new(loads),
             backend: Box::new(committer),
             uri: uri.to_string(),
             stats: CatalogStats::default(),
@@ -309,9 +306,7 @@ impl CatalogGrant {
     pub fn for_config(config: &CatalogConfig) -> Result<Self, CatalogSetupError> {
         match config {
             CatalogConfig::Sql { name, database, warehouse } => Self::open_sql(name, database, warehouse),
-            CatalogConfig::Rest { name, uri, warehouse, token } => {
-                Self::open_rest(name, uri, warehouse, token.as_ref().map(|t| t.expose().to_string()))
-            }
+            CatalogConfig::Rest { name, uri, warehouse, auth } => Self::open_rest(name, uri, warehouse, auth.as_ref()),
         }
     }
 

@@ -13,14 +13,32 @@
 //!   not have succeeded"), and 503 (which Iceberg's Java client treats the
 //!   same way) → `unknown-outcome`; so does a request that failed in
 //!   transport, since it may have reached the server;
+//! - 401 `UnauthorizedResponse` or 419 `AuthenticationTimeoutResponse`:
+//!   the request was not authenticated, so not applied; it is sent once
+//!   more with a new token ([`CatalogAuth::refused`]), and a second refusal
+//!   is `other`;
 //! - anything else → `other`.
+//!
+//! Every request here, and every one iceberg-rust's `RestCatalog` sends for
+//! the host ([`RestLoads`]), carries a current token from the one
+//! [`CatalogAuth`] of the catalog.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use iceberg::{TableIdent, TableRequirement, TableUpdate};
+use bytes::Bytes;
+use iceberg::io::StorageFactory;
+use iceberg::table::Table;
+use iceberg::{
+    Catalog, CatalogBuilder, Namespace, NamespaceIdent, TableCommit as IcebergTableCommit, TableCreation, TableIdent,
+    TableRequirement, TableUpdate,
+};
+use iceberg_catalog_rest::{RestCatalog, RestCatalogBuilder};
 use reqwest::{StatusCode, Url};
 use serde::Deserialize;
 
+use super::catalog_auth::{Bearer, CatalogAuth, CatalogAuthError};
 use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
 
 /// Posts commits to one REST catalog.
@@ -28,7 +46,58 @@ pub(crate) struct RestCommitter {
     http: reqwest::Client,
     /// `{uri}/v1[/{prefix}]`.
     base: Url,
-    token: Option<String>,
+    auth: Arc<CatalogAuth>,
+}
+
+/// Why an authenticated request got no answer.
+enum SendError {
+    /// No token: nothing was sent.
+    Token(CatalogAuthError),
+    /// It failed in transport, so it may have reached the server.
+    Transport(String),
+}
+
+/// Whether `status` says the request was not authenticated (and so not
+/// processed): 401, or the spec's 419 "credentials have timed out".
+fn unauthenticated(status: StatusCode) -> bool {
+    status == StatusCode::UNAUTHORIZED || status.as_u16() == 419
+}
+
+/// Sends what `build` makes with a current token; refused as
+/// unauthenticated, once more with a new one. The status and body of the
+/// last answer.
+/// `what` names the request in errors (`POST <url>`).
+async fn send_authed(
+    auth: &CatalogAuth,
+    what: &str,
+    build: impl Fn() -> reqwest::RequestBuilder,
+) -> Result<(StatusCode, Bytes), SendError> {
+    let mut bearer = auth.bearer().await.map_err(SendError::Token)?;
+    let mut retried = false;
+    loop {
+        let mut req = build();
+        if let Some(t) = bearer.token() {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| SendError::Transport(format!("{what}: {}", chain(&e))))?;
+        let status = resp.status();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| SendError::Transport(format!("{what}: {status}, reply lost: {}", chain(&e))))?;
+        if unauthenticated(status) && !retried {
+            // Not authenticated, so not processed: safe to send again.
+            match auth.refused(&bearer).await.map_err(SendError::Token)? {
+                Some(next) => {
+                    bearer = next;
+                    retried = true;
+                    continue;
+                }
+                None => return Ok((status, body)),
+            }
+        }
+        return Ok((status, body));
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -47,7 +116,7 @@ struct CommitResponse {
 }
 
 /// An error with its causes (reqwest's own message omits them: "error sending request").
-fn chain(e: &dyn std::error::Error) -> String {
+pub(super) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -59,7 +128,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The `message` of a REST error body (`{"error": {"message": ...}}`), or the body.
-fn error_message(body: &[u8]) -> String {
+pub(super) fn error_message(body: &[u8]) -> String {
     #[derive(Deserialize)]
     struct ErrorBody {
         error: ErrorModel,
@@ -79,8 +148,8 @@ fn error_message(body: &[u8]) -> String {
 
 impl RestCommitter {
     /// Reads the catalog's `/v1/config` (for its path prefix), which also
-    /// proves the catalog is reachable.
-    pub(crate) async fn connect(uri: &str, warehouse: &str, token: Option<String>) -> Result<Self, String> {
+    /// proves the catalog is reachable and takes the token.
+    pub(crate) async fn connect(uri: &str, warehouse: &str, auth: Arc<CatalogAuth>) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(120))
@@ -90,15 +159,19 @@ impl RestCommitter {
         let mut config_url = root.clone();
         config_url.path_segments_mut().map_err(|()| "not a base URL".to_string())?.extend(["v1", "config"]);
         config_url.query_pairs_mut().append_pair("warehouse", warehouse);
-        let mut req = http.get(config_url.clone());
-        if let Some(t) = &token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.map_err(|e| format!("GET {config_url}: {}", chain(&e)))?;
-        let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| format!("GET {config_url}: {e}"))?;
+        let what = format!("GET {config_url}");
+        let (status, body) = match send_authed(&auth, &what, || http.get(config_url.clone())).await {
+            Ok(reply) => reply,
+            Err(SendError::Token(e)) => return Err(e.to_string()),
+            Err(SendError::Transport(e)) => return Err(e),
+        };
         if status != StatusCode::OK {
-            return Err(format!("GET {config_url}: {status}: {}", error_message(&body)));
+            let hint = if unauthenticated(status) {
+                "; the catalog refused the credentials (sink.catalog.token_env, credential_env or credential_file)"
+            } else {
+                ""
+            };
+            return Err(format!("GET {config_url}: {status}: {}{hint}", error_message(&body)));
         }
         let config: ConfigResponse =
             serde_json::from_slice(&body).map_err(|e| format!("GET {config_url}: not a catalog config: {e}"))?;
@@ -110,7 +183,7 @@ impl RestCommitter {
                 segments.extend(prefix.split('/').filter(|s| !s.is_empty()));
             }
         }
-        Ok(Self { http, base, token })
+        Ok(Self { http, base, auth })
     }
 
     /// The spec's `updateTable` call.
@@ -132,20 +205,17 @@ impl RestCommitter {
             "requirements": requirements,
             "updates": updates,
         });
-        let body =
-            serde_json::to_vec(&body).map_err(|e| CatalogError::Other(format!("cannot encode the commit: {e}")))?;
-        let mut req = self.http.post(url.clone()).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = match req.send().await {
-            Ok(r) => r,
-            Err(e) => return Err(CatalogError::UnknownOutcome(format!("POST {url}: {}", chain(&e)))),
-        };
-        let status = resp.status();
-        let body = match resp.bytes().await {
-            Ok(b) => b,
-            Err(e) => return Err(CatalogError::UnknownOutcome(format!("POST {url}: {status}, reply lost: {e}"))),
+        let body: Bytes = serde_json::to_vec(&body)
+            .map_err(|e| CatalogError::Other(format!("cannot encode the commit: {e}")))?
+            .into();
+        let build =
+            || self.http.post(url.clone()).header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
+        let what = format!("POST {url}");
+        let (status, body) = match send_authed(&self.auth, &what, build).await {
+            Ok(reply) => reply,
+            // Nothing was sent.
+            Err(SendError::Token(e)) => return Err(CatalogError::Other(format!("{what}: not sent: {e}"))),
+            Err(SendError::Transport(e)) => return Err(CatalogError::UnknownOutcome(e)),
         };
         match status {
             StatusCode::OK => {
@@ -169,5 +239,200 @@ impl RestCommitter {
             }
             _ => Err(CatalogError::Other(format!("POST {url}: {status}: {}", error_message(&body)))),
         }
+    }
+}
+
+/// iceberg-rust's `RestCatalog` (loads, creates, existence checks), always
+/// with a current token. Its `token` property is fixed once it is built, so
+/// there is one `RestCatalog` per token, built when the token is new
+/// (cheaply: it reads `/v1/config` on its first call). A call refused as
+/// unauthenticated is made once more with a new token: a 401 or 419 means
+/// the catalog did not process it.
+pub(crate) struct RestLoads {
+    name: String,
+    /// `uri` and `warehouse`; never the token.
+    props: HashMap<String, String>,
+    storage: Arc<dyn StorageFactory>,
+    runtime: iceberg::Runtime,
+    auth: Arc<CatalogAuth>,
+    /// The catalog built for the token of that generation.
+    current: Mutex<Option<(u64, Arc<RestCatalog>)>>,
+}
+
+impl std::fmt::Debug for RestLoads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `RestCatalog`'s own Debug prints its properties, the token among them.
+        f.debug_struct("RestLoads").field("name", &self.name).field("auth", &self.auth).finish_non_exhaustive()
+    }
+}
+
+/// Whether iceberg-rust's `RestCatalog` failed on an unauthenticated answer.
+/// It reports statuses it has no case for as `Unexpected` with the context
+/// `status: 401 Unauthorized` (`deserialize_unexpected_catalog_error`,
+/// iceberg-catalog-rest 0.10.1), which is all that tells them apart.
+fn refused(e: &iceberg::Error) -> bool {
+    if e.kind() != iceberg::ErrorKind::Unexpected {
+        return false;
+    }
+    let text = e.to_string();
+    text.contains("status: 401 Unauthorized") || text.contains("status: 419 ")
+}
+
+fn auth_error(e: CatalogAuthError) -> iceberg::Error {
+    iceberg::Error::new(iceberg::ErrorKind::Unexpected, e.to_string())
+}
+
+impl RestLoads {
+    pub(crate) fn new(
+        name: &str,
+        props: HashMap<String, String>,
+        storage: Arc<dyn StorageFactory>,
+        runtime: iceberg::Runtime,
+        auth: Arc<CatalogAuth>,
+    ) -> Self {
+        Self { name: name.to_string(), props, storage, runtime, auth, current: Mutex::new(None) }
+    }
+
+    /// The catalog for `bearer`'s token, built if it is new.
+    async fn catalog(&self, bearer: &Bearer) -> iceberg::Result<Arc<RestCatalog>> {
+        {
+            let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((generation, catalog)) = &*current
+                && *generation == bearer.generation()
+            {
+                return Ok(catalog.clone());
+            }
+        }
+        let mut props = self.props.clone();
+        if let Some(t) = bearer.token() {
+            props.insert("token".to_string(), t.to_string());
+        }
+        let catalog = Arc::new(
+            RestCatalogBuilder::default()
+                .with_storage_factory(self.storage.clone())
+                .with_runtime(self.runtime.clone())
+                .load(&self.name, props)
+                .await?,
+        );
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        // A newer token's catalog stays.
+        if current.as_ref().is_none_or(|(generation, _)| *generation <= bearer.generation()) {
+            *current = Some((bearer.generation(), catalog.clone()));
+        }
+        Ok(catalog)
+    }
+
+    /// `call` with a current token; refused as unauthenticated, once more
+    /// with a new one.
+    async fn call<T, F, Fut>(&self, call: F) -> iceberg::Result<T>
+    where
+        F: Fn(Arc<RestCatalog>) -> Fut,
+        Fut: Future<Output = iceberg::Result<T>>,
+    {
+        let bearer = self.auth.bearer().await.map_err(auth_error)?;
+        match call(self.catalog(&bearer).await?).await {
+            Err(e) if refused(&e) => match self.auth.refused(&bearer).await.map_err(auth_error)? {
+                Some(next) => call(self.catalog(&next).await?).await,
+                None => Err(e),
+            },
+            other => other,
+        }
+    }
+}
+
+/// A copy of `c` (`TableCreation` is not `Clone`), for a retried create.
+fn copy_creation(c: &TableCreation) -> TableCreation {
+    TableCreation {
+        name: c.name.clone(),
+        location: c.location.clone(),
+        schema: c.schema.clone(),
+        partition_spec: c.partition_spec.clone(),
+        sort_order: c.sort_order.clone(),
+        properties: c.properties.clone(),
+        format_version: c.format_version,
+    }
+}
+
+#[async_trait::async_trait]
+impl Catalog for RestLoads {
+    async fn list_namespaces(&self, parent: Option<&NamespaceIdent>) -> iceberg::Result<Vec<NamespaceIdent>> {
+        self.call(|c| async move { c.list_namespaces(parent).await }).await
+    }
+
+    async fn create_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+        properties: HashMap<String, String>,
+    ) -> iceberg::Result<Namespace> {
+        self.call(|c| {
+            let properties = properties.clone();
+            async move { c.create_namespace(namespace, properties).await }
+        })
+        .await
+    }
+
+    async fn get_namespace(&self, namespace: &NamespaceIdent) -> iceberg::Result<Namespace> {
+        self.call(|c| async move { c.get_namespace(namespace).await }).await
+    }
+
+    async fn namespace_exists(&self, namespace: &NamespaceIdent) -> iceberg::Result<bool> {
+        self.call(|c| async move { c.namespace_exists(namespace).await }).await
+    }
+
+    async fn update_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+        properties: HashMap<String, String>,
+    ) -> iceberg::Result<()> {
+        self.call(|c| {
+            let properties = properties.clone();
+            async move { c.update_namespace(namespace, properties).await }
+        })
+        .await
+    }
+
+    async fn drop_namespace(&self, namespace: &NamespaceIdent) -> iceberg::Result<()> {
+        self.call(|c| async move { c.drop_namespace(namespace).await }).await
+    }
+
+    async fn list_tables(&self, namespace: &NamespaceIdent) -> iceberg::Result<Vec<TableIdent>> {
+        self.call(|c| async move { c.list_tables(namespace).await }).await
+    }
+
+    async fn create_table(&self, namespace: &NamespaceIdent, creation: TableCreation) -> iceberg::Result<Table> {
+        let creation = &creation;
+        self.call(|c| async move { c.create_table(namespace, copy_creation(creation)).await }).await
+    }
+
+    async fn load_table(&self, table: &TableIdent) -> iceberg::Result<Table> {
+        self.call(|c| async move { c.load_table(table).await }).await
+    }
+
+    async fn drop_table(&self, table: &TableIdent) -> iceberg::Result<()> {
+        self.call(|c| async move { c.drop_table(table).await }).await
+    }
+
+    async fn purge_table(&self, table: &TableIdent) -> iceberg::Result<()> {
+        self.call(|c| async move { c.purge_table(table).await }).await
+    }
+
+    async fn table_exists(&self, table: &TableIdent) -> iceberg::Result<bool> {
+        self.call(|c| async move { c.table_exists(table).await }).await
+    }
+
+    async fn rename_table(&self, src: &TableIdent, dest: &TableIdent) -> iceberg::Result<()> {
+        self.call(|c| async move { c.rename_table(src, dest).await }).await
+    }
+
+    async fn register_table(&self, table: &TableIdent, metadata_location: String) -> iceberg::Result<Table> {
+        let metadata_location = &metadata_location;
+        self.call(|c| async move { c.register_table(table, metadata_location.clone()).await }).await
+    }
+
+    /// Not retried: a `TableCommit` cannot be copied. The host commits with
+    /// [`RestCommitter`], never through here.
+    async fn update_table(&self, commit: IcebergTableCommit) -> iceberg::Result<Table> {
+        let bearer = self.auth.bearer().await.map_err(auth_error)?;
+        self.catalog(&bearer).await?.update_table(commit).await
     }
 }

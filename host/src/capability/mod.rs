@@ -29,6 +29,7 @@
 //! linked by `v0_1`, whose host traits convert and delegate to the newest.
 
 pub mod catalog;
+pub mod catalog_auth;
 mod catalog_faults;
 mod catalog_rest;
 pub mod codec;
