@@ -23,6 +23,7 @@ use thiserror::Error;
 
 use crate::capability::limits::{self, HostLimits};
 use crate::location::{Location, LocationError, Scheme, Served};
+use sluice_store::StoreOptions;
 
 /// What `job.state_dir` serves besides local paths.
 pub const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3] };
@@ -73,6 +74,11 @@ pub struct JobSection {
     /// without releasing it blocks the next one at most this long.
     #[serde(default = "default_lease_secs")]
     pub lease_secs: f64,
+    /// How an object-store state directory is reached (`[job.s3]`, `[job.gcs]`).
+    #[serde(default)]
+    pub s3: S3Spec,
+    #[serde(default)]
+    pub gcs: GcsSpec,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
     #[serde(default)]
@@ -214,6 +220,48 @@ pub struct SinkSpec {
     pub http: BTreeMap<String, EndpointSpec>,
     #[serde(default)]
     pub sandbox: SandboxSpec,
+    /// How the sink's object-store grants are reached (`[sink.s3]`, `[sink.gcs]`).
+    #[serde(default)]
+    pub s3: S3Spec,
+    #[serde(default)]
+    pub gcs: GcsSpec,
+}
+
+/// How one part of a job (`[job.s3]`: its state directory; `[sink.s3]`: the
+/// sink's grants and warehouse) reaches S3. Every key left out comes from
+/// the AWS environment (`AWS_REGION`, `AWS_ENDPOINT_URL`, the default
+/// credential chain). Secrets are named by environment variable, never
+/// written inline.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Spec {
+    /// The signing region, e.g. `eu-west-1`.
+    pub region: Option<String>,
+    /// `https://…` or, for an S3-compatible server on a LAN (MinIO, Ceph),
+    /// `http://…`.
+    pub endpoint: Option<String>,
+    /// `https://<bucket>.<endpoint>/…` instead of the path style
+    /// `https://<endpoint>/<bucket>/…` (the default, which every
+    /// S3-compatible server answers).
+    #[serde(default)]
+    pub virtual_host_style: bool,
+    /// Environment variables holding static keys (both or neither); the
+    /// session token is optional.
+    pub access_key_id_env: Option<String>,
+    pub secret_access_key_env: Option<String>,
+    pub session_token_env: Option<String>,
+}
+
+/// How one part of a job reaches Google Cloud Storage (`[job.gcs]`,
+/// `[sink.gcs]`). Credentials are Application Default Credentials.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcsSpec {
+    /// Another endpoint than Google's, e.g. an emulator on `http://127.0.0.1:4443`.
+    pub endpoint: Option<String>,
+    /// Send requests unsigned: only with an `endpoint` (an emulator), never to Google.
+    #[serde(default)]
+    pub anonymous: bool,
 }
 
 /// Which Iceberg catalog a sink gets. Its warehouse is granted to the
@@ -534,6 +582,10 @@ pub struct Job {
     pub state_dir: PathBuf,
     /// Where the state directory is: what the checkpoint store opens.
     pub state: Location,
+    /// How the state directory's store is reached (`[job.s3]`, `[job.gcs]`).
+    pub state_stores: StoreOptions,
+    /// How the sink's grants' stores are reached (`[sink.s3]`, `[sink.gcs]`).
+    pub sink_stores: StoreOptions,
     /// The sink's catalog, if the job configures one.
     pub catalog: Option<CatalogConfig>,
     /// The gRPC endpoints the plugin may call, by name.
@@ -574,6 +626,8 @@ impl Job {
         let mut job = Job {
             state_dir: PathBuf::new(),
             state: Location::Local(PathBuf::new()),
+            state_stores: StoreOptions::default(),
+            sink_stores: StoreOptions::default(),
             spec,
             path: path.to_path_buf(),
             base_dir,
@@ -603,6 +657,8 @@ impl Job {
         self.check_sink_options()?;
         self.check_grants()?;
         self.resolve_state_dir()?;
+        self.state_stores = self.store_options("job", &self.spec.job.s3, &self.spec.job.gcs)?;
+        self.sink_stores = self.store_options("sink", &self.spec.sink.s3, &self.spec.sink.gcs)?;
         self.catalog = self.spec.sink.catalog.as_ref().map(|c| self.catalog_config(c)).transpose()?;
         self.resolve_endpoints()
     }
@@ -761,6 +817,73 @@ impl Job {
             }
         }
         Ok(())
+    }
+
+    /// `[<part>.s3]` and `[<part>.gcs]`, their keys read from the environment.
+    fn store_options(&self, part: &str, s3: &S3Spec, gcs: &GcsSpec) -> Result<StoreOptions, JobError> {
+        let endpoint = |key: &str, value: &Option<String>| -> Result<Option<String>, JobError> {
+            let Some(v) = value else { return Ok(None) };
+            let rest = v.strip_prefix("https://").or_else(|| v.strip_prefix("http://"));
+            match rest {
+                Some(host) if !host.is_empty() && !host.starts_with('/') && v.trim() == v => Ok(Some(v.clone())),
+                _ => Err(self.invalid(key, format!("{v:?} is not an http:// or https:// URL"))),
+            }
+        };
+        let secret = |key: &str, var: &str| -> Result<String, JobError> {
+            match std::env::var(var) {
+                Ok(v) if !v.trim().is_empty() => Ok(v),
+                _ => {
+                    Err(self.invalid(key, format!("names the environment variable {var}, which is not set (or empty)")))
+                }
+            }
+        };
+        let credentials = match (&s3.access_key_id_env, &s3.secret_access_key_env) {
+            (None, None) => {
+                if s3.session_token_env.is_some() {
+                    return Err(self.invalid(
+                        &format!("{part}.s3.session_token_env"),
+                        "goes with access_key_id_env and secret_access_key_env",
+                    ));
+                }
+                None
+            }
+            (Some(id), Some(secret_var)) => Some(sluice_store::S3Credentials {
+                access_key_id: secret(&format!("{part}.s3.access_key_id_env"), id)?,
+                secret_access_key: secret(&format!("{part}.s3.secret_access_key_env"), secret_var)?,
+                session_token: s3
+                    .session_token_env
+                    .as_ref()
+                    .map(|v| secret(&format!("{part}.s3.session_token_env"), v))
+                    .transpose()?,
+            }),
+            _ => {
+                return Err(self.invalid(
+                    &format!("{part}.s3"),
+                    "access_key_id_env and secret_access_key_env go together (or leave both out for the AWS chain)",
+                ));
+            }
+        };
+        if let Some(region) = &s3.region
+            && (region.is_empty() || !region.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        {
+            return Err(self.invalid(&format!("{part}.s3.region"), format!("{region:?} is not a region name")));
+        }
+        let gcs_endpoint = endpoint(&format!("{part}.gcs.endpoint"), &gcs.endpoint)?;
+        if gcs.anonymous && gcs_endpoint.is_none() {
+            return Err(self.invalid(
+                &format!("{part}.gcs.anonymous"),
+                "sends requests unsigned, which only an emulator takes: set an endpoint too",
+            ));
+        }
+        Ok(StoreOptions {
+            s3: sluice_store::S3Options {
+                region: s3.region.clone(),
+                endpoint: endpoint(&format!("{part}.s3.endpoint"), &s3.endpoint)?,
+                credentials,
+                virtual_host_style: s3.virtual_host_style,
+            },
+            gcs: sluice_store::GcsOptions { endpoint: gcs_endpoint, anonymous: gcs.anonymous },
+        })
     }
 
     /// `job.state_dir`, or `.sluice/<id>` next to the job file.

@@ -48,7 +48,8 @@ impl CheckpointStore {
             )));
         }
         let lease = Duration::from_secs_f64(lease_secs);
-        let store = py.detach(|| Store::open_at(&location, &job_id, retain, lease)).map_err(to_py)?;
+        let store =
+            py.detach(|| Store::open_at(&location, &job_id, retain, lease, &Default::default())).map_err(to_py)?;
         Ok(Self { store })
     }
 
@@ -59,8 +60,9 @@ impl CheckpointStore {
         let job = job.job.clone();
         let spec = &job.spec;
         let lease = Duration::from_secs_f64(spec.job.lease_secs);
-        let store =
-            py.detach(|| Store::open_at(&job.state, &spec.job.id, spec.job.checkpoint.retain, lease)).map_err(to_py)?;
+        let store = py
+            .detach(|| Store::open_at(&job.state, &spec.job.id, spec.job.checkpoint.retain, lease, &job.state_stores))
+            .map_err(to_py)?;
         Ok(Self { store })
     }
 

@@ -130,6 +130,18 @@ pub struct S3Options {
     /// Keys to sign with before the default chain is asked (credentials a
     /// REST catalog vends for a table; a test server's keys).
     pub credentials: Option<S3Credentials>,
+    /// Address the bucket as `https://<bucket>.<endpoint>/<key>` instead of
+    /// the default path style `https://<endpoint>/<bucket>/<key>`, which
+    /// every S3-compatible server on a LAN (MinIO, Ceph) answers.
+    pub virtual_host_style: bool,
+}
+
+/// How to reach each store, for one part of a job (its sink, its source,
+/// its state directory).
+#[derive(Debug, Clone, Default)]
+pub struct StoreOptions {
+    pub s3: S3Options,
+    pub gcs: GcsOptions,
 }
 
 /// Static AWS keys. `Debug` never shows the secret parts.
@@ -210,6 +222,9 @@ impl ObjectStore {
         }
         if let Some(endpoint) = &options.endpoint {
             builder = builder.endpoint(endpoint);
+        }
+        if options.virtual_host_style {
+            builder = builder.enable_virtual_host_style();
         }
         if let Some(keys) = &options.credentials {
             builder = builder.access_key_id(&keys.access_key_id).secret_access_key(&keys.secret_access_key);

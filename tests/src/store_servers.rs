@@ -159,6 +159,7 @@ impl Moto {
                 secret_access_key: SECRET_ACCESS_KEY.into(),
                 session_token: None,
             }),
+            virtual_host_style: false,
         }
     }
 

@@ -33,6 +33,7 @@ fn store(server: &Moto, bucket: &str) -> ObjectStore {
             secret_access_key: moto::SECRET_ACCESS_KEY.to_string(),
             session_token: None,
         }),
+        virtual_host_style: false,
     };
     ObjectStore::s3(bucket, &options).expect("an S3 store on moto")
 }

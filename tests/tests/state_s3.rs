@@ -48,6 +48,7 @@ fn bucket() -> ObjectStore {
             secret_access_key: SECRET_ACCESS_KEY.into(),
             session_token: None,
         }),
+        virtual_host_style: false,
     };
     ObjectStore::s3(BUCKET, &options).expect("bucket")
 }

@@ -765,6 +765,7 @@ mod tests {
                 region: Some("us-east-1".into()),
                 endpoint: Some("http://127.0.0.1:9".into()),
                 credentials: None,
+                virtual_host_style: false,
             },
             gcs: sluice_store::GcsOptions { endpoint: Some("http://127.0.0.1:9".into()), anonymous: true },
         };

@@ -37,20 +37,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use sluice_store::{DEFAULT_PART_SIZE, GcsOptions, ObjectStore, ObjectWriter, S3Options, StoreError};
+use sluice_store::{DEFAULT_PART_SIZE, ObjectStore, ObjectWriter, StoreError};
 
 use super::limits::{HostDeadline, HostMemory, Reservation};
 use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError};
 use crate::location::{Location, Scheme, Served};
 
-/// How the host reaches the object stores of its grants. The default takes
-/// everything from the environment (AWS chain, `AWS_REGION`,
-/// `AWS_ENDPOINT_URL`; Google ADC).
-#[derive(Debug, Clone, Default)]
-pub struct StoreConfig {
-    pub s3: S3Options,
-    pub gcs: GcsOptions,
-}
+/// How the host reaches the object stores of its grants (the job's
+/// `[sink.s3]` and `[sink.gcs]`). The default takes everything from the
+/// environment (AWS chain, `AWS_REGION`, `AWS_ENDPOINT_URL`; Google ADC).
+pub use sluice_store::StoreOptions as StoreConfig;
 
 /// Why a `file-io` call on an object store failed: an answer for the
 /// plugin, or the call's deadline, which traps it.

@@ -93,7 +93,7 @@ impl Granted {
                 Some(Arc::new(CatalogGrant::for_config(config)?.with_faults(faults)))
             }
         };
-        let files = FileGrants::new(&job.base_dir, &locations, &g.read_locations)?;
+        let files = FileGrants::with_stores(&job.base_dir, &locations, &g.read_locations, &job.sink_stores)?;
         let grpc = GrpcGrant::open(&job.endpoints)?;
         let http = HttpGrant::open(&job.http_endpoints)?;
         Ok(Self { files: Arc::new(files), catalog, grpc: Arc::new(grpc), http: Arc::new(http) })

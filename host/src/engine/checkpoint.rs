@@ -488,11 +488,12 @@ impl CheckpointStore {
         job_id: &str,
         retain: usize,
         lease: std::time::Duration,
+        stores: &sluice_store::StoreOptions,
     ) -> Result<Self, CheckpointError> {
         match location {
             Location::Local(dir) => Self::open(dir, job_id, retain),
             Location::ObjectStore { scheme, bucket, prefix } => {
-                let state = super::object_state::ObjectState::open(*scheme, bucket, prefix, Some(lease))?;
+                let state = super::object_state::ObjectState::open(*scheme, bucket, prefix, Some(lease), stores)?;
                 Ok(Self { backend: Backend::Object(Box::new(state)), job_id: job_id.to_string(), retain })
             }
         }
@@ -512,11 +513,15 @@ impl CheckpointStore {
 
     /// [`CheckpointStore::inspect`] of the state directory at `location`,
     /// without its lock or lease. `None` when nothing is there yet.
-    pub fn inspect_at(location: &Location, job_id: &str) -> Result<Option<Self>, CheckpointError> {
+    pub fn inspect_at(
+        location: &Location,
+        job_id: &str,
+        stores: &sluice_store::StoreOptions,
+    ) -> Result<Option<Self>, CheckpointError> {
         match location {
             Location::Local(dir) => Self::inspect(dir, job_id),
             Location::ObjectStore { scheme, bucket, prefix } => {
-                let state = super::object_state::ObjectState::open(*scheme, bucket, prefix, None)?;
+                let state = super::object_state::ObjectState::open(*scheme, bucket, prefix, None, stores)?;
                 if state.is_empty()? {
                     return Ok(None);
                 }

@@ -39,9 +39,9 @@
 //!   copy that finds a listed object gone starts over;
 //! - a run that ends releases its lease (expired at once, `current` kept) so
 //!   the next run need not wait; a killed one leaves it to expire;
-//! - credentials and endpoint come from the standard AWS environment
-//!   (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...), through
-//!   `sluice-store`.
+//! - credentials and endpoint come from the job's `[job.s3]`, else the
+//!   standard AWS environment (`AWS_ENDPOINT_URL`, `AWS_REGION`,
+//!   `AWS_ACCESS_KEY_ID`, ...), through `sluice-store`.
 //!
 //! The engine is synchronous here: the store's futures run on a runtime of
 //! this module's own, and callers wait on a channel, so this works whether
@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use sluice_store::{ObjectStore, S3Options, StoreError};
+use sluice_store::{ObjectStore, StoreError, StoreOptions};
 use tokio::runtime::Handle;
 
 use super::checkpoint::{CheckpointError, StateFile, now_ms};
@@ -190,10 +190,11 @@ impl ObjectState {
         bucket: &str,
         prefix: &str,
         lease: Option<Duration>,
+        stores: &StoreOptions,
     ) -> Result<Self, CheckpointError> {
         let url = if prefix.is_empty() { format!("{scheme}{bucket}") } else { format!("{scheme}{bucket}/{prefix}") };
         let store = match scheme {
-            Scheme::S3 => ObjectStore::s3(bucket, &S3Options::default())?,
+            Scheme::S3 => ObjectStore::s3(bucket, &stores.s3)?,
             // job.rs refuses it: there is no compare-and-swap for a lease on GCS.
             Scheme::Gs => {
                 return Err(CheckpointError::Store(StoreError::Config {

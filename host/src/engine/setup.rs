@@ -137,7 +137,7 @@ pub(super) fn check_restored(job: &Job, source: &Source, r: &CheckpointRecord) -
 pub(super) fn open_state(job: &Job) -> Result<CheckpointStore, EngineError> {
     let spec = &job.spec;
     let lease = std::time::Duration::from_secs_f64(spec.job.lease_secs);
-    Ok(CheckpointStore::open_at(&job.state, &spec.job.id, spec.job.checkpoint.retain, lease)?)
+    Ok(CheckpointStore::open_at(&job.state, &spec.job.id, spec.job.checkpoint.retain, lease, &job.state_stores)?)
 }
 
 /// Opens and holds the job's state directory, refusing one that is halted.

@@ -47,7 +47,9 @@ pub fn inspect(job: &Job) -> Result<StateReport, EngineError> {
         latest: None,
         described: BTreeMap::new(),
     };
-    let Some(store) = CheckpointStore::inspect_at(&job.state, &spec.job.id)? else { return Ok(report) };
+    let Some(store) = CheckpointStore::inspect_at(&job.state, &spec.job.id, &job.state_stores)? else {
+        return Ok(report);
+    };
     report.exists = true;
     report.incarnation = store.incarnation()?;
     report.runs = store.attempts()?;
