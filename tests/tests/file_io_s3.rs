@@ -175,75 +175,91 @@ fn a_plugin_drives_file_io_on_s3_through_the_host() {
     });
 }
 
-/// `[sink.s3]` and `[job.s3]` reach the stores without the AWS environment:
-/// the process's `AWS_ENDPOINT_URL` points at a port nothing listens on and
-/// no `AWS_*` key is set, so only the job's own settings (keys named by
-/// environment variables of the job's choosing) can have reached moto, for
-/// the plugin's grant and for the state directory alike.
+/// Runs `sluice run` with the AWS environment pointing nowhere: its
+/// `AWS_ENDPOINT_URL` at a port nothing listens on, no `AWS_*` key, no
+/// config files; and, `with_keys`, the job's own key variables set.
+fn run_without_aws_env(job: &TestJob, sets: &[String], with_keys: bool) -> std::process::Output {
+    let no_files = job.dir.path().join("no-aws-files");
+    let mut cmd = sluice_run(job, sets);
+    for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_PROFILE"] {
+        cmd.env_remove(var);
+    }
+    cmd.env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .env("AWS_CONFIG_FILE", &no_files)
+        .env("AWS_SHARED_CREDENTIALS_FILE", &no_files)
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    if with_keys {
+        cmd.env("LAKE_KEY_ID", moto::ACCESS_KEY_ID).env("LAKE_SECRET", moto::SECRET_ACCESS_KEY);
+    }
+    cmd.output().expect("running sluice")
+}
+
+/// `--set`s for `[<part>.s3]` pointing at `server`, with keys named by the
+/// variables `LAKE_KEY_ID` and `LAKE_SECRET`.
+fn own_s3(part: &str, server: &Moto) -> Vec<String> {
+    vec![
+        format!("{part}.s3.endpoint=\"{}\"", server.endpoint),
+        format!("{part}.s3.region={}", moto::REGION),
+        format!("{part}.s3.access_key_id_env=LAKE_KEY_ID"),
+        format!("{part}.s3.secret_access_key_env=LAKE_SECRET"),
+    ]
+}
+
+/// `[sink.s3]` reaches the sink's grant without the AWS environment: only
+/// the job's own settings can have reached moto.
 #[test]
-fn per_part_s3_settings_win_over_the_aws_environment() {
-    let server = Moto::start(&["lake", "state"]);
+fn the_sinks_own_s3_settings_win_over_the_aws_environment() {
+    let server = Moto::start(&["lake"]);
     let job = TestJob::chaos("fileio-s3-own", 20, 1, 10, "file-io-probe", "open");
-    let endpoint = format!("\"{}\"", server.endpoint);
     let mut sets: Vec<String> = [
         "sink.options.target=s3://lake/wh",
         r#"sink.grants.locations=["journal", "s3://lake/wh"]"#,
         "sink.sandbox.call_timeout_secs=120",
-        "job.state_dir=s3://state/own",
     ]
     .map(String::from)
     .to_vec();
-    for part in ["sink", "job"] {
-        sets.extend([
-            format!("{part}.s3.endpoint={endpoint}"),
-            format!("{part}.s3.region={}", moto::REGION),
-            format!("{part}.s3.access_key_id_env=LAKE_KEY_ID"),
-            format!("{part}.s3.secret_access_key_env=LAKE_SECRET"),
-        ]);
-    }
+    sets.extend(own_s3("sink", &server));
     std::fs::write(job.path(), &job.toml).expect("job file");
-    let no_files = job.dir.path().join("no-aws-files");
-    let run = |sets: &[String], with_keys: bool| {
-        let mut cmd = sluice_run(&job, sets);
-        for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_PROFILE"] {
-            cmd.env_remove(var);
-        }
-        cmd.env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-            .env("AWS_CONFIG_FILE", &no_files)
-            .env("AWS_SHARED_CREDENTIALS_FILE", &no_files)
-            .env("AWS_EC2_METADATA_DISABLED", "true");
-        if with_keys {
-            cmd.env("LAKE_KEY_ID", moto::ACCESS_KEY_ID).env("LAKE_SECRET", moto::SECRET_ACCESS_KEY);
-        }
-        cmd.output().expect("running sluice")
-    };
 
     // A key variable that is not set is refused by name, before anything is written.
-    let out = run(&sets, false);
+    let out = run_without_aws_env(&job, &sets, false);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
-        stderr.contains(".s3.access_key_id_env") && stderr.contains("LAKE_KEY_ID, which is not set"),
+        stderr.contains("sink.s3.access_key_id_env") && stderr.contains("LAKE_KEY_ID, which is not set"),
         "{stderr}"
     );
-
-    let out = run(&sets, true);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the probe found wrong answers, or the run failed:\n{stderr}");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async {
-        let lake = ObjectStore::s3("lake", &s3_options(&server)).expect("store");
-        assert_eq!(lake.read("wh/probe/a.txt").await.expect("a.txt"), &b"first"[..]);
-        let state = ObjectStore::s3("state", &s3_options(&server)).expect("store");
-        let keys: Vec<String> = state.list("own").await.expect("list").into_iter().map(|o| o.key).collect();
-        assert!(keys.contains(&"own/lease".to_string()), "the state directory is on S3: {keys:?}");
-        assert!(keys.iter().any(|k| k.contains("/checkpoints/chk-")), "{keys:?}");
-    });
-
     // An inline secret is not a key the job file takes.
     let mut inline = sets.clone();
     inline.push("sink.s3.secret_access_key=oops".into());
-    let out = run(&inline, true);
+    let out = run_without_aws_env(&job, &inline, true);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("secret_access_key"), "{stderr}");
+    assert!(!out.status.success() && stderr.contains("unknown field `secret_access_key`"), "{stderr}");
+
+    let out = run_without_aws_env(&job, &sets, true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the probe found wrong answers, or the run failed:\n{stderr}");
+    let lake = ObjectStore::s3("lake", &s3_options(&server)).expect("store");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let read = rt.block_on(lake.read("wh/probe/a.txt")).expect("a.txt");
+    assert_eq!(read, &b"first"[..], "the plugin wrote through the sink's own settings");
+}
+
+/// `[job.s3]` reaches the state directory without the AWS environment.
+#[test]
+fn the_state_directorys_own_s3_settings_win_over_the_aws_environment() {
+    let server = Moto::start(&["state"]);
+    let job = TestJob::files("state-s3-own", 2_000, 2, 500);
+    let mut sets = vec!["job.state_dir=s3://state/own".to_string()];
+    sets.extend(own_s3("job", &server));
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let out = run_without_aws_env(&job, &sets, true);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    sluice_tests::assert_exactly_once(&sluice_tests::read_visible(&job.out()), 2_000);
+    let state = ObjectStore::s3("state", &s3_options(&server)).expect("store");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let keys: Vec<String> = rt.block_on(state.list("own")).expect("list").into_iter().map(|o| o.key).collect();
+    assert!(keys.contains(&"own/lease".to_string()), "the state directory is on S3: {keys:?}");
+    assert!(keys.iter().any(|k| k.contains("/checkpoints/chk-")), "{keys:?}");
+    assert!(!job.state().exists(), "nothing went to a local state directory");
 }
