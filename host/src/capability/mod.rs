@@ -31,6 +31,7 @@
 pub mod catalog;
 mod catalog_faults;
 mod catalog_rest;
+pub mod catalog_storage;
 pub mod codec;
 pub mod file_io;
 mod file_io_store;
@@ -88,7 +89,8 @@ impl Granted {
             None => None,
             Some(config) => {
                 // The tables' files live in the warehouse: the plugin writes them.
-                locations.push(config.warehouse().to_string_lossy().into_owned());
+                // A local warehouse is its path; a store's, its URL (`s3://bucket/prefix`).
+                locations.push(config.warehouse().to_string());
                 Some(Arc::new(CatalogGrant::for_config(config)?.with_faults(faults)))
             }
         };
