@@ -27,6 +27,17 @@ use sluice_store::StoreOptions;
 
 /// What `job.state_dir` serves besides local paths.
 pub const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3] };
+/// What `sink.catalog.warehouse` of `kind = "sql"` serves besides local
+/// paths: the host's catalog writes the table metadata there through
+/// `sluice-store` (`capability/catalog_storage.rs`), the plugin its data
+/// files through `file-io`. Not GCS: the Iceberg plugin writes every data
+/// and manifest file as an exclusive streaming upload (`overwrite = false`),
+/// which `sluice-store` cannot make on GCS (see [`GCS_WAREHOUSE_WHY`]).
+const SQL_WAREHOUSE_SERVED: Served = Served { stores: &[Scheme::S3] };
+/// Why a `gs://` warehouse is refused, for its error.
+const GCS_WAREHOUSE_WHY: &str = "A warehouse on GCS needs exclusive streaming uploads for the plugin's data and \
+    manifest files, which the object-store layer (opendal 0.57) cannot make on GCS: its multipart uploads and \
+    rewrites carry no precondition";
 
 /// A job file that could not be used.
 #[derive(Debug, Error)]
@@ -300,8 +311,9 @@ pub struct CatalogSpec {
     /// The scope asked for with the credential; default `catalog`.
     #[serde(default)]
     pub scope: Option<String>,
-    /// Directory under which new tables are placed (for `rest`: the
-    /// warehouse asked of the catalog); granted to the plugin read-write.
+    /// Where new tables are placed (for `rest`: the warehouse asked of the
+    /// catalog); granted to the plugin read-write. A local directory; for
+    /// `sql` also an object-store location (see `SQL_WAREHOUSE_SERVED`).
     pub warehouse: PathBuf,
 }
 
@@ -514,9 +526,10 @@ impl std::fmt::Debug for Secret {
 /// The sink's catalog, resolved from `[sink.catalog]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CatalogConfig {
-    /// iceberg-rust's `SqlCatalog` on the SQLite file `database`.
-    Sql { name: String, database: PathBuf, warehouse: PathBuf },
-    /// An Iceberg REST catalog at `uri`.
+    /// iceberg-rust's `SqlCatalog` on the local SQLite file `database`; its
+    /// warehouse is local or on an object store.
+    Sql { name: String, database: PathBuf, warehouse: Location },
+    /// An Iceberg REST catalog at `uri`; its warehouse is local.
     Rest { name: String, uri: String, warehouse: PathBuf, auth: Option<RestAuth> },
 }
 
@@ -548,9 +561,10 @@ pub const DEFAULT_OAUTH2_SCOPE: &str = "catalog";
 
 impl CatalogConfig {
     /// The warehouse, granted to the plugin read-write.
-    pub fn warehouse(&self) -> &Path {
+    pub fn warehouse(&self) -> Location {
         match self {
-            CatalogConfig::Sql { warehouse, .. } | CatalogConfig::Rest { warehouse, .. } => warehouse,
+            CatalogConfig::Sql { warehouse, .. } => warehouse.clone(),
+            CatalogConfig::Rest { warehouse, .. } => Location::Local(warehouse.clone()),
         }
     }
 }
@@ -953,10 +967,20 @@ impl Job {
     }
 
     fn catalog_config(&self, spec: &CatalogSpec) -> Result<CatalogConfig, JobError> {
-        let warehouse = self.local_path("sink.catalog.warehouse", &spec.warehouse)?;
+        const WAREHOUSE: &str = "sink.catalog.warehouse";
         let name = spec.name.clone();
         match spec.kind {
             CatalogKind::Sql => {
+                let text = spec
+                    .warehouse
+                    .to_str()
+                    .ok_or_else(|| self.invalid(WAREHOUSE, format!("{} is not UTF-8", spec.warehouse.display())))?;
+                let warehouse = Location::parse(text, &self.base_dir, SQL_WAREHOUSE_SERVED).map_err(|e| match e {
+                    LocationError::NotServed { scheme: Scheme::Gs, .. } => {
+                        self.invalid(WAREHOUSE, format!("{e}. {GCS_WAREHOUSE_WHY}"))
+                    }
+                    e => self.invalid(WAREHOUSE, e.to_string()),
+                })?;
                 let rest_only = [
                     ("uri", spec.uri.is_some()),
                     ("token_env", spec.token_env.is_some()),
@@ -978,6 +1002,7 @@ impl Job {
                 Ok(CatalogConfig::Sql { name, database, warehouse })
             }
             CatalogKind::Rest => {
+                let warehouse = self.local_path(WAREHOUSE, &spec.warehouse)?;
                 if spec.database.is_some() {
                     return Err(self.invalid(
                         "sink.catalog.database",
@@ -1318,6 +1343,25 @@ mod tests {
         let err =
             load(MINIMAL, &["sink.catalog.warehouse=wh", "sink.catalog.commit_delay_ms=5"]).unwrap_err().to_string();
         assert!(err.contains("unknown field `commit_delay_ms`"), "{err}");
+    }
+
+    #[test]
+    fn a_sql_warehouse_may_be_on_s3_but_not_on_gcs_and_a_rest_one_stays_local() {
+        let sql = ["sink.catalog.database=c.db"];
+        let job = load(MINIMAL, &[sql[0], "sink.catalog.warehouse=s3://lake/wh/"]).unwrap();
+        let expected = Location::ObjectStore { scheme: Scheme::S3, bucket: "lake".into(), prefix: "wh".into() };
+        assert_eq!(job.catalog.as_ref().map(CatalogConfig::warehouse), Some(expected));
+        let err = load(MINIMAL, &[sql[0], "sink.catalog.warehouse=gs://lake/wh"]).unwrap_err().to_string();
+        for part in ["key `sink.catalog.warehouse`", "gs:// locations are not served here yet", "exclusive streaming"] {
+            assert!(err.contains(part), "{part:?} in {err}");
+        }
+        let rest =
+            ["sink.catalog.kind=rest", "sink.catalog.uri=http://127.0.0.1:9", "sink.catalog.warehouse=s3://lake/wh"];
+        let err = load(MINIMAL, &rest).unwrap_err().to_string();
+        assert!(
+            err.contains("key `sink.catalog.warehouse`") && err.contains("s3:// locations are not served"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -756,7 +756,8 @@ pub fn read_iceberg_as(
     use futures::TryStreamExt;
     let ident = iceberg::TableIdent::from_strs(table.split('.')).expect("table name");
     let table = catalog.load(&ident).unwrap_or_else(|e| panic!("loading {ident}: {e:?}"));
-    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    // With the IO driver: a warehouse on an object store is read over HTTP.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let batches: Vec<RecordBatch> = rt.block_on(async {
         let scan = table.scan().select_all().build().expect("scan");
         scan.to_arrow().await.expect("scan to arrow").try_collect().await.expect("reading the table")

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sluice::engine::checkpoint::CheckpointError;
 use sluice::engine::{CrashPoint, EngineError, Fault};
-use sluice_store::{ObjectStore, S3Credentials, S3Options};
+use sluice_store::ObjectStore;
 use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
 use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible, run_cli, sluice_run};
 
@@ -40,17 +40,7 @@ fn moto() -> &'static Moto {
 
 /// The bucket, as the test sees it (not through the host).
 fn bucket() -> ObjectStore {
-    let options = S3Options {
-        region: Some(REGION.into()),
-        endpoint: Some(moto().endpoint.clone()),
-        credentials: Some(S3Credentials {
-            access_key_id: ACCESS_KEY_ID.into(),
-            secret_access_key: SECRET_ACCESS_KEY.into(),
-            session_token: None,
-        }),
-        virtual_host_style: false,
-    };
-    ObjectStore::s3(BUCKET, &options).expect("bucket")
+    ObjectStore::s3(BUCKET, &moto().s3_options()).expect("bucket")
 }
 
 fn block<T>(fut: impl std::future::Future<Output = T>) -> T {

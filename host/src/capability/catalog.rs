@@ -28,6 +28,13 @@
 //! same database (schema shared with PyIceberg's `SqlCatalog`). For the same
 //! reason a REST commit is the spec's `updateTable` call made here
 //! ([`RestCommitter`]), which is what `RestCatalog::update_table` sends.
+//!
+//! A SQLite catalog's warehouse is a local directory or an object-store
+//! location (`s3://bucket/prefix`, `gs://bucket/prefix`). On a store, the
+//! catalog's metadata files go through [`WarehouseStorage`]
+//! (`sluice-store`, reached as `file-io` reaches it), and the plugin writes
+//! the data files through `file-io`, whose grant is the same warehouse; the
+//! SQLite database itself stays on local disk.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use iceberg::io::LocalFsStorageFactory;
+use iceberg::io::{LocalFsStorageFactory, StorageFactory};
 use iceberg::spec::{Schema, TableMetadata, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{
@@ -53,10 +60,13 @@ use wasmtime::component::{HasData, Linker};
 
 use super::catalog_auth::{CatalogAuth, CatalogAuthError};
 use super::catalog_rest::{RestCommitter, RestLoads};
+use super::catalog_storage::{WarehouseStorage, WarehouseStorageFactory};
+use super::file_io::StoreConfig;
 use super::limits::HostDeadline;
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
 use crate::job::{CatalogConfig, RestAuth};
+use crate::location::Location;
 
 /// A catalog that cannot be set up (named in the job's `[sink.catalog]`).
 #[derive(Debug, Error)]
@@ -71,6 +81,9 @@ pub enum CatalogSetupError {
     Open { uri: String, message: String },
     #[error("{0}")]
     Auth(#[from] CatalogAuthError),
+    /// An object-store warehouse that cannot be set up or reached.
+    #[error("sink.catalog.warehouse = {warehouse:?}: {message}")]
+    Warehouse { warehouse: String, message: String },
 }
 
 /// What the catalog saw, for reports and benchmarks.
@@ -227,23 +240,50 @@ impl CatalogGrant {
     /// Opens (creating when missing) the SQLite catalog `database` with its
     /// warehouse directory `warehouse`.
     pub fn open_sql(name: &str, database: &Path, warehouse: &Path) -> Result<Self, CatalogSetupError> {
-        for dir in [database.parent().unwrap_or(Path::new("/")), warehouse] {
-            std::fs::create_dir_all(dir)
-                .map_err(|source| CatalogSetupError::Dir { path: dir.to_path_buf(), source })?;
-        }
+        Self::open_sql_at(name, database, &Location::Local(warehouse.to_path_buf()), &StoreConfig::default())
+    }
+
+    /// Opens (creating when missing) the SQLite catalog `database` with its
+    /// warehouse `warehouse`: a local directory (created when missing) or an
+    /// object-store location, whose bucket is reached as `stores` says and
+    /// listed once here, so a missing bucket or refused credentials stop the
+    /// run before anything is written.
+    pub fn open_sql_at(
+        name: &str,
+        database: &Path,
+        warehouse: &Location,
+        stores: &StoreConfig,
+    ) -> Result<Self, CatalogSetupError> {
+        let rt = super::runtime();
+        let (factory, warehouse_uri): (Arc<dyn StorageFactory>, String) = match warehouse {
+            Location::Local(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|source| CatalogSetupError::Dir { path: dir.to_path_buf(), source })?;
+                (Arc::new(LocalFsStorageFactory), to_file_uri(dir))
+            }
+            Location::ObjectStore { .. } => {
+                let warehouse_err =
+                    |message: String| CatalogSetupError::Warehouse { warehouse: warehouse.to_string(), message };
+                let storage = WarehouseStorage::open(warehouse.clone(), stores).map_err(warehouse_err)?;
+                rt.block_on(storage.check_reachable()).map_err(warehouse_err)?;
+                (Arc::new(WarehouseStorageFactory::new(storage)), warehouse.to_string())
+            }
+        };
+        let db_dir = database.parent().unwrap_or(Path::new("/"));
+        std::fs::create_dir_all(db_dir)
+            .map_err(|source| CatalogSetupError::Dir { path: db_dir.to_path_buf(), source })?;
         let uri = format!("sqlite:{}?mode=rwc", database.display());
         let open_err = |message: String| CatalogSetupError::Open { uri: uri.clone(), message };
-        let rt = super::runtime();
         let sql = rt
             .block_on(
                 SqlCatalogBuilder::default()
-                    .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                    .with_storage_factory(factory)
                     .with_runtime(iceberg::Runtime::new(rt))
                     .load(
                         name,
                         HashMap::from([
                             ("uri".to_string(), uri.clone()),
-                            ("warehouse".to_string(), to_file_uri(warehouse)),
+                            ("warehouse".to_string(), warehouse_uri),
                             ("sql_bind_style".to_string(), SqlBindStyle::QMark.to_string()),
                         ]),
                     ),
@@ -303,9 +343,11 @@ impl CatalogGrant {
     }
 
     /// The catalog `config` names (`[sink.catalog]`).
-    pub fn for_config(config: &CatalogConfig) -> Result<Self, CatalogSetupError> {
+    /// Its object-store warehouse is reached as `stores` says (the job's
+    /// `[sink.s3]`, the sink's grants being in the same place).
+    pub fn for_config(config: &CatalogConfig, stores: &StoreConfig) -> Result<Self, CatalogSetupError> {
         match config {
-            CatalogConfig::Sql { name, database, warehouse } => Self::open_sql(name, database, warehouse),
+            CatalogConfig::Sql { name, database, warehouse } => Self::open_sql_at(name, database, warehouse, stores),
             CatalogConfig::Rest { name, uri, warehouse, auth } => Self::open_rest(name, uri, warehouse, auth.as_ref()),
         }
     }

@@ -559,7 +559,7 @@ fn unbudgeted() -> Arc<HostMemory> {
 }
 
 /// The message of an `io-error`, for setup errors.
-fn describe_io(e: &IoError) -> String {
+pub(super) fn describe_io(e: &IoError) -> String {
     match e {
         IoError::Denied(m) | IoError::NotFound(m) | IoError::AlreadyExists(m) | IoError::Other(m) => m.clone(),
     }

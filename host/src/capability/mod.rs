@@ -32,6 +32,7 @@ pub mod catalog;
 pub mod catalog_auth;
 mod catalog_faults;
 mod catalog_rest;
+pub mod catalog_storage;
 pub mod codec;
 pub mod file_io;
 mod file_io_store;
@@ -89,8 +90,9 @@ impl Granted {
             None => None,
             Some(config) => {
                 // The tables' files live in the warehouse: the plugin writes them.
-                locations.push(config.warehouse().to_string_lossy().into_owned());
-                Some(Arc::new(CatalogGrant::for_config(config)?.with_faults(faults)))
+                // A local warehouse is its path; a store's, its URL (`s3://bucket/prefix`).
+                locations.push(config.warehouse().to_string());
+                Some(Arc::new(CatalogGrant::for_config(config, &job.sink_stores)?.with_faults(faults)))
             }
         };
         let files = FileGrants::with_stores(&job.base_dir, &locations, &g.read_locations, &job.sink_stores)?;
