@@ -56,6 +56,18 @@ use thiserror::Error;
 /// Parts of a streaming upload (S3's minimum part is 5 MiB).
 pub const DEFAULT_PART_SIZE: usize = 8 << 20;
 
+/// Parts of one streaming upload in flight at once, on the tokio runtime
+/// the writer is driven from (opendal's `executors-tokio`): a full part is
+/// sent in the background while the caller fills the next, so uploading
+/// overlaps encoding instead of stalling it.
+pub const UPLOAD_CONCURRENCY: usize = 2;
+
+/// The most an upload of `part_size` parts holds in memory: the part being
+/// filled and [`UPLOAD_CONCURRENCY`] parts in flight.
+pub const fn upload_buffer_bytes(part_size: usize) -> u64 {
+    (part_size * (1 + UPLOAD_CONCURRENCY)) as u64
+}
+
 /// The content type of every object written: it also makes opendal's GCS
 /// service send uploads as `uploadType=multipart`, which every GCS server
 /// we test against honours preconditions on (fake-gcs-server ignores them
@@ -467,6 +479,7 @@ impl ObjectStore {
             .writer_with(key)
             .if_not_exists(exclusive)
             .chunk(part_size)
+            .concurrent(UPLOAD_CONCURRENCY)
             .content_type(CONTENT_TYPE)
             .await
             .map_err(|e| self.error(key, "start an upload", e))?;

@@ -11,7 +11,11 @@
 //! 3. costs users feel: warm start (time to the first written row, plugins
 //!    loaded from the compiled cache), checkpoint overhead (a checkpoint
 //!    every second against one at the end), and peak memory against the
-//!    writers' buffer budget and the sandbox limit.
+//!    writers' buffer budget and the sandbox limit;
+//! 4. s3: the plugin writing its warehouse (data and metadata) to S3 on
+//!    loopback (moto's server, started here from the tests' pinned Python
+//!    packages) against the same plugin writing to local disk, at the same
+//!    parallelism, rows and rows per snapshot.
 //!
 //! `cargo build-plugins && cargo run --release -p sluice-bench --bin iceberg-bench`
 
@@ -55,7 +59,7 @@ struct Args {
     /// Skip the PyIceberg baseline.
     #[arg(long)]
     skip_python: bool,
-    /// Only these sections: `writers`, `e2e`, `costs` (all when absent).
+    /// Only these sections: `writers`, `e2e`, `costs`, `s3` (all when absent).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Internal: run this job file in this process and print its peak memory.
@@ -71,6 +75,10 @@ fn host() -> Result<PluginHost> {
 }
 
 fn iceberg_sink(wasm: &Path, extra_options: &str) -> String {
+    iceberg_sink_at(wasm, extra_options, "warehouse")
+}
+
+fn iceberg_sink_at(wasm: &Path, extra_options: &str, warehouse: &str) -> String {
     format!(
         r#"[sink]
 plugin = "{wasm}"
@@ -79,12 +87,87 @@ table = "bench.plugin"
 {extra_options}
 [sink.catalog]
 database = "warehouse/catalog.db"
-warehouse = "warehouse"
+warehouse = "{warehouse}"
 [sink.sandbox]
 memory_mb = 2048
 "#,
         wasm = wasm.display(),
     )
+}
+
+/// moto's S3 server on 127.0.0.1 at a port the system picks, with the
+/// bucket `bench`; it stops when its standard input closes (when the
+/// returned child is dropped with its stdin). The same start as
+/// `sluice-tests`' `store_servers`, which depends on this crate, so it cannot be shared.
+const MOTO: &str = r#"
+import sys, boto3
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+port = server.get_host_and_port()[1]
+boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+             aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(Bucket="bench")
+print("PORT", port, flush=True)
+sys.stdin.read()
+server.stop()
+"#;
+
+fn start_moto() -> Result<(std::process::Child, String)> {
+    use std::io::BufRead;
+    let mut child = Command::new("python3")
+        .args(["-c", MOTO])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("starting moto's S3 server (python3 -m pip install -r tests/requirements.txt)")?;
+    let stdout = child.stdout.take().context("moto's stdout")?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    let port = line.trim().strip_prefix("PORT ").with_context(|| format!("moto printed {line:?}, not its port"))?;
+    Ok((child, format!("http://127.0.0.1:{port}")))
+}
+
+/// The plugin at `parallelism`, its warehouse at `warehouse` (local, or a
+/// fresh prefix on S3).
+fn run_plugin_at(host: &PluginHost, wasm: &Path, args: &Args, parallelism: u32, warehouse: &str) -> Result<Duration> {
+    let dir = tempfile::tempdir()?;
+    let every = args.checkpoint_rows / u64::from(parallelism);
+    let sink = iceberg_sink_at(wasm, "", warehouse);
+    let toml = generator_job_toml("bench", parallelism, every, args.rows, 0, BATCH_ROWS, &sink);
+    let job = write_job(dir.path(), &toml)?;
+    let summary = run_quiet(&job, host)?;
+    anyhow::ensure!(summary.rows_total == args.rows, "the plugin landed {} rows", summary.rows_total);
+    Ok(summary.data_elapsed)
+}
+
+/// 4. The plugin's warehouse on S3 (loopback) against local disk.
+fn s3(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
+    let (_moto, endpoint) = start_moto()?;
+    // SAFETY: set before any run starts, from this (the only) thread.
+    unsafe {
+        std::env::set_var("AWS_ENDPOINT_URL", &endpoint);
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var("AWS_ACCESS_KEY_ID", "bench");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "bench");
+    }
+    let w = 2;
+    let mut local = Measured { name: format!("local disk, {w} writers"), rows: args.rows, times: vec![] };
+    let mut on_s3 = Measured { name: format!("S3 on loopback (moto), {w} writers"), rows: args.rows, times: vec![] };
+    for rep in 0..args.reps {
+        eprintln!("s3: repetition {}/{}", rep + 1, args.reps);
+        local.times.push(run_plugin_at(host, wasm, args, w, "warehouse")?);
+        on_s3.times.push(run_plugin_at(host, wasm, args, w, &format!("s3://bench/wh-{rep}"))?);
+    }
+    let baseline = local.name.clone();
+    print_ratio_table(
+        &format!(
+            "Iceberg plugin, warehouse on S3 against local disk: {} generated rows, {} rows per snapshot, zstd, median of {}",
+            args.rows, args.checkpoint_rows, args.reps
+        ),
+        &[local, on_s3],
+        &baseline,
+    );
+    Ok(())
 }
 
 fn run_plugin(host: &PluginHost, wasm: &Path, args: &Args, parallelism: u32) -> Result<Duration> {
@@ -326,6 +409,9 @@ fn main() -> Result<()> {
     }
     if wanted("costs") {
         costs(&host, &wasm, &args)?;
+    }
+    if wanted("s3") {
+        s3(&host, &wasm, &args)?;
     }
     Ok(())
 }

@@ -14,10 +14,12 @@
 //!   creates (`If-None-Match: *` / `ifGenerationMatch=0`): a taken key is
 //!   `already-exists`, never overwritten. GCS cannot stream such a create
 //!   (see `sluice-store`), so that one case is `other`, saying so;
-//! - an `output-file` streams a multipart upload: the host holds one part
-//!   at most ([`DEFAULT_PART_SIZE`], reserved from the instance's host
-//!   memory while the file is open), and nothing is visible before
-//!   `finish`; one dropped unfinished is aborted;
+//! - an `output-file` streams a multipart upload: the host holds the part
+//!   being filled and the parts in flight at most
+//!   ([`upload_buffer_bytes`] of [`DEFAULT_PART_SIZE`], reserved from the
+//!   instance's host memory while the file is open), a full part uploads in
+//!   the background while the plugin encodes the next, and nothing is
+//!   visible before `finish`; one dropped unfinished is aborted;
 //! - reads are ranged (only the bytes asked for, reserved from the host
 //!   memory before they are fetched); lists read one folder level;
 //! - `rename` is refused as `other` with the words "cannot rename on an
@@ -37,7 +39,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use sluice_store::{DEFAULT_PART_SIZE, ObjectStore, ObjectWriter, StoreError};
+use sluice_store::{DEFAULT_PART_SIZE, ObjectStore, ObjectWriter, StoreError, upload_buffer_bytes};
 
 use super::limits::{HostDeadline, HostMemory, Reservation};
 use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError};
@@ -296,7 +298,8 @@ impl ObjectGrant {
     ) -> Result<ObjectOutput, Failure> {
         const IMPORT: &str = "sluice:connector/file-io.[static]output-file.create";
         let key = self.file_key(key, location)?;
-        let held = reserve(memory, &format!("the upload buffer of {location}"), DEFAULT_PART_SIZE as u64)?;
+        let held =
+            reserve(memory, &format!("the upload buffers of {location}"), upload_buffer_bytes(DEFAULT_PART_SIZE))?;
         let writer = wait(IMPORT, self.store.writer(key, !overwrite, DEFAULT_PART_SIZE))?.map_err(io_error)?;
         Ok(ObjectOutput { location: location.to_string(), writer: Some(writer), _held: held })
     }
