@@ -19,13 +19,45 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 /// Starts moto's threaded server at port 0, creates the buckets named in
 /// its arguments, prints the port it got, and serves until its standard
 /// input closes.
+///
+/// In front of moto sits a fault switch, inert until a test sets it through
+/// [`Moto::fail_requests`] (`GET /_sluice_faults?...`): it answers chosen
+/// requests `503 SlowDown`, as S3 does when throttling
+/// (https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html),
+/// without passing them to moto.
 const SERVE: &str = r#"
-import sys
+import sys, threading, urllib.parse
 import boto3
 from moto.server import ThreadedMotoServer
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 port = server.get_host_and_port()[1]
+rule = {"method": None, "suffix": None, "skip": 0, "fail": 0}
+lock = threading.Lock()
+moto_app = server._server.app
+SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+             b'<Message>Please reduce your request rate.</Message></Error>')
+def faulty(environ, start_response):
+    path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "")
+    if path == "/_sluice_faults":
+        q = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
+        with lock:
+            rule.update(method=q["method"][0], suffix=q["suffix"][0], skip=int(q["skip"][0]), fail=int(q["fail"][0]))
+        start_response("200 OK", [("Content-Length", "0")])
+        return [b""]
+    with lock:
+        hit = rule["fail"] > 0 and method == rule["method"] and path.endswith(rule["suffix"])
+        if hit and rule["skip"] > 0:
+            rule["skip"] -= 1
+            hit = False
+        elif hit:
+            rule["fail"] -= 1
+    if hit:
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        start_response("503 Slow Down", [("Content-Type", "application/xml"), ("Content-Length", str(len(SLOW_DOWN)))])
+        return [SLOW_DOWN]
+    return moto_app(environ, start_response)
+server._server.app = faulty
 s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name=sys.argv[1],
                   aws_access_key_id=sys.argv[2], aws_secret_access_key=sys.argv[3])
 for bucket in sys.argv[4:]:
@@ -161,6 +193,20 @@ impl Moto {
             }),
             virtual_host_style: false,
         }
+    }
+
+    /// From now on, answers `503 SlowDown` to the `fail` requests of
+    /// `method` whose path ends with `suffix` that come after the next
+    /// `skip` such requests; `fail` 0 lets everything through again.
+    pub fn fail_requests(&self, method: &str, suffix: &str, skip: u32, fail: u32) {
+        use std::io::Write;
+        let query = format!("method={method}&suffix={suffix}&skip={skip}&fail={fail}");
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.server.port)).expect("connect to moto");
+        write!(conn, "GET /_sluice_faults?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .expect("set moto's faults");
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).expect("moto's reply");
+        assert!(reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200"), "{reply}");
     }
 
     /// What the server logged so far (one line a request), for assertions.

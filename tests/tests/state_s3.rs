@@ -326,3 +326,75 @@ fn a_frozen_holder_that_wakes_after_a_takeover_changes_nothing() {
     assert_exactly_once(&read_visible(&job.out()), 40_000);
     assert_eq!(committed_dirs(&job), landed, "the rerun had nothing to land");
 }
+
+/// A run killed in the middle of its takeover copy leaves a partial folder
+/// of a newer epoch (here only `attempt`, the first object in key order);
+/// the lease still names the old folder as `current`. An operator then
+/// deletes the lease object to get on without waiting for it to expire. The
+/// next run must not take that partial folder for the state (it holds no
+/// record and no incarnation: the job would start over and land every row
+/// again): it resumes from the last folder a run completed.
+#[test]
+fn a_lease_deleted_after_an_interrupted_takeover_does_not_adopt_the_partial_copy() {
+    let prefix = "partial/state";
+    let sets = on_s3(prefix, "2");
+    let job = TestJob::files("s3-partial", 3100, 2, 500);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(job.run_with(&refs(&sets), Some(crash)).expect_err("crash").is_injected_crash());
+    let store = bucket();
+    let landed = committed_dirs(&job);
+    assert!(landed >= 2, "the first run committed checkpoints");
+
+    // A run took epoch 2 over epoch 1 and was killed after copying `attempt`.
+    let key = format!("{prefix}/lease");
+    let lease = block(store.read_versioned(&key)).expect("lease");
+    let mut doc: serde_json::Value = serde_json::from_slice(&lease.bytes).expect("json");
+    assert_eq!((doc["epoch"].as_u64(), doc["current"].as_u64()), (Some(1), Some(1)), "{doc}");
+    doc["epoch"] = 2.into();
+    doc["holder"] = "the run killed mid-copy".into();
+    block(store.replace_if(&key, Bytes::from(doc.to_string()), &lease.etag)).expect("the killed run's lease");
+    let attempt = block(store.read(&format!("{prefix}/epoch-000001/attempt"))).expect("attempt");
+    block(store.create_exclusive(&format!("{prefix}/epoch-000002/attempt"), attempt)).expect("partial copy");
+
+    // The operator removes the lease by hand.
+    block(store.delete(&key)).expect("delete the lease");
+
+    let summary = job.run_with(&refs(&sets), None).expect("resumes");
+    assert_exactly_once(&read_visible(&job.out()), 3100);
+    assert_eq!(summary.attempt, 2, "it resumed the first run's state: {summary:?}");
+}
+
+/// A takeover's swap of `current` that fails transiently (the store
+/// throttles the lease's writes, `503 SlowDown`) has not landed: the lease
+/// still names the old folder. The run must not then remove the old folder
+/// (or write state only its own folder holds): if it stopped before a later
+/// renewal landed, the next run would copy the old, emptied folder and
+/// start the job over, landing every row again. It stops instead, and the
+/// next run resumes.
+#[test]
+fn a_takeover_whose_swap_of_current_fails_transiently_keeps_the_old_state() {
+    let prefix = "swap/state";
+    let sets = on_s3(prefix, "2");
+    let job = TestJob::files("s3-swap", 3100, 2, 500);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(job.run_with(&refs(&sets), Some(crash)).expect_err("crash").is_injected_crash());
+
+    // The next run's first write of the lease (its taking) lands; every
+    // later one is throttled: the swap, the renewals, the release.
+    let lease = format!("/{BUCKET}/{prefix}/lease");
+    moto().fail_requests("PUT", &lease, 1, 10_000);
+    let second = job.run_with(&refs(&sets), None);
+    moto().fail_requests("PUT", &lease, 0, 0);
+    let err = second.expect_err("a run that could not make the lease name its state stops");
+    assert!(matches!(&err, EngineError::Checkpoint(CheckpointError::LeaseLost { .. })), "{err}");
+    let after = keys(prefix);
+    assert!(
+        after.contains(&"epoch-000001/checkpoints/chk-00000000000000000002-000000.json".to_string()),
+        "the state the lease names is still there: {after:?}"
+    );
+
+    // The run after it waits out the lease, resumes from the first run's state, and lands every row once.
+    let summary = job.run_with(&refs(&sets), None).expect("resumes");
+    assert_exactly_once(&read_visible(&job.out()), 3100);
+    assert_eq!(summary.attempt, 2, "it resumed the first run's state: {summary:?}");
+}

@@ -37,6 +37,15 @@
 //!   the takeover. Every instant of a folder holds a whole newest record (a
 //!   record is created before the ones it supersedes are removed), and a
 //!   copy that finds a listed object gone starts over;
+//! - a finished copy is marked by a `copied` object created last in the new
+//!   folder: without a lease naming `current` (deleted by hand), the state
+//!   is the highest folder so marked, never a partial copy left by a run
+//!   killed mid-takeover;
+//! - the swap of `current` must land before the old folder is removed or
+//!   anything is written in the new one: a transient failure there is tried
+//!   again until the lease would lapse, then the run stops (the old folder
+//!   stays, still current). A renewal finding the lease object gone (deleted
+//!   by hand) has lost it: any run may create it at once;
 //! - a run that ends releases its lease (expired at once, `current` kept) so
 //!   the next run need not wait; a killed one leaves it to expire;
 //! - credentials and endpoint come from the job's `[job.s3]`, else the
@@ -63,6 +72,10 @@ use crate::location::Scheme;
 
 const LEASE_KEY: &str = "lease";
 const RECORDS: &str = "checkpoints";
+/// Created in an epoch's folder once the state taken over is wholly copied
+/// in: without a lease to name `current`, only such a folder is the state
+/// (a takeover killed mid-copy leaves a partial folder of a newer epoch).
+const COPIED: &str = "copied";
 
 /// The lease object's contents.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -230,7 +243,7 @@ impl ObjectState {
                 };
                 let current = match current {
                     Some(c) => c,
-                    None => state.newest_epoch()?,
+                    None => state.newest_whole_epoch()?,
                 };
                 state.base = state.root_key(&epoch_name(current));
             }
@@ -262,12 +275,38 @@ impl ObjectState {
         }
     }
 
-    /// The highest epoch with a folder under the prefix (0 when none).
-    fn newest_epoch(&self) -> Result<u64, CheckpointError> {
+    /// Every epoch with a folder under the prefix, highest first.
+    fn epochs(&self) -> Result<Vec<u64>, CheckpointError> {
         let store = self.store.clone();
         let prefix = self.prefix.clone();
         let names = self.run(async move { store.list_level(&prefix).await })??;
-        Ok(names.iter().filter_map(|n| parse_epoch_name(n)).max().unwrap_or(0))
+        let mut epochs: Vec<u64> = names.iter().filter_map(|n| parse_epoch_name(n)).collect();
+        epochs.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(epochs)
+    }
+
+    /// The highest epoch with a folder under the prefix (0 when none): the
+    /// next epoch is above it.
+    fn newest_epoch(&self) -> Result<u64, CheckpointError> {
+        Ok(self.epochs()?.first().copied().unwrap_or(0))
+    }
+
+    /// The state's folder when no lease names it: the highest epoch whose
+    /// folder a takeover finished copying (its `copied` marker), never a
+    /// partial copy left by a run killed mid-takeover; when no folder has a
+    /// marker (written before markers were), the highest.
+    fn newest_whole_epoch(&self) -> Result<u64, CheckpointError> {
+        let epochs = self.epochs()?;
+        for &e in &epochs {
+            let store = self.store.clone();
+            let key = format!("{}/{COPIED}", self.root_key(&epoch_name(e)));
+            match self.run(async move { store.stat(&key).await })? {
+                Ok(_) => return Ok(e),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(epochs.first().copied().unwrap_or(0))
     }
 
     pub(super) fn url(&self) -> &str {
@@ -440,13 +479,15 @@ impl ObjectState {
             let theirs = match self.read_lease()? {
                 None => {
                     // No lease yet (or removed by hand): the next epoch
-                    // after every folder there is, taking over the newest.
+                    // after every folder there is, taking over the newest
+                    // whole one.
                     let newest = self.newest_epoch()?;
-                    let ours = doc(newest + 1, newest)?;
+                    let whole = self.newest_whole_epoch()?;
+                    let ours = doc(newest + 1, whole)?;
                     let store = self.store.clone();
                     let k = key.clone();
                     match self.run(async move { store.create_exclusive(&k, ours).await })? {
-                        Ok(etag) => break (etag.ok_or_else(|| no_etag(&lease_url))?, sent, newest + 1, newest),
+                        Ok(etag) => break (etag.ok_or_else(|| no_etag(&lease_url))?, sent, newest + 1, whole),
                         Err(StoreError::AlreadyExists { .. } | StoreError::Contended { .. }) => {
                             std::thread::sleep(poll);
                             continue;
@@ -485,7 +526,10 @@ impl ObjectState {
             // holders ever share one.
             let newest = self.newest_epoch()?;
             let epoch = doc_theirs.epoch.max(newest) + 1;
-            let current = doc_theirs.current.unwrap_or(newest);
+            let current = match doc_theirs.current {
+                Some(c) => c,
+                None => self.newest_whole_epoch()?,
+            };
             let ours = doc(epoch, current)?;
             let store = self.store.clone();
             let k = key.clone();
@@ -572,7 +616,13 @@ impl ObjectState {
             let mut state = held.state.lock().map_err(|_| poisoned(held))?;
             state.current = to;
         }
-        self.check_held()?;
+        if let Err(e) = self.swap_current(held) {
+            // The lease still names `from` (as far as this run knows).
+            if let Ok(mut state) = held.state.lock() {
+                state.current = from;
+            }
+            return Err(e);
+        }
         tracing::debug!(state_dir = %self.url, from, to, objects = copied, "moved the state into this run's epoch");
         let store = self.store.clone();
         let listed = self.run(async move { store.list(&from_dir).await })?;
@@ -597,6 +647,9 @@ impl ObjectState {
         let listed = self.run(async move { store.list(&dir).await })??;
         for o in &listed {
             let Some(rel) = o.key.strip_prefix(from).and_then(|r| r.strip_prefix('/')) else { continue };
+            if rel == COPIED {
+                continue;
+            }
             let store = self.store.clone();
             let key = o.key.clone();
             let bytes = match self.run(async move { store.read(&key).await })? {
@@ -608,7 +661,39 @@ impl ObjectState {
             let key = format!("{to}/{rel}");
             self.run(async move { store.create_exclusive(&key, bytes).await })??;
         }
+        let store = self.store.clone();
+        let key = format!("{to}/{COPIED}");
+        self.run(async move { store.create_exclusive(&key, Bytes::from_static(b"")).await })??;
         Ok(Some(listed.len()))
+    }
+
+    /// Makes the lease name this run's folder as `current`: a renewal that
+    /// must land. Unlike [`Self::check_held`], a transient failure is not
+    /// let pass: until the swap landed, the lease names the old folder, and
+    /// removing that folder, or writing state only this run's folder holds,
+    /// would lose it to the next run (or to `sluice state`) if this run
+    /// then stopped. Tried again until the lease would lapse; a swap whose
+    /// reply was lost fails its retry by compare-and-swap, which loses the
+    /// lease (the old folder stays).
+    fn swap_current(&self, held: &Held) -> Result<(), CheckpointError> {
+        let poll = (held.lease / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
+        loop {
+            match renew(held, &self.store, &self.handle) {
+                Ok(()) => return Ok(()),
+                Err(e) if lost(held) => return Err(e),
+                Err(e) => {
+                    let renewed = held.state.lock().map_err(|_| poisoned(held))?.renewed;
+                    if renewed.elapsed() + poll >= held.lease * 2 / 3 {
+                        return Err(CheckpointError::LeaseLost {
+                            url: held.url.clone(),
+                            reason: format!("it could not be made to name this run's state in time: {e}"),
+                        });
+                    }
+                    tracing::warn!(error = %e, "could not swap the state directory's lease to this run's epoch; trying again");
+                    std::thread::sleep(poll);
+                }
+            }
+        }
     }
 
     /// Renews the lease now; an error once it is lost.
@@ -677,6 +762,13 @@ fn renew(held: &Held, store: &ObjectStore, handle: &Handle) -> Result<(), Checkp
                 .and_then(|b| serde_json::from_slice::<LeaseDoc>(&b).ok())
                 .map_or_else(|| "someone else".to_string(), |d| d.holder);
             let reason = format!("its compare-and-swap on {url} failed: {now_held} holds it now");
+            state.lost = Some(reason.clone());
+            Err(lost(reason))
+        }
+        // The lease object was deleted (S3 answers a conditional write of a
+        // missing object 404): any run may create it now, at once.
+        Err(StoreError::NotFound { url }) => {
+            let reason = format!("{url} was deleted: another run may take it at once");
             state.lost = Some(reason.clone());
             Err(lost(reason))
         }
