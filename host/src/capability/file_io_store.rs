@@ -43,13 +43,33 @@ use super::limits::{HostDeadline, HostMemory, Reservation};
 use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError};
 use crate::location::{Location, Scheme, Served};
 
-/// How the host reaches the object stores of its grants. The default takes
-/// everything from the environment (AWS chain, `AWS_REGION`,
-/// `AWS_ENDPOINT_URL`; Google ADC).
-#[derive(Debug, Clone, Default)]
+/// How the host reaches object stores (its grants, the file source). The
+/// default takes everything from the environment (AWS chain, `AWS_REGION`,
+/// `AWS_ENDPOINT_URL`; Google ADC, or an emulator named by
+/// `STORAGE_EMULATOR_HOST`).
+#[derive(Debug, Clone)]
 pub struct StoreConfig {
     pub s3: S3Options,
     pub gcs: GcsOptions,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self { s3: S3Options::default(), gcs: GcsOptions::from_env() }
+    }
+}
+
+impl StoreConfig {
+    /// The bucket of an object-store location, reached as configured.
+    /// Sends nothing.
+    pub fn bucket(&self, location: &Location) -> Result<ObjectStore, String> {
+        match location {
+            Location::ObjectStore { scheme: Scheme::S3, bucket, .. } => ObjectStore::s3(bucket, &self.s3),
+            Location::ObjectStore { scheme: Scheme::Gs, bucket, .. } => ObjectStore::gcs(bucket, &self.gcs),
+            Location::Local(_) => return Err("not an object-store location".to_string()),
+        }
+        .map_err(|e| e.to_string())
+    }
 }
 
 /// Why a `file-io` call on an object store failed: an answer for the
@@ -134,12 +154,7 @@ fn wait<T>(import: &'static str, fut: impl Future<Output = T>) -> Result<T, Host
 impl ObjectGrant {
     /// The grant of `root` (an object-store location). Sends nothing.
     pub(super) fn open(root: Location, writable: bool, config: &StoreConfig) -> Result<Self, String> {
-        let store = match &root {
-            Location::ObjectStore { scheme: Scheme::S3, bucket, .. } => ObjectStore::s3(bucket, &config.s3),
-            Location::ObjectStore { scheme: Scheme::Gs, bucket, .. } => ObjectStore::gcs(bucket, &config.gcs),
-            Location::Local(_) => return Err("not an object-store location".to_string()),
-        }
-        .map_err(|e| e.to_string())?;
+        let store = config.bucket(&root)?;
         Ok(Self { root, writable, store })
     }
 
