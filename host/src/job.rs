@@ -26,6 +26,8 @@ use crate::location::{Location, LocationError, Scheme, Served};
 
 /// What `job.state_dir` serves besides local paths.
 const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3] };
+/// The file source reads objects through `sluice-store` (`source::object`).
+const SOURCE_PATH_SERVED: Served = Served { stores: &[Scheme::S3, Scheme::Gs] };
 
 /// A job file that could not be used.
 #[derive(Debug, Error)]
@@ -612,7 +614,20 @@ impl Job {
             }
             SourceSpec::File { path, batch_rows, format, rate, .. } => {
                 self.check_rate_and_batch(*rate, *batch_rows)?;
-                let resolved = self.local_path("source.path", path)?;
+                let text = path
+                    .to_str()
+                    .ok_or_else(|| self.invalid("source.path", format!("{} is not UTF-8", path.display())))?;
+                // An object store is listed when the source opens (`sluice
+                // check` opens it too); here only the URL is judged.
+                let resolved = match self.location("source.path", text, SOURCE_PATH_SERVED)? {
+                    Location::Local(resolved) => resolved,
+                    store => {
+                        if let SourceSpec::File { path, .. } = &mut self.spec.source {
+                            *path = PathBuf::from(store.to_string());
+                        }
+                        return Ok(());
+                    }
+                };
                 if !resolved.exists() {
                     return Err(self.invalid("source.path", format!("{} does not exist", resolved.display())));
                 }
