@@ -297,3 +297,39 @@ fn probe_rename(ctx: &SinkContext, cfg: &Config) -> Result<(), SinkError> {
 const CROSS_DEVICE: &str = "different filesystems";
 
 sluice_guest_sdk::export_plugin!(FilesSink);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(options: &[(&str, &str)]) -> Result<Config, SinkError> {
+        Config::parse(options.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    #[test]
+    fn the_scheme_of_path_decides_how_to_publish() {
+        assert_eq!(Publish::of("out/files"), Publish::Rename);
+        assert_eq!(Publish::of("file:///data/out"), Publish::Rename);
+        assert_eq!(Publish::of("s3://lake/out"), Publish::Marker { exclusive_data: true });
+        assert_eq!(Publish::of("S3://lake/out"), Publish::Marker { exclusive_data: true });
+        assert_eq!(Publish::of("gs://lake/out"), Publish::Marker { exclusive_data: false });
+    }
+
+    #[test]
+    fn object_store_output_stages_nothing_and_refuses_a_staging_path() {
+        let cfg = parse(&[("path", "s3://lake/out/")]).expect("parses");
+        assert_eq!((cfg.path.as_str(), cfg.staging.as_str()), ("s3://lake/out", "s3://lake/out/_sluice_data"));
+        let local = parse(&[("path", "out/files")]).expect("parses");
+        assert_eq!((local.staging.as_str(), local.publish), ("out/files.staging", Publish::Rename));
+
+        let Err(SinkError::Config(message)) = parse(&[("path", "gs://lake/out"), ("staging_path", "gs://lake/st")])
+        else {
+            panic!("refused")
+        };
+        assert!(message.contains("option `staging_path`") && message.contains("commit marker"), "{message}");
+        let Err(SinkError::Config(message)) = parse(&[("path", "out"), ("staging_path", "s3://lake/st")]) else {
+            panic!("refused")
+        };
+        assert!(message.contains("nothing can be renamed out of an object store"), "{message}");
+    }
+}
