@@ -1100,6 +1100,27 @@ mod tests {
         assert!(err.contains("unknown field `commit_delay_ms`"), "{err}");
     }
 
+    /// The file source's `path` serves object stores: the URL is kept
+    /// (normalized), never taken for a relative path, and an unknown scheme
+    /// is refused naming the key.
+    #[test]
+    fn a_file_source_path_may_be_an_object_store() {
+        let file = |path: &str| {
+            MINIMAL.replace(
+                "kind = \"generator\"\n        rows = 10",
+                &format!("kind = \"file\"\n        path = \"{path}\""),
+            )
+        };
+        for (given, kept) in [("s3://lake/in/", "s3://lake/in"), ("GS://lake/a/b", "gs://lake/a/b")] {
+            let job = load(&file(given), &[]).unwrap();
+            let SourceSpec::File { path, .. } = &job.spec.source else { panic!("a file source") };
+            assert_eq!(path, &PathBuf::from(kept));
+        }
+        let err = load(&file("s4://lake/in"), &[]).unwrap_err().to_string();
+        assert!(err.contains("key `source.path`") && err.contains("s4:// is not a scheme Sluice knows"), "{err}");
+        assert!(err.contains("served here: local paths and file:// URLs, s3://, gs://"), "{err}");
+    }
+
     #[test]
     fn env_interpolation_with_default() {
         let job = load(MINIMAL, &["sink.options.path=${SLUICE_TEST_SURELY_UNSET:-fallback}/x"]).unwrap();
