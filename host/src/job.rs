@@ -38,6 +38,8 @@ const SQL_WAREHOUSE_SERVED: Served = Served { stores: &[Scheme::S3] };
 const GCS_WAREHOUSE_WHY: &str = "A warehouse on GCS needs exclusive streaming uploads for the plugin's data and \
     manifest files, which the object-store layer (opendal 0.57) cannot make on GCS: its multipart uploads and \
     rewrites carry no precondition";
+/// The file source reads objects through `sluice-store` (`source::object`).
+const SOURCE_PATH_SERVED: Served = Served { stores: &[Scheme::S3, Scheme::Gs] };
 
 /// A job file that could not be used.
 #[derive(Debug, Error)]
@@ -727,7 +729,20 @@ impl Job {
             }
             SourceSpec::File { path, batch_rows, format, rate, .. } => {
                 self.check_rate_and_batch(*rate, *batch_rows)?;
-                let resolved = self.local_path("source.path", path)?;
+                let text = path
+                    .to_str()
+                    .ok_or_else(|| self.invalid("source.path", format!("{} is not UTF-8", path.display())))?;
+                // An object store is listed when the source opens (`sluice
+                // check` opens it too); here only the URL is judged.
+                let resolved = match self.location("source.path", text, SOURCE_PATH_SERVED)? {
+                    Location::Local(resolved) => resolved,
+                    store => {
+                        if let SourceSpec::File { path, .. } = &mut self.spec.source {
+                            *path = PathBuf::from(store.to_string());
+                        }
+                        return Ok(());
+                    }
+                };
                 if !resolved.exists() {
                     return Err(self.invalid("source.path", format!("{} does not exist", resolved.display())));
                 }
@@ -896,7 +911,11 @@ impl Job {
                 credentials,
                 virtual_host_style: s3.virtual_host_style,
             },
-            gcs: sluice_store::GcsOptions { endpoint: gcs_endpoint, anonymous: gcs.anonymous },
+            // No endpoint named: Google's, or the emulator `STORAGE_EMULATOR_HOST` names.
+            gcs: match gcs_endpoint {
+                Some(endpoint) => sluice_store::GcsOptions { endpoint: Some(endpoint), anonymous: gcs.anonymous },
+                None => sluice_store::GcsOptions::from_env(),
+            },
         })
     }
 
@@ -1343,6 +1362,27 @@ mod tests {
         let err =
             load(MINIMAL, &["sink.catalog.warehouse=wh", "sink.catalog.commit_delay_ms=5"]).unwrap_err().to_string();
         assert!(err.contains("unknown field `commit_delay_ms`"), "{err}");
+    }
+
+    /// The file source's `path` serves object stores: the URL is kept
+    /// (normalized), never taken for a relative path, and an unknown scheme
+    /// is refused naming the key.
+    #[test]
+    fn a_file_source_path_may_be_an_object_store() {
+        let file = |path: &str| {
+            MINIMAL.replace(
+                "kind = \"generator\"\n        rows = 10",
+                &format!("kind = \"file\"\n        path = \"{path}\""),
+            )
+        };
+        for (given, kept) in [("s3://lake/in/", "s3://lake/in"), ("GS://lake/a/b", "gs://lake/a/b")] {
+            let job = load(&file(given), &[]).unwrap();
+            let SourceSpec::File { path, .. } = &job.spec.source else { panic!("a file source") };
+            assert_eq!(path, &PathBuf::from(kept));
+        }
+        let err = load(&file("s4://lake/in"), &[]).unwrap_err().to_string();
+        assert!(err.contains("key `source.path`") && err.contains("s4:// is not a scheme Sluice knows"), "{err}");
+        assert!(err.contains("served here: local paths and file:// URLs, s3://, gs://"), "{err}");
     }
 
     #[test]

@@ -26,7 +26,9 @@
 //!   the endpoint from [`S3Options::endpoint`] or `AWS_ENDPOINT_URL`;
 //!   `http://` endpoints are allowed (local test servers);
 //! - GCS: Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`,
-//!   the gcloud well-known file, the metadata server at `GCE_METADATA_HOST`).
+//!   the gcloud well-known file, the metadata server at `GCE_METADATA_HOST`);
+//!   with `STORAGE_EMULATOR_HOST` set ([`GcsOptions::from_env`]), requests go
+//!   unsigned to that emulator instead, as Google's own client libraries do.
 //!
 //! Why opendal rather than object_store: the host's SQL catalog must write
 //! table metadata to the same stores, and iceberg 0.10.1 (pinned) ships its
@@ -149,11 +151,18 @@ pub struct S3Options {
 }
 
 /// How to reach each store, for one part of a job (its sink, its source,
-/// its state directory).
-#[derive(Debug, Clone, Default)]
+/// its state directory). The default is the environment's: the AWS chain,
+/// and Google's (or the emulator `STORAGE_EMULATOR_HOST` names).
+#[derive(Debug, Clone)]
 pub struct StoreOptions {
     pub s3: S3Options,
     pub gcs: GcsOptions,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self { s3: S3Options::default(), gcs: GcsOptions::from_env() }
+    }
 }
 
 /// Static AWS keys. `Debug` never shows the secret parts.
@@ -177,6 +186,29 @@ pub struct GcsOptions {
     pub endpoint: Option<String>,
     /// Send requests unsigned (a local test server); never for real GCS.
     pub anonymous: bool,
+}
+
+/// The variable Google's Cloud Storage client libraries read for an
+/// emulator's address (`host:port` or a URL); when set they send requests
+/// there, unauthenticated.
+pub const STORAGE_EMULATOR_HOST: &str = "STORAGE_EMULATOR_HOST";
+
+impl GcsOptions {
+    /// Google's by default; an emulator's (unsigned) when the environment
+    /// names one in [`STORAGE_EMULATOR_HOST`], as Google's client libraries
+    /// do (a test server such as fake-gcs-server, never real GCS).
+    pub fn from_env() -> Self {
+        match std::env::var(STORAGE_EMULATOR_HOST) {
+            Ok(host) if !host.trim().is_empty() => Self::emulator(host.trim()),
+            _ => Self::default(),
+        }
+    }
+
+    /// An emulator at `host` (`127.0.0.1:4443` or `http://127.0.0.1:4443`).
+    pub fn emulator(host: &str) -> Self {
+        let endpoint = if host.contains("://") { host.to_string() } else { format!("http://{host}") };
+        Self { endpoint: Some(endpoint.trim_end_matches('/').to_string()), anonymous: true }
+    }
 }
 
 /// An object's size and version, as listed or stated.

@@ -4,6 +4,7 @@
 //! Invariants of every exactly-once assertion here: rows are compared by id
 //! *and* by value against the generator's deterministic rows, never by count.
 
+pub mod files_store;
 pub mod nested_cargo;
 pub mod rest_catalog;
 pub mod store_servers;

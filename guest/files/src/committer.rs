@@ -1,6 +1,7 @@
-//! The files sink's committer: one atomic directory rename per table per
-//! checkpoint, each only once this incarnation holds the output's claim
-//! (`layout::claim`).
+//! The files sink's committer: per table per checkpoint, one atomic
+//! directory rename (a local disk) or one exclusively created commit
+//! marker (an object store), each only once this incarnation holds the
+//! output's claim (`layout::claim`).
 
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::Committer;
@@ -8,7 +9,7 @@ use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, Table, TableChange, error, log};
 
 use crate::writer::{CommitInfo, StagedFile};
-use crate::{Config, layout};
+use crate::{Config, Publish, layout};
 
 /// Everything needed to publish one checkpoint; persisted by the host.
 #[derive(Debug, Serialize, Deserialize)]
@@ -25,13 +26,58 @@ struct Combined {
     files: Vec<StagedFile>,
 }
 
-/// One table's part of a checkpoint: one rename makes it visible.
+/// One table's part of a checkpoint: one rename, or one marker, makes it
+/// visible.
 #[derive(Debug, Serialize, Deserialize)]
 struct TableCommit {
     table: String,
+    /// Where the files are: staging (renamed from), or on an object store
+    /// the folder of the data objects (where they stay).
     staging_dir: String,
+    /// The directory the rename makes, or the commit marker's location.
     visible_dir: String,
     files: Vec<StagedFile>,
+    /// Published by a commit marker (an object store), decided when the
+    /// checkpoint was combined and persisted with it, so a recovery
+    /// publishes the way the run that prepared it would have.
+    #[serde(default, skip_serializing_if = "is_false")]
+    marker: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The format name every commit marker carries.
+pub const MARKER_FORMAT: &str = "sluice-files-commit/1";
+
+/// A commit marker: the one object that makes checkpoint `checkpoint` of
+/// `table` visible on an object store. Readers list the markers of a
+/// table's folder (`<job>.<sink>.<incarnation>.c<10 digits>.json`) and read
+/// exactly the data objects they name; nothing else counts.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Marker {
+    /// [`MARKER_FORMAT`].
+    pub format: String,
+    pub job: String,
+    pub sink: String,
+    pub incarnation: String,
+    pub checkpoint: u64,
+    /// `""` for the single table.
+    pub table: String,
+    /// Rows over all files.
+    pub rows: u64,
+    pub files: Vec<MarkerFile>,
+}
+
+/// One data object a marker names.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MarkerFile {
+    /// Its full location (`s3://bucket/.../part-0000-000000.parquet`).
+    pub location: String,
+    pub rows: u64,
+    /// Its size in bytes, as the writer wrote it and the commit found it.
+    pub bytes: u64,
 }
 
 pub struct FilesCommitter {
@@ -47,6 +93,65 @@ fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
 }
 
 impl FilesCommitter {
+    /// Makes one table's part of checkpoint `c` visible on an object store
+    /// by creating its commit marker exclusively, once every data object it
+    /// names is there, whole. `Ok(false)`: the marker was there already (an
+    /// earlier attempt of this very commit, or a rerun), so nothing is added.
+    fn publish_marker(&self, c: u64, table: &TableCommit) -> Result<bool, SinkError> {
+        let io = |what: &str, e| files::to_sink_error(&format!("checkpoint {c}: {what}"), e);
+        let marker = &table.visible_dir;
+        if files::exists(marker).map_err(|e| io("checking the commit marker", e))? {
+            return Ok(false);
+        }
+        let mut named = Vec::with_capacity(table.files.len());
+        for file in &table.files {
+            let location = join(&table.staging_dir, &file.name);
+            let size = match files::stat(&location) {
+                Ok(status) => status.size,
+                Err(sluice_guest_sdk::IoError::NotFound(_)) => {
+                    return Err(error::fatal(format!(
+                        "checkpoint {c} cannot be committed: data object {location} is missing \
+                         (was it removed outside Sluice?)"
+                    )));
+                }
+                Err(e) => return Err(io("checking data objects", e)),
+            };
+            if let Some(wrote) = file.bytes
+                && wrote != size
+            {
+                return Err(error::fatal(format!(
+                    "checkpoint {c} cannot be committed: data object {location} holds {size} bytes, and its writer \
+                     wrote {wrote} (was it replaced outside Sluice?)"
+                )));
+            }
+            named.push(MarkerFile { location, rows: file.rows, bytes: size });
+        }
+        let rows: u64 = table.files.iter().map(|f| f.rows).sum();
+        let doc = Marker {
+            format: MARKER_FORMAT.to_string(),
+            job: self.ctx.job_id.clone(),
+            sink: self.ctx.sink_id.clone(),
+            incarnation: self.ctx.incarnation.clone(),
+            checkpoint: c,
+            table: table.table.clone(),
+            rows,
+            files: named,
+        };
+        let bytes = serde_json::to_vec_pretty(&doc).map_err(|e| error::fatal(format!("encoding the marker: {e}")))?;
+        match files::write_file(marker, &bytes, false) {
+            Ok(()) => {
+                log::info(&format!(
+                    "checkpoint {c}: published {} file(s), {rows} row(s) by {marker}",
+                    table.files.len()
+                ));
+                Ok(true)
+            }
+            // An earlier attempt of this very commit got there first.
+            Err(sluice_guest_sdk::IoError::AlreadyExists(_)) => Ok(false),
+            Err(e) => Err(io("creating the commit marker", e)),
+        }
+    }
+
     /// Makes one staged directory visible with one rename. `Ok(false)`: it
     /// was visible already.
     fn publish(&self, c: u64, staging: &str, visible: &str, files: &[StagedFile]) -> Result<bool, SinkError> {
@@ -120,12 +225,27 @@ impl GuestCommitter for FilesCommitter {
             for part in info.tables {
                 match tables.iter_mut().find(|t| t.table == part.table) {
                     Some(t) => t.files.extend(part.files),
-                    None => tables.push(TableCommit {
-                        staging_dir: layout::table_staging_dir(&info.dir, &part.table),
-                        visible_dir: layout::visible_dir(&self.cfg, &self.ctx, &part.table, c),
-                        table: part.table,
-                        files: part.files,
-                    }),
+                    None => {
+                        let marker = self.cfg.publish != Publish::Rename;
+                        let (staging_dir, visible_dir) = if marker {
+                            (
+                                layout::data_dir(&info.dir, &part.table),
+                                layout::marker(&self.cfg, &self.ctx, &part.table, c),
+                            )
+                        } else {
+                            (
+                                layout::table_staging_dir(&info.dir, &part.table),
+                                layout::visible_dir(&self.cfg, &self.ctx, &part.table, c),
+                            )
+                        };
+                        tables.push(TableCommit {
+                            staging_dir,
+                            visible_dir,
+                            table: part.table,
+                            files: part.files,
+                            marker,
+                        })
+                    }
                 }
             }
         }
@@ -147,18 +267,46 @@ impl GuestCommitter for FilesCommitter {
         }
         // Table by table: a table already visible is left alone.
         for table in &combined.tables {
-            published |= self.publish(c, &table.staging_dir, &table.visible_dir, &table.files)?;
+            published |= if table.marker {
+                self.publish_marker(c, table)?
+            } else {
+                self.publish(c, &table.staging_dir, &table.visible_dir, &table.files)?
+            };
         }
         Ok(if published { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }
 
-    fn abort(&self, _c: u64, combined: Vec<u8>) -> Result<(), SinkError> {
+    fn abort(&self, c: u64, combined: Vec<u8>) -> Result<(), SinkError> {
         let combined = decode(&combined)?;
+        if combined.tables.iter().any(|t| t.marker) {
+            return self.abort_markers(c, &combined);
+        }
         match files::delete(&combined.staging_dir) {
             Ok(()) => Ok(()),
             Err(sluice_guest_sdk::IoError::NotFound(_)) => Ok(()),
             Err(e) => Err(files::to_sink_error("removing aborted checkpoint", e)),
         }
+    }
+}
+
+impl FilesCommitter {
+    /// Removes the data objects of a checkpoint that was never persisted; a
+    /// table whose marker exists is committed, and keeps them.
+    fn abort_markers(&self, c: u64, combined: &Combined) -> Result<(), SinkError> {
+        let io = |what: &str, e| files::to_sink_error(&format!("aborting checkpoint {c}: {what}"), e);
+        for table in combined.tables.iter().filter(|t| t.marker) {
+            if files::exists(&table.visible_dir).map_err(|e| io("checking the commit marker", e))? {
+                continue;
+            }
+            for file in &table.files {
+                let location = join(&table.staging_dir, &file.name);
+                match files::delete(&location) {
+                    Ok(()) | Err(sluice_guest_sdk::IoError::NotFound(_)) => {}
+                    Err(e) => return Err(io(&format!("removing {location}"), e)),
+                }
+            }
+        }
+        Ok(())
     }
 }
 

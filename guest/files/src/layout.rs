@@ -1,17 +1,24 @@
 //! Where the files sink puts things. One place, so writer and committer agree.
 //!
+//! A local `path` ([`Publish::Rename`]):
 //! - visible: `<path>/<key>.c<c>/` for the single table `""`, and
 //!   `<path>/<table>/<key>.c<c>/` for a named table;
 //! - staging: `<staging>/<key>/attempt-<a>/inprogress/<table>/` while files
-//!   are written, `<staging>/<key>/attempt-<a>/c<c>/<table>/` once prepared;
+//!   are written, `<staging>/<key>/attempt-<a>/c<c>/<table>/` once prepared.
 //!
-//! where `<key>` is `<job>.<sink>.<incarnation>` and `<table>` is `_` for
-//! the single table.
+//! An object-store `path` ([`Publish::Marker`]):
+//! - data objects, written once where they stay:
+//!   `<path>/_sluice_data/<key>/attempt-<a>/<table>/part-<subtask>-<seq>.parquet`;
+//! - commit markers: `<path>/<key>.c<c>.json` for the single table, and
+//!   `<path>/<table>/<key>.c<c>.json` for a named table.
+//!
+//! Where `<key>` is `<job>.<sink>.<incarnation>` and `<table>` is `_` for
+//! the single table (in staging and data names).
 
 use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::{SinkContext, SinkError, claim, error, incarnation};
 
-use crate::Config;
+use crate::{Config, Publish};
 
 /// Checks that a table name can name a directory.
 pub fn check_table_name(table: &str) -> Result<(), SinkError> {
@@ -43,9 +50,20 @@ pub fn attempt_dir(cfg: &Config, ctx: &SinkContext, attempt: u32) -> String {
     join(&staging_root(cfg, ctx), &format!("attempt-{attempt}"))
 }
 
-/// Where a writer streams the open files of `table`.
+/// Where a writer streams the open files of `table`: staging's `inprogress`
+/// on a local disk; on an object store the table's data folder of this
+/// attempt, where the objects stay.
 pub fn inprogress_dir(cfg: &Config, ctx: &SinkContext, table: &str) -> String {
-    join(&join(&attempt_dir(cfg, ctx, ctx.attempt), "inprogress"), table_dir(table))
+    match cfg.publish {
+        Publish::Rename => join(&join(&attempt_dir(cfg, ctx, ctx.attempt), "inprogress"), table_dir(table)),
+        Publish::Marker { .. } => data_dir(&attempt_dir(cfg, ctx, ctx.attempt), table),
+    }
+}
+
+/// Object stores: the folder of `table`'s data objects in an attempt's
+/// folder (`attempt_dir`).
+pub fn data_dir(attempt_dir: &str, table: &str) -> String {
+    join(attempt_dir, table_dir(table))
 }
 
 /// Where a checkpoint's finished files wait for the commit.
@@ -70,10 +88,17 @@ pub fn visible_dir(cfg: &Config, ctx: &SinkContext, table: &str, c: u64) -> Stri
     join(&table_path(cfg, table), &format!("{}.c{c:010}", incarnation::key(ctx)))
 }
 
-/// The incarnation a visible directory name belongs to, when it is one of
-/// this job and sink: `Some(Some(id))`, or `Some(None)` for a directory
-/// written before incarnations (`<job>.<sink>.c<c>`).
+/// Object stores: the commit marker of checkpoint `c` of `table`, derived
+/// like [`visible_dir`] from job, sink, incarnation, table and `c` only.
+pub fn marker(cfg: &Config, ctx: &SinkContext, table: &str, c: u64) -> String {
+    join(&table_path(cfg, table), &format!("{}.c{c:010}.json", incarnation::key(ctx)))
+}
+
+/// The incarnation a visible directory or commit marker name belongs to,
+/// when it is one of this job and sink: `Some(Some(id))`, or `Some(None)`
+/// for a directory written before incarnations (`<job>.<sink>.c<c>`).
 fn incarnation_of<'a>(ctx: &SinkContext, name: &'a str) -> Option<Option<&'a str>> {
+    let name = name.strip_suffix(".json").unwrap_or(name);
     let rest = name.strip_prefix(&format!("{}.{}.", ctx.job_id, ctx.sink_id))?;
     let is_checkpoint = |s: &str| s.len() == 11 && s.starts_with('c') && s[1..].bytes().all(|b| b.is_ascii_digit());
     if is_checkpoint(rest) {

@@ -1,6 +1,8 @@
 //! `files`: the reference Sluice sink. Lands Parquet files exactly once.
 //!
-//! Layout (all through the `file-io` capability, inside the granted locations):
+//! Two ways to publish, chosen by where `path` lies ([`Publish`]):
+//!
+//! **A local directory** (a path or `file://`), by rename:
 //! - a writer streams each table's rows into
 //!   `<staging>/<key>/attempt-<a>/inprogress/<table>/part-<subtask>-<seq>.parquet`,
 //!   where `<key>` is `<job>.<sink>.<incarnation>` (see `layout`);
@@ -10,27 +12,45 @@
 //!   rename per table, to `<path>/<key>.c<c>/` (the single table) or
 //!   `<path>/<table>/<key>.c<c>/`.
 //!
-//! Invariants:
-//! - nothing under `<path>` is ever written except by those renames, so a
-//!   reader of a table's directory sees whole checkpoints or nothing;
+//! **An object store** (`s3://`, `gs://`), which has no atomic rename, by a
+//! commit marker:
+//! - a writer streams each data object once, under its final name
+//!   `<path>/_sluice_data/<key>/attempt-<a>/<table>/part-<subtask>-<seq>.parquet`
+//!   (an exclusive create on S3; GCS cannot stream one, so there the name
+//!   is unique by construction and checked free before the upload starts),
+//!   and nothing moves it afterwards;
+//! - the committer makes checkpoint `c` of a table visible by creating
+//!   **one** marker object exclusively (`If-None-Match: *` /
+//!   `ifGenerationMatch=0`): `<path>/<key>.c<c>.json` (the single table) or
+//!   `<path>/<table>/<key>.c<c>.json`, naming every data object of the
+//!   checkpoint with its rows and bytes ([`committer::Marker`]);
+//! - readers follow the markers: **a data object counts only if a marker
+//!   names it**; objects under `_sluice_data/` that no marker names are a
+//!   crashed attempt's leftovers, never output.
+//!
+//! Invariants (both ways):
+//! - nothing under `<path>` becomes committed output except by those renames
+//!   or marker creates, so a reader sees whole checkpoints or nothing;
 //! - a checkpoint is committed table by table, and a table whose directory
-//!   is visible already is left alone, so a re-commit after a crash between
-//!   two renames finishes the rest;
+//!   or marker is visible already is left alone, so a re-commit after a
+//!   crash between two tables finishes the rest, and a rerun of a committed
+//!   checkpoint adds nothing;
 //! - each checkpoint's files carry their own schema, so a table whose schema
 //!   evolves needs nothing changed in the output;
-//! - the visible directory name is derived from job, sink, incarnation and
-//!   checkpoint only, so a repeated commit finds it and answers
-//!   `already-committed`, and a job started over in a fresh state directory
-//!   (a new incarnation) never finds an earlier incarnation's directory;
+//! - the visible directory or marker name is derived from job, sink,
+//!   incarnation and checkpoint only, so a repeated commit finds it and
+//!   answers `already-committed`, and a job started over in a fresh state
+//!   directory (a new incarnation) never finds an earlier incarnation's;
 //! - a fresh state directory's first run refuses a `<path>` that holds
 //!   another incarnation's checkpoints of this job and sink, before writing;
 //! - `<path>/_sluice_claim.<job>.<sink>.json` names the one incarnation that may
-//!   publish there: created exclusively before its first rename, never
+//!   publish there: created exclusively before its first publish, never
 //!   replaced, and checked by every committer (see `layout::claim`), so two
 //!   fresh runs started at once never both publish;
-//! - staging names carry the run attempt, so a restarted run never mixes its
-//!   files with what a crashed run left behind;
-//! - `close` publishes nothing: rows no checkpoint covers stay in staging.
+//! - staging and data names carry the run attempt, so a restarted run never
+//!   mixes its files with what a crashed run left behind, and a data object
+//!   named by a persisted checkpoint is never written again or deleted;
+//! - `close` publishes nothing: rows no checkpoint covers stay unpublished.
 
 mod committer;
 mod layout;
@@ -47,13 +67,15 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
     vec![
         option_spec(
             "path",
-            "location of the visible output directory; each committed checkpoint becomes one sub-directory of Parquet files",
+            "location of the output: a local directory (each committed checkpoint becomes one sub-directory of \
+             Parquet files) or `s3://bucket/prefix` / `gs://bucket/prefix` (each committed checkpoint becomes one \
+             commit-marker object naming its Parquet objects)",
             true,
             None,
         ),
         option_spec(
             "staging_path",
-            "location where uncommitted files are staged; must be on the same filesystem as `path` and outside it, so that no reader globbing `path` sees staged files (default: `<path>.staging`)",
+            "local output only: location where uncommitted files are staged; must be on the same filesystem as `path` and outside it, so that no reader globbing `path` sees staged files (default: `<path>.staging`)",
             false,
             None,
         ),
@@ -68,11 +90,43 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
     ]
 }
 
+/// How a checkpoint is made visible, decided by the scheme of `path` (so it
+/// needs nothing of the host beyond `file-io`, and works on every host that
+/// serves object-store grants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Publish {
+    /// A local directory: one atomic directory rename per table.
+    Rename,
+    /// An object store, which has no atomic rename: one commit-marker object
+    /// per table, created exclusively. `exclusive_data`: whether data objects
+    /// can be streamed with an exclusive create (S3 can; opendal's GCS
+    /// uploads in parts carry no precondition, see docs/contract.md).
+    Marker { exclusive_data: bool },
+}
+
+impl Publish {
+    /// The way to publish at `location`: `s3://` and `gs://` (any case) are
+    /// object stores; anything else is local (the host refuses other schemes).
+    pub fn of(location: &str) -> Publish {
+        match location.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase()) {
+            Some(scheme) if scheme == "s3" => Publish::Marker { exclusive_data: true },
+            Some(scheme) if scheme == "gs" => Publish::Marker { exclusive_data: false },
+            _ => Publish::Rename,
+        }
+    }
+}
+
+/// Where data objects live under `path` on an object store.
+pub(crate) const DATA_DIR: &str = "_sluice_data";
+
 /// Options of the sink, parsed once.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub path: String,
+    /// Local output: the staging directory. Object stores: `<path>/_sluice_data`,
+    /// where data objects are written once under their final names.
     pub staging: String,
+    pub publish: Publish,
     pub target_file_bytes: u64,
     pub compression: parquet::basic::Compression,
     /// How this incarnation treats the output's claim.
@@ -86,10 +140,28 @@ impl Config {
         if path.is_empty() {
             return Err(error::config("option `path` must not be empty"));
         }
-        let staging = opts
-            .get("staging_path")
-            .map(|s| s.trim_end_matches('/').to_string())
-            .unwrap_or_else(|| format!("{path}.staging"));
+        let publish = Publish::of(&path);
+        let given = opts.get("staging_path").map(|s| s.trim_end_matches('/').to_string());
+        let staging = match (publish, given) {
+            (Publish::Marker { .. }, Some(staging)) => {
+                return Err(error::config(format!(
+                    "option `staging_path` ({staging}) is for a local `path` only: on an object store ({path}) the \
+                     files sink writes each data object once under `{path}/{DATA_DIR}/` and publishes a checkpoint \
+                     by creating a commit marker, so nothing is staged or renamed; remove the option"
+                )));
+            }
+            (Publish::Marker { .. }, None) => files::join(&path, DATA_DIR),
+            (Publish::Rename, Some(staging)) if Publish::of(&staging) != Publish::Rename => {
+                return Err(error::config(format!(
+                    "option `staging_path` ({staging}) is on an object store and option `path` ({path}) is local: \
+                     a commit renames from staging into the output, and nothing can be renamed out of an object \
+                     store; stage beside the output (the default, `<path>.staging`), or put `path` on the object \
+                     store too"
+                )));
+            }
+            (Publish::Rename, Some(staging)) => staging,
+            (Publish::Rename, None) => format!("{path}.staging"),
+        };
         let target_mb: u64 = opts.parsed("target_file_mb")?.unwrap_or(128);
         if target_mb == 0 {
             return Err(error::config("option `target_file_mb` must be at least 1"));
@@ -104,7 +176,7 @@ impl Config {
             }
         };
         let claim = claim::Mode::from_options(&opts)?;
-        Ok(Self { path, staging, target_file_bytes: target_mb * 1024 * 1024, compression, claim })
+        Ok(Self { path, staging, publish, target_file_bytes: target_mb * 1024 * 1024, compression, claim })
     }
 }
 
@@ -118,10 +190,10 @@ impl Guest for FilesSink {
         PluginInfo {
             name: NAME.to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            description: "Lands rows as Parquet files; each checkpoint becomes visible as one directory, atomically and exactly once".to_string(),
+            description: "Lands rows as Parquet files; each checkpoint becomes visible as one directory (or, on an object store, one commit marker), atomically and exactly once".to_string(),
             options: option_specs(),
             capabilities: vec![
-                "file-io: read-write on `path` and on `staging_path` (same filesystem)".to_string(),
+                "file-io: read-write on `path` and, for a local `path`, on `staging_path` (same filesystem)".to_string(),
             ],
             multi_table: true,
         }
@@ -136,22 +208,57 @@ impl Guest for FilesSink {
         for table in &tables {
             writer::table_writer(table)?;
         }
-        for (what, location) in [("path", &cfg.path), ("staging_path", &cfg.staging)] {
+        let checked: &[(&str, &String)] = match cfg.publish {
+            Publish::Rename => &[("path", &cfg.path), ("staging_path", &cfg.staging)],
+            Publish::Marker { .. } => &[("path", &cfg.path)],
+        };
+        for (what, location) in checked {
             files::exists(location).map_err(|e| files::to_sink_error(&format!("option `{what}` ({location})"), e))?;
         }
         // What `committer.open` would refuse, `sluice check` refuses too.
         layout::refuse_if_claimed(&cfg, &ctx)?;
-        probe_rename(&ctx, &cfg)
+        match cfg.publish {
+            Publish::Rename => probe_rename(&ctx, &cfg),
+            Publish::Marker { .. } => probe_create(&ctx, &cfg),
+        }
     }
+}
+
+/// The probe's name: it starts with a dot, so no reader of `*.parquet` (nor
+/// a marker-following reader) ever takes it for data.
+fn probe_name(ctx: &SinkContext) -> String {
+    format!(".sluice-probe-{}.{}", ctx.job_id, ctx.sink_id)
+}
+
+/// Proves on an object store that a commit can create its marker: a small
+/// object is created exclusively under `path` and deleted. Missing
+/// credentials, a missing bucket or a read-only grant are refused here, by
+/// `sluice check`, instead of at the first commit.
+fn probe_create(ctx: &SinkContext, cfg: &Config) -> Result<(), SinkError> {
+    let probe = files::join(&cfg.path, &probe_name(ctx));
+    let io = |what: &str, e| files::to_sink_error(&format!("checking that commits can create markers: {what}"), e);
+    let create = || files::write_file(&probe, b"sluice create probe\n", false);
+    match create() {
+        Ok(()) => {}
+        // A probe left by an interrupted check.
+        Err(sluice_guest_sdk::IoError::AlreadyExists(_)) => {
+            files::delete(&probe).map_err(|e| io("removing an old probe", e))?;
+            create().map_err(|e| io(&format!("creating {probe}"), e))?;
+        }
+        Err(e) => return Err(io(&format!("creating {probe}"), e)),
+    }
+    if let Err(e) = files::delete(&probe) {
+        sluice_guest_sdk::log::warn(&format!("could not remove the create probe {probe}: {}", files::describe(&e)));
+    }
+    Ok(())
 }
 
 /// Proves that a commit's rename from staging into the output can work: a
 /// small file is written in `staging_path`, renamed into `path` and deleted.
 /// A staging directory on another filesystem than the output is refused
-/// here, by `sluice check`, instead of at the first commit. The probe's name
-/// starts with a dot, so no reader of `*.parquet` ever lists it.
+/// here, by `sluice check`, instead of at the first commit.
 fn probe_rename(ctx: &SinkContext, cfg: &Config) -> Result<(), SinkError> {
-    let name = format!(".sluice-probe-{}.{}", ctx.job_id, ctx.sink_id);
+    let name = probe_name(ctx);
     let (from, to) = (files::join(&cfg.staging, &name), files::join(&cfg.path, &name));
     let io = |what: &str, e| files::to_sink_error(&format!("checking that commits can rename: {what}"), e);
     for dir in [&cfg.staging, &cfg.path] {
@@ -190,3 +297,39 @@ fn probe_rename(ctx: &SinkContext, cfg: &Config) -> Result<(), SinkError> {
 const CROSS_DEVICE: &str = "different filesystems";
 
 sluice_guest_sdk::export_plugin!(FilesSink);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(options: &[(&str, &str)]) -> Result<Config, SinkError> {
+        Config::parse(options.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    #[test]
+    fn the_scheme_of_path_decides_how_to_publish() {
+        assert_eq!(Publish::of("out/files"), Publish::Rename);
+        assert_eq!(Publish::of("file:///data/out"), Publish::Rename);
+        assert_eq!(Publish::of("s3://lake/out"), Publish::Marker { exclusive_data: true });
+        assert_eq!(Publish::of("S3://lake/out"), Publish::Marker { exclusive_data: true });
+        assert_eq!(Publish::of("gs://lake/out"), Publish::Marker { exclusive_data: false });
+    }
+
+    #[test]
+    fn object_store_output_stages_nothing_and_refuses_a_staging_path() {
+        let cfg = parse(&[("path", "s3://lake/out/")]).expect("parses");
+        assert_eq!((cfg.path.as_str(), cfg.staging.as_str()), ("s3://lake/out", "s3://lake/out/_sluice_data"));
+        let local = parse(&[("path", "out/files")]).expect("parses");
+        assert_eq!((local.staging.as_str(), local.publish), ("out/files.staging", Publish::Rename));
+
+        let Err(SinkError::Config(message)) = parse(&[("path", "gs://lake/out"), ("staging_path", "gs://lake/st")])
+        else {
+            panic!("refused")
+        };
+        assert!(message.contains("option `staging_path`") && message.contains("commit marker"), "{message}");
+        let Err(SinkError::Config(message)) = parse(&[("path", "out"), ("staging_path", "s3://lake/st")]) else {
+            panic!("refused")
+        };
+        assert!(message.contains("nothing can be renamed out of an object store"), "{message}");
+    }
+}

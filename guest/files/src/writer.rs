@@ -1,5 +1,6 @@
-//! The files sink's writer: streams each table's rows into Parquet files
-//! under staging.
+//! The files sink's writer: streams each table's rows into Parquet files,
+//! under staging on a local disk, or as data objects under their final
+//! names on an object store (see the crate's doc).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -11,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::files::{self, OutputWriter, join};
 use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, Table, TableChange, error, ipc, log};
 
-use crate::{Config, layout};
+use crate::{Config, Publish, layout};
 
 /// What a writer hands the committer for one checkpoint.
 #[derive(Debug, Serialize, Deserialize)]
@@ -33,6 +34,10 @@ pub struct TableFiles {
 pub struct StagedFile {
     pub name: String,
     pub rows: u64,
+    /// The file's size as written (object stores: the commit checks each
+    /// data object against it; local files leave it out, as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// Persisted with every checkpoint. Positions only: the files sink keeps no
@@ -64,6 +69,9 @@ struct Inner {
     tables: BTreeMap<String, TableWriter>,
     seq: u64,
     state: State,
+    /// Object stores: the data objects handed to each prepared checkpoint
+    /// not known to be persisted yet, for `abort-prepare`.
+    prepared: BTreeMap<u64, Vec<String>>,
 }
 
 pub struct FilesWriter {
@@ -97,13 +105,42 @@ impl Inner {
         })
     }
 
+    /// The next file name of this subtask; on an object store one that is
+    /// free: a writer opened again within one attempt (which the engine does
+    /// not do, but a driver could) skips the names its earlier self took, so
+    /// a data object is never written twice, even on GCS, where a streamed
+    /// upload cannot be an exclusive create.
+    fn next_name(&mut self, table: &str) -> Result<(String, String), SinkError> {
+        const MAX_SKIPPED: u32 = 10_000;
+        for _ in 0..MAX_SKIPPED {
+            let name = layout::file_name(self.ctx.subtask, self.seq);
+            self.seq += 1;
+            let location = self.inprogress(table, &name);
+            if self.cfg.publish == Publish::Rename {
+                return Ok((name, location));
+            }
+            let taken = files::exists(&location)
+                .map_err(|e| files::to_sink_error(&format!("checking that {location} is free"), e))?;
+            if !taken {
+                return Ok((name, location));
+            }
+            log::warn(&format!("data object {location} exists already (an earlier writer of this attempt); skipped"));
+        }
+        Err(error::fatal(format!(
+            "table {table:?}: {MAX_SKIPPED} data object names of subtask {} in attempt {} are taken already",
+            self.ctx.subtask, self.ctx.attempt
+        )))
+    }
+
     fn start_file(&mut self, table: &str) -> Result<(), SinkError> {
-        let name = layout::file_name(self.ctx.subtask, self.seq);
-        self.seq += 1;
-        let location = self.inprogress(table, &name);
+        let (name, location) = self.next_name(table)?;
+        // Exclusive everywhere but on GCS, which cannot stream an exclusive
+        // create; there the name was found free just now, and only this
+        // subtask of this attempt ever writes it.
+        let overwrite = self.cfg.publish == Publish::Marker { exclusive_data: false };
         let props = self.props.clone();
         let t = self.table_mut(table)?;
-        let out = OutputWriter::create(&location, false)
+        let out = OutputWriter::create(&location, overwrite)
             .map_err(|e| files::to_sink_error(&format!("creating {location}"), e))?;
         let writer = ArrowWriter::try_new(out, t.schema.clone(), Some(props))
             .map_err(|e| error::fatal(format!("starting Parquet file {location}: {e}")))?;
@@ -116,8 +153,9 @@ impl Inner {
         let location = self.inprogress(table, &file.name);
         let out =
             file.writer.into_inner().map_err(|e| error::fatal(format!("finishing Parquet file {location}: {e}")))?;
+        let bytes = (self.cfg.publish != Publish::Rename).then(|| out.written());
         out.finish().map_err(|e| files::to_sink_error(&format!("closing {location}"), e))?;
-        self.table_mut(table)?.finished.push(StagedFile { name: file.name, rows: file.rows });
+        self.table_mut(table)?.finished.push(StagedFile { name: file.name, rows: file.rows, bytes });
         Ok(())
     }
 
@@ -131,7 +169,15 @@ impl Inner {
 
     /// Deletes in-progress files this subtask left behind in earlier attempts.
     /// They belong to no checkpoint, so nothing can ever need them.
+    ///
+    /// Not on an object store: there a finished data object of an earlier
+    /// attempt may be named by a checkpoint (data objects never move), so
+    /// telling leftovers apart would take every marker and every pending
+    /// record; leftovers stay, and readers ignore them (no marker names them).
     fn clean_earlier_attempts(&self) {
+        if self.cfg.publish != Publish::Rename {
+            return;
+        }
         let root = layout::staging_root(&self.cfg, &self.ctx);
         let Ok(entries) = files::list_dir(&root) else { return };
         let prefix = layout::subtask_prefix(self.ctx.subtask);
@@ -172,7 +218,7 @@ impl GuestWriter for FilesWriter {
             .set_compression(cfg.compression)
             .set_created_by(format!("sluice files sink {}", env!("CARGO_PKG_VERSION")))
             .build();
-        let inner = Inner { cfg, ctx, props, tables, seq: 0, state };
+        let inner = Inner { cfg, ctx, props, tables, seq: 0, state, prepared: BTreeMap::new() };
         inner.clean_earlier_attempts();
         Ok(sluice_guest_sdk::Writer::new(FilesWriter { inner: RefCell::new(inner) }))
     }
@@ -208,26 +254,43 @@ impl GuestWriter for FilesWriter {
     fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
         let mut inner = self.inner.borrow_mut();
         inner.finish_all()?;
+        // A checkpoint prepared after `c - 1` means `c - 1` was persisted
+        // (or aborted): it can no longer be aborted.
+        inner.prepared.retain(|&p, _| p >= c);
         if inner.tables.values().all(|t| t.finished.is_empty()) {
             return Ok(None);
         }
-        let dir = layout::checkpoint_staging_dir(&inner.cfg, &inner.ctx, c);
+        let dir = match inner.cfg.publish {
+            Publish::Rename => layout::checkpoint_staging_dir(&inner.cfg, &inner.ctx, c),
+            // Data objects stay where they were written: the attempt's folder.
+            Publish::Marker { .. } => layout::attempt_dir(&inner.cfg, &inner.ctx, inner.ctx.attempt),
+        };
         let mut staged_tables = Vec::new();
+        let mut handed = Vec::new();
         let names: Vec<String> = inner.tables.keys().cloned().collect();
         for table in names {
             let staged = std::mem::take(&mut inner.table_mut(&table)?.finished);
             if staged.is_empty() {
                 continue;
             }
-            let table_dir = layout::table_staging_dir(&dir, &table);
-            files::create_dir_all(&table_dir).map_err(|e| files::to_sink_error(&format!("creating {table_dir}"), e))?;
-            for file in &staged {
-                let from = inner.inprogress(&table, &file.name);
-                let to = join(&table_dir, &file.name);
-                files::rename(&from, &to).map_err(|e| files::to_sink_error(&format!("staging {from} as {to}"), e))?;
+            if inner.cfg.publish == Publish::Rename {
+                let table_dir = layout::table_staging_dir(&dir, &table);
+                files::create_dir_all(&table_dir)
+                    .map_err(|e| files::to_sink_error(&format!("creating {table_dir}"), e))?;
+                for file in &staged {
+                    let from = inner.inprogress(&table, &file.name);
+                    let to = join(&table_dir, &file.name);
+                    files::rename(&from, &to)
+                        .map_err(|e| files::to_sink_error(&format!("staging {from} as {to}"), e))?;
+                }
+            } else {
+                handed.extend(staged.iter().map(|f| inner.inprogress(&table, &f.name)));
             }
             inner.state.files_committed_so_far += staged.len() as u64;
             staged_tables.push(TableFiles { table, files: staged });
+        }
+        if !handed.is_empty() {
+            inner.prepared.insert(c, handed);
         }
         let info = CommitInfo { dir, tables: staged_tables };
         serde_json::to_vec(&info).map(Some).map_err(|e| error::fatal(format!("encoding commit info: {e}")))
@@ -255,7 +318,17 @@ impl GuestWriter for FilesWriter {
     }
 
     fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
-        let inner = self.inner.borrow();
+        let mut inner = self.inner.borrow_mut();
+        if inner.cfg.publish != Publish::Rename {
+            // The checkpoint was never persisted, so no commit can name these.
+            for location in inner.prepared.remove(&c).unwrap_or_default() {
+                match files::delete(&location) {
+                    Ok(()) | Err(sluice_guest_sdk::IoError::NotFound(_)) => {}
+                    Err(e) => return Err(files::to_sink_error(&format!("removing {location}"), e)),
+                }
+            }
+            return Ok(());
+        }
         let dir = layout::checkpoint_staging_dir(&inner.cfg, &inner.ctx, c);
         let prefix = layout::subtask_prefix(inner.ctx.subtask);
         for table in inner.tables.keys() {
@@ -277,6 +350,11 @@ impl GuestWriter for FilesWriter {
             if let Some(file) = inner.table_mut(&table)?.open.take() {
                 let location = inner.inprogress(&table, &file.name);
                 drop(file);
+                // On an object store the unfinished upload was just dropped,
+                // which aborts it: nothing is there to remove.
+                if inner.cfg.publish != Publish::Rename {
+                    continue;
+                }
                 if let Err(e) = files::delete(&location) {
                     log::warn(&format!("could not remove uncommitted file {location}: {}", files::describe(&e)));
                 }

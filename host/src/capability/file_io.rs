@@ -29,10 +29,10 @@ use cap_std::fs::{Dir, OpenOptions};
 use thiserror::Error;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-pub use super::file_io_store::StoreConfig;
 use super::file_io_store::{
     Failure, ObjectGrant, ObjectOutput, is_object_url, parse_plugin_location, rename_unsupported,
 };
+pub use super::file_io_store::{StoreConfig, open_store};
 use super::limits::{CallDeadline, HandleCap, HandleSlot, HostMemory};
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::file_io::{self as wit, FileStatus, Host, HostOutputFile, IoError};

@@ -46,8 +46,10 @@ use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError};
 use crate::location::{Location, Scheme, Served};
 
 /// How the host reaches the object stores of its grants (the job's
-/// `[sink.s3]` and `[sink.gcs]`). The default takes everything from the
-/// environment (AWS chain, `AWS_REGION`, `AWS_ENDPOINT_URL`; Google ADC).
+/// `[sink.s3]` and `[sink.gcs]`; the file source's too). The default takes
+/// everything from the environment (AWS chain, `AWS_REGION`,
+/// `AWS_ENDPOINT_URL`; Google ADC, or an emulator named by
+/// `STORAGE_EMULATOR_HOST`).
 pub use sluice_store::StoreOptions as StoreConfig;
 
 /// Why a `file-io` call on an object store failed: an answer for the
@@ -132,7 +134,7 @@ fn wait<T>(import: &'static str, fut: impl Future<Output = T>) -> Result<T, Host
 /// The bucket of `root` (an object-store location), reached as `config`
 /// says. Sends nothing. The one way the host opens a store for a location
 /// it was given: `file-io` grants and the catalog's warehouse storage.
-pub(super) fn open_store(root: &Location, config: &StoreConfig) -> Result<ObjectStore, String> {
+pub fn open_store(root: &Location, config: &StoreConfig) -> Result<ObjectStore, String> {
     match root {
         Location::ObjectStore { scheme: Scheme::S3, bucket, .. } => ObjectStore::s3(bucket, &config.s3),
         Location::ObjectStore { scheme: Scheme::Gs, bucket, .. } => ObjectStore::gcs(bucket, &config.gcs),

@@ -1,5 +1,12 @@
 //! `file`: JSON lines, CSV or Parquet, read with the arrow crates.
 //!
+//! Where: a local path, or an object store (`s3://bucket/prefix`,
+//! `gs://bucket/prefix`, read through `sluice-store`, see `object`), with
+//! the same layouts, split, positions and identity rules. On an object
+//! store a "folder" is a key prefix, listed once when the source opens; the
+//! identity records each object's ETag (content-derived on S3) where a
+//! local file's records its modification time.
+//!
 //! Layouts:
 //! - one file, or a directory of files: one table, `""`;
 //! - a tree with one folder per table (`<path>/<table>/*`): a subtask reads
@@ -32,36 +39,74 @@
 //! value. A UTF-8 byte order mark at the start of a JSON lines file is
 //! skipped. Error line numbers are the file's own (1 is its first line).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
-use std::io::{Seek, SeekFrom};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_schema::{ArrowError, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::reader::ChunkReader;
 use serde_json::{Value, json};
 
+use super::object::{Bucket, ObjectFile};
 use super::{FileIdentity, SourceChange, SourceError, SourceReader, TableBatch};
+use crate::capability::file_io::{StoreConfig, open_store};
 use crate::job::FileFormat;
+use crate::location::{Location, Scheme, Served};
 
 const INFER_RECORDS: usize = 1000;
 
 type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>> + Send>;
 
-/// Schemas inferred so far, by file: a JSON file is read in full to infer
-/// its schema, so each file is inferred once per run.
-type SchemaCache = Arc<Mutex<HashMap<PathBuf, SchemaRef>>>;
+/// Schemas inferred so far, by file (as [`At::shown`] names it): a JSON
+/// file is read in full to infer its schema, so each file is inferred once
+/// per run.
+type SchemaCache = Arc<Mutex<HashMap<String, SchemaRef>>>;
+
+/// Where a data file is.
+#[derive(Debug, Clone)]
+enum At {
+    Local(PathBuf),
+    /// An object, with the size it was listed with.
+    Object(ObjectFile),
+}
+
+impl At {
+    /// The file as messages name it: its path, or its URL.
+    fn shown(&self) -> String {
+        match self {
+            At::Local(path) => path.display().to_string(),
+            At::Object(object) => object.url().to_string(),
+        }
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> SourceError {
+        SourceError::File { path: self.shown(), message: e.to_string() }
+    }
+
+    /// A buffered reader from the file's start.
+    fn open(&self) -> Result<Box<dyn BufRead + Send>, SourceError> {
+        match self {
+            At::Local(path) => Ok(Box::new(std::io::BufReader::new(File::open(path).map_err(|e| file_err(path, e))?))),
+            At::Object(object) => Ok(Box::new(object.reader(0))),
+        }
+    }
+}
 
 /// A data file as the source found it when it opened.
 #[derive(Debug, Clone)]
 struct DataFile {
-    path: PathBuf,
+    at: At,
     /// Relative to the source's root: `<file>`, or `<table>/<file>` in a tree.
     name: String,
     size: u64,
+    /// Local files: modification time. Objects: 0 (their ETag is kept).
     mtime_ns: u64,
+    /// Objects: the ETag they were listed with.
+    etag: Option<String>,
 }
 
 impl DataFile {
@@ -72,12 +117,117 @@ impl DataFile {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        Ok(Self { path, name, size: meta.len(), mtime_ns })
+        Ok(Self { at: At::Local(path), name, size: meta.len(), mtime_ns, etag: None })
+    }
+
+    fn object(bucket: &Bucket, info: &sluice_store::ObjectInfo, name: String) -> Self {
+        Self { at: At::Object(bucket.file(info)), name, size: info.size, mtime_ns: 0, etag: info.etag.clone() }
     }
 
     fn identity(&self) -> FileIdentity {
-        FileIdentity { name: self.name.clone(), size: self.size, mtime_ns: self.mtime_ns }
+        FileIdentity { name: self.name.clone(), size: self.size, mtime_ns: self.mtime_ns, etag: self.etag.clone() }
     }
+}
+
+/// What a source's location holds: its files by table, before any is read.
+struct Listing {
+    /// The folder names are relative to (for an object store, its URL).
+    root: PathBuf,
+    /// One folder per table.
+    tree: bool,
+    tables: Vec<(String, Vec<DataFile>)>,
+}
+
+/// Whether a file named `name` is a data file of `format` (any data file
+/// when no format is given).
+fn is_data_file(name: &str, format: Option<FileFormat>) -> bool {
+    match (format, FileFormat::from_path(Path::new(name))) {
+        (Some(f), Some(g)) => f == g,
+        (None, Some(_)) => true,
+        _ => false,
+    }
+}
+
+/// Lists an object-store location (`s3://bucket/prefix`): one object, or
+/// the objects under the prefix (a table's files directly under it, or one
+/// folder per table), as a local directory would be read.
+fn list_objects(url: &str, format: Option<FileFormat>) -> Result<Listing, SourceError> {
+    let refused = |message: String| SourceError::File { path: url.to_string(), message };
+    let location =
+        Location::parse(url, Path::new("/"), Served { stores: &Scheme::ALL }).map_err(|e| refused(e.to_string()))?;
+    let Location::ObjectStore { prefix, .. } = &location else {
+        return Err(refused("not an object-store location".to_string()));
+    };
+    let bucket = Bucket::new(open_store(&location, &StoreConfig::default()).map_err(refused)?);
+    if !prefix.is_empty()
+        && let Some(info) = bucket.stat(prefix)?
+    {
+        let (parent, name) = prefix.rsplit_once('/').unwrap_or(("", prefix.as_str()));
+        let file = DataFile::object(&bucket, &info, name.to_string());
+        return Ok(Listing {
+            root: PathBuf::from(bucket.url(parent)),
+            tree: false,
+            tables: vec![(String::new(), vec![file])],
+        });
+    }
+    let strip = if prefix.is_empty() { String::new() } else { format!("{prefix}/") };
+    let (mut top, mut folders) = (Vec::new(), BTreeSet::new());
+    let mut by_table: BTreeMap<String, Vec<DataFile>> = BTreeMap::new();
+    // Sorted by key, so each table's files come in name order.
+    for info in bucket.list(prefix)? {
+        let Some(rel) = info.key.strip_prefix(&strip) else { continue };
+        let parts: Vec<&str> = rel.split('/').collect();
+        match parts.as_slice() {
+            [file] if is_data_file(file, format) => top.push(DataFile::object(&bucket, &info, file.to_string())),
+            [table, rest @ ..] if !rest.is_empty() && !table.starts_with('.') => {
+                folders.insert(table.to_string());
+                // A table's own files; objects deeper in it are not its rows.
+                if let [file] = rest
+                    && is_data_file(file, format)
+                {
+                    let name = format!("{table}/{file}");
+                    by_table.entry(table.to_string()).or_default().push(DataFile::object(&bucket, &info, name));
+                }
+            }
+            _ => {}
+        }
+    }
+    let root = PathBuf::from(location.to_string());
+    if !top.is_empty() && !folders.is_empty() {
+        return Err(refused(
+            "holds both data files and folders: keep one table's files under the prefix, or one folder per table"
+                .to_string(),
+        ));
+    }
+    if !top.is_empty() {
+        return Ok(Listing { root, tree: false, tables: vec![(String::new(), top)] });
+    }
+    let mut tables = Vec::new();
+    for folder in folders {
+        match by_table.remove(&folder) {
+            Some(files) => tables.push((folder, files)),
+            None => {
+                tracing::warn!(folder = %format!("{location}/{folder}"), "the table folder holds no csv, json or parquet files; skipped")
+            }
+        }
+    }
+    Ok(Listing { root, tree: !tables.is_empty(), tables })
+}
+
+/// Parquet batches of `reader` (a local file or an object), after `skip` rows.
+fn parquet_batches<R: ChunkReader + 'static>(
+    reader: R,
+    at: &At,
+    batch_rows: usize,
+    skip: u64,
+) -> Result<BatchIter, SourceError> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(reader)
+        .map_err(|e| at.err(e))?
+        .with_batch_size(batch_rows)
+        .with_offset(usize::try_from(skip).map_err(|e| at.err(e))?)
+        .build()
+        .map_err(|e| at.err(e))?;
+    Ok(Box::new(reader))
 }
 
 /// Reading order of two names: by path component, as the folders are listed.
@@ -103,7 +253,8 @@ struct TableFiles {
 }
 
 pub struct FileSource {
-    /// The folder names are relative to.
+    /// The folder names are relative to (for an object store, its URL,
+    /// which `Path::join` extends with `/` as a URL is).
     root: PathBuf,
     tables: Vec<TableFiles>,
     /// One folder per table.
@@ -159,6 +310,8 @@ enum Split {
 }
 
 impl FileSource {
+    /// The source at `path`: a local path, or an object-store URL
+    /// (`s3://bucket/prefix`, `gs://bucket/prefix`). Lists and stats only.
     pub fn open(
         path: &Path,
         format: Option<FileFormat>,
@@ -166,6 +319,43 @@ impl FileSource {
         csv_header: bool,
         parallelism: u32,
     ) -> Result<Self, SourceError> {
+        let listing = match path.to_str() {
+            Some(url) if url.contains("://") => list_objects(url, format)?,
+            _ => Self::list_local(path, format)?,
+        };
+        let shown = path.display().to_string();
+        let Listing { root, tree, tables: layout } = listing;
+        let first = layout.iter().flat_map(|(_, f)| f.first()).next().ok_or_else(|| SourceError::File {
+            path: shown.clone(),
+            message: "holds no csv, json or parquet files".to_string(),
+        })?;
+        let format = match format.or_else(|| FileFormat::from_path(Path::new(&first.name))) {
+            Some(f) => f,
+            None => return Err(first.at.err("cannot tell the format from the extension; set source.format")),
+        };
+        if let Some(odd) = layout
+            .iter()
+            .flat_map(|(_, f)| f)
+            .find(|f| FileFormat::from_path(Path::new(&f.name)).is_some_and(|f| f != format))
+        {
+            return Err(odd.at.err("has a different format than the other files; keep one format per source"));
+        }
+        let tables = layout.into_iter().map(|(name, files)| TableFiles { name, files }).collect();
+        Ok(Self {
+            root,
+            tables,
+            tree,
+            format,
+            batch_rows,
+            csv_header,
+            parallelism,
+            rate: None,
+            schemas: SchemaCache::default(),
+        })
+    }
+
+    /// Lists a local file or directory.
+    fn list_local(path: &Path, format: Option<FileFormat>) -> Result<Listing, SourceError> {
         let mut layout: Vec<(String, Vec<(PathBuf, String)>)> = Vec::new();
         let mut tree = false;
         let root =
@@ -210,41 +400,15 @@ impl FileSource {
         } else {
             layout.push((String::new(), vec![(path.to_path_buf(), file_name(path)?)]));
         }
-        let first = layout
-            .iter()
-            .flat_map(|(_, f)| f.first())
-            .next()
-            .ok_or_else(|| file_err(path, "holds no csv, json or parquet files"))?
-            .0
-            .clone();
-        let format = match format.or_else(|| FileFormat::from_path(&first)) {
-            Some(f) => f,
-            None => return Err(file_err(&first, "cannot tell the format from the extension; set source.format")),
-        };
-        if let Some((odd, _)) =
-            layout.iter().flat_map(|(_, f)| f).find(|(p, _)| FileFormat::from_path(p).is_some_and(|f| f != format))
-        {
-            return Err(file_err(odd, "has a different format than the other files; keep one format per source"));
-        }
         // Only listed and stat'ed here: nothing is read before a resume has
         // checked the files against its checkpoint (a changed file may no
         // longer parse).
         let mut tables = Vec::with_capacity(layout.len());
         for (name, files) in layout {
             let files = files.into_iter().map(|(p, n)| DataFile::stat(p, n)).collect::<Result<Vec<_>, _>>()?;
-            tables.push(TableFiles { name, files });
+            tables.push((name, files));
         }
-        Ok(Self {
-            root,
-            tables,
-            tree,
-            format,
-            batch_rows,
-            csv_header,
-            parallelism,
-            rate: None,
-            schemas: SchemaCache::default(),
-        })
+        Ok(Listing { root, tree, tables })
     }
 
     /// Limits the rows per second over all subtasks.
@@ -261,9 +425,7 @@ impl FileSource {
     pub fn tables(&self) -> Result<Vec<(String, SchemaRef)>, SourceError> {
         self.tables
             .iter()
-            .map(|t| {
-                Ok((t.name.clone(), cached_schema(&self.schemas, &t.files[0].path, self.format, self.csv_header)?))
-            })
+            .map(|t| Ok((t.name.clone(), cached_schema(&self.schemas, &t.files[0].at, self.format, self.csv_header)?)))
             .collect()
     }
 
@@ -370,6 +532,12 @@ impl FileSource {
                     Some(is) if is.mtime_ns != was.mtime_ns => {
                         format!("was modified (its modification time changed, size {} bytes)", is.size)
                     }
+                    Some(is) if was.etag.is_some() && is.etag != was.etag => format!(
+                        "was modified (its ETag changed from {} to {}, size {} bytes)",
+                        was.etag.as_deref().unwrap_or("none"),
+                        is.etag.as_deref().unwrap_or("none"),
+                        is.size
+                    ),
                     Some(_) => continue,
                 };
                 return Err(SourceChange(format!(
@@ -450,38 +618,41 @@ impl FileSource {
     }
 }
 
-/// `path`'s schema, inferred once per run.
-fn cached_schema(
-    cache: &SchemaCache,
-    path: &Path,
-    format: FileFormat,
-    csv_header: bool,
-) -> Result<SchemaRef, SourceError> {
-    if let Some(schema) = cache.lock().ok().and_then(|c| c.get(path).cloned()) {
+/// `at`'s schema, inferred once per run.
+fn cached_schema(cache: &SchemaCache, at: &At, format: FileFormat, csv_header: bool) -> Result<SchemaRef, SourceError> {
+    let key = at.shown();
+    if let Some(schema) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok(schema);
     }
-    let schema = infer_schema(path, format, csv_header)?;
+    let schema = infer_schema(at, format, csv_header)?;
     if let Ok(mut c) = cache.lock() {
-        c.insert(path.to_path_buf(), schema.clone());
+        c.insert(key, schema.clone());
     }
     Ok(schema)
 }
 
-fn infer_schema(path: &Path, format: FileFormat, csv_header: bool) -> Result<SchemaRef, SourceError> {
-    let file = File::open(path).map_err(|e| file_err(path, e))?;
+fn infer_schema(at: &At, format: FileFormat, csv_header: bool) -> Result<SchemaRef, SourceError> {
     match format {
         FileFormat::Parquet => {
-            let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| file_err(path, e))?;
-            Ok(builder.schema().clone())
+            let builder = match at {
+                At::Local(path) => {
+                    ParquetRecordBatchReaderBuilder::try_new(File::open(path).map_err(|e| file_err(path, e))?)
+                        .map(|b| b.schema().clone())
+                }
+                At::Object(object) => {
+                    ParquetRecordBatchReaderBuilder::try_new(object.clone()).map(|b| b.schema().clone())
+                }
+            };
+            builder.map_err(|e| at.err(e))
         }
         FileFormat::Csv => {
             let (schema, _) = arrow_csv::reader::Format::default()
                 .with_header(csv_header)
-                .infer_schema(file, Some(INFER_RECORDS))
-                .map_err(|e| file_err(path, e))?;
+                .infer_schema(at.open()?, Some(INFER_RECORDS))
+                .map_err(|e| at.err(e))?;
             Ok(Arc::new(schema))
         }
-        FileFormat::Json => json::infer(path, file),
+        FileFormat::Json => json::infer(&at.shown(), at.open()?),
     }
 }
 
@@ -525,31 +696,29 @@ pub struct FileReader {
 impl FileReader {
     /// Opens file `file_idx`, positioned after `skip` rows.
     fn open_current(&self, skip: u64) -> Result<BatchIter, SourceError> {
-        let path = &self.files[self.file_idx].1.path;
-        let schema = cached_schema(&self.schemas, path, self.format, self.csv_header)?;
-        let mut file = File::open(path).map_err(|e| file_err(path, e))?;
+        let at = &self.files[self.file_idx].1.at;
+        let schema = cached_schema(&self.schemas, at, self.format, self.csv_header)?;
         let iter: BatchIter = match self.format {
             FileFormat::Parquet => {
-                let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-                    .map_err(|e| file_err(path, e))?
-                    .with_batch_size(self.batch_rows)
-                    .with_offset(usize::try_from(skip).map_err(|e| file_err(path, e))?)
-                    .build()
-                    .map_err(|e| file_err(path, e))?;
-                return Ok(Box::new(reader));
+                return match at {
+                    At::Local(path) => {
+                        let file = File::open(path).map_err(|e| file_err(path, e))?;
+                        parquet_batches(file, at, self.batch_rows, skip)
+                    }
+                    At::Object(object) => parquet_batches(object.clone(), at, self.batch_rows, skip),
+                };
             }
             FileFormat::Csv => {
                 // Each file with its own schema: schemas may evolve file to file.
-                file.seek(SeekFrom::Start(0)).map_err(|e| file_err(path, e))?;
                 let reader = arrow_csv::ReaderBuilder::new(schema)
                     .with_header(self.csv_header)
                     .with_batch_size(self.batch_rows)
-                    .build(file)
-                    .map_err(|e| file_err(path, e))?;
+                    .build_buffered(at.open()?)
+                    .map_err(|e| at.err(e))?;
                 Box::new(reader.map(|r| r.map_err(csv_error)))
             }
             FileFormat::Json => {
-                Box::new(json::Batches::open(file, schema, self.batch_rows).map_err(|e| file_err(path, e))?)
+                Box::new(json::Batches::open(at.open()?, schema, self.batch_rows).map_err(|e| at.err(e))?)
             }
         };
         Ok(Box::new(SkipRows { inner: iter, skip }))
@@ -610,8 +779,8 @@ impl SourceReader for FileReader {
                 Some(Ok(batch)) if batch.num_rows() == 0 => {}
                 Some(Ok(batch)) => self.pending = Some(batch),
                 Some(Err(e)) => {
-                    let path = &self.files[self.file_idx].1.path;
-                    return Err(file_err(path, format!("after row {}: {e}", self.row_in_file)));
+                    let at = &self.files[self.file_idx].1.at;
+                    return Err(at.err(format!("after row {}: {e}", self.row_in_file)));
                 }
                 None => {
                     self.current = None;
@@ -640,9 +809,7 @@ impl SourceReader for FileReader {
 /// inference, and batches decoded by arrow-json.
 mod json {
     use std::collections::HashMap;
-    use std::fs::File;
-    use std::io::{BufRead, BufReader};
-    use std::path::Path;
+    use std::io::BufRead;
     use std::sync::Arc;
 
     use arrow_array::RecordBatch;
@@ -650,7 +817,14 @@ mod json {
     use arrow_schema::{ArrowError, SchemaRef};
     use serde_json::Value;
 
-    use super::{SourceError, file_err};
+    use super::SourceError;
+
+    /// A sequential reader of one file (local or an object).
+    pub(super) type Input = Box<dyn BufRead + Send>;
+
+    fn file_err(shown: &str, message: impl std::fmt::Display) -> SourceError {
+        SourceError::File { path: shown.to_string(), message: message.to_string() }
+    }
 
     const BOM: &[u8] = b"\xEF\xBB\xBF";
     /// The largest integer every double holds exactly.
@@ -883,8 +1057,8 @@ mod json {
 
     /// The schema of every record of the file: a field any record has is a
     /// (nullable) column, integers mixed with fractions make a double.
-    pub(super) fn infer(path: &Path, file: File) -> Result<SchemaRef, SourceError> {
-        let mut lines = Lines::new(BufReader::new(file));
+    pub(super) fn infer(path: &str, input: Input) -> Result<SchemaRef, SourceError> {
+        let mut lines = Lines::new(input);
         let mut fields: HashMap<String, Seen> = HashMap::new();
         let mut failure: Option<String> = None;
         let mut last_line = 0;
@@ -931,7 +1105,7 @@ mod json {
 
     /// Batches of a JSON lines file decoded with its inferred schema.
     pub(super) struct Batches {
-        lines: Lines<BufReader<File>>,
+        lines: Lines<Input>,
         decoder: Decoder,
         batch_rows: usize,
         /// Line numbers of the records the decoder holds.
@@ -941,7 +1115,7 @@ mod json {
     }
 
     impl Batches {
-        pub(super) fn open(file: File, schema: SchemaRef, batch_rows: usize) -> Result<Self, ArrowError> {
+        pub(super) fn open(input: Input, schema: SchemaRef, batch_rows: usize) -> Result<Self, ArrowError> {
             let decoder = ReaderBuilder::new(schema)
                 .with_batch_size(batch_rows.max(1))
                 // Inference saw every field; the schema lacks only those no record gave a value
@@ -949,7 +1123,7 @@ mod json {
                 .with_strict_mode(false)
                 .build_decoder()?;
             Ok(Self {
-                lines: Lines::new(BufReader::new(file)),
+                lines: Lines::new(input),
                 decoder,
                 batch_rows: batch_rows.max(1),
                 first: 0,

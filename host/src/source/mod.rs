@@ -13,12 +13,13 @@
 //!   rows, are [`Source::tables`]; a source may meet more later;
 //! - a checkpoint records the source's [`SourceIdentity`] (the generator's
 //!   parameters, or each file a subtask consumed with its size and
-//!   modification time), and a resume from a source that no longer matches
+//!   modification time, or an object's ETag), and a resume from a source that no longer matches
 //!   it is refused by [`Source::check_identity`] before anything is read:
 //!   resuming from positions into other rows would lose or repeat rows.
 
 pub mod file;
 pub mod generator;
+mod object;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
@@ -57,8 +58,12 @@ pub struct FileIdentity {
     /// Relative to the source's path (`<table>/<file>` in a tree of tables).
     pub name: String,
     pub size: u64,
-    /// Modification time, nanoseconds since the Unix epoch.
+    /// Modification time, nanoseconds since the Unix epoch (0 for an object).
     pub mtime_ns: u64,
+    /// An object's ETag as listed (none for a local file, and in records
+    /// written before object-store sources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
 }
 
 /// Why a resume from a checkpoint of another source is refused.
