@@ -531,8 +531,9 @@ pub enum CatalogConfig {
     /// iceberg-rust's `SqlCatalog` on the local SQLite file `database`; its
     /// warehouse is local or on an object store.
     Sql { name: String, database: PathBuf, warehouse: Location },
-    /// An Iceberg REST catalog at `uri`; its warehouse is local.
-    Rest { name: String, uri: String, warehouse: PathBuf, auth: Option<RestAuth> },
+    /// An Iceberg REST catalog at `uri`; its warehouse is local or on S3
+    /// (whose credentials the catalog may vend with each table).
+    Rest { name: String, uri: String, warehouse: Location, auth: Option<RestAuth> },
 }
 
 /// How the host authenticates to a REST catalog.
@@ -565,8 +566,7 @@ impl CatalogConfig {
     /// The warehouse, granted to the plugin read-write.
     pub fn warehouse(&self) -> Location {
         match self {
-            CatalogConfig::Sql { warehouse, .. } => warehouse.clone(),
-            CatalogConfig::Rest { warehouse, .. } => Location::Local(warehouse.clone()),
+            CatalogConfig::Sql { warehouse, .. } | CatalogConfig::Rest { warehouse, .. } => warehouse.clone(),
         }
     }
 }
@@ -988,18 +988,19 @@ impl Job {
     fn catalog_config(&self, spec: &CatalogSpec) -> Result<CatalogConfig, JobError> {
         const WAREHOUSE: &str = "sink.catalog.warehouse";
         let name = spec.name.clone();
+        let text = spec
+            .warehouse
+            .to_str()
+            .ok_or_else(|| self.invalid(WAREHOUSE, format!("{} is not UTF-8", spec.warehouse.display())))?;
+        // Both kinds serve the same stores: the plugin writes the data files through `file-io`.
+        let warehouse = Location::parse(text, &self.base_dir, SQL_WAREHOUSE_SERVED).map_err(|e| match e {
+            LocationError::NotServed { scheme: Scheme::Gs, .. } => {
+                self.invalid(WAREHOUSE, format!("{e}. {GCS_WAREHOUSE_WHY}"))
+            }
+            e => self.invalid(WAREHOUSE, e.to_string()),
+        })?;
         match spec.kind {
             CatalogKind::Sql => {
-                let text = spec
-                    .warehouse
-                    .to_str()
-                    .ok_or_else(|| self.invalid(WAREHOUSE, format!("{} is not UTF-8", spec.warehouse.display())))?;
-                let warehouse = Location::parse(text, &self.base_dir, SQL_WAREHOUSE_SERVED).map_err(|e| match e {
-                    LocationError::NotServed { scheme: Scheme::Gs, .. } => {
-                        self.invalid(WAREHOUSE, format!("{e}. {GCS_WAREHOUSE_WHY}"))
-                    }
-                    e => self.invalid(WAREHOUSE, e.to_string()),
-                })?;
                 let rest_only = [
                     ("uri", spec.uri.is_some()),
                     ("token_env", spec.token_env.is_some()),
@@ -1021,7 +1022,6 @@ impl Job {
                 Ok(CatalogConfig::Sql { name, database, warehouse })
             }
             CatalogKind::Rest => {
-                let warehouse = self.local_path(WAREHOUSE, &spec.warehouse)?;
                 if spec.database.is_some() {
                     return Err(self.invalid(
                         "sink.catalog.database",
@@ -1386,7 +1386,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sql_warehouse_may_be_on_s3_but_not_on_gcs_and_a_rest_one_stays_local() {
+    fn a_warehouse_may_be_on_s3_but_not_on_gcs() {
         let sql = ["sink.catalog.database=c.db"];
         let job = load(MINIMAL, &[sql[0], "sink.catalog.warehouse=s3://lake/wh/"]).unwrap();
         let expected = Location::ObjectStore { scheme: Scheme::S3, bucket: "lake".into(), prefix: "wh".into() };
@@ -1397,9 +1397,13 @@ mod tests {
         }
         let rest =
             ["sink.catalog.kind=rest", "sink.catalog.uri=http://127.0.0.1:9", "sink.catalog.warehouse=s3://lake/wh"];
-        let err = load(MINIMAL, &rest).unwrap_err().to_string();
+        let job = load(MINIMAL, &rest).unwrap();
+        let expected = Location::ObjectStore { scheme: Scheme::S3, bucket: "lake".into(), prefix: "wh".into() };
+        assert_eq!(job.catalog.as_ref().map(CatalogConfig::warehouse), Some(expected));
+        let gs = [rest[0], rest[1], "sink.catalog.warehouse=gs://lake/wh"];
+        let err = load(MINIMAL, &gs).unwrap_err().to_string();
         assert!(
-            err.contains("key `sink.catalog.warehouse`") && err.contains("s3:// locations are not served"),
+            err.contains("key `sink.catalog.warehouse`") && err.contains("gs:// locations are not served"),
             "{err}"
         );
     }

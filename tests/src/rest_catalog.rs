@@ -39,6 +39,16 @@
 //!
 //! Fault: the token endpoints can be taken down (503) and brought back.
 //!
+//! Vended credentials ([`RestCatalogDouble::start_vending`]): a `loadTable`
+//! or `createTable` request with `X-Iceberg-Access-Delegation:
+//! vended-credentials` (the spec's header: "vended-credentials: allows
+//! the server to vend credentials for accessing table data") gets a
+//! `LoadTableResult` whose `config` holds a new set of S3 keys
+//! (`s3.access-key-id`, `s3.secret-access-key`, `s3.session-token`,
+//! `s3.session-token-expires-at-ms`, the keys of Iceberg's `S3FileIO`),
+//! each with an access key id of its own, so a store's request log tells
+//! which set signed a request and whether it had expired by then.
+//!
 //! Invariants: every token is new (unique) and valid from its issue until
 //! `lifetime` after it, unless revoked; a client is never told a token lives
 //! longer than it does.
@@ -46,7 +56,7 @@
 use axum::serve::ListenerExt as _;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -132,12 +142,65 @@ impl OAuth {
     }
 }
 
+/// S3 credentials the double vends, as one vended set is described to the test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VendedKey {
+    pub access_key_id: String,
+    /// Milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
+}
+
+/// Vended credentials: a new set for every load or create that asks for
+/// them, each living `lifetime`.
+struct Vending {
+    lifetime: Duration,
+    issued: Mutex<Vec<VendedKey>>,
+}
+
+impl Vending {
+    /// A new set, as the `LoadTableResult`'s `config`.
+    fn issue(&self) -> serde_json::Value {
+        let mut issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let key = VendedKey {
+            access_key_id: format!("VENDED{:06}", issued.len() + 1),
+            expires_at_ms: (now + self.lifetime).as_millis() as u64,
+        };
+        let config = json!({
+            "s3.access-key-id": key.access_key_id,
+            "s3.secret-access-key": format!("secret-of-{}", key.access_key_id),
+            "s3.session-token": format!("session-of-{}", key.access_key_id),
+            "s3.session-token-expires-at-ms": key.expires_at_ms.to_string(),
+        });
+        issued.push(key);
+        config
+    }
+}
+
 struct Shared {
     /// Held across a commit's metadata write: check, write and swap never interleave.
     catalog: tokio::sync::Mutex<Catalog>,
-    warehouse: PathBuf,
+    /// The URL new tables go under (`file:///…` or `s3://bucket/prefix`).
+    warehouse: String,
     file_io: FileIO,
     oauth: Option<OAuth>,
+    vending: Option<Vending>,
+}
+
+impl Shared {
+    /// The `config` of a `LoadTableResult` for a request with `headers`:
+    /// vended credentials when it asks for them (the spec's
+    /// `X-Iceberg-Access-Delegation: vended-credentials`) and the double vends.
+    fn table_config(&self, headers: &HeaderMap) -> serde_json::Value {
+        let asked = headers
+            .get("x-iceberg-access-delegation")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|m| m.trim() == "vended-credentials"));
+        match &self.vending {
+            Some(vending) if asked => vending.issue(),
+            _ => json!({}),
+        }
+    }
 }
 
 impl Shared {
@@ -163,8 +226,8 @@ fn namespace(ns: &str) -> Vec<String> {
     ns.split('\u{1f}').map(str::to_string).collect()
 }
 
-fn load_result(entry: &TableEntry) -> Response {
-    Json(json!({ "metadata-location": entry.location, "metadata": entry.metadata, "config": {} })).into_response()
+fn load_result(entry: &TableEntry, config: serde_json::Value) -> Response {
+    Json(json!({ "metadata-location": entry.location, "metadata": entry.metadata, "config": config })).into_response()
 }
 
 #[derive(Deserialize)]
@@ -214,15 +277,20 @@ async fn create_namespace(State(s): State<Arc<Shared>>, Json(req): Json<CreateNa
     Json(json!({ "namespace": req.namespace, "properties": req.properties })).into_response()
 }
 
-async fn load_table(State(s): State<Arc<Shared>>, UrlPath((ns, table)): UrlPath<(String, String)>) -> Response {
+async fn load_table(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    UrlPath((ns, table)): UrlPath<(String, String)>,
+) -> Response {
     match s.lock().await.tables.get(&(namespace(&ns), table.clone())) {
-        Some(entry) => load_result(entry),
+        Some(entry) => load_result(entry, s.table_config(&headers)),
         None => error(StatusCode::NOT_FOUND, "NoSuchTableException", format!("table {table} does not exist")),
     }
 }
 
 async fn create_table(
     State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
     UrlPath(ns): UrlPath<String>,
     Json(req): Json<CreateTable>,
 ) -> Response {
@@ -244,7 +312,7 @@ async fn create_table(
     let location = req
         .location
         .clone()
-        .unwrap_or_else(|| format!("file://{}", s.warehouse.join(ns.join("/")).join(&req.name).display()));
+        .unwrap_or_else(|| format!("{}/{}/{}", s.warehouse.trim_end_matches('/'), ns.join("/"), req.name));
     let creation = TableCreation::builder()
         .name(req.name.clone())
         .location(location.clone())
@@ -266,7 +334,7 @@ async fn create_table(
     if c.tables.contains_key(&key) {
         return error(StatusCode::CONFLICT, "AlreadyExistsException", format!("table {} already exists", req.name));
     }
-    let reply = load_result(&entry);
+    let reply = load_result(&entry, s.table_config(&headers));
     c.tables.insert(key, entry);
     reply
 }
@@ -318,7 +386,8 @@ async fn commit_table(
         return error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError", e.to_string());
     }
     let entry = TableEntry { location: file.to_string(), metadata };
-    let reply = load_result(&entry);
+    // The spec's `CommitTableResponse` has no `config`.
+    let reply = Json(json!({ "metadata-location": entry.location, "metadata": entry.metadata })).into_response();
     c.tables.insert(key, entry);
     if fault == Some(RestFault::LoseReply) {
         return error(StatusCode::GATEWAY_TIMEOUT, "CommitStateUnknownException", "injected: applied, reply lost");
@@ -475,27 +544,55 @@ async fn require_token(State(s): State<Arc<Shared>>, request: Request, next: Nex
     next.run(request).await
 }
 
+/// A local warehouse and its `FileIO`.
+fn local(warehouse: &Path) -> (String, FileIO) {
+    (format!("file://{}", warehouse.display()), FileIOBuilder::new(Arc::new(LocalFsStorageFactory)).build())
+}
+
 impl RestCatalogDouble {
     /// Starts on 127.0.0.1 (a port the OS picks); tables go under `warehouse`.
     /// Every route is open.
     pub fn start(warehouse: &Path) -> std::io::Result<Self> {
-        Self::start_inner(warehouse, None)
+        Self::start_inner(local(warehouse), None, None)
+    }
+
+    /// Starts with its warehouse at `warehouse` (`s3://bucket/prefix`),
+    /// written through `file_io`; every table it loads or creates for a
+    /// request that asks for vended credentials comes with a new set of S3
+    /// keys living `lifetime` (see [`RestCatalogDouble::vended`]).
+    pub fn start_vending(warehouse: &str, file_io: FileIO, lifetime: Duration) -> std::io::Result<Self> {
+        let vending = Vending { lifetime, issued: Mutex::default() };
+        Self::start_inner((warehouse.to_string(), file_io), None, Some(vending))
+    }
+
+    /// Every set of credentials vended so far, oldest first.
+    pub fn vended(&self) -> Vec<VendedKey> {
+        self.shared
+            .vending
+            .as_ref()
+            .map(|v| v.issued.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .unwrap_or_default()
     }
 
     /// Starts as [`RestCatalogDouble::start`], as its own OAuth2 token
     /// service for `client`: every catalog route requires a current token.
     pub fn start_with_oauth(warehouse: &Path, client: OAuthClient) -> std::io::Result<Self> {
-        Self::start_inner(warehouse, Some(client))
+        Self::start_inner(local(warehouse), Some(client), None)
     }
 
-    fn start_inner(warehouse: &Path, client: Option<OAuthClient>) -> std::io::Result<Self> {
+    fn start_inner(
+        (warehouse, file_io): (String, FileIO),
+        client: Option<OAuthClient>,
+        vending: Option<Vending>,
+    ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             catalog: tokio::sync::Mutex::new(Catalog::default()),
-            warehouse: warehouse.to_path_buf(),
-            file_io: FileIOBuilder::new(Arc::new(LocalFsStorageFactory)).build(),
+            warehouse,
+            file_io,
+            vending,
             oauth: client.map(|client| OAuth {
                 client,
                 down: Default::default(),

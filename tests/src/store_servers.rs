@@ -13,7 +13,7 @@
 //!   test that needs a server never skips.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
 /// Starts moto's threaded server at port 0, creates the buckets named in
@@ -107,6 +107,18 @@ impl PythonServer {
     /// Runs `script` with `args` once `imports` import; panics, naming the
     /// fix, when they do not or the script prints no `PORT <n>` line.
     fn start(what: &str, imports: &str, script: &str, args: &[&str]) -> PythonServer {
+        Self::start_with(what, imports, script, args, |_| Vec::new())
+    }
+
+    /// [`PythonServer::start`] with environment variables, made from the
+    /// server's own temporary directory.
+    fn start_with(
+        what: &str,
+        imports: &str,
+        script: &str,
+        args: &[&str],
+        env: impl FnOnce(&Path) -> Vec<(&'static str, String)>,
+    ) -> PythonServer {
         let python = crate::python_interpreter();
         let check = Command::new(python).args(["-c", &format!("import {imports}")]).output();
         match check {
@@ -124,6 +136,7 @@ impl PythonServer {
         let mut child = Command::new(python)
             .args(["-c", script])
             .args(args)
+            .envs(env(dir.path()))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log_file)
@@ -212,6 +225,28 @@ impl Moto {
     /// What the server logged so far (one line a request), for assertions.
     pub fn log(&self) -> String {
         self.server.log()
+    }
+
+    /// Starts as [`Moto::start`], recording every request with its headers
+    /// (moto's recorder, `MOTO_ENABLE_RECORDING`), see [`Moto::recorded`].
+    pub fn start_recording(buckets: &[&str]) -> Moto {
+        let mut args = vec![REGION, ACCESS_KEY_ID, SECRET_ACCESS_KEY];
+        args.extend_from_slice(buckets);
+        let server = PythonServer::start_with("moto's S3 server", "moto.server, flask, boto3", SERVE, &args, |dir| {
+            vec![
+                ("MOTO_ENABLE_RECORDING", "true".to_string()),
+                ("MOTO_RECORDER_FILEPATH", dir.join("recording.jsonl").display().to_string()),
+            ]
+        });
+        let endpoint = format!("http://127.0.0.1:{}", server.port);
+        Moto { server, endpoint }
+    }
+
+    /// The requests recorded so far (see [`Moto::start_recording`]): one
+    /// JSON object a request, with `method`, `url` and `headers`.
+    pub fn recorded(&self) -> Vec<serde_json::Value> {
+        let path = self.server._dir.path().join("recording.jsonl");
+        std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
     }
 }
 

@@ -35,6 +35,11 @@
 //! (`sluice-store`, reached as `file-io` reaches it), and the plugin writes
 //! the data files through `file-io`, whose grant is the same warehouse; the
 //! SQLite database itself stays on local disk.
+//!
+//! A REST catalog's warehouse is a local directory or an `s3://` location;
+//! on S3 the host asks for vended credentials with each table and signs the
+//! requests for that table's files with them, the plugin's `file-io` calls
+//! included (`catalog_vended`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -61,6 +66,7 @@ use wasmtime::component::{HasData, Linker};
 use super::catalog_auth::{CatalogAuth, CatalogAuthError};
 use super::catalog_rest::{RestCommitter, RestLoads};
 use super::catalog_storage::{WarehouseStorage, WarehouseStorageFactory};
+use super::catalog_vended::{ACCESS_DELEGATION_HEADER, VENDED_CREDENTIALS, Vended};
 use super::file_io::StoreConfig;
 use super::limits::HostDeadline;
 use super::{CapabilityHost, Effects};
@@ -224,6 +230,8 @@ pub struct CatalogGrant {
     backend: Box<dyn CommitBackend>,
     uri: String,
     pub stats: CatalogStats,
+    /// A REST catalog's vended storage credentials.
+    vended: Option<Arc<Vended>>,
 }
 
 impl std::fmt::Debug for CatalogGrant {
@@ -266,7 +274,7 @@ impl CatalogGrant {
                     |message: String| CatalogSetupError::Warehouse { warehouse: warehouse.to_string(), message };
                 let storage = WarehouseStorage::open(warehouse.clone(), stores).map_err(warehouse_err)?;
                 rt.block_on(storage.check_reachable()).map_err(warehouse_err)?;
-                (Arc::new(WarehouseStorageFactory::new(storage)), warehouse.to_string())
+                (Arc::new(WarehouseStorageFactory::new(storage, stores)), warehouse.to_string())
             }
         };
         let db_dir = database.parent().unwrap_or(Path::new("/"));
@@ -308,6 +316,7 @@ impl CatalogGrant {
             backend: Box::new(backend),
             uri,
             stats: CatalogStats::default(),
+            vended: None,
         })
     }
 
@@ -321,25 +330,70 @@ impl CatalogGrant {
         warehouse: &Path,
         auth: Option<&RestAuth>,
     ) -> Result<Self, CatalogSetupError> {
-        std::fs::create_dir_all(warehouse)
-            .map_err(|source| CatalogSetupError::Dir { path: warehouse.to_path_buf(), source })?;
+        Self::open_rest_at(name, uri, &Location::Local(warehouse.to_path_buf()), auth, &StoreConfig::default())
+    }
+
+    /// [`CatalogGrant::open_rest`] with the warehouse `warehouse`: a local
+    /// directory (created when missing) or an `s3://` location. On S3 the
+    /// catalog is asked for vended credentials with every table it loads
+    /// (`catalog_vended`); those sign the requests for that table's files,
+    /// and anything else is reached as `stores` says.
+    pub fn open_rest_at(
+        name: &str,
+        uri: &str,
+        warehouse: &Location,
+        auth: Option<&RestAuth>,
+        stores: &StoreConfig,
+    ) -> Result<Self, CatalogSetupError> {
         let open_err = |message: String| CatalogSetupError::Open { uri: uri.to_string(), message };
+        let (factory, warehouse_uri, vended): (Arc<dyn StorageFactory>, String, Option<Arc<Vended>>) = match warehouse {
+            Location::Local(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|source| CatalogSetupError::Dir { path: dir.to_path_buf(), source })?;
+                (Arc::new(LocalFsStorageFactory), to_file_uri(dir), None)
+            }
+            Location::ObjectStore { .. } => {
+                // Not listed here: the credentials for it may be the catalog's alone.
+                let storage = WarehouseStorage::open(warehouse.clone(), stores)
+                    .map_err(|message| CatalogSetupError::Warehouse { warehouse: warehouse.to_string(), message })?;
+                let factory = Arc::new(WarehouseStorageFactory::new(storage, stores));
+                (factory, warehouse.to_string(), Some(Arc::new(Vended::new(stores.clone()))))
+            }
+        };
         let rt = super::runtime();
         let auth = Arc::new(rt.block_on(CatalogAuth::open(auth))?);
-        let committer =
-            rt.block_on(RestCommitter::connect(uri, &to_file_uri(warehouse), auth.clone())).map_err(open_err)?;
-        let props = HashMap::from([
+        let committer = rt.block_on(RestCommitter::connect(uri, &warehouse_uri, auth.clone())).map_err(open_err)?;
+        let mut props = HashMap::from([
             (REST_CATALOG_PROP_URI.to_string(), uri.trim_end_matches('/').to_string()),
-            (REST_CATALOG_PROP_WAREHOUSE.to_string(), to_file_uri(warehouse)),
+            (REST_CATALOG_PROP_WAREHOUSE.to_string(), warehouse_uri),
         ]);
-        let loads = RestLoads::new(name, props, Arc::new(LocalFsStorageFactory), iceberg::Runtime::new(rt), auth);
+        if vended.is_some() {
+            props.insert(ACCESS_DELEGATION_HEADER.to_string(), VENDED_CREDENTIALS.to_string());
+        }
+        let loads: Arc<dyn Catalog> =
+            Arc::new(RestLoads::new(name, props, factory, iceberg::Runtime::new(rt), auth, vended.clone()));
+        if let Some(v) = &vended {
+            v.set_catalog(Arc::downgrade(&loads));
+        }
         Ok(Self {
             catalog_name: name.to_string(),
-            catalog: Arc::new(loads),
+            catalog: loads,
             backend: Box::new(committer),
             uri: uri.to_string(),
             stats: CatalogStats::default(),
+            vended,
         })
+    }
+
+    /// The storage credentials the catalog vends (a REST catalog whose
+    /// warehouse is on S3), for the `file-io` grants.
+    pub(crate) fn vended(&self) -> Option<Arc<Vended>> {
+        self.vended.clone()
+    }
+
+    /// How many times a table came with vended storage credentials.
+    pub fn vended_credentials_received(&self) -> u64 {
+        self.vended.as_ref().map_or(0, |v| v.received())
     }
 
     /// The catalog `config` names (`[sink.catalog]`).
@@ -348,7 +402,9 @@ impl CatalogGrant {
     pub fn for_config(config: &CatalogConfig, stores: &StoreConfig) -> Result<Self, CatalogSetupError> {
         match config {
             CatalogConfig::Sql { name, database, warehouse } => Self::open_sql_at(name, database, warehouse, stores),
-            CatalogConfig::Rest { name, uri, warehouse, auth } => Self::open_rest(name, uri, warehouse, auth.as_ref()),
+            CatalogConfig::Rest { name, uri, warehouse, auth } => {
+                Self::open_rest_at(name, uri, warehouse, auth.as_ref(), stores)
+            }
         }
     }
 

@@ -39,6 +39,7 @@ use reqwest::{StatusCode, Url};
 use serde::Deserialize;
 
 use super::catalog_auth::{Bearer, CatalogAuth, CatalogAuthError};
+use super::catalog_vended::Vended;
 use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
 
 /// Posts commits to one REST catalog.
@@ -257,6 +258,8 @@ pub(crate) struct RestLoads {
     auth: Arc<CatalogAuth>,
     /// The catalog built for the token of that generation.
     current: Mutex<Option<(u64, Arc<RestCatalog>)>>,
+    /// Where the storage credentials tables come with are kept.
+    vended: Option<Arc<Vended>>,
 }
 
 impl std::fmt::Debug for RestLoads {
@@ -289,8 +292,17 @@ impl RestLoads {
         storage: Arc<dyn StorageFactory>,
         runtime: iceberg::Runtime,
         auth: Arc<CatalogAuth>,
+        vended: Option<Arc<Vended>>,
     ) -> Self {
-        Self { name: name.to_string(), props, storage, runtime, auth, current: Mutex::new(None) }
+        Self { name: name.to_string(), props, storage, runtime, auth, current: Mutex::new(None), vended }
+    }
+
+    /// Keeps the storage credentials `table` came with.
+    fn record(&self, table: iceberg::Result<Table>) -> iceberg::Result<Table> {
+        if let (Ok(table), Some(vended)) = (&table, &self.vended) {
+            vended.record(table);
+        }
+        table
     }
 
     /// The catalog for `bearer`'s token, built if it is new.
@@ -401,11 +413,11 @@ impl Catalog for RestLoads {
 
     async fn create_table(&self, namespace: &NamespaceIdent, creation: TableCreation) -> iceberg::Result<Table> {
         let creation = &creation;
-        self.call(|c| async move { c.create_table(namespace, copy_creation(creation)).await }).await
+        self.record(self.call(|c| async move { c.create_table(namespace, copy_creation(creation)).await }).await)
     }
 
     async fn load_table(&self, table: &TableIdent) -> iceberg::Result<Table> {
-        self.call(|c| async move { c.load_table(table).await }).await
+        self.record(self.call(|c| async move { c.load_table(table).await }).await)
     }
 
     async fn drop_table(&self, table: &TableIdent) -> iceberg::Result<()> {
@@ -426,7 +438,7 @@ impl Catalog for RestLoads {
 
     async fn register_table(&self, table: &TableIdent, metadata_location: String) -> iceberg::Result<Table> {
         let metadata_location = &metadata_location;
-        self.call(|c| async move { c.register_table(table, metadata_location.clone()).await }).await
+        self.record(self.call(|c| async move { c.register_table(table, metadata_location.clone()).await }).await)
     }
 
     /// Not retried: a `TableCommit` cannot be copied. The host commits with

@@ -13,7 +13,9 @@
 //! - the store is reached exactly as `file-io` reaches it ([`StoreConfig`],
 //!   by default the environment: the AWS chain with `AWS_REGION` and
 //!   `AWS_ENDPOINT_URL`, or Google's ADC). The catalog's `s3.*`/`gcs.*`
-//!   properties are ignored, and nothing secret is ever serialized: the
+//!   properties are ignored, except the S3 credentials a REST catalog
+//!   vends with a table (`catalog_vended`), which sign that `FileIO`'s
+//!   requests. Nothing secret is ever serialized: the
 //!   serialized form (iceberg's `typetag`) is the warehouse URL alone, and a
 //!   storage deserialized from it reaches the store from the environment;
 //! - `write` and `writer` replace an existing object, as iceberg's
@@ -42,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use sluice_store::{DEFAULT_PART_SIZE, ObjectStore, ObjectWriter, StoreError};
 
 use super::file_io_store::{StoreConfig, open_store, parse_plugin_location};
-use crate::location::Location;
+use crate::location::{Location, Scheme};
 
 /// The serialized form of the storage and its factory: the warehouse alone.
 #[derive(Serialize, Deserialize)]
@@ -281,11 +283,15 @@ impl FileWrite for WarehouseWrite {
 #[serde(try_from = "Warehouse", into = "Warehouse")]
 pub struct WarehouseStorageFactory {
     storage: WarehouseStorage,
+    /// How `storage` reaches its store, for a `FileIO` whose properties
+    /// carry credentials a REST catalog vended (see `catalog_vended`).
+    stores: StoreConfig,
 }
 
 impl WarehouseStorageFactory {
-    pub fn new(storage: WarehouseStorage) -> Self {
-        Self { storage }
+    /// The factory of `storage`, opened with `stores`.
+    pub fn new(storage: WarehouseStorage, stores: &StoreConfig) -> Self {
+        Self { storage, stores: stores.clone() }
     }
 }
 
@@ -299,21 +305,30 @@ impl TryFrom<Warehouse> for WarehouseStorageFactory {
     type Error = String;
 
     fn try_from(w: Warehouse) -> std::result::Result<Self, String> {
-        Ok(Self { storage: w.try_into()? })
+        Ok(Self { storage: w.try_into()?, stores: StoreConfig::default() })
     }
 }
 
 #[typetag::serde(name = "SluiceWarehouseStorageFactory")]
 impl StorageFactory for WarehouseStorageFactory {
-    fn build(&self, _config: &StorageConfig) -> Result<Arc<dyn Storage>> {
-        Ok(Arc::new(self.storage.clone()))
+    /// The warehouse's storage; signed with the S3 credentials in
+    /// `config` when a REST catalog vended some with the table.
+    fn build(&self, config: &StorageConfig) -> Result<Arc<dyn Storage>> {
+        match super::catalog_vended::s3_credentials(config.props()) {
+            Some(vended) if matches!(&self.storage.root, Location::ObjectStore { scheme: Scheme::S3, .. }) => {
+                let stores = super::catalog_vended::with_credentials(&self.stores, &vended);
+                let storage = WarehouseStorage::open(self.storage.root.clone(), &stores)
+                    .map_err(|e| Error::new(ErrorKind::DataInvalid, format!("the vended credentials: {e}")))?;
+                Ok(Arc::new(storage))
+            }
+            _ => Ok(Arc::new(self.storage.clone())),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::location::Scheme;
 
     fn storage() -> WarehouseStorage {
         let root = Location::ObjectStore { scheme: Scheme::S3, bucket: "lake".into(), prefix: "wh".into() };
@@ -352,7 +367,7 @@ mod tests {
 
     #[test]
     fn serializes_as_the_warehouse_url_alone() {
-        let factory = WarehouseStorageFactory::new(storage());
+        let factory = WarehouseStorageFactory::new(storage(), &StoreConfig::default());
         let json = serde_json::to_string(&factory).expect("serialize");
         assert_eq!(json, r#"{"warehouse":"s3://lake/wh"}"#);
         // Deserialized, it reaches the store from the environment (a GCS

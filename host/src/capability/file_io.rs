@@ -129,6 +129,14 @@ impl FileGrants {
         Ok(grants)
     }
 
+    /// Signs the requests for the objects of tables a REST catalog vended
+    /// credentials for with those credentials (see `catalog_vended`).
+    pub(crate) fn use_vended(&mut self, vended: &Arc<super::catalog_vended::Vended>) {
+        for grant in &mut self.objects {
+            grant.use_vended(vended.clone());
+        }
+    }
+
     fn add(&mut self, location: &str, writable: bool, stores: &StoreConfig) -> Result<(), GrantError> {
         let invalid = |message: String| GrantError::Invalid { location: location.to_string(), message };
         if is_object_url(location) {

@@ -41,6 +41,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sluice_store::{DEFAULT_PART_SIZE, ObjectStore, ObjectWriter, StoreError, upload_buffer_bytes};
 
+use super::catalog_vended::Vended;
 use super::limits::{HostDeadline, HostMemory, Reservation};
 use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError};
 use crate::location::{Location, Scheme, Served};
@@ -120,6 +121,8 @@ pub(super) struct ObjectGrant {
     pub(super) root: Location,
     pub(super) writable: bool,
     store: ObjectStore,
+    /// Credentials a REST catalog vended for the tables under this grant.
+    vended: Option<Arc<Vended>>,
 }
 
 /// `import` names, for deadline traps.
@@ -147,7 +150,24 @@ impl ObjectGrant {
     /// The grant of `root` (an object-store location). Sends nothing.
     pub(super) fn open(root: Location, writable: bool, config: &StoreConfig) -> Result<Self, String> {
         let store = open_store(&root, config)?;
-        Ok(Self { root, writable, store })
+        Ok(Self { root, writable, store, vended: None })
+    }
+
+    /// Signs the requests for vended tables' objects with their credentials.
+    pub(super) fn use_vended(&mut self, vended: Arc<Vended>) {
+        self.vended = Some(vended);
+    }
+
+    /// The store to reach `key` with: the one of the vended table covering
+    /// it (credentials refreshed when due), else the grant's.
+    fn store(&self, key: &str) -> ObjectStore {
+        if let (Some(vended), Location::ObjectStore { scheme, bucket, .. }) = (&self.vended, &self.root) {
+            let location = Location::ObjectStore { scheme: *scheme, bucket: bucket.clone(), prefix: key.to_string() };
+            if let Some(store) = vended.store_for(&location) {
+                return store;
+            }
+        }
+        self.store.clone()
     }
 
     /// The grant root's key prefix (`""`: the whole bucket).
@@ -185,7 +205,7 @@ impl ObjectGrant {
         if self.is_root(key) {
             return Ok(true);
         }
-        Ok(wait(import, self.store.has_children(key))?.map_err(io_error)?)
+        Ok(wait(import, self.store(key).has_children(key))?.map_err(io_error)?)
     }
 
     pub(super) fn exists(&self, key: &str) -> Result<bool, Failure> {
@@ -193,7 +213,7 @@ impl ObjectGrant {
         if self.is_root(key) {
             return Ok(true);
         }
-        match wait(IMPORT, self.store.stat(key))? {
+        match wait(IMPORT, self.store(key).stat(key))? {
             Ok(_) => Ok(true),
             Err(StoreError::NotFound { .. }) => self.is_folder(IMPORT, key),
             Err(e) => Err(io_error(e).into()),
@@ -202,7 +222,7 @@ impl ObjectGrant {
 
     pub(super) fn stat(&self, key: &str, location: &str) -> Result<FileStatus, Failure> {
         if !self.is_root(key) {
-            match wait(STAT, self.store.stat(key))? {
+            match wait(STAT, self.store(key).stat(key))? {
                 Ok(info) => return Ok(FileStatus { size: info.size, is_dir: false }),
                 Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(io_error(e).into()),
@@ -225,18 +245,18 @@ impl ObjectGrant {
         memory: &Arc<HostMemory>,
     ) -> Result<Vec<u8>, Failure> {
         let key = self.file_key(key, location)?;
-        let size = wait(READ, self.store.stat(key))?.map_err(io_error)?.size;
+        let size = wait(READ, self.store(key).stat(key))?.map_err(io_error)?.size;
         let wanted = length.min(size.saturating_sub(offset));
         let _held = reserve(memory, &format!("reading {location}"), wanted)?;
         // A ranged read of exactly `wanted` bytes: an object that grew since
         // the stat cannot make it hold more.
-        let bytes = wait(READ, self.store.read_range(key, offset, wanted))?.map_err(io_error)?;
+        let bytes = wait(READ, self.store(key).read_range(key, offset, wanted))?.map_err(io_error)?;
         Ok(bytes.to_vec())
     }
 
     pub(super) fn list_dir(&self, key: &str, location: &str) -> Result<Vec<String>, Failure> {
         const IMPORT: &str = "sluice:connector/file-io.list-dir";
-        let names = wait(IMPORT, self.store.list_level(key))?.map_err(io_error)?;
+        let names = wait(IMPORT, self.store(key).list_level(key))?.map_err(io_error)?;
         if names.is_empty() && !self.is_root(key) {
             return Err(IoError::NotFound(location.to_string()).into());
         }
@@ -257,11 +277,12 @@ impl ObjectGrant {
         let _held = reserve(memory, &format!("writing {location}"), contents.len() as u64)?;
         let bytes = Bytes::from(contents);
         if !overwrite {
-            wait(IMPORT, self.store.create_exclusive(key, bytes))?.map_err(io_error)?;
+            wait(IMPORT, self.store(key).create_exclusive(key, bytes))?.map_err(io_error)?;
             return Ok(());
         }
+        let store = self.store(key);
         wait(IMPORT, async {
-            let mut writer = self.store.writer(key, false, DEFAULT_PART_SIZE).await?;
+            let mut writer = store.writer(key, false, DEFAULT_PART_SIZE).await?;
             writer.write(bytes).await?;
             writer.finish().await
         })?
@@ -275,17 +296,17 @@ impl ObjectGrant {
         if self.is_root(key) {
             return Err(IoError::Denied(format!("cannot delete the granted root {location}")).into());
         }
-        match wait(IMPORT, self.store.stat(key))? {
-            Ok(_) => return Ok(wait(IMPORT, self.store.delete(key))?.map_err(io_error)?),
+        match wait(IMPORT, self.store(key).stat(key))? {
+            Ok(_) => return Ok(wait(IMPORT, self.store(key).delete(key))?.map_err(io_error)?),
             Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(io_error(e).into()),
         }
-        let under = wait(IMPORT, self.store.list(key))?.map_err(io_error)?;
+        let under = wait(IMPORT, self.store(key).list(key))?.map_err(io_error)?;
         if under.is_empty() {
             return Err(IoError::NotFound(location.to_string()).into());
         }
         for object in under {
-            wait(IMPORT, self.store.delete(&object.key))?.map_err(io_error)?;
+            wait(IMPORT, self.store(&object.key).delete(&object.key))?.map_err(io_error)?;
         }
         Ok(())
     }
@@ -302,7 +323,7 @@ impl ObjectGrant {
         let key = self.file_key(key, location)?;
         let held =
             reserve(memory, &format!("the upload buffers of {location}"), upload_buffer_bytes(DEFAULT_PART_SIZE))?;
-        let writer = wait(IMPORT, self.store.writer(key, !overwrite, DEFAULT_PART_SIZE))?.map_err(io_error)?;
+        let writer = wait(IMPORT, self.store(key).writer(key, !overwrite, DEFAULT_PART_SIZE))?.map_err(io_error)?;
         Ok(ObjectOutput { location: location.to_string(), writer: Some(writer), _held: held })
     }
 }

@@ -33,6 +33,7 @@ pub mod catalog_auth;
 mod catalog_faults;
 mod catalog_rest;
 pub mod catalog_storage;
+mod catalog_vended;
 pub mod codec;
 pub mod file_io;
 mod file_io_store;
@@ -95,7 +96,10 @@ impl Granted {
                 Some(Arc::new(CatalogGrant::for_config(config, &job.sink_stores)?.with_faults(faults)))
             }
         };
-        let files = FileGrants::with_stores(&job.base_dir, &locations, &g.read_locations, &job.sink_stores)?;
+        let mut files = FileGrants::with_stores(&job.base_dir, &locations, &g.read_locations, &job.sink_stores)?;
+        if let Some(vended) = catalog.as_ref().and_then(|c| c.vended()) {
+            files.use_vended(&vended);
+        }
         let grpc = GrpcGrant::open(&job.endpoints)?;
         let http = HttpGrant::open(&job.http_endpoints)?;
         Ok(Self { files: Arc::new(files), catalog, grpc: Arc::new(grpc), http: Arc::new(http) })
