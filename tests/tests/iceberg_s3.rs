@@ -368,22 +368,3 @@ fn a_warehouse_in_a_missing_bucket_is_refused_before_the_catalog_is_made() {
     );
     assert!(!db.parent().expect("db dir").exists(), "no catalog was made");
 }
-
-/// The REST catalog's warehouse stays local: an S3 one is refused at load,
-/// naming the key and what is served there.
-#[test]
-fn a_rest_warehouse_on_s3_is_refused_naming_the_key() {
-    let job = job("ice-rest-s3");
-    let err = job
-        .load(&[
-            "sink.catalog.kind=\"rest\"",
-            "sink.catalog.uri=\"http://127.0.0.1:9\"",
-            "sink.catalog.warehouse=s3://lake/wh",
-        ])
-        .expect_err("refused");
-    let message = err.to_string();
-    assert!(
-        message.contains("sink.catalog.warehouse") && message.contains("s3:// locations are not served here yet"),
-        "{message}"
-    );
-}
