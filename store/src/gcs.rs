@@ -5,8 +5,8 @@
 //! uploads but no other generation precondition, and reports no generation
 //! with a read, so it can neither replace conditionally nor tell which
 //! version a read returned. These few requests are built here and sent
-//! through opendal's own HTTP client, signed as opendal signs its GCS
-//! requests.
+//! through the store's HTTP client (the one its opendal operator uses),
+//! signed as opendal signs its GCS requests.
 //!
 //! Invariants:
 //! - the version token is the object's generation (a decimal `u64`), never
@@ -80,11 +80,10 @@ pub(crate) struct GcsJson {
 }
 
 impl GcsJson {
-    /// Sends nothing: credentials are loaded at the first request.
-    pub(crate) fn new(bucket: &str, options: &GcsOptions) -> Self {
+    /// Sends nothing: credentials are loaded at the first request. `client`
+    /// is the store's own (the one its opendal operator sends with).
+    pub(crate) fn new(bucket: &str, options: &GcsOptions, client: HttpClient) -> Self {
         let endpoint = options.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT).trim_end_matches('/').to_string();
-        // The process-wide client opendal's services use by default.
-        let client = HttpClient::default();
         let signer = (!options.anonymous).then(|| {
             // As opendal's GCS builder: the environment as it is now, with
             // the scope that a service-account key is exchanged for.
@@ -112,8 +111,9 @@ impl GcsJson {
                 let (mut parts, body) = req.into_parts();
                 signer.sign(&mut parts, None).await.map_err(|e| {
                     let retryable = e.is_retryable();
-                    let err = opendal::Error::new(ErrorKind::PermissionDenied, format!("no Google access token: {ADC_HINT}"))
-                        .set_source(e);
+                    let err =
+                        opendal::Error::new(ErrorKind::PermissionDenied, format!("no Google access token: {ADC_HINT}"))
+                            .set_source(e);
                     if retryable { err.set_temporary() } else { err }
                 })?;
                 // As opendal does: the client sets Host for the HTTP version

@@ -289,7 +289,7 @@ impl ObjectStore {
                 builder = builder.session_token(token);
             }
         }
-        Self::finish(root, false, Operator::new(builder))
+        Self::finish(root, None, Operator::new(builder))
     }
 
     /// A GCS bucket, with Application Default Credentials (unless `anonymous`).
@@ -303,18 +303,31 @@ impl ObjectStore {
         if options.anonymous {
             builder = builder.skip_signature().disable_vm_metadata();
         }
-        let mut store = Self::finish(root, true, Operator::new(builder))?;
-        store.gcs_json = Some(Arc::new(gcs::GcsJson::new(bucket, options)));
-        Ok(store)
+        Self::finish(root, Some((bucket, options)), Operator::new(builder))
     }
 
+    /// The store, with an HTTP client of its own. opendal's default is one
+    /// reqwest client for the whole process, whose pooled connections run
+    /// on the tokio runtime that opened them: once that runtime is dropped,
+    /// a request of any other store on such a connection fails ("dispatch
+    /// task is gone"), or is cut off after it was sent, its outcome unknown.
+    /// A client per store keeps one store's runtime from breaking another's.
+    ///
+    /// `gcs`: the bucket and options of a GCS store, whose JSON API
+    /// requests (`gcs.rs`) go through the same client.
     fn finish(
         root: String,
-        gcs: bool,
+        gcs: Option<(&str, &GcsOptions)>,
         built: opendal::Result<opendal::OperatorBuilder<impl opendal::raw::Access>>,
     ) -> Result<Self, StoreError> {
-        let builder = built.map_err(|e| StoreError::Config { url: root.clone(), message: e.to_string() })?;
-        Ok(Self { op: builder.finish(), gcs, gcs_json: None, root })
+        let config = |message: String| StoreError::Config { url: root.clone(), message };
+        let builder = built.map_err(|e| config(e.to_string()))?;
+        let client =
+            reqwest::Client::builder().build().map_err(|e| config(format!("cannot build an HTTP client: {e}")))?;
+        let client = opendal::raw::HttpClient::with(client);
+        let op = builder.layer(opendal::layers::HttpClientLayer::new(client.clone())).finish();
+        let gcs_json = gcs.map(|(bucket, options)| Arc::new(gcs::GcsJson::new(bucket, options, client)));
+        Ok(Self { op, gcs: gcs_json.is_some(), gcs_json, root })
     }
 
     /// `s3://bucket/key`.
