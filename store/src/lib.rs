@@ -22,7 +22,9 @@
 //! - keys are plain object keys: not empty, no leading or trailing `/`.
 //!
 //! Credentials stay in the host and come from the platforms' standard
-//! chains, through opendal's signers (reqsign); nothing here signs requests:
+//! chains, through reqsign's signers (opendal's own, and for `gcs.rs`'s
+//! requests a Google signer built as opendal builds it); no signing code
+//! of our own:
 //! - S3: the AWS default chain (the `AWS_*` variables, the shared config and
 //!   credentials files with `AWS_PROFILE`, web identity, ECS, IMDS), the
 //!   region from [`S3Options::region`] or `AWS_REGION`/`AWS_DEFAULT_REGION`,
