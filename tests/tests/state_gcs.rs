@@ -4,8 +4,11 @@
 //! overwritten; one run at a time holds the state directory by a lease
 //! object swapped on its generation: a second live run refuses, the run
 //! after a SIGKILL takes the lease over once it expired, a holder whose
-//! compare-and-swap fails stops, and a frozen holder that wakes after a
-//! takeover changes nothing. The host reaches the server as Google's client
+//! compare-and-swap fails stops, a frozen holder that wakes after a
+//! takeover changes nothing, and a lease deleted after an interrupted
+//! takeover does not adopt the partial copy. (`state_s3.rs`'s throttled
+//! swap of `current` needs a server that fails chosen requests, which
+//! fake-gcs-server cannot.) The host reaches the server as Google's client
 //! libraries reach an emulator, through `STORAGE_EMULATOR_HOST` (unsigned
 //! requests), set once for this process and inherited by the `sluice run`
 //! processes it starts.
@@ -330,4 +333,41 @@ fn a_frozen_holder_that_wakes_after_a_takeover_changes_nothing() {
     assert_eq!(summary.attempt, 3, "{summary:?}");
     assert_exactly_once(&read_visible(&job.out()), 40_000);
     assert_eq!(committed_dirs(&job), landed, "the rerun had nothing to land");
+}
+
+/// A run killed in the middle of its takeover copy leaves a partial folder
+/// of a newer epoch (here only `attempt`, the first object in key order);
+/// the lease still names the old folder as `current`. An operator then
+/// deletes the lease object to get on without waiting for it to expire. The
+/// next run must not take that partial folder for the state (it holds no
+/// record and no incarnation: the job would start over and land every row
+/// again): it resumes from the last folder a run completed.
+#[test]
+fn a_lease_deleted_after_an_interrupted_takeover_does_not_adopt_the_partial_copy() {
+    let prefix = "partial/state";
+    let sets = on_gcs(prefix, "2");
+    let job = TestJob::files("gcs-partial", 3100, 2, 500);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(job.run_with(&refs(&sets), Some(crash)).expect_err("crash").is_injected_crash());
+    let store = bucket();
+    let landed = committed_dirs(&job);
+    assert!(landed >= 2, "the first run committed checkpoints");
+
+    // A run took epoch 2 over epoch 1 and was killed after copying `attempt`.
+    let key = format!("{prefix}/lease");
+    let lease = block(store.read_versioned(&key)).expect("lease");
+    let mut doc: serde_json::Value = serde_json::from_slice(&lease.bytes).expect("json");
+    assert_eq!((doc["epoch"].as_u64(), doc["current"].as_u64()), (Some(1), Some(1)), "{doc}");
+    doc["epoch"] = 2.into();
+    doc["holder"] = "the run killed mid-copy".into();
+    block(store.replace_if(&key, Bytes::from(doc.to_string()), &lease.etag)).expect("the killed run's lease");
+    let attempt = block(store.read(&format!("{prefix}/epoch-000001/attempt"))).expect("attempt");
+    block(store.create_exclusive(&format!("{prefix}/epoch-000002/attempt"), attempt)).expect("partial copy");
+
+    // The operator removes the lease by hand.
+    block(store.delete(&key)).expect("delete the lease");
+
+    let summary = job.run_with(&refs(&sets), None).expect("resumes");
+    assert_exactly_once(&read_visible(&job.out()), 3100);
+    assert_eq!(summary.attempt, 2, "it resumed the first run's state: {summary:?}");
 }
