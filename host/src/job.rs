@@ -26,7 +26,7 @@ use crate::location::{Location, LocationError, Scheme, Served};
 use sluice_store::StoreOptions;
 
 /// What `job.state_dir` serves besides local paths.
-pub const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3] };
+pub const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3, Scheme::Gs] };
 /// What `sink.catalog.warehouse` of `kind = "sql"` serves besides local
 /// paths: the host's catalog writes the table metadata there through
 /// `sluice-store` (`capability/catalog_storage.rs`), the plugin its data
@@ -920,24 +920,15 @@ impl Job {
     }
 
     /// `job.state_dir`, or `.sluice/<id>` next to the job file.
-    /// S3 is served (records are exclusive creates, the run's lease a
-    /// compare-and-swap on its ETag); GCS is not: opendal 0.57 has no
-    /// conditional replace there, so no lease could be taken honestly.
+    /// S3 and GCS are served: records are exclusive creates, the run's lease
+    /// a compare-and-swap on the object's version (S3's ETag, GCS's
+    /// generation); see `engine/object_state.rs`.
     fn resolve_state_dir(&mut self) -> Result<(), JobError> {
         const KEY: &str = "job.state_dir";
         self.state = match &self.spec.job.state_dir {
             Some(dir) => {
                 let text = dir.to_str().ok_or_else(|| self.invalid(KEY, format!("{} is not UTF-8", dir.display())))?;
-                Location::parse(text, &self.base_dir, STATE_DIR_SERVED).map_err(|e| match e {
-                    LocationError::NotServed { scheme: Scheme::Gs, .. } => self.invalid(
-                        KEY,
-                        format!(
-                            "{e}. A state directory on GCS needs a conditional replace for the run's lease, \
-                             which the object-store layer (opendal 0.57) does not offer on GCS"
-                        ),
-                    ),
-                    e => self.invalid(KEY, e.to_string()),
-                })?
+                Location::parse(text, &self.base_dir, STATE_DIR_SERVED).map_err(|e| self.invalid(KEY, e.to_string()))?
             }
             None => Location::Local(self.base_dir.join(".sluice").join(&self.spec.job.id)),
         };

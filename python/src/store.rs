@@ -4,7 +4,8 @@
 //! - Python reads records here but never writes one; only the engine
 //!   (`run`, `Landing`) does;
 //! - a state directory is a location as `job.state_dir` takes it: a local
-//!   path or `s3://bucket/prefix` (held by a lease there); a scheme the
+//!   path, `s3://bucket/prefix` or `gs://bucket/prefix` (held by a lease
+//!   there); a scheme the
 //!   engine does not serve is refused, never taken for a relative path.
 
 use std::path::PathBuf;
@@ -30,7 +31,8 @@ pub(crate) struct CheckpointStore {
 #[pymethods]
 impl CheckpointStore {
     /// Opens and holds the state directory of `job_id`: a local path
-    /// (relative to the working directory), locked, or `s3://bucket/prefix`,
+    /// (relative to the working directory), locked, or `s3://bucket/prefix`
+    /// or `gs://bucket/prefix`,
     /// under a lease of `lease_secs`.
     #[new]
     #[pyo3(signature = (state_dir, job_id, retain = 3, lease_secs = 30.0))]

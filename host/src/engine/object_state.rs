@@ -1,18 +1,21 @@
 //! A job's state directory on an object store (`job.state_dir =
-//! "s3://bucket/prefix"`), behind [`super::checkpoint::CheckpointStore`].
+//! "s3://bucket/prefix"` or `"gs://bucket/prefix"`), behind
+//! [`super::checkpoint::CheckpointStore`].
 //!
 //! Layout under the prefix: `lease`, and the state of each holding epoch in
 //! `epoch-<e>/`: `checkpoints/chk-<c>-<seq>.json` (the records), `attempt`,
 //! `incarnation` and `halted` (small state files).
 //!
 //! Invariants:
-//! - a record is one object, created exclusively (`If-None-Match: *`) and
-//!   never overwritten: re-persisting checkpoint `c` (its pending commits
+//! - a record is one object, created exclusively (`If-None-Match: *` on S3,
+//!   `ifGenerationMatch=0` on GCS) and never overwritten: re-persisting checkpoint `c` (its pending commits
 //!   settled) creates `chk-<c>-<seq+1>`, and the highest sequence of the
 //!   highest checkpoint is the newest record. An exclusive create that finds
 //!   its object taken means another run writes here: this run stops;
-//! - a small state file is replaced only by compare-and-swap on the ETag it
-//!   was read with (created exclusively when absent);
+//! - a small state file is replaced only by compare-and-swap on the version
+//!   it was read with (created exclusively when absent). The version is the
+//!   store's token (`sluice-store`): the ETag on S3 (`If-Match`), the
+//!   generation on GCS (`ifGenerationMatch`); "ETag" below means that token;
 //! - one run at a time holds the state directory, by a lease object: taken
 //!   by exclusive create, or by compare-and-swap over a lease that expired
 //!   (released, or watched unrenewed for its whole length on this run's
@@ -48,13 +51,23 @@
 //!   by hand) has lost it: any run may create it at once;
 //! - a run that ends releases its lease (expired at once, `current` kept) so
 //!   the next run need not wait; a killed one leaves it to expire;
-//! - credentials and endpoint come from the job's `[job.s3]`, else the
-//!   standard AWS environment (`AWS_ENDPOINT_URL`, `AWS_REGION`,
-//!   `AWS_ACCESS_KEY_ID`, ...), through `sluice-store`.
+//! - credentials and endpoint come from the job's `[job.s3]` / `[job.gcs]`,
+//!   else the platform's standard environment, through `sluice-store`: on
+//!   S3 the AWS one (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+//!   ...); on GCS Application Default Credentials, or, with
+//!   `STORAGE_EMULATOR_HOST` set, that emulator, unsigned, as Google's
+//!   client libraries do.
 //!
 //! The engine is synchronous here: the store's futures run on a runtime of
 //! this module's own, and callers wait on a channel, so this works whether
-//! or not the caller is inside another tokio runtime.
+//! or not the caller is inside another tokio runtime. That runtime is one
+//! for the process and is never shut down: an HTTP client pools connections
+//! whose tasks live on the runtime that opened them, and a runtime dropped
+//! with a state directory broke the requests of the next one in the same
+//! process while they shared opendal's process-wide client ("dispatch task
+//! is gone", or a write cut off after it was sent). Each store has a client
+//! of its own now (`sluice-store`); one runtime keeps it so whatever else
+//! shares a connection.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -140,10 +153,23 @@ pub(super) struct ObjectState {
     prefix: String,
     /// The key of the folder of the epoch that holds the state.
     base: String,
-    runtime: Option<tokio::runtime::Runtime>,
     handle: Handle,
     held: Option<Arc<Held>>,
     renewer: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+}
+
+/// The runtime every state directory's requests run on (see the module doc).
+fn state_runtime() -> std::io::Result<Handle> {
+    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> = std::sync::OnceLock::new();
+    let built = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sluice-state")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the state directory's runtime: {e}"))
+    });
+    built.as_ref().map(|runtime| runtime.handle().clone()).map_err(|e| std::io::Error::other(e.clone()))
 }
 
 /// Runs `fut` on `handle`'s runtime and waits for it from this thread.
@@ -208,31 +234,11 @@ impl ObjectState {
         let url = if prefix.is_empty() { format!("{scheme}{bucket}") } else { format!("{scheme}{bucket}/{prefix}") };
         let store = match scheme {
             Scheme::S3 => ObjectStore::s3(bucket, &stores.s3)?,
-            // job.rs refuses it: there is no compare-and-swap for a lease on GCS.
-            Scheme::Gs => {
-                return Err(CheckpointError::Store(StoreError::Config {
-                    url,
-                    message: "a state directory on GCS is not served (no conditional replace for the lease)".into(),
-                }));
-            }
+            Scheme::Gs => ObjectStore::gcs(bucket, &stores.gcs)?,
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("sluice-state")
-            .enable_all()
-            .build()
-            .map_err(|source| CheckpointError::Io { path: PathBuf::from(&url), source })?;
-        let handle = runtime.handle().clone();
-        let mut state = Self {
-            store,
-            url,
-            prefix: prefix.to_string(),
-            base: String::new(),
-            runtime: Some(runtime),
-            handle,
-            held: None,
-            renewer: None,
-        };
+        let handle = state_runtime().map_err(|source| CheckpointError::Io { path: PathBuf::from(&url), source })?;
+        let mut state =
+            Self { store, url, prefix: prefix.to_string(), base: String::new(), handle, held: None, renewer: None };
         match lease {
             Some(lease) => state.take_lease(lease)?,
             None => {
@@ -625,9 +631,18 @@ impl ObjectState {
         }
         tracing::debug!(state_dir = %self.url, from, to, objects = copied, "moved the state into this run's epoch");
         let store = self.store.clone();
-        let listed = self.run(async move { store.list(&from_dir).await })?;
-        for o in listed.unwrap_or_default() {
-            self.delete_key(o.key);
+        let dir = from_dir.clone();
+        match self.run(async move { store.list(&dir).await })? {
+            Ok(listed) => {
+                for o in listed {
+                    self.delete_key(o.key);
+                }
+            }
+            Err(e) => tracing::warn!(
+                folder = %self.store.url(&from_dir),
+                error = %e,
+                "could not list the former epoch's folder to remove it (it is never read again)"
+            ),
         }
         Ok(())
     }
@@ -796,9 +811,6 @@ impl Drop for ObjectState {
                     Err(e) => tracing::warn!(error = %e, "could not release the state directory's lease"),
                 }
             }
-        }
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
         }
     }
 }
