@@ -48,7 +48,9 @@
 //! [`ObjectStore::read_versioned`] send JSON API requests of their own
 //! (`gcs.rs`), through opendal's HTTP client and signed by the same
 //! reqsign Google chain; and its GCS multipart uploads carry no
-//! precondition, so an exclusive [`ObjectStore::writer`] is S3-only.
+//! precondition, so an exclusive [`ObjectStore::writer`] on GCS claims its
+//! key with an exclusive empty object and then streams a resumable upload
+//! that may replace only that claim (`gcs.rs`).
 //!
 //! TLS is rustls on ring with the system's roots (rustls-platform-verifier),
 //! as the host's other clients.
@@ -108,7 +110,7 @@ pub enum StoreError {
         #[source]
         source: Box<opendal::Error>,
     },
-    /// The store cannot do what was asked (e.g. an exclusive streaming upload on GCS).
+    /// The store cannot do what was asked (an operation its service lacks).
     #[error("{url}: {operation} is not supported by this store: {source}")]
     Unsupported {
         url: String,
@@ -245,7 +247,6 @@ pub struct Versioned {
 #[derive(Clone)]
 pub struct ObjectStore {
     op: Operator,
-    gcs: bool,
     /// GCS's JSON API, for what opendal does not send (`gcs.rs`).
     gcs_json: Option<Arc<gcs::GcsJson>>,
     /// `s3://bucket` or `gs://bucket`: the start of every URL in an error.
@@ -329,7 +330,7 @@ impl ObjectStore {
         let client = opendal::raw::HttpClient::with(client);
         let op = builder.layer(opendal::layers::HttpClientLayer::new(client.clone())).finish();
         let gcs_json = gcs.map(|(bucket, options)| Arc::new(gcs::GcsJson::new(bucket, options, client)));
-        Ok(Self { op, gcs: gcs_json.is_some(), gcs_json, root })
+        Ok(Self { op, gcs_json, root })
     }
 
     /// `s3://bucket/key`.
@@ -542,20 +543,21 @@ impl ObjectStore {
 
     /// A streaming writer of `key` in parts of `part_size` bytes (a single
     /// upload when the whole object is smaller). With `exclusive`, the
-    /// upload completes only if no object is there. Nothing is visible until
-    /// [`ObjectWriter::finish`].
-    ///
-    /// An exclusive writer on GCS is refused as unsupported: opendal 0.57
-    /// uploads GCS parts through the XML multipart API without a
-    /// precondition, so a taken key would be overwritten silently.
+    /// upload completes only if no object is there. On S3 nothing is visible
+    /// until [`ObjectWriter::finish`]; an exclusive upload on GCS larger
+    /// than one part claims its key first with an empty object (see
+    /// `gcs.rs`: opendal 0.57 uploads GCS parts through the XML multipart API
+    /// without a precondition, so the JSON API's resumable upload is used).
     pub async fn writer(&self, key: &str, exclusive: bool, part_size: usize) -> Result<ObjectWriter, StoreError> {
         self.check_key(key)?;
-        if exclusive && self.gcs {
-            let why = "an exclusive streaming upload (GCS multipart uploads carry no precondition here)";
-            return Err(StoreError::Unsupported {
-                url: self.url(key),
-                operation: "exclusive streaming upload",
-                source: Box::new(opendal::Error::new(ErrorKind::Unsupported, why)),
+        if exclusive && let Some(json) = &self.gcs_json {
+            let upload = gcs::GcsUpload::new(Arc::clone(json), self.clone(), key, part_size);
+            return Ok(ObjectWriter {
+                store: self.clone(),
+                key: key.to_string(),
+                exclusive,
+                inner: Inner::Gcs(Box::new(upload)),
+                written: 0,
             });
         }
         let inner = self
@@ -567,24 +569,41 @@ impl ObjectStore {
             .content_type(CONTENT_TYPE)
             .await
             .map_err(|e| self.error(key, "start an upload", e))?;
-        Ok(ObjectWriter { store: self.clone(), key: key.to_string(), exclusive, inner, written: 0 })
+        Ok(ObjectWriter {
+            store: self.clone(),
+            key: key.to_string(),
+            exclusive,
+            inner: Inner::Opendal(inner),
+            written: 0,
+        })
     }
 }
 
 /// An upload in progress; dropped unfinished, it never becomes visible
-/// (call [`ObjectWriter::abort`] to free the parts already sent).
+/// (call [`ObjectWriter::abort`] to free the parts already sent), except
+/// for the empty claim of an exclusive GCS upload (see [`ObjectStore::writer`]).
 pub struct ObjectWriter {
     store: ObjectStore,
     key: String,
     exclusive: bool,
-    inner: opendal::Writer,
+    inner: Inner,
     written: u64,
+}
+
+enum Inner {
+    Opendal(opendal::Writer),
+    Gcs(Box<gcs::GcsUpload>),
 }
 
 impl ObjectWriter {
     pub async fn write(&mut self, bytes: Bytes) -> Result<(), StoreError> {
         let len = bytes.len() as u64;
-        self.inner.write(bytes).await.map_err(|e| self.store.error(&self.key, "upload a part", e))?;
+        match &mut self.inner {
+            Inner::Opendal(inner) => {
+                inner.write(bytes).await.map_err(|e| self.store.error(&self.key, "upload a part", e))?
+            }
+            Inner::Gcs(upload) => upload.write(bytes).await?,
+        }
         self.written += len;
         Ok(())
     }
@@ -594,17 +613,26 @@ impl ObjectWriter {
         self.written
     }
 
-    /// Completes the upload and makes the object visible; returns its ETag.
-    pub async fn finish(mut self) -> Result<Option<String>, StoreError> {
-        match self.inner.close().await {
-            Ok(meta) => Ok(meta.etag().map(str::to_string)),
-            Err(e) if self.exclusive => Err(self.store.create_error(&self.key, "complete an upload", e)),
-            Err(e) => Err(self.store.error(&self.key, "complete an upload", e)),
+    /// Completes the upload and makes the object visible; returns its
+    /// version token (the ETag; on an exclusive GCS upload the generation).
+    pub async fn finish(self) -> Result<Option<String>, StoreError> {
+        match self.inner {
+            Inner::Gcs(upload) => upload.finish().await.map(Some),
+            Inner::Opendal(mut inner) => match inner.close().await {
+                Ok(meta) => Ok(meta.etag().map(str::to_string)),
+                Err(e) if self.exclusive => Err(self.store.create_error(&self.key, "complete an upload", e)),
+                Err(e) => Err(self.store.error(&self.key, "complete an upload", e)),
+            },
         }
     }
 
     /// Abandons the upload and frees its parts.
-    pub async fn abort(mut self) -> Result<(), StoreError> {
-        self.inner.abort().await.map_err(|e| self.store.error(&self.key, "abort an upload", e))
+    pub async fn abort(self) -> Result<(), StoreError> {
+        match self.inner {
+            Inner::Gcs(upload) => upload.abort().await,
+            Inner::Opendal(mut inner) => {
+                inner.abort().await.map_err(|e| self.store.error(&self.key, "abort an upload", e))
+            }
+        }
     }
 }

@@ -169,7 +169,7 @@ fn gcs(server: &FakeGcs) -> ObjectStore {
 }
 
 #[test]
-fn gcs_exclusive_create_read_list_delete_and_what_is_unsupported() {
+fn gcs_exclusive_create_read_list_delete() {
     let server = FakeGcs::start(&["lake"]);
     let options = GcsOptions { endpoint: Some(server.endpoint.clone()), anonymous: true };
     let gcs = ObjectStore::gcs("lake", &options).expect("a GCS store on fake-gcs-server");
@@ -182,9 +182,11 @@ fn gcs_exclusive_create_read_list_delete_and_what_is_unsupported() {
         let listed: Vec<String> = gcs.list("state").await.expect("list").into_iter().map(|o| o.key).collect();
         assert_eq!(listed, ["state/ck-1"]);
 
-        // opendal 0.57 has no exclusive multipart upload on GCS: refused, not faked.
-        let err = gcs.writer("state/big", true, DEFAULT_PART_SIZE).await.err().expect("no exclusive upload");
-        assert!(matches!(err, StoreError::Unsupported { .. }), "{err:?}");
+        // An exclusive streaming writer of a taken key fails, the object stays.
+        let mut w = gcs.writer("state/ck-1", true, DEFAULT_PART_SIZE).await.expect("start");
+        w.write(Bytes::from_static(b"second")).await.expect("buffered");
+        let err = w.finish().await.expect_err("taken");
+        assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err:?}");
         assert_eq!(gcs.read("state/ck-1").await.expect("read"), Bytes::from_static(b"first"));
 
         let mut w = gcs.writer("data/f", false, DEFAULT_PART_SIZE).await.expect("start");
@@ -275,5 +277,89 @@ fn gcs_racing_swaps_on_one_generation_leave_one_winner() {
             assert_eq!(&now.etag, new, "round {round}");
             token = now.etag;
         }
+    });
+}
+
+/// `n` bytes that differ from chunk to chunk (so a misplaced chunk shows).
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i / 1000) as u8 ^ (i as u8).wrapping_mul(31) ^ seed).collect()
+}
+
+/// Writes `data` to an exclusive writer of `key` in pieces of `piece`, in
+/// chunks of the smallest part GCS takes (256 KiB).
+async fn upload(gcs: &ObjectStore, key: &str, data: &[u8], piece: usize) -> Result<Option<String>, StoreError> {
+    let mut w = gcs.writer(key, true, 256 << 10).await?;
+    for part in data.chunks(piece) {
+        w.write(Bytes::copy_from_slice(part)).await?;
+    }
+    w.finish().await
+}
+
+/// Exclusive streaming uploads on GCS (`store/src/gcs.rs`): an object of
+/// less than one chunk is one multipart upload with `ifGenerationMatch=0`;
+/// a larger one claims its key with an empty object created that way and
+/// streams a resumable upload over the claim. The exclusivity rests on the
+/// claim, the request fake-gcs-server enforces (it ignores preconditions on
+/// resumable uploads, measured: a second resumable upload with
+/// `ifGenerationMatch=0` of a taken name answers 200 and overwrites it).
+#[test]
+fn gcs_exclusive_streaming_uploads_claim_their_key_first() {
+    let server = FakeGcs::start(&["lake"]);
+    let gcs = gcs(&server);
+    runtime().block_on(async {
+        // Sizes around the chunk: under one, exactly two (the last request
+        // carries no bytes, only the size), and several with a short tail.
+        for (key, size, piece) in [("f/small", 1000, 300), ("f/two", 512 << 10, 100_000), ("f/big", 1_900_000, 70_001)]
+        {
+            let data = pattern(size, size as u8);
+            let version = upload(&gcs, key, &data, piece).await.expect("upload").expect("a generation");
+            let read = gcs.read_versioned(key).await.expect("read");
+            assert_eq!(read.bytes.len(), size, "{key}");
+            assert!(read.bytes == data, "{key}: the bytes read back are those written, in order");
+            assert_eq!(read.etag, version, "{key}: the generation the upload returned is the object's");
+            // The same key again, small or large: already there, contents kept.
+            for again in [10, 600 << 10] {
+                let err = upload(&gcs, key, &pattern(again, 7), 50_000).await.expect_err("taken");
+                assert!(
+                    matches!(&err, StoreError::AlreadyExists { url } if url == &format!("gs://lake/{key}")),
+                    "{err:?}"
+                );
+            }
+            assert!(gcs.read(key).await.expect("read") == data, "{key} is untouched");
+        }
+
+        // Two writers of one new key: the first to fill a chunk claims it;
+        // the other is refused at its first chunk, before it sends any data.
+        let a = pattern(700 << 10, 1);
+        let b = pattern(700 << 10, 2);
+        let mut first = gcs.writer("f/raced", true, 256 << 10).await.expect("start a");
+        let mut second = gcs.writer("f/raced", true, 256 << 10).await.expect("start b");
+        first.write(Bytes::copy_from_slice(&a[..300 << 10])).await.expect("a claims");
+        let err = second.write(Bytes::copy_from_slice(&b[..300 << 10])).await.expect_err("b is refused");
+        assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err:?}");
+        first.write(Bytes::copy_from_slice(&a[300 << 10..])).await.expect("a goes on");
+        first.finish().await.expect("a completes");
+        assert!(gcs.read("f/raced").await.expect("read") == a, "the object is the first writer's");
+
+        // Aborted after its claim: the claim is deleted, the key is free.
+        let mut w = gcs.writer("f/aborted", true, 256 << 10).await.expect("start");
+        w.write(Bytes::from(pattern(300 << 10, 3))).await.expect("claims");
+        assert_eq!(gcs.stat("f/aborted").await.expect("the claim is visible").size, 0, "an empty claim");
+        w.abort().await.expect("abort");
+        assert!(matches!(gcs.stat("f/aborted").await, Err(StoreError::NotFound { .. })), "the claim is gone");
+        upload(&gcs, "f/aborted", &pattern(300 << 10, 4), 1 << 20).await.expect("the key is free again");
+
+        // Dropped unfinished (a crash): the empty claim stays and keeps the
+        // key taken, so nothing is ever overwritten.
+        let mut w = gcs.writer("f/dropped", true, 256 << 10).await.expect("start");
+        w.write(Bytes::from(pattern(300 << 10, 5))).await.expect("claims");
+        drop(w);
+        assert_eq!(gcs.stat("f/dropped").await.expect("the claim").size, 0);
+        let err = upload(&gcs, "f/dropped", b"later", 10).await.expect_err("taken by the claim");
+        assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err:?}");
+
+        // An empty exclusive upload makes an empty object, once.
+        upload(&gcs, "f/empty", b"", 1).await.expect("empty");
+        assert!(matches!(upload(&gcs, "f/empty", b"", 1).await, Err(StoreError::AlreadyExists { .. })));
     });
 }
