@@ -22,22 +22,17 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::capability::limits::{self, HostLimits};
-use crate::location::{Location, LocationError, Scheme, Served};
+use crate::location::{Location, Scheme, Served};
 use sluice_store::StoreOptions;
 
 /// What `job.state_dir` serves besides local paths.
 pub const STATE_DIR_SERVED: Served = Served { stores: &[Scheme::S3, Scheme::Gs] };
-/// What `sink.catalog.warehouse` of `kind = "sql"` serves besides local
-/// paths: the host's catalog writes the table metadata there through
-/// `sluice-store` (`capability/catalog_storage.rs`), the plugin its data
-/// files through `file-io`. Not GCS: the Iceberg plugin writes every data
-/// and manifest file as an exclusive streaming upload (`overwrite = false`),
-/// which `sluice-store` cannot make on GCS (see [`GCS_WAREHOUSE_WHY`]).
-const SQL_WAREHOUSE_SERVED: Served = Served { stores: &[Scheme::S3] };
-/// Why a `gs://` warehouse is refused, for its error.
-const GCS_WAREHOUSE_WHY: &str = "A warehouse on GCS needs exclusive streaming uploads for the plugin's data and \
-    manifest files, which the object-store layer (opendal 0.57) cannot make on GCS: its multipart uploads and \
-    rewrites carry no precondition";
+/// What `sink.catalog.warehouse` serves besides local paths: the host's
+/// catalog writes the table metadata there through `sluice-store`
+/// (`capability/catalog_storage.rs`), the plugin its data and manifest files
+/// through `file-io`, as exclusive streaming uploads (on GCS a claimed key
+/// and a resumable upload, see `sluice-store`'s `gcs.rs`).
+const SQL_WAREHOUSE_SERVED: Served = Served { stores: &[Scheme::S3, Scheme::Gs] };
 /// The file source reads objects through `sluice-store` (`source::object`).
 const SOURCE_PATH_SERVED: Served = Served { stores: &[Scheme::S3, Scheme::Gs] };
 
@@ -984,12 +979,8 @@ impl Job {
             .to_str()
             .ok_or_else(|| self.invalid(WAREHOUSE, format!("{} is not UTF-8", spec.warehouse.display())))?;
         // Both kinds serve the same stores: the plugin writes the data files through `file-io`.
-        let warehouse = Location::parse(text, &self.base_dir, SQL_WAREHOUSE_SERVED).map_err(|e| match e {
-            LocationError::NotServed { scheme: Scheme::Gs, .. } => {
-                self.invalid(WAREHOUSE, format!("{e}. {GCS_WAREHOUSE_WHY}"))
-            }
-            e => self.invalid(WAREHOUSE, e.to_string()),
-        })?;
+        let warehouse = Location::parse(text, &self.base_dir, SQL_WAREHOUSE_SERVED)
+            .map_err(|e| self.invalid(WAREHOUSE, e.to_string()))?;
         match spec.kind {
             CatalogKind::Sql => {
                 let rest_only = [
@@ -1377,26 +1368,21 @@ mod tests {
     }
 
     #[test]
-    fn a_warehouse_may_be_on_s3_but_not_on_gcs() {
-        let sql = ["sink.catalog.database=c.db"];
-        let job = load(MINIMAL, &[sql[0], "sink.catalog.warehouse=s3://lake/wh/"]).unwrap();
-        let expected = Location::ObjectStore { scheme: Scheme::S3, bucket: "lake".into(), prefix: "wh".into() };
-        assert_eq!(job.catalog.as_ref().map(CatalogConfig::warehouse), Some(expected));
-        let err = load(MINIMAL, &[sql[0], "sink.catalog.warehouse=gs://lake/wh"]).unwrap_err().to_string();
-        for part in ["key `sink.catalog.warehouse`", "gs:// locations are not served here yet", "exclusive streaming"] {
-            assert!(err.contains(part), "{part:?} in {err}");
+    fn a_warehouse_may_be_on_s3_or_gcs_but_not_elsewhere() {
+        let sql = "sink.catalog.database=c.db";
+        let rest = ["sink.catalog.kind=rest", "sink.catalog.uri=http://127.0.0.1:9"];
+        for (scheme, url) in [(Scheme::S3, "s3://lake/wh/"), (Scheme::Gs, "gs://lake/wh")] {
+            let warehouse = format!("sink.catalog.warehouse={url}");
+            let expected = Location::ObjectStore { scheme, bucket: "lake".into(), prefix: "wh".into() };
+            let job = load(MINIMAL, &[sql, &warehouse]).unwrap();
+            assert_eq!(job.catalog.as_ref().map(CatalogConfig::warehouse), Some(expected.clone()));
+            let job = load(MINIMAL, &[rest[0], rest[1], &warehouse]).unwrap();
+            assert_eq!(job.catalog.as_ref().map(CatalogConfig::warehouse), Some(expected));
         }
-        let rest =
-            ["sink.catalog.kind=rest", "sink.catalog.uri=http://127.0.0.1:9", "sink.catalog.warehouse=s3://lake/wh"];
-        let job = load(MINIMAL, &rest).unwrap();
-        let expected = Location::ObjectStore { scheme: Scheme::S3, bucket: "lake".into(), prefix: "wh".into() };
-        assert_eq!(job.catalog.as_ref().map(CatalogConfig::warehouse), Some(expected));
-        let gs = [rest[0], rest[1], "sink.catalog.warehouse=gs://lake/wh"];
-        let err = load(MINIMAL, &gs).unwrap_err().to_string();
-        assert!(
-            err.contains("key `sink.catalog.warehouse`") && err.contains("gs:// locations are not served"),
-            "{err}"
-        );
+        let err = load(MINIMAL, &[sql, "sink.catalog.warehouse=abfss://c@a.dfs.core.windows.net/wh"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key `sink.catalog.warehouse`") && err.contains("abfss://"), "{err}");
     }
 
     #[test]

@@ -565,6 +565,12 @@ impl RestCatalogDouble {
         Self::start_inner((warehouse.to_string(), file_io), None, Some(vending))
     }
 
+    /// Starts with its warehouse at `warehouse` (an object-store URL),
+    /// written through `file_io`; it vends no credentials. Every route is open.
+    pub fn start_on(warehouse: &str, file_io: FileIO) -> std::io::Result<Self> {
+        Self::start_inner((warehouse.to_string(), file_io), None, None)
+    }
+
     /// Every set of credentials vended so far, oldest first.
     pub fn vended(&self) -> Vec<VendedKey> {
         self.shared

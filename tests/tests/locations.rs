@@ -49,27 +49,6 @@ fn assert_refused(command: &str, sets: &[&str], expected: &[&str]) {
     assert_eq!(tree(root.path()), ["examples", "examples/iceberg.toml"], "{command} {sets:?} wrote something");
 }
 
-/// The reported bug: an s3:// warehouse and state dir ran to exit 0,
-/// writing into a local folder named `s3:`. (Both are served on S3 since,
-/// see `iceberg_s3.rs`, and the state dir on GCS too, see `state_gcs.rs`;
-/// a GCS warehouse is refused, saying why, and beside a GCS state dir
-/// nothing is written, neither locally nor to a bucket.)
-#[test]
-fn a_gcs_warehouse_is_refused_before_anything_is_written() {
-    let sets = ["sink.catalog.warehouse=gs://lake/warehouse", "job.state_dir=gs://lake/state"];
-    let refused = [
-        "key `sink.catalog.warehouse`",
-        "\"gs://lake/warehouse\": gs:// locations are not served here yet",
-        "served here: local paths and file:// URLs, s3://",
-        "needs exclusive streaming uploads",
-    ];
-    for command in ["run", "check"] {
-        assert_refused(command, &sets, &refused);
-        // The warehouse alone is refused the same way.
-        assert_refused(command, &sets[..1], &refused);
-    }
-}
-
 #[test]
 fn an_unknown_scheme_is_refused_naming_the_key_and_what_is_served() {
     for command in ["run", "check"] {

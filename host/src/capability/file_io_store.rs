@@ -12,8 +12,10 @@
 //!   `s3://lake/wh-other`). Anything else is `denied`;
 //! - `write-file` and `output-file` with `overwrite = false` are conditional
 //!   creates (`If-None-Match: *` / `ifGenerationMatch=0`): a taken key is
-//!   `already-exists`, never overwritten. GCS cannot stream such a create
-//!   (see `sluice-store`), so that one case is `other`, saying so;
+//!   `already-exists`, never overwritten. On GCS a streamed one larger
+//!   than one part first claims its key with an empty object (see
+//!   `sluice-store`'s `gcs.rs`), so an upload a crash cut off leaves that
+//!   empty object behind (plugins name exclusive files uniquely per attempt);
 //! - an `output-file` streams a multipart upload: the host holds the part
 //!   being filled and the parts in flight at most
 //!   ([`upload_buffer_bytes`] of [`DEFAULT_PART_SIZE`], reserved from the
