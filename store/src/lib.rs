@@ -355,6 +355,7 @@ impl ObjectStore {
         match e.kind() {
             ErrorKind::NotFound => StoreError::NotFound { url },
             ErrorKind::PermissionDenied => StoreError::Denied { url, source: Box::new(e) },
+            _ if refused_credentials(&e) => StoreError::Denied { url, source: Box::new(e) },
             ErrorKind::Unsupported => StoreError::Unsupported { url, operation, source: Box::new(e) },
             _ => StoreError::Other { url, operation, source: Box::new(e) },
         }
@@ -577,6 +578,22 @@ impl ObjectStore {
             written: 0,
         })
     }
+}
+
+/// S3 error codes that refuse the request's credentials rather than the
+/// request, answered with `400` as well as `403`
+/// (<https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html>):
+/// `ExpiredToken` and `TokenRefreshRequired` are `400 Bad Request`, which
+/// opendal reports as unexpected; the caller may get new credentials and
+/// send the request again (it was not applied).
+const CREDENTIAL_CODES: [&str; 5] =
+    ["ExpiredToken", "TokenRefreshRequired", "InvalidToken", "InvalidAccessKeyId", "SignatureDoesNotMatch"];
+
+/// Whether `e` is the store refusing the request's credentials (opendal
+/// puts the S3 error's `code` in its message).
+fn refused_credentials(e: &opendal::Error) -> bool {
+    let message = e.message();
+    CREDENTIAL_CODES.iter().any(|code| message.contains(&format!("code: \"{code}\"")))
 }
 
 /// An upload in progress; dropped unfinished, it never becomes visible

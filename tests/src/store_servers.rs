@@ -33,6 +33,17 @@ server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 port = server.get_host_and_port()[1]
 rule = {"method": None, "suffix": None, "skip": 0, "fail": 0}
+# Access key ids refused from now on, with the status to answer, and how
+# many requests were refused so far.
+denied = {}
+refused = [0]
+def refusal(status):
+    code, message = {
+        400: ("ExpiredToken", "The provided token has expired."),
+        403: ("AccessDenied", "Access Denied"),
+    }[status]
+    return (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+            f'<Message>{message}</Message></Error>').encode()
 lock = threading.Lock()
 moto_app = server._server.app
 SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -42,9 +53,25 @@ def faulty(environ, start_response):
     if path == "/_sluice_faults":
         q = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
         with lock:
-            rule.update(method=q["method"][0], suffix=q["suffix"][0], skip=int(q["skip"][0]), fail=int(q["fail"][0]))
-        start_response("200 OK", [("Content-Length", "0")])
-        return [b""]
+            if "deny" in q:
+                denied[q["deny"][0]] = int(q["status"][0])
+            elif "method" in q:
+                rule.update(method=q["method"][0], suffix=q["suffix"][0], skip=int(q["skip"][0]), fail=int(q["fail"][0]))
+            body = str(refused[0]).encode()
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+    auth = environ.get("HTTP_AUTHORIZATION", "")
+    key = auth.split("Credential=")[1].split("/")[0] if "Credential=" in auth else None
+    with lock:
+        status = denied.get(key)
+        if status is not None:
+            refused[0] += 1
+    if status is not None:
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        body = refusal(status)
+        reason = "Bad Request" if status == 400 else "Forbidden"
+        start_response(f"{status} {reason}", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        return [body]
     with lock:
         hit = rule["fail"] > 0 and method == rule["method"] and path.endswith(rule["suffix"])
         if hit and rule["skip"] > 0:
@@ -225,14 +252,31 @@ impl Moto {
     /// `method` whose path ends with `suffix` that come after the next
     /// `skip` such requests; `fail` 0 lets everything through again.
     pub fn fail_requests(&self, method: &str, suffix: &str, skip: u32, fail: u32) {
+        self.faults(&format!("method={method}&suffix={suffix}&skip={skip}&fail={fail}"));
+    }
+
+    /// From now on, refuses every request signed with `access_key_id` as S3
+    /// refuses credentials: `400 ExpiredToken` (an expired session token)
+    /// or `403 AccessDenied` (`status`). Returns how many requests were
+    /// refused so far.
+    pub fn deny_key(&self, access_key_id: &str, status: u16) -> u64 {
+        self.faults(&format!("deny={access_key_id}&status={status}"))
+    }
+
+    /// How many requests were refused for their credentials so far.
+    pub fn refused(&self) -> u64 {
+        self.faults("count=1")
+    }
+
+    fn faults(&self, query: &str) -> u64 {
         use std::io::Write;
-        let query = format!("method={method}&suffix={suffix}&skip={skip}&fail={fail}");
         let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.server.port)).expect("connect to moto");
         write!(conn, "GET /_sluice_faults?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             .expect("set moto's faults");
         let mut reply = String::new();
         conn.read_to_string(&mut reply).expect("moto's reply");
         assert!(reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200"), "{reply}");
+        reply.rsplit("\r\n\r\n").next().and_then(|b| b.trim().parse().ok()).expect("the count of refusals")
     }
 
     /// What the server logged so far (one line a request), for assertions.

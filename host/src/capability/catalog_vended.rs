@@ -16,8 +16,11 @@
 //!   than half their lifetime (at most [`REFRESH_AHEAD_MAX`]) remains, the
 //!   table is loaded again and the new ones are used from the next request
 //!   on. A reload that fails leaves the old ones in use, so a request may
-//!   then be refused (`denied`), and the plugin stops the job resumably, as
-//!   on any refused write;
+//!   then be refused; a `file-io` request the store refuses (403: revoked,
+//!   or expired early) loads the table again and is sent once more with
+//!   what it then comes with (a refused request was not applied, so this
+//!   is safe for conditional writes too); refused again, it is `denied`,
+//!   and the plugin stops the job resumably, as on any refused write;
 //! - an upload already started keeps the credentials it started with.
 
 use std::collections::HashMap;
@@ -171,13 +174,27 @@ impl Vended {
         if !due {
             return Some(store);
         }
-        let Some(catalog) = self.catalog.get().and_then(Weak::upgrade) else { return Some(store) };
-        match super::block_on(LOAD, catalog.load_table(&ident)) {
-            // The catalog recorded what the table came with.
+        self.reload(&ident);
+        self.lookup(location).map(|(_, store, _)| store)
+    }
+
+    /// The store for `location` with credentials loaded anew, whether or not
+    /// they were due: for a request the store refused with the current ones
+    /// (revoked, or expired early); `None` when no vended table covers it.
+    pub(crate) fn refreshed_store_for(&self, location: &Location) -> Option<ObjectStore> {
+        let (ident, _, _) = self.lookup(location)?;
+        self.reload(&ident);
+        self.lookup(location).map(|(_, store, _)| store)
+    }
+
+    /// Loads `ident` again; the catalog records what it comes with. A
+    /// failure leaves the old credentials in use (logged).
+    fn reload(&self, ident: &TableIdent) {
+        let Some(catalog) = self.catalog.get().and_then(Weak::upgrade) else { return };
+        match super::block_on(LOAD, catalog.load_table(ident)) {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::warn!(table = %ident, "reloading the table for new storage credentials failed: {e}"),
             Err(late) => tracing::warn!(table = %ident, "reloading the table for new storage credentials: {late}"),
         }
-        self.lookup(location).map(|(_, store, _)| store)
     }
 }

@@ -16,12 +16,19 @@
 //!   than one part first claims its key with an empty object (see
 //!   `sluice-store`'s `gcs.rs`), so an upload a crash cut off leaves that
 //!   empty object behind (plugins name exclusive files uniquely per attempt);
-//! - an `output-file` streams a multipart upload: the host holds the part
-//!   being filled and the parts in flight at most
-//!   ([`upload_buffer_bytes`] of [`DEFAULT_PART_SIZE`], reserved from the
-//!   instance's host memory while the file is open), a full part uploads in
-//!   the background while the plugin encodes the next, and nothing is
-//!   visible before `finish`; one dropped unfinished is aborted;
+//! - an `output-file` of at most one part ([`DEFAULT_PART_SIZE`]) is held
+//!   by the host and sent as one request at `finish`; a larger one streams
+//!   a multipart upload: the host holds the part being filled and the parts
+//!   in flight at most ([`upload_buffer_bytes`] of [`DEFAULT_PART_SIZE`],
+//!   reserved from the instance's host memory while the file is open), a
+//!   full part uploads in the background while the plugin encodes the
+//!   next, and nothing is visible before `finish`; one dropped unfinished
+//!   is aborted;
+//! - a request refused for its credentials (`Denied`: 403, or S3's
+//!   `ExpiredToken`) on a table whose credentials a REST catalog vended is
+//!   sent once more after the table is loaded again for new ones (it was
+//!   not applied, so this holds for conditional writes too); a streaming
+//!   upload keeps the credentials it started with;
 //! - reads are ranged (only the bytes asked for, reserved from the host
 //!   memory before they are fetched); lists read one folder level;
 //! - `rename` is refused as `other` with the words "cannot rename on an
@@ -118,6 +125,7 @@ pub(super) fn parse_plugin_location(location: &str) -> Result<Location, IoError>
 }
 
 /// One granted object-store location.
+#[derive(Clone)]
 pub(super) struct ObjectGrant {
     /// `Location::ObjectStore`.
     pub(super) root: Location,
@@ -163,13 +171,49 @@ impl ObjectGrant {
     /// The store to reach `key` with: the one of the vended table covering
     /// it (credentials refreshed when due), else the grant's.
     fn store(&self, key: &str) -> ObjectStore {
-        if let (Some(vended), Location::ObjectStore { scheme, bucket, .. }) = (&self.vended, &self.root) {
-            let location = Location::ObjectStore { scheme: *scheme, bucket: bucket.clone(), prefix: key.to_string() };
-            if let Some(store) = vended.store_for(&location) {
-                return store;
-            }
+        if let (Some(vended), Some(location)) = (&self.vended, self.location_of(key))
+            && let Some(store) = vended.store_for(&location)
+        {
+            return store;
         }
         self.store.clone()
+    }
+
+    fn location_of(&self, key: &str) -> Option<Location> {
+        match &self.root {
+            Location::ObjectStore { scheme, bucket, .. } => {
+                Some(Location::ObjectStore { scheme: *scheme, bucket: bucket.clone(), prefix: key.to_string() })
+            }
+            Location::Local(_) => None,
+        }
+    }
+
+    /// `request` on the store for `key`; refused (`Denied`) with vended
+    /// credentials, sent once more with the table's credentials loaded anew
+    /// (see `catalog_vended.rs`: a refused request was not applied).
+    fn send<T, F, Fut>(
+        &self,
+        import: &'static str,
+        key: &str,
+        request: F,
+    ) -> Result<Result<T, StoreError>, HostDeadline>
+    where
+        F: Fn(ObjectStore) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let first = wait(import, request(self.store(key)))?;
+        let (Err(StoreError::Denied { .. }), Some(vended), Some(location)) =
+            (&first, &self.vended, self.location_of(key))
+        else {
+            return Ok(first);
+        };
+        match vended.refreshed_store_for(&location) {
+            Some(store) => {
+                tracing::info!(%location, "refused with the vended credentials: sent again with new ones");
+                wait(import, request(store))
+            }
+            None => Ok(first),
+        }
     }
 
     /// The grant root's key prefix (`""`: the whole bucket).
@@ -207,7 +251,7 @@ impl ObjectGrant {
         if self.is_root(key) {
             return Ok(true);
         }
-        Ok(wait(import, self.store(key).has_children(key))?.map_err(io_error)?)
+        Ok(self.send(import, key, |s| async move { s.has_children(key).await })?.map_err(io_error)?)
     }
 
     pub(super) fn exists(&self, key: &str) -> Result<bool, Failure> {
@@ -215,7 +259,7 @@ impl ObjectGrant {
         if self.is_root(key) {
             return Ok(true);
         }
-        match wait(IMPORT, self.store(key).stat(key))? {
+        match self.send(IMPORT, key, |s| async move { s.stat(key).await })? {
             Ok(_) => Ok(true),
             Err(StoreError::NotFound { .. }) => self.is_folder(IMPORT, key),
             Err(e) => Err(io_error(e).into()),
@@ -224,7 +268,7 @@ impl ObjectGrant {
 
     pub(super) fn stat(&self, key: &str, location: &str) -> Result<FileStatus, Failure> {
         if !self.is_root(key) {
-            match wait(STAT, self.store(key).stat(key))? {
+            match self.send(STAT, key, |s| async move { s.stat(key).await })? {
                 Ok(info) => return Ok(FileStatus { size: info.size, is_dir: false }),
                 Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(io_error(e).into()),
@@ -247,18 +291,19 @@ impl ObjectGrant {
         memory: &Arc<HostMemory>,
     ) -> Result<Vec<u8>, Failure> {
         let key = self.file_key(key, location)?;
-        let size = wait(READ, self.store(key).stat(key))?.map_err(io_error)?.size;
+        let size = self.send(READ, key, |s| async move { s.stat(key).await })?.map_err(io_error)?.size;
         let wanted = length.min(size.saturating_sub(offset));
         let _held = reserve(memory, &format!("reading {location}"), wanted)?;
         // A ranged read of exactly `wanted` bytes: an object that grew since
         // the stat cannot make it hold more.
-        let bytes = wait(READ, self.store(key).read_range(key, offset, wanted))?.map_err(io_error)?;
+        let bytes =
+            self.send(READ, key, |s| async move { s.read_range(key, offset, wanted).await })?.map_err(io_error)?;
         Ok(bytes.to_vec())
     }
 
     pub(super) fn list_dir(&self, key: &str, location: &str) -> Result<Vec<String>, Failure> {
         const IMPORT: &str = "sluice:connector/file-io.list-dir";
-        let names = wait(IMPORT, self.store(key).list_level(key))?.map_err(io_error)?;
+        let names = self.send(IMPORT, key, |s| async move { s.list_level(key).await })?.map_err(io_error)?;
         if names.is_empty() && !self.is_root(key) {
             return Err(IoError::NotFound(location.to_string()).into());
         }
@@ -277,19 +322,7 @@ impl ObjectGrant {
         const IMPORT: &str = "sluice:connector/file-io.write-file";
         let key = self.file_key(key, location)?;
         let _held = reserve(memory, &format!("writing {location}"), contents.len() as u64)?;
-        let bytes = Bytes::from(contents);
-        if !overwrite {
-            wait(IMPORT, self.store(key).create_exclusive(key, bytes))?.map_err(io_error)?;
-            return Ok(());
-        }
-        let store = self.store(key);
-        wait(IMPORT, async {
-            let mut writer = store.writer(key, false, DEFAULT_PART_SIZE).await?;
-            writer.write(bytes).await?;
-            writer.finish().await
-        })?
-        .map_err(io_error)?;
-        Ok(())
+        self.put(IMPORT, key, Bytes::from(contents), overwrite)
     }
 
     /// The object `key`, or every object under the folder `key`.
@@ -298,22 +331,24 @@ impl ObjectGrant {
         if self.is_root(key) {
             return Err(IoError::Denied(format!("cannot delete the granted root {location}")).into());
         }
-        match wait(IMPORT, self.store(key).stat(key))? {
-            Ok(_) => return Ok(wait(IMPORT, self.store(key).delete(key))?.map_err(io_error)?),
+        match self.send(IMPORT, key, |s| async move { s.stat(key).await })? {
+            Ok(_) => return Ok(self.send(IMPORT, key, |s| async move { s.delete(key).await })?.map_err(io_error)?),
             Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(io_error(e).into()),
         }
-        let under = wait(IMPORT, self.store(key).list(key))?.map_err(io_error)?;
+        let under = self.send(IMPORT, key, |s| async move { s.list(key).await })?.map_err(io_error)?;
         if under.is_empty() {
             return Err(IoError::NotFound(location.to_string()).into());
         }
         for object in under {
-            wait(IMPORT, self.store(&object.key).delete(&object.key))?.map_err(io_error)?;
+            let key = object.key.as_str();
+            self.send(IMPORT, key, |s| async move { s.delete(key).await })?.map_err(io_error)?;
         }
         Ok(())
     }
 
-    /// Starts a streaming upload of `key`.
+    /// Starts an upload of `key`: nothing is sent until it holds more than
+    /// one part (see [`ObjectOutput`]).
     pub(super) fn create_output(
         &self,
         key: &str,
@@ -321,12 +356,40 @@ impl ObjectGrant {
         overwrite: bool,
         memory: &Arc<HostMemory>,
     ) -> Result<ObjectOutput, Failure> {
-        const IMPORT: &str = "sluice:connector/file-io.[static]output-file.create";
         let key = self.file_key(key, location)?;
         let held =
             reserve(memory, &format!("the upload buffers of {location}"), upload_buffer_bytes(DEFAULT_PART_SIZE))?;
-        let writer = wait(IMPORT, self.store(key).writer(key, !overwrite, DEFAULT_PART_SIZE))?.map_err(io_error)?;
-        Ok(ObjectOutput { location: location.to_string(), writer: Some(writer), _held: held })
+        Ok(ObjectOutput {
+            location: location.to_string(),
+            grant: self.clone(),
+            key: key.to_string(),
+            overwrite,
+            state: Upload::Buffering(Vec::new()),
+            _held: held,
+        })
+    }
+
+    /// One whole object of `bytes`: a conditional create unless `overwrite`
+    /// (the request [`ObjectGrant::send`] may send twice).
+    fn put(&self, import: &'static str, key: &str, bytes: Bytes, overwrite: bool) -> Result<(), Failure> {
+        if !overwrite {
+            self.send(import, key, |s| {
+                let bytes = bytes.clone();
+                async move { s.create_exclusive(key, bytes).await }
+            })?
+            .map_err(io_error)?;
+            return Ok(());
+        }
+        self.send(import, key, |store| {
+            let bytes = bytes.clone();
+            async move {
+                let mut writer = store.writer(key, false, DEFAULT_PART_SIZE).await?;
+                writer.write(bytes).await?;
+                writer.finish().await
+            }
+        })?
+        .map_err(io_error)?;
+        Ok(())
     }
 }
 
@@ -343,29 +406,63 @@ fn reserve(memory: &Arc<HostMemory>, what: &str, bytes: u64) -> Result<Reservati
     memory.reserve(what, bytes).map_err(|e| IoError::Other(e.to_string()))
 }
 
-/// An `output-file` on an object store: an upload under way.
+/// An `output-file` on an object store. It holds what the plugin wrote
+/// until that exceeds one part, so an object of at most one part (most
+/// manifests and small data files) is one request at `finish`, sent again
+/// with new credentials if vended ones are refused; a larger one becomes a
+/// streaming upload, which keeps the credentials it started with.
 pub struct ObjectOutput {
     location: String,
-    /// `None` once finished.
-    writer: Option<ObjectWriter>,
-    /// The one part the upload buffers, held against the host memory.
+    grant: ObjectGrant,
+    key: String,
+    overwrite: bool,
+    state: Upload,
+    /// The part being filled and the parts in flight, held against the host memory.
     _held: Reservation,
+}
+
+enum Upload {
+    /// Nothing sent yet: at most one part.
+    Buffering(Vec<u8>),
+    Streaming(ObjectWriter),
+    Finished,
 }
 
 impl ObjectOutput {
     pub(super) fn write(&mut self, contents: Vec<u8>) -> Result<(), Failure> {
         const IMPORT: &str = "sluice:connector/file-io.[method]output-file.write";
-        let writer =
-            self.writer.as_mut().ok_or_else(|| IoError::Other(format!("{}: already finished", self.location)))?;
-        Ok(wait(IMPORT, writer.write(Bytes::from(contents)))?.map_err(io_error)?)
+        match &mut self.state {
+            Upload::Finished => Err(IoError::Other(format!("{}: already finished", self.location)).into()),
+            Upload::Streaming(writer) => Ok(wait(IMPORT, writer.write(Bytes::from(contents)))?.map_err(io_error)?),
+            Upload::Buffering(buffer) if buffer.len() + contents.len() <= DEFAULT_PART_SIZE => {
+                buffer.extend_from_slice(&contents);
+                Ok(())
+            }
+            Upload::Buffering(buffer) => {
+                let mut first = std::mem::take(buffer);
+                first.extend_from_slice(&contents);
+                let (key, exclusive) = (self.key.as_str(), !self.overwrite);
+                let mut writer = self
+                    .grant
+                    .send(IMPORT, key, |s| async move { s.writer(key, exclusive, DEFAULT_PART_SIZE).await })?
+                    .map_err(io_error)?;
+                let sent = wait(IMPORT, writer.write(Bytes::from(first)));
+                self.state = Upload::Streaming(writer);
+                Ok(sent?.map_err(io_error)?)
+            }
+        }
     }
 
     pub(super) fn finish(&mut self) -> Result<(), Failure> {
         const IMPORT: &str = "sluice:connector/file-io.[method]output-file.finish";
-        let writer =
-            self.writer.take().ok_or_else(|| IoError::Other(format!("{}: already finished", self.location)))?;
-        wait(IMPORT, writer.finish())?.map_err(io_error)?;
-        Ok(())
+        match std::mem::replace(&mut self.state, Upload::Finished) {
+            Upload::Finished => Err(IoError::Other(format!("{}: already finished", self.location)).into()),
+            Upload::Buffering(buffer) => self.grant.put(IMPORT, &self.key, Bytes::from(buffer), self.overwrite),
+            Upload::Streaming(writer) => {
+                wait(IMPORT, writer.finish())?.map_err(io_error)?;
+                Ok(())
+            }
+        }
     }
 }
 
@@ -373,7 +470,7 @@ impl Drop for ObjectOutput {
     /// An unfinished upload is abandoned: its parts are freed in the
     /// background (best effort; stores also expire unfinished uploads).
     fn drop(&mut self) {
-        if let Some(writer) = self.writer.take() {
+        if let Upload::Streaming(writer) = std::mem::replace(&mut self.state, Upload::Finished) {
             super::runtime().spawn(async move {
                 let _ = writer.abort().await;
             });

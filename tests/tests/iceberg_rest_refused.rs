@@ -1,0 +1,102 @@
+//! Vended storage credentials the store refuses before they say they
+//! expire (revoked, or a session that ended early): the request is sent
+//! again with new ones, and the job goes on.
+//!
+//! The REST catalog double's warehouse is on moto (127.0.0.1) and it vends
+//! S3 keys that claim to live an hour, so nothing is due for a refresh.
+//! Mid-run, moto's fault switch starts refusing the newest vended key, the
+//! two ways S3 refuses credentials
+//! (<https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html>):
+//! `400 ExpiredToken` ("The provided token has expired.") and then, for the
+//! next key, `403 AccessDenied`. The host must load the table again for new
+//! credentials and send the refused request once more, so the run ends
+//! with every row exactly once and no checkpoint twice.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use iceberg::io::FileIOBuilder;
+use sluice::capability::catalog::CatalogGrant;
+use sluice::capability::catalog_storage::{WarehouseStorage, WarehouseStorageFactory};
+use sluice::capability::file_io::StoreConfig;
+use sluice::location::{Location, Scheme};
+use sluice_tests::rest_catalog::RestCatalogDouble;
+use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
+use sluice_tests::{TestJob, assert_exactly_once_range, read_iceberg_from};
+
+const BUCKET: &str = "lake";
+const WAREHOUSE: &str = "s3://lake/wh";
+const TABLE: &str = "db.events";
+
+#[test]
+fn refused_vended_credentials_are_replaced_and_the_request_sent_again() {
+    let moto = Arc::new(Moto::start(&[BUCKET]));
+    // SAFETY: set before this binary's only test runs the engine.
+    unsafe {
+        std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
+        std::env::set_var("AWS_REGION", REGION);
+        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
+    }
+    let stores = StoreConfig { s3: moto.s3_options(), ..StoreConfig::default() };
+    let root = Location::ObjectStore { scheme: Scheme::S3, bucket: BUCKET.into(), prefix: "wh".into() };
+    let storage = WarehouseStorage::open(root.clone(), &stores).expect("the double's warehouse storage");
+    let file_io = FileIOBuilder::new(Arc::new(WarehouseStorageFactory::new(storage, &stores))).build();
+    let rest = Arc::new(
+        RestCatalogDouble::start_vending(WAREHOUSE, file_io, Duration::from_secs(3600)).expect("REST catalog"),
+    );
+
+    const ROWS: u64 = 12_000;
+    let scratch = tempfile::tempdir().expect("scratch");
+    let mut job = TestJob::iceberg("rest-refused", scratch.path(), TABLE, ROWS, 0, 2, 500);
+    let local = format!("database = \"{0}/catalog.db\"\nwarehouse = \"{0}\"", scratch.path().display());
+    assert!(job.toml.contains(&local), "the Iceberg job names its SQLite catalog and warehouse");
+    job.toml =
+        job.toml.replace(&local, &format!("kind = \"rest\"\nuri = \"{}\"\nwarehouse = \"{WAREHOUSE}\"", rest.uri()));
+    // 2000 rows/s over both subtasks: about 6 s, several checkpoints a second.
+    job.toml = job.toml.replace("batch_rows = 700", "batch_rows = 100\nrate = 2000.0");
+
+    // Refuse the newest key once the run has used it a while, then (once a
+    // new one was vended) the next, the other way.
+    let done = Arc::new(AtomicBool::new(false));
+    let revoker = {
+        let (moto, rest, done) = (Arc::clone(&moto), Arc::clone(&rest), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut revoked = Vec::new();
+            for status in [400, 403] {
+                std::thread::sleep(Duration::from_millis(1500));
+                let start = Instant::now();
+                loop {
+                    let newest = rest.vended().last().map(|k| k.access_key_id.clone());
+                    if let Some(key) = newest.filter(|k| !revoked.contains(k)) {
+                        moto.deny_key(&key, status);
+                        revoked.push(key);
+                        break;
+                    }
+                    if done.load(Ordering::Relaxed) || start.elapsed() > Duration::from_secs(10) {
+                        return revoked;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            revoked
+        })
+    };
+    let run = job.run(None);
+    done.store(true, Ordering::Relaxed);
+    let revoked = revoker.join().expect("the revoking thread");
+    let summary = run.expect("the run goes on with new credentials");
+    assert_eq!(summary.rows_total, ROWS, "{summary:?}");
+    assert_eq!(revoked.len(), 2, "both refusals were set up mid-run: {revoked:?}");
+    let refused = moto.refused();
+    assert!(refused >= 2, "requests signed with the revoked keys were refused: {refused}");
+    let vended = rest.vended();
+    assert!(vended.len() > 2, "new credentials were loaded after each refusal: {vended:?}");
+
+    // Read back with a key that was never refused.
+    let catalog = CatalogGrant::open_rest_at("sluice", &rest.uri(), &root, None, &stores).expect("catalog");
+    let table = read_iceberg_from(&catalog, TABLE);
+    assert_exactly_once_range(&table.rows, 0, ROWS);
+    table.assert_no_checkpoint_twice();
+}
