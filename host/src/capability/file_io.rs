@@ -355,7 +355,11 @@ impl FileGrants {
         if is_object_url(location) {
             let (grant, key) = self.resolve_object(location, true)?;
             let upload = grant.create_output(&key, location, overwrite, memory)?;
-            return Ok(OutputFileHandle { location: location.to_string(), inner: Output::Object(upload), slot: None });
+            return Ok(OutputFileHandle {
+                location: location.to_string(),
+                inner: Output::Object(Box::new(upload)),
+                slot: None,
+            });
         }
         Ok(self.create_output_local(location, overwrite)?)
     }
@@ -516,7 +520,7 @@ pub struct OutputFileHandle {
 enum Output {
     Local(LocalOutput),
     /// An upload to an object store (see `file_io_store`).
-    Object(ObjectOutput),
+    Object(Box<ObjectOutput>),
 }
 
 struct LocalOutput {
