@@ -178,6 +178,11 @@ pub enum SourceSpec {
         csv_header: bool,
         /// Total rows per second over all subtasks (unlimited when absent).
         rate: Option<f64>,
+        /// How an object-store `path` is reached (`[source.s3]`, `[source.gcs]`).
+        #[serde(default)]
+        s3: S3Spec,
+        #[serde(default)]
+        gcs: GcsSpec,
     },
 }
 
@@ -235,11 +240,12 @@ pub struct SinkSpec {
     pub gcs: GcsSpec,
 }
 
-/// How one part of a job (`[job.s3]`: its state directory; `[sink.s3]`: the
-/// sink's grants and warehouse) reaches S3. Every key left out comes from
-/// the AWS environment (`AWS_REGION`, `AWS_ENDPOINT_URL`, the default
-/// credential chain). Secrets are named by environment variable, never
-/// written inline.
+/// How one part of a job (`[job.s3]`: its state directory; `[source.s3]`:
+/// the file source's input; `[sink.s3]`: the sink's grants and warehouse)
+/// reaches S3. Every key left out comes from the AWS environment
+/// (`AWS_REGION`, `AWS_ENDPOINT_URL`, the default credential chain).
+/// Secrets are named by environment variable, never written inline. A
+/// part that is not on S3 leaves its table unused.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3Spec {
@@ -261,7 +267,8 @@ pub struct S3Spec {
 }
 
 /// How one part of a job reaches Google Cloud Storage (`[job.gcs]`,
-/// `[sink.gcs]`). Credentials are Application Default Credentials.
+/// `[source.gcs]`, `[sink.gcs]`). Credentials are Application Default
+/// Credentials.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GcsSpec {
@@ -595,6 +602,9 @@ pub struct Job {
     pub state: Location,
     /// How the state directory's store is reached (`[job.s3]`, `[job.gcs]`).
     pub state_stores: StoreOptions,
+    /// How the file source's input store is reached (`[source.s3]`,
+    /// `[source.gcs]`; the environment's for a generator).
+    pub source_stores: StoreOptions,
     /// How the sink's grants' stores are reached (`[sink.s3]`, `[sink.gcs]`).
     pub sink_stores: StoreOptions,
     /// The sink's catalog, if the job configures one.
@@ -638,6 +648,7 @@ impl Job {
             state_dir: PathBuf::new(),
             state: Location::Local(PathBuf::new()),
             state_stores: StoreOptions::default(),
+            source_stores: StoreOptions::default(),
             sink_stores: StoreOptions::default(),
             spec,
             path: path.to_path_buf(),
@@ -669,6 +680,11 @@ impl Job {
         self.check_grants()?;
         self.resolve_state_dir()?;
         self.state_stores = self.store_options("job", &self.spec.job.s3, &self.spec.job.gcs)?;
+        // A generator reads no store: `[source.s3]` there is an unknown key.
+        self.source_stores = match &self.spec.source {
+            SourceSpec::File { s3, gcs, .. } => self.store_options("source", s3, gcs)?,
+            SourceSpec::Generator { .. } => StoreOptions::default(),
+        };
         self.sink_stores = self.store_options("sink", &self.spec.sink.s3, &self.spec.sink.gcs)?;
         self.catalog = self.spec.sink.catalog.as_ref().map(|c| self.catalog_config(c)).transpose()?;
         self.resolve_endpoints()
@@ -1306,6 +1322,14 @@ mod tests {
         plugin = "p.wasm"
     "#;
 
+    /// [`MINIMAL`] with a file source at `path`.
+    fn file_source(path: &str) -> String {
+        let job = MINIMAL
+            .replace("kind = \"generator\"\n        rows = 10", &format!("kind = \"file\"\n        path = \"{path}\""));
+        assert!(job.contains(path), "{job}");
+        job
+    }
+
     #[test]
     fn minimal_job_gets_defaults() {
         let job = load(MINIMAL, &[]).unwrap();
@@ -1351,12 +1375,7 @@ mod tests {
     /// is refused naming the key.
     #[test]
     fn a_file_source_path_may_be_an_object_store() {
-        let file = |path: &str| {
-            MINIMAL.replace(
-                "kind = \"generator\"\n        rows = 10",
-                &format!("kind = \"file\"\n        path = \"{path}\""),
-            )
-        };
+        let file = file_source;
         for (given, kept) in [("s3://lake/in/", "s3://lake/in"), ("GS://lake/a/b", "gs://lake/a/b")] {
             let job = load(&file(given), &[]).unwrap();
             let SourceSpec::File { path, .. } = &job.spec.source else { panic!("a file source") };
@@ -1365,6 +1384,77 @@ mod tests {
         let err = load(&file("s4://lake/in"), &[]).unwrap_err().to_string();
         assert!(err.contains("key `source.path`") && err.contains("s4:// is not a scheme Sluice knows"), "{err}");
         assert!(err.contains("served here: local paths and file:// URLs, s3://, gs://"), "{err}");
+    }
+
+    /// `[source.s3]` and `[source.gcs]` are read as `[sink.s3]` and
+    /// `[sink.gcs]` are, into `source_stores` alone: the state directory and
+    /// the sink keep the environment's.
+    #[test]
+    fn a_file_source_reaches_its_store_by_its_own_settings() {
+        // Any variable set in the test's environment will do: only its name is in the job.
+        let path_var = std::env::var("PATH").expect("PATH is set");
+        let sets = [
+            "source.s3.region=eu-west-1",
+            "source.s3.endpoint=http://127.0.0.1:9000",
+            "source.s3.virtual_host_style=true",
+            "source.s3.access_key_id_env=PATH",
+            "source.s3.secret_access_key_env=PATH",
+            "source.gcs.endpoint=http://127.0.0.1:4443",
+            "source.gcs.anonymous=true",
+        ];
+        let job = load(&file_source("s3://lake/in"), &sets).unwrap();
+        let s3 = &job.source_stores.s3;
+        assert_eq!(s3.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(s3.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert!(s3.virtual_host_style);
+        let keys = s3.credentials.as_ref().expect("static keys");
+        assert_eq!((keys.access_key_id.as_str(), keys.secret_access_key.as_str()), (&*path_var, &*path_var));
+        assert!(keys.session_token.is_none());
+        let gcs = &job.source_stores.gcs;
+        assert_eq!((gcs.endpoint.as_deref(), gcs.anonymous), (Some("http://127.0.0.1:4443"), true));
+        for other in [&job.state_stores, &job.sink_stores] {
+            assert!(other.s3.endpoint.is_none() && other.s3.region.is_none() && other.s3.credentials.is_none());
+            assert!(!other.s3.virtual_host_style && !other.gcs.anonymous);
+        }
+        // Without the tables: the environment's, as for the sink and the state directory.
+        let job = load(&file_source("s3://lake/in"), &[]).unwrap();
+        assert!(job.source_stores.s3.endpoint.is_none() && job.source_stores.s3.credentials.is_none());
+    }
+
+    /// Every `[source.s3]`/`[source.gcs]` value that cannot work is refused
+    /// naming its key, as the sink's are; a generator, which reads no store,
+    /// takes no such table; a local file source takes it unused, as a local
+    /// state directory takes `[job.s3]` and local grants `[sink.s3]`.
+    #[test]
+    fn source_store_settings_are_refused_naming_the_key() {
+        let on_s3 = file_source("s3://lake/in");
+        for (sets, key, says) in [
+            (&["source.s3.endpoint=minio.lan:9000"][..], "source.s3.endpoint", "is not an http:// or https:// URL"),
+            (&["source.s3.region=eu west"], "source.s3.region", "is not a region name"),
+            (
+                &["source.s3.access_key_id_env=PATH"],
+                "source.s3",
+                "access_key_id_env and secret_access_key_env go together",
+            ),
+            (&["source.s3.session_token_env=PATH"], "source.s3.session_token_env", "goes with access_key_id_env"),
+            (
+                &["source.s3.access_key_id_env=SLUICE_TEST_SURELY_UNSET", "source.s3.secret_access_key_env=PATH"],
+                "source.s3.access_key_id_env",
+                "names the environment variable SLUICE_TEST_SURELY_UNSET, which is not set",
+            ),
+            (&["source.gcs.endpoint=ftp://x"], "source.gcs.endpoint", "is not an http:// or https:// URL"),
+            (&["source.gcs.anonymous=true"], "source.gcs.anonymous", "set an endpoint too"),
+        ] {
+            let err = load(&on_s3, sets).unwrap_err().to_string();
+            assert!(err.contains(&format!("key `{key}`: ")) && err.contains(says), "{sets:?}: {err}");
+        }
+        // A secret is named by variable, never written inline.
+        let err = load(&on_s3, &["source.s3.secret_access_key=oops"]).unwrap_err().to_string();
+        assert!(err.contains("unknown field `secret_access_key`"), "{err}");
+        let err = load(MINIMAL, &["source.s3.region=eu-west-1"]).unwrap_err().to_string();
+        assert!(err.contains("unknown field `s3`"), "{err}");
+        let job = load(&file_source("."), &["source.s3.region=eu-west-1"]).unwrap();
+        assert_eq!(job.source_stores.s3.region.as_deref(), Some("eu-west-1"));
     }
 
     #[test]

@@ -7,9 +7,12 @@
 //! once through a real plugin: the `sluice` binary runs the chaos plugin's
 //! `file-io-probe` against an `s3://` grant, with the credentials, region
 //! and endpoint only in the host process's environment (the AWS chain).
+//! And each part's own settings (`[sink.s3]`, `[job.s3]`, `[source.s3]`)
+//! reaching moto while that environment points nowhere.
 
 use sluice::bindings::v0_2::sluice::connector::file_io::IoError;
 use sluice::capability::file_io::{FileGrants, StoreConfig};
+use sluice::source::generator::Generator;
 use sluice_store::{ObjectStore, S3Credentials, S3Options};
 use sluice_tests::store_servers::{self as moto, Moto};
 use sluice_tests::{TestJob, sluice_run};
@@ -262,4 +265,76 @@ fn the_state_directorys_own_s3_settings_win_over_the_aws_environment() {
     assert!(keys.contains(&"own/lease".to_string()), "the state directory is on S3: {keys:?}");
     assert!(keys.iter().any(|k| k.contains("/checkpoints/chk-")), "{keys:?}");
     assert!(!job.state().exists(), "nothing went to a local state directory");
+}
+
+/// Parquet bytes of the generator's rows `first..end`.
+fn generator_parquet(first: u64, end: u64) -> Vec<u8> {
+    let batch = Generator::batch_for(first, end);
+    let mut bytes = Vec::new();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).expect("writer");
+    writer.write(&batch).expect("write");
+    writer.close().expect("close");
+    bytes
+}
+
+/// `[source.s3]` reaches the file source's input without the AWS
+/// environment: the source on `s3://exports/events` (three Parquet objects of
+/// the generator's rows) lands every row once in a local files sink, and
+/// without those settings the run stops before reading, naming the source.
+#[test]
+fn the_sources_own_s3_settings_win_over_the_aws_environment() {
+    const ROWS: u64 = 3_000;
+    let server = Moto::start(&["exports"]);
+    let input = ObjectStore::s3("exports", &s3_options(&server)).expect("store");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    for k in 0..3 {
+        let bytes = generator_parquet(k * 1000, (k + 1) * 1000);
+        rt.block_on(input.create_exclusive(&format!("events/part-{k}.parquet"), bytes.into())).expect("put");
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let plugin = sluice_tests::FILES_PLUGIN;
+    let toml = format!(
+        r#"[job]
+id = "source-s3-own"
+parallelism = 2
+state_dir = "state"
+[job.checkpoint]
+every_rows = 500
+[source]
+kind = "file"
+path = "s3://exports/events"
+batch_rows = 200
+[sink]
+id = "out"
+plugin = "{plugin}"
+[sink.options]
+path = "out/files"
+[sink.grants]
+locations = ["out"]
+"#
+    );
+    let job = TestJob { dir, toml };
+    std::fs::write(job.path(), &job.toml).expect("job file");
+
+    // Without `[source.s3]` the source is sought where the environment points: nowhere.
+    let out = run_without_aws_env(&job, &[], true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("source file s3://exports/events"), "the error names the source: {stderr}");
+    assert_eq!(sluice_tests::read_visible(&job.out()).num_rows(), 0, "nothing landed");
+
+    let sets = own_s3("source", &server);
+    // A key variable that is not set is refused by name, before anything is read.
+    let out = run_without_aws_env(&job, &sets, false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("source.s3.access_key_id_env") && stderr.contains("LAKE_KEY_ID, which is not set"),
+        "{stderr}"
+    );
+
+    let out = run_without_aws_env(&job, &sets, true);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    sluice_tests::assert_exactly_once(&sluice_tests::read_visible(&job.out()), ROWS);
+    assert!(server.log().contains("/exports/events"), "the rows came from moto: {}", server.log());
 }

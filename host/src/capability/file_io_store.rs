@@ -56,10 +56,10 @@ use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError};
 use crate::location::{Location, Scheme, Served};
 
 /// How the host reaches the object stores of its grants (the job's
-/// `[sink.s3]` and `[sink.gcs]`; the file source's too). The default takes
-/// everything from the environment (AWS chain, `AWS_REGION`,
-/// `AWS_ENDPOINT_URL`; Google ADC, or an emulator named by
-/// `STORAGE_EMULATOR_HOST`).
+/// `[sink.s3]` and `[sink.gcs]`; the file source's, from `[source.s3]` and
+/// `[source.gcs]`). The default takes everything from the environment
+/// (AWS chain, `AWS_REGION`, `AWS_ENDPOINT_URL`; Google ADC, or an emulator
+/// named by `STORAGE_EMULATOR_HOST`).
 pub use sluice_store::StoreOptions as StoreConfig;
 
 /// Why a `file-io` call on an object store failed: an answer for the

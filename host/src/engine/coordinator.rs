@@ -193,7 +193,7 @@ impl<'a> Coordinator<'a> {
         // The plugin and the source first: a job that cannot start leaves
         // the state directory as it was (not created, no attempt counted).
         let plugin = load_plugin(job, host)?;
-        let source = Arc::new(Source::open(&job.spec.source, job.spec.job.parallelism)?);
+        let source = Arc::new(Source::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores)?);
         let store = open_unhalted(job)?;
         let restored = store.latest()?;
         if let Some(r) = &restored {

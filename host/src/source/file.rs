@@ -151,14 +151,14 @@ fn is_data_file(name: &str, format: Option<FileFormat>) -> bool {
 /// Lists an object-store location (`s3://bucket/prefix`): one object, or
 /// the objects under the prefix (a table's files directly under it, or one
 /// folder per table), as a local directory would be read.
-fn list_objects(url: &str, format: Option<FileFormat>) -> Result<Listing, SourceError> {
+fn list_objects(url: &str, format: Option<FileFormat>, stores: &StoreConfig) -> Result<Listing, SourceError> {
     let refused = |message: String| SourceError::File { path: url.to_string(), message };
     let location =
         Location::parse(url, Path::new("/"), Served { stores: &Scheme::ALL }).map_err(|e| refused(e.to_string()))?;
     let Location::ObjectStore { prefix, .. } = &location else {
         return Err(refused("not an object-store location".to_string()));
     };
-    let bucket = Bucket::new(open_store(&location, &StoreConfig::default()).map_err(refused)?);
+    let bucket = Bucket::new(open_store(&location, stores).map_err(refused)?);
     if !prefix.is_empty()
         && let Some(info) = bucket.stat(prefix)?
     {
@@ -311,16 +311,18 @@ enum Split {
 
 impl FileSource {
     /// The source at `path`: a local path, or an object-store URL
-    /// (`s3://bucket/prefix`, `gs://bucket/prefix`). Lists and stats only.
+    /// (`s3://bucket/prefix`, `gs://bucket/prefix`), its store reached as
+    /// `stores` says (`[source.s3]`, `[source.gcs]`). Lists and stats only.
     pub fn open(
         path: &Path,
         format: Option<FileFormat>,
         batch_rows: usize,
         csv_header: bool,
         parallelism: u32,
+        stores: &StoreConfig,
     ) -> Result<Self, SourceError> {
         let listing = match path.to_str() {
-            Some(url) if url.contains("://") => list_objects(url, format)?,
+            Some(url) if url.contains("://") => list_objects(url, format, stores)?,
             _ => Self::list_local(path, format)?,
         };
         let shown = path.display().to_string();
@@ -1212,6 +1214,11 @@ mod tests {
     use super::*;
     use arrow_array::{Array, Int64Array};
 
+    /// A local source, CSV with headers, its format from the extension.
+    fn open_local(path: &Path, batch_rows: usize, parallelism: u32) -> Result<FileSource, SourceError> {
+        FileSource::open(path, None, batch_rows, true, parallelism, &StoreConfig::default())
+    }
+
     fn ids(reader: &mut dyn SourceReader, max: usize) -> Vec<i64> {
         let mut out = Vec::new();
         while let Some(b) = reader.next_batch(max).unwrap() {
@@ -1230,7 +1237,7 @@ mod tests {
         let json: String = (100..110).map(|i| format!("{{\"id\": {i}, \"name\": \"n{i}\"}}\n")).collect();
         std::fs::write(dir.path().join("b.json"), json).unwrap();
 
-        let src = FileSource::open(&dir.path().join("a.csv"), None, 4, true, 1).unwrap();
+        let src = open_local(&dir.path().join("a.csv"), 4, 1).unwrap();
         let mut r = src.reader(0, None).unwrap();
         let first: Vec<i64> = ids_n(&mut r, 3, 2);
         let pos = r.position();
@@ -1238,7 +1245,7 @@ mod tests {
         let rest = ids(&mut r2, 5);
         assert_eq!([first, rest].concat(), (0..25).collect::<Vec<_>>());
 
-        let src = FileSource::open(&dir.path().join("b.json"), None, 3, true, 1).unwrap();
+        let src = open_local(&dir.path().join("b.json"), 3, 1).unwrap();
         let mut r = src.reader(0, Some(&json!({"file": 0, "row": 7}))).unwrap();
         assert_eq!(ids(&mut r, 10), vec![107, 108, 109]);
     }
@@ -1259,7 +1266,7 @@ mod tests {
                 std::fs::write(dir.path().join(table).join(f), text).unwrap();
             }
         }
-        let src = FileSource::open(dir.path(), None, 2, true, 2).unwrap();
+        let src = open_local(dir.path(), 2, 2).unwrap();
         assert!(src.is_tree());
         let names: Vec<String> = src.tables().unwrap().into_iter().map(|(t, _)| t).collect();
         assert_eq!(names, ["orders", "users"]);
@@ -1305,7 +1312,7 @@ mod tests {
         }
         let before: Vec<Vec<String>> = (0..3)
             .map(|s| {
-                let src = FileSource::open(dir.path(), None, 4, true, 3).unwrap();
+                let src = open_local(dir.path(), 4, 3).unwrap();
                 src.files_of(s, Split::ByName).into_iter().map(|(_, f)| f.name).collect()
             })
             .collect();
@@ -1313,7 +1320,7 @@ mod tests {
         for name in ["005.csv", "12.csv", "99.csv", "aa.csv"] {
             csv(dir.path(), name, 900..903);
         }
-        let src = FileSource::open(dir.path(), None, 4, true, 3).unwrap();
+        let src = open_local(dir.path(), 4, 3).unwrap();
         let mut all = Vec::new();
         for (s, old) in before.iter().enumerate() {
             let now: Vec<String> = src.files_of(s as u32, Split::ByName).into_iter().map(|(_, f)| f.name).collect();
@@ -1334,7 +1341,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         csv(dir.path(), "b.csv", 0..30);
         csv(dir.path(), "c.csv", 30..60);
-        let src = FileSource::open(dir.path(), None, 10, true, 1).unwrap();
+        let src = open_local(dir.path(), 10, 1).unwrap();
         let mut r = src.reader(0, None).unwrap();
         let first = ids_n(&mut r, 10, 4);
         assert_eq!(first, (0..30).chain(30..40).collect::<Vec<_>>());
@@ -1346,7 +1353,7 @@ mod tests {
 
         // A file that sorts before the position.
         csv(dir.path(), "a.csv", 100..103);
-        let now = FileSource::open(dir.path(), None, 4, true, 1).unwrap();
+        let now = open_local(dir.path(), 4, 1).unwrap();
         let err = now.check_identity(subtasks).unwrap_err().to_string();
         assert!(err.contains("a.csv is new and sorts before") && err.contains("c.csv"), "{err}");
         std::fs::remove_file(dir.path().join("a.csv")).unwrap();
@@ -1356,25 +1363,25 @@ mod tests {
         let original = std::fs::read(&c).unwrap();
         let mtime = std::fs::metadata(&c).unwrap().modified().unwrap();
         std::fs::write(&c, [original.clone(), b"60,120\n".to_vec()].concat()).unwrap();
-        let err = FileSource::open(dir.path(), None, 4, true, 1).unwrap().check_identity(subtasks).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks).unwrap_err();
         assert!(err.to_string().contains("c.csv grew from"), "{err}");
         std::fs::write(&c, &original[..original.len() - 6]).unwrap();
-        let err = FileSource::open(dir.path(), None, 4, true, 1).unwrap().check_identity(subtasks).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks).unwrap_err();
         assert!(err.to_string().contains("c.csv shrank from"), "{err}");
         std::fs::write(&c, &original).unwrap();
         let touched = mtime + std::time::Duration::from_secs(5);
         File::options().write(true).open(&c).unwrap().set_modified(touched).unwrap();
-        let err = FileSource::open(dir.path(), None, 4, true, 1).unwrap().check_identity(subtasks).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks).unwrap_err();
         assert!(err.to_string().contains("c.csv was modified"), "{err}");
         File::options().write(true).open(&c).unwrap().set_modified(mtime).unwrap();
         std::fs::rename(dir.path().join("b.csv"), dir.path().join("b.csv.bak")).unwrap();
-        let err = FileSource::open(dir.path(), None, 4, true, 1).unwrap().check_identity(subtasks).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks).unwrap_err();
         assert!(err.to_string().contains("b.csv is gone"), "{err}");
         std::fs::rename(dir.path().join("b.csv.bak"), dir.path().join("b.csv")).unwrap();
 
         // Restored as it was, plus a file that sorts after: accepted, and read once.
         csv(dir.path(), "d.csv", 60..70);
-        let now = FileSource::open(dir.path(), None, 4, true, 1).unwrap();
+        let now = open_local(dir.path(), 4, 1).unwrap();
         now.check_identity(subtasks).unwrap();
         let (rest, ends) = read_all(&now, &[Some(pos)]);
         assert_eq!([first, rest].concat(), (0..70).collect::<Vec<_>>());
@@ -1389,7 +1396,7 @@ mod tests {
         for (k, name) in ["a.csv", "b.csv", "c.csv", "d.csv"].iter().enumerate() {
             csv(dir.path(), name, k as i64 * 10..k as i64 * 10 + 10);
         }
-        let src = FileSource::open(dir.path(), None, 4, true, 2).unwrap();
+        let src = open_local(dir.path(), 4, 2).unwrap();
         // By index, subtask 0 has a.csv and c.csv (read), subtask 1 b.csv and
         // d.csv (b.csv and 3 rows of d.csv read).
         let (ids, _) = read_all(&src, &[Some(json!({"file": 2, "row": 0})), Some(json!({"file": 1, "row": 3}))]);
@@ -1416,7 +1423,7 @@ mod tests {
         }
         let path = dir.path().join("drift.jsonl");
         std::fs::write(&path, &text).unwrap();
-        let src = FileSource::open(&path, None, 256, true, 1).unwrap();
+        let src = open_local(&path, 256, 1).unwrap();
         let schema = src.tables().unwrap()[0].1.clone();
         assert_eq!(schema.field_with_name("v").unwrap().data_type(), &arrow_schema::DataType::Float64);
         assert!(schema.field_with_name("tag").unwrap().is_nullable());
@@ -1453,7 +1460,7 @@ mod tests {
         let mut text: String = (0..1700).map(|i| format!("{{\"id\": {i}, \"v\": {i}}}\n")).collect();
         text.push_str("{\"id\": 1700, \"v\": \"abc\"}\n");
         std::fs::write(&bad, &text).unwrap();
-        let err = FileSource::open(&bad, None, 256, true, 1).unwrap().tables().unwrap_err().to_string();
+        let err = open_local(&bad, 256, 1).unwrap().tables().unwrap_err().to_string();
         assert!(
             err.contains("bad.jsonl") && err.contains("line 1701") && err.contains("`v`") && err.contains("\"abc\""),
             "{err}"
@@ -1461,7 +1468,7 @@ mod tests {
 
         let inexact = dir.path().join("inexact.jsonl");
         std::fs::write(&inexact, "{\"v\": 9007199254740993}\n{\"v\": 0.5}\n").unwrap();
-        let err = FileSource::open(&inexact, None, 256, true, 1).unwrap().tables().unwrap_err().to_string();
+        let err = open_local(&inexact, 256, 1).unwrap().tables().unwrap_err().to_string();
         assert!(err.contains("line 1") && err.contains("9007199254740993") && err.contains("lose digits"), "{err}");
     }
 
@@ -1473,7 +1480,7 @@ mod tests {
             std::iter::once("id,v\n".to_string()).chain((0..1500).map(|i| format!("{i},{i}\n"))).collect();
         text.push_str("1500,1500.5\n");
         std::fs::write(dir.path().join("a.csv"), text).unwrap();
-        let src = FileSource::open(&dir.path().join("a.csv"), None, 100, true, 1).unwrap();
+        let src = open_local(&dir.path().join("a.csv"), 100, 1).unwrap();
         let mut r = src.reader(0, None).unwrap();
         let err = loop {
             match r.next_batch(100) {

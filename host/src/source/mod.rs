@@ -28,6 +28,7 @@ use thiserror::Error;
 use serde::{Deserialize, Serialize};
 
 use crate::job::SourceSpec;
+use sluice_store::StoreOptions;
 
 #[derive(Debug, Error)]
 pub enum SourceError {
@@ -95,7 +96,9 @@ pub enum Source {
 }
 
 impl Source {
-    pub fn open(spec: &SourceSpec, parallelism: u32) -> Result<Self, SourceError> {
+    /// The source `spec` describes; a file source on an object store is
+    /// reached as `stores` says (the job's `source_stores`).
+    pub fn open(spec: &SourceSpec, parallelism: u32, stores: &StoreOptions) -> Result<Self, SourceError> {
         match spec {
             SourceSpec::Generator { rows, first_id, rate, batch_rows, tables, evolve_at, new_table_at } => {
                 let shape =
@@ -106,8 +109,8 @@ impl Source {
                         .with_shape(shape),
                 ))
             }
-            SourceSpec::File { path, format, batch_rows, csv_header, rate } => Ok(Source::File(
-                file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism)?.with_rate(*rate),
+            SourceSpec::File { path, format, batch_rows, csv_header, rate, .. } => Ok(Source::File(
+                file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism, stores)?.with_rate(*rate),
             )),
         }
     }

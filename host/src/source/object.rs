@@ -15,8 +15,10 @@
 //!   check refuses the resume anyway);
 //! - the store's futures run on the host's I/O runtime and the caller waits
 //!   on a channel, so this works on any thread, inside a runtime or not;
-//! - credentials stay in the host: the AWS default chain for S3, Google
-//!   Application Default Credentials (or `STORAGE_EMULATOR_HOST`) for GCS.
+//! - the store is reached as the job's `[source.s3]` / `[source.gcs]` say
+//!   (`Job::source_stores`), every key left out from the environment: the
+//!   AWS default chain for S3, Google Application Default Credentials (or
+//!   `STORAGE_EMULATOR_HOST`) for GCS; credentials stay in the host.
 
 use std::io::{BufRead, Read};
 use std::sync::mpsc;
