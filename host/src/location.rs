@@ -203,6 +203,14 @@ fn parse_object_url(scheme: Scheme, rest: &str) -> Result<Location, String> {
     if !prefix.is_empty() && prefix.split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..") {
         return Err(format!("the object key prefix {prefix:?} has an empty, `.` or `..` segment"));
     }
+    // The object-store layer would trim such whitespace and reach another prefix.
+    if prefix.split('/').any(|seg| seg.starts_with(char::is_whitespace) || seg.ends_with(char::is_whitespace))
+        || prefix.chars().any(char::is_control)
+    {
+        return Err(format!(
+            "the object key prefix {prefix:?} has a segment that starts or ends with whitespace, or a control character"
+        ));
+    }
     Ok(Location::ObjectStore { scheme, bucket: bucket.to_string(), prefix: prefix.to_string() })
 }
 
@@ -267,6 +275,13 @@ mod tests {
         {
             assert!(matches!(parse(bad, S3), Err(LocationError::Malformed { .. })), "{bad}");
         }
+        // Whitespace the store layer would trim (an NBSP pasted from a
+        // document too), and control characters.
+        for bad in ["gs://lake/ state", "gs://lake/state /x", "s3://lake/wh\u{a0}", "s3://lake/a\tb", "gs://lake/a\nb"]
+        {
+            assert!(matches!(parse(bad, S3), Err(LocationError::Malformed { .. })), "{bad:?}");
+        }
+        assert_eq!(parse("s3://lake/a b/c", S3), Ok(store(Scheme::S3, "lake", "a b/c")), "inner spaces are names");
     }
 
     #[test]

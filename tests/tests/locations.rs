@@ -82,4 +82,11 @@ fn a_malformed_store_url_is_refused() {
         &["sink.catalog.warehouse=file://relative/wh"],
         &["key `sink.catalog.warehouse`", "must name an absolute path"],
     );
+    // A prefix segment with whitespace at its edge (here an NBSP), which the
+    // store layer would trim and so reach another prefix: refused.
+    assert_refused(
+        "check",
+        &["job.state_dir=gs://lake/\u{a0}state"],
+        &["key `job.state_dir`", "starts or ends with whitespace"],
+    );
 }

@@ -13,6 +13,10 @@
 //! - a read asks for the object's size as listed, so an object that grew
 //!   since cannot hand over more rows than the listing promised (its ETag
 //!   check refuses the resume anyway);
+//! - every read of an object is pinned to the version listed (`If-Match` on
+//!   its ETag on S3; on GCS its generation, stated at the first read and
+//!   checked against the listed ETag): an object replaced while it is read
+//!   stops the run, naming it, and never hands over bytes of two versions;
 //! - the store's futures run on the host's I/O runtime and the caller waits
 //!   on a channel, so this works on any thread, inside a runtime or not;
 //! - the store is reached as the job's `[source.s3]` / `[source.gcs]` say
@@ -21,10 +25,10 @@
 //!   `STORAGE_EMULATOR_HOST`) for GCS; credentials stay in the host.
 
 use std::io::{BufRead, Read};
-use std::sync::mpsc;
+use std::sync::{Arc, OnceLock, mpsc};
 
 use bytes::Bytes;
-use sluice_store::{ObjectInfo, ObjectStore, StoreError};
+use sluice_store::{ObjectInfo, ObjectStore, Pinned, StoreError};
 
 use super::SourceError;
 
@@ -97,16 +101,27 @@ impl Bucket {
 
     /// One object as listed, to read.
     pub fn file(&self, info: &ObjectInfo) -> ObjectFile {
-        ObjectFile { store: self.store.clone(), key: info.key.clone(), size: info.size, url: self.url(&info.key) }
+        ObjectFile {
+            store: self.store.clone(),
+            key: info.key.clone(),
+            size: info.size,
+            etag: info.etag.clone(),
+            pinned: Arc::default(),
+            url: self.url(&info.key),
+        }
     }
 }
 
-/// An object to read, with the size it was listed with.
+/// An object to read, with the size and ETag it was listed with.
 #[derive(Debug, Clone)]
 pub struct ObjectFile {
     store: ObjectStore,
     key: String,
     size: u64,
+    etag: Option<String>,
+    /// The version every read is pinned to, found at the first read (shared
+    /// by the clones a reader makes).
+    pinned: Arc<OnceLock<Pinned>>,
     url: String,
 }
 
@@ -121,8 +136,42 @@ impl ObjectFile {
         if length == 0 {
             return Ok(Bytes::new());
         }
+        let pinned = self.pinned()?;
         let (store, key) = (self.store.clone(), self.key.clone());
-        block(&self.url, async move { store.read_range(&key, offset, length).await })?.map_err(store_err)
+        block(&self.url, async move { store.read_range_of(&key, offset, length, &pinned).await })?
+            .map_err(|e| self.read_err(e))
+    }
+
+    /// The version listed, which every read must return.
+    fn pinned(&self) -> Result<Pinned, SourceError> {
+        if let Some(pinned) = self.pinned.get() {
+            return Ok(pinned.clone());
+        }
+        let Some(etag) = self.etag.clone() else {
+            return Err(SourceError::File {
+                path: self.url.clone(),
+                message: "the store listed it without an ETag, so its reads cannot be held to one version".into(),
+            });
+        };
+        let (store, key) = (self.store.clone(), self.key.clone());
+        let pinned = block(&self.url, async move { store.pin(&key, &etag).await })?.map_err(|e| self.read_err(e))?;
+        Ok(self.pinned.get_or_init(|| pinned).clone())
+    }
+
+    /// A read that failed; a version other than the one listed says so.
+    fn read_err(&self, e: StoreError) -> SourceError {
+        match e {
+            StoreError::Conflict { .. } => SourceError::File {
+                path: self.url.clone(),
+                message: format!(
+                    "it was replaced since it was listed (with ETag {}): the run stops rather than land rows of \
+                     two versions. Put the listed version back and run again, or start over with \
+                     --new-incarnation to read what is there now",
+                    self.etag.as_deref().unwrap_or("none")
+                ),
+            },
+            e => store_err(e),
+        }
     }
 
     /// A sequential reader from `offset`.
