@@ -656,10 +656,20 @@ const CREDENTIAL_CODES: [&str; 5] =
     ["ExpiredToken", "TokenRefreshRequired", "InvalidToken", "InvalidAccessKeyId", "SignatureDoesNotMatch"];
 
 /// Whether `e` is the store refusing the request's credentials (opendal
-/// puts the S3 error's `code` in its message).
+/// puts the S3 error's `code` in its message). A `HEAD` (a stat) answers
+/// with no body to name its code, so S3's bare `400 Bad Request` to a stat,
+/// which is how it refuses an expired token there, counts too: opendal
+/// exposes neither status nor operation but in its error's `Display`.
 fn refused_credentials(e: &opendal::Error) -> bool {
     let message = e.message();
-    CREDENTIAL_CODES.iter().any(|code| message.contains(&format!("code: \"{code}\"")))
+    if CREDENTIAL_CODES.iter().any(|code| message.contains(&format!("code: \"{code}\""))) {
+        return true;
+    }
+    let shown = e.to_string();
+    e.kind() == ErrorKind::Unexpected
+        && message.trim().is_empty()
+        && shown.contains(") at stat")
+        && shown.contains("status: 400")
 }
 
 /// An upload in progress; dropped unfinished, it never becomes visible

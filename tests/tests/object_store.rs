@@ -163,6 +163,34 @@ fn a_missing_bucket_is_an_error_naming_it() {
     });
 }
 
+/// Credentials S3 refuses are `Denied` whatever the request, the two ways
+/// S3 answers (`400 ExpiredToken`, `403 AccessDenied`), a `HEAD` included,
+/// whose `400` has no body to name its code: the host's retry with new
+/// vended credentials depends on telling these apart from other failures.
+#[test]
+fn refused_credentials_are_denied_on_every_request() {
+    for status in [400, 403] {
+        let server = Moto::start(&["lake"]);
+        let s3 = store(&server, "lake");
+        runtime().block_on(async {
+            s3.create_exclusive("k/a", Bytes::from_static(b"a")).await.expect("create before the refusal");
+        });
+        server.deny_key(moto::ACCESS_KEY_ID, status);
+        runtime().block_on(async {
+            let denied = |what: &str, r: Result<(), StoreError>| {
+                assert!(matches!(r, Err(StoreError::Denied { .. })), "{status}, {what}: {r:?}");
+            };
+            denied("stat", s3.stat("k/a").await.map(|_| ()));
+            denied("read", s3.read("k/a").await.map(|_| ()));
+            denied("ranged read", s3.read_range("k/a", 0, 1).await.map(|_| ()));
+            denied("list", s3.list("k").await.map(|_| ()));
+            denied("create", s3.create_exclusive("k/b", Bytes::from_static(b"b")).await.map(|_| ()));
+            denied("delete", s3.delete("k/a").await);
+        });
+        assert!(server.refused() >= 6, "moto refused them: {}", server.refused());
+    }
+}
+
 fn gcs(server: &FakeGcs) -> ObjectStore {
     let options = GcsOptions { endpoint: Some(server.endpoint.clone()), anonymous: true };
     ObjectStore::gcs("lake", &options).expect("a GCS store on fake-gcs-server")
