@@ -151,29 +151,50 @@ pub struct VendedKey {
 }
 
 /// Vended credentials: a new set for every load or create that asks for
-/// them, each living `lifetime`.
+/// them, each living `lifetime`, unless a [`Hold`] is set.
 struct Vending {
     lifetime: Duration,
     issued: Mutex<Vec<VendedKey>>,
+    hold: Mutex<Option<Hold>>,
+}
+
+/// The newest set is vended again on every load until `until` is true
+/// (see [`RestCatalogDouble::hold_newest_until`]).
+struct Hold {
+    key: VendedKey,
+    until: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl Vending {
-    /// A new set, as the `LoadTableResult`'s `config`.
+    /// A new set (or the held one), as the `LoadTableResult`'s `config`.
     fn issue(&self) -> serde_json::Value {
         let mut issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let key = VendedKey {
-            access_key_id: format!("VENDED{:06}", issued.len() + 1),
-            expires_at_ms: (now + self.lifetime).as_millis() as u64,
+        let mut hold = self.hold.lock().unwrap_or_else(|p| p.into_inner());
+        let held = match hold.as_ref() {
+            // The predicate may block briefly (a test asks a loopback
+            // server); a test double's worker can afford it.
+            Some(h) if !(h.until)() => Some(h.key.clone()),
+            _ => None,
         };
-        let config = json!({
+        let key = match held {
+            Some(key) => key,
+            None => {
+                *hold = None;
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                let key = VendedKey {
+                    access_key_id: format!("VENDED{:06}", issued.len() + 1),
+                    expires_at_ms: (now + self.lifetime).as_millis() as u64,
+                };
+                issued.push(key.clone());
+                key
+            }
+        };
+        json!({
             "s3.access-key-id": key.access_key_id,
             "s3.secret-access-key": format!("secret-of-{}", key.access_key_id),
             "s3.session-token": format!("session-of-{}", key.access_key_id),
             "s3.session-token-expires-at-ms": key.expires_at_ms.to_string(),
-        });
-        issued.push(key);
-        config
+        })
     }
 }
 
@@ -561,7 +582,7 @@ impl RestCatalogDouble {
     /// request that asks for vended credentials comes with a new set of S3
     /// keys living `lifetime` (see [`RestCatalogDouble::vended`]).
     pub fn start_vending(warehouse: &str, file_io: FileIO, lifetime: Duration) -> std::io::Result<Self> {
-        let vending = Vending { lifetime, issued: Mutex::default() };
+        let vending = Vending { lifetime, issued: Mutex::default(), hold: Mutex::default() };
         Self::start_inner((warehouse.to_string(), file_io), None, Some(vending))
     }
 
@@ -569,6 +590,19 @@ impl RestCatalogDouble {
     /// written through `file_io`; it vends no credentials. Every route is open.
     pub fn start_on(warehouse: &str, file_io: FileIO) -> std::io::Result<Self> {
         Self::start_inner((warehouse.to_string(), file_io), None, None)
+    }
+
+    /// From now on every load vends the newest set again, until `until`
+    /// answers true (asked at each load); then new sets as before. Returns
+    /// the held set, or `None` when none was vended yet (nothing is held).
+    /// A test revoking the held set so knows the host must use it, be
+    /// refused, and load the table again.
+    pub fn hold_newest_until(&self, until: impl Fn() -> bool + Send + Sync + 'static) -> Option<VendedKey> {
+        let vending = self.shared.vending.as_ref()?;
+        let issued = vending.issued.lock().unwrap_or_else(|p| p.into_inner());
+        let key = issued.last()?.clone();
+        *vending.hold.lock().unwrap_or_else(|p| p.into_inner()) = Some(Hold { key: key.clone(), until: Box::new(until) });
+        Some(key)
     }
 
     /// Every set of credentials vended so far, oldest first.

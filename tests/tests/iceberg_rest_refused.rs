@@ -57,27 +57,45 @@ fn refused_vended_credentials_are_replaced_and_the_request_sent_again() {
     // 2000 rows/s over both subtasks: about 6 s, several checkpoints a second.
     job.toml = job.toml.replace("batch_rows = 700", "batch_rows = 100\nrate = 2000.0");
 
-    // Refuse the newest key once the run has used it a while, then (once a
-    // new one was vended) the next, the other way.
+    // Once the run has used the vended keys a while, hold the newest (the
+    // double vends it again on every load) and refuse it, until the store
+    // has refused a request signed with it: so the host is sure to meet the
+    // refusal, and its reload (the retry) gets a new key. Then the same for
+    // the next key, the other way.
     let done = Arc::new(AtomicBool::new(false));
     let revoker = {
         let (moto, rest, done) = (Arc::clone(&moto), Arc::clone(&rest), Arc::clone(&done));
         std::thread::spawn(move || {
             let mut revoked = Vec::new();
             for status in [400, 403] {
-                std::thread::sleep(Duration::from_millis(1500));
+                std::thread::sleep(Duration::from_millis(1000));
                 let start = Instant::now();
-                loop {
-                    let newest = rest.vended().last().map(|k| k.access_key_id.clone());
-                    if let Some(key) = newest.filter(|k| !revoked.contains(k)) {
-                        moto.deny_key(&key, status);
-                        revoked.push(key);
-                        break;
+                let wait = |until: &mut dyn FnMut() -> bool| {
+                    while !until() {
+                        if done.load(Ordering::Relaxed) || start.elapsed() > Duration::from_secs(20) {
+                            return false;
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
                     }
-                    if done.load(Ordering::Relaxed) || start.elapsed() > Duration::from_secs(10) {
-                        return revoked;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
+                    true
+                };
+                let before = moto.refused();
+                let refused_since = {
+                    let moto = Arc::clone(&moto);
+                    move || moto.refused() > before
+                };
+                let mut held = None;
+                if !wait(&mut || {
+                    held = rest.hold_newest_until(refused_since.clone());
+                    held.is_some()
+                }) {
+                    return revoked;
+                }
+                let Some(key) = held else { return revoked };
+                moto.deny_key(&key.access_key_id, status);
+                revoked.push(key.access_key_id);
+                if !wait(&mut || moto.refused() > before) {
+                    return revoked;
                 }
             }
             revoked
