@@ -601,7 +601,8 @@ impl RestCatalogDouble {
         let vending = self.shared.vending.as_ref()?;
         let issued = vending.issued.lock().unwrap_or_else(|p| p.into_inner());
         let key = issued.last()?.clone();
-        *vending.hold.lock().unwrap_or_else(|p| p.into_inner()) = Some(Hold { key: key.clone(), until: Box::new(until) });
+        *vending.hold.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Hold { key: key.clone(), until: Box::new(until) });
         Some(key)
     }
 
