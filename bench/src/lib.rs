@@ -93,13 +93,57 @@ pub fn plugin(file: &str) -> Result<PathBuf> {
 }
 
 /// One measured row of a ratio table.
+#[derive(Clone, Default)]
 pub struct Measured {
     pub name: String,
     pub rows: u64,
     pub times: Vec<Duration>,
+    /// CPU time (user and system, this process and its waited-for children)
+    /// of each repetition, where measured: parallelism cannot flatter a
+    /// path per CPU-second.
+    pub cpu: Vec<Duration>,
+}
+
+/// CPU time this process and its waited-for children used so far (Linux:
+/// `/proc/self/stat`'s utime, stime, cutime and cstime, in clock ticks).
+pub fn cpu_time() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return Duration::ZERO };
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let Some((_, rest)) = stat.rsplit_once(')') else { return Duration::ZERO };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime is field 14 of the whole line: index 11 after the state.
+    let ticks: u64 = fields.get(11..15).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    // Linux reports in USER_HZ, 100 on every architecture it runs on here.
+    Duration::from_millis(ticks * 10)
+}
+
+/// Runs `f`, which times its own measured part, and adds that time and
+/// the CPU time of the whole call to `m`.
+pub fn measure(m: &mut Measured, f: impl FnOnce() -> Result<Duration>) -> Result<()> {
+    let cpu = cpu_time();
+    let wall = f()?;
+    m.times.push(wall);
+    m.cpu.push(cpu_time().saturating_sub(cpu));
+    Ok(())
 }
 
 impl Measured {
+    pub fn new(name: impl Into<String>, rows: u64) -> Self {
+        Self { name: name.into(), rows, ..Self::default() }
+    }
+
+    /// Median CPU time, if measured.
+    pub fn cpu_median(&self) -> Option<Duration> {
+        let mut t = self.cpu.clone();
+        t.sort();
+        t.get(t.len() / 2).copied()
+    }
+
+    /// Rows per CPU-second (median CPU time), if measured.
+    pub fn rows_per_cpu_sec(&self) -> Option<f64> {
+        self.cpu_median().map(|c| if c.as_secs_f64() > 0.0 { self.rows as f64 / c.as_secs_f64() } else { 0.0 })
+    }
+
     /// Median time.
     pub fn median(&self) -> Duration {
         let mut t = self.times.clone();
@@ -120,14 +164,34 @@ impl Measured {
     }
 }
 
-/// Prints a markdown table: rows/s (median, min–max) and the ratio to `baseline`.
+/// Prints a markdown table: rows/s (median, min–max) and the ratio to
+/// `baseline`; where CPU time was measured, rows per CPU-second beside it,
+/// with its ratio to the baseline's.
 pub fn print_ratio_table(title: &str, rows: &[Measured], baseline: &str) -> String {
-    let base = rows.iter().find(|m| m.name == baseline).map(Measured::rows_per_sec).unwrap_or(0.0);
-    let mut out = format!("### {title}\n\n| path | rows/s (median) | min–max | × {baseline} |\n|---|---:|---:|---:|\n");
+    let base = rows.iter().find(|m| m.name == baseline);
+    let base_wall = base.map(Measured::rows_per_sec).unwrap_or(0.0);
+    let base_cpu = base.and_then(Measured::rows_per_cpu_sec).unwrap_or(0.0);
+    let with_cpu = rows.iter().any(|m| !m.cpu.is_empty());
+    let mut out = format!("### {title}\n\n| path | rows/s (median) | min–max | × {baseline} |");
+    if with_cpu {
+        out.push_str(" CPU-s (median) | rows per CPU-s | × per CPU-s |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    } else {
+        out.push_str("\n|---|---:|---:|---:|\n");
+    }
     for m in rows {
         let (lo, hi) = m.spread();
-        let ratio = if base > 0.0 { m.rows_per_sec() / base } else { 0.0 };
-        out.push_str(&format!("| {} | {:.0} | {:.0}–{:.0} | {:.2} |\n", m.name, m.rows_per_sec(), lo, hi, ratio));
+        let ratio = if base_wall > 0.0 { m.rows_per_sec() / base_wall } else { 0.0 };
+        out.push_str(&format!("| {} | {:.0} | {:.0}–{:.0} | {:.2} |", m.name, m.rows_per_sec(), lo, hi, ratio));
+        if with_cpu {
+            match (m.cpu_median(), m.rows_per_cpu_sec()) {
+                (Some(cpu), Some(per_cpu)) => {
+                    let r = if base_cpu > 0.0 { per_cpu / base_cpu } else { 0.0 };
+                    out.push_str(&format!(" {:.2} | {per_cpu:.0} | {r:.2} |", cpu.as_secs_f64()));
+                }
+                _ => out.push_str(" – | – | – |"),
+            }
+        }
+        out.push('\n');
     }
     println!("{out}");
     out

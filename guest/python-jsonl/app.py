@@ -1,6 +1,6 @@
 """The `python-jsonl` Sluice sink, written in Python and built into a
 WebAssembly component with componentize-py (contract
-`sluice:connector@0.2.0`, world `sink-plugin`). The interface's functions
+`sluice:connector@0.2.1`, world `sink-plugin`). The interface's functions
 live here; its `writer` and `committer` resources live in `sink.py`."""
 
 from wit_world import exports

@@ -12,10 +12,13 @@
 //! so a guest blocked in a host call never stalls another guest.
 
 /// The versions this host serves, newest first.
-pub const SUPPORTED: &[&str] = &["0.2.0", "0.1.0"];
+pub const SUPPORTED: &[&str] = &["0.2.1", "0.2.0", "0.1.0"];
 
-/// `sluice:connector@0.2.0`: many tables per sink, schema evolution, the
-/// incarnation in the context, the `codec` capability.
+/// `sluice:connector@0.2.1`: many tables per sink, schema evolution, the
+/// incarnation in the context, the `codec` capability (0.2.0), and the
+/// `columnar` capability (0.2.1). A 0.2.0 plugin links against it unchanged:
+/// wasmtime matches `@0.2.0` imports and exports to `@0.2.1` (semver within
+/// 0.2), and 0.2.1 only added an import such a plugin never asks for.
 pub mod v0_2 {
     wasmtime::component::bindgen!({
         path: "../wit/0.2",
@@ -26,6 +29,7 @@ pub mod v0_2 {
             "sluice:connector/file-io": trappable,
             "sluice:connector/iceberg-catalog": trappable,
             "sluice:connector/grpc": trappable,
+            "sluice:connector/columnar": trappable,
             default: tracing,
         },
         // Calls into the plugin borrow their arguments: a batch is not copied
@@ -34,6 +38,7 @@ pub mod v0_2 {
         with: {
             "sluice:connector/file-io.output-file": crate::capability::file_io::OutputFileHandle,
             "sluice:connector/grpc.bidi-stream": crate::capability::grpc::BidiStream,
+            "sluice:connector/columnar.parquet-writer": crate::capability::columnar::ParquetWriterHandle,
         },
     });
 

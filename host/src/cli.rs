@@ -262,8 +262,9 @@ fn inspect_plugin(file: &Path, cache_dir: Option<PathBuf>) -> anyhow::Result<Exi
     let host = host(cache_dir)?;
     let plugin = host.load(file)?;
     println!("file:        {}", plugin.path.display());
-    println!("contract:    sluice:connector@{}", plugin.version());
-    println!("world:       {}", plugin.version().world());
+    let contract = plugin.contract();
+    println!("contract:    sluice:connector@{contract}");
+    println!("world:       sluice:connector/sink-plugin@{contract}");
     if let Some(info) = plugin.info() {
         print_info(info);
     }

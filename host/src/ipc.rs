@@ -24,3 +24,19 @@ pub fn decode_schema(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, ArrowError
     let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
     Ok(reader.schema())
 }
+
+/// The batches of a whole IPC stream, decoded in place (their columns are
+/// slices of `bytes`) and validated as Arrow's readers validate: the bytes
+/// may come from a plugin, which the host never trusts.
+pub fn decode_batches(bytes: Vec<u8>) -> Result<Vec<RecordBatch>, ArrowError> {
+    let mut buffer = arrow_buffer::Buffer::from_vec(bytes);
+    let mut decoder = arrow_ipc::reader::StreamDecoder::new();
+    let mut batches = Vec::new();
+    while !buffer.is_empty() {
+        if let Some(batch) = decoder.decode(&mut buffer)? {
+            batches.push(batch);
+        }
+    }
+    decoder.finish()?;
+    Ok(batches)
+}

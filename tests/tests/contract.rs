@@ -87,7 +87,7 @@ fn a_component_of_no_served_version_names_the_served_ones() {
     let Err(err) = host().load(&future) else { panic!("0.3 is not served") };
     assert!(matches!(err, PluginError::Incompatible { .. }), "{err:?}");
     let message = err.to_string();
-    assert!(message.contains("0.2.0, 0.1.0"), "{message}");
+    assert!(message.contains("0.2.1, 0.2.0, 0.1.0"), "{message}");
     assert!(message.contains("sluice:connector/sink@0.3.0"), "{message}");
 
     let module = write_component(dir.path(), "module.wasm", "(module)");
@@ -102,7 +102,7 @@ fn a_0_1_plugin_is_refused_for_many_tables_before_anything_is_written() {
     let job = TestJob::files_with(&fixture_str(), "v01-tables", 600, 1, 100);
     let err = job.run_with(&["source.tables=[\"a\", \"b\"]"], None).expect_err("refused").to_string();
     assert!(
-        err.contains("implements contract 0.1.0, which cannot take several tables; rebuild it for contract 0.2.0"),
+        err.contains("implements contract 0.1.0, which cannot take several tables; rebuild it for contract 0.2.1"),
         "{err}"
     );
     assert!(!job.out().exists(), "nothing was written");

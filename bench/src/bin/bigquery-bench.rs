@@ -38,7 +38,7 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 };
 use sluice::plugin::PluginHost;
 use sluice::source::generator::Generator;
-use sluice_bench::{Measured, generator_job_toml, plugin, print_ratio_table, run_quiet, write_job};
+use sluice_bench::{Measured, generator_job_toml, measure, plugin, print_ratio_table, run_quiet, write_job};
 use sluice_bigquery_double::{BigQueryDouble, generator_schema};
 use sluice_bigquery_rows::{ArrowEncoder, RowEncoder, split_by_size};
 
@@ -264,30 +264,22 @@ fn main() -> Result<()> {
     for &w in &args.writers {
         for &format in &args.formats {
             let label = format.label();
-            let mut native = Measured {
-                name: format!("native tonic writer, {label}, {w} stream(s)"),
-                rows: args.rows,
-                times: vec![],
-            };
-            let mut plugin = Measured {
-                name: format!("sluice bigquery plugin, {label}, {w} writer(s)"),
-                rows: args.rows,
-                times: vec![],
-            };
+            let mut native = Measured::new(format!("native tonic writer, {label}, {w} stream(s)"), args.rows);
+            let mut plugin = Measured::new(format!("sluice bigquery plugin, {label}, {w} writer(s)"), args.rows);
             let mut bytes_per_row = 0.0;
             for rep in 0..args.reps {
                 eprintln!("{w} writer(s), {label}: repetition {}/{}", rep + 1, args.reps);
                 // A fresh double per run, so no run pays for another's stored rows.
                 let d = BigQueryDouble::start()?;
                 d.create_table(TABLE, generator_schema());
-                native.times.push(run_native(&rt, &d.address(), &args, w, format)?);
+                measure(&mut native, || run_native(&rt, &d.address(), &args, w, format))?;
                 let stats = d.stats();
                 anyhow::ensure!(d.visible_count(TABLE) == args.rows, "native landed {} rows", d.visible_count(TABLE));
                 bytes_per_row = stats.bytes_appended as f64 / stats.rows_appended.max(1) as f64;
                 drop(d);
                 let d = BigQueryDouble::start()?;
                 d.create_table(TABLE, generator_schema());
-                plugin.times.push(run_plugin(&host, &wasm, &d.address(), &args, w, format)?);
+                measure(&mut plugin, || run_plugin(&host, &wasm, &d.address(), &args, w, format))?;
                 anyhow::ensure!(
                     d.visible_count(TABLE) == args.rows,
                     "the plugin landed {} rows",

@@ -17,6 +17,11 @@
 //!    the tests' pinned Python packages) against the same plugin writing to
 //!    local disk, at the same parallelism, rows and rows per snapshot.
 //!
+//! 5. boundary: what crossing the component boundary costs against what the
+//!    host's Parquet encoding of the same rows costs, natively (the Iceberg
+//!    plugin's batch crosses twice: in as Arrow IPC, and out again, per
+//!    partition, to the `columnar` capability).
+//!
 //! `cargo build-plugins && cargo run --release -p sluice-bench --bin iceberg-bench`
 
 use std::path::{Path, PathBuf};
@@ -28,8 +33,8 @@ use clap::Parser;
 use sluice::plugin::PluginHost;
 use sluice::source::generator::Generator;
 use sluice_bench::{
-    Measured, create_generator_table, generator_job_toml, native_iceberg_append_files, native_iceberg_write, plugin,
-    print_ratio_table, run_quiet, sql_catalog, write_job,
+    Measured, create_generator_table, generator_job_toml, measure, native_iceberg_append_files, native_iceberg_write,
+    plugin, print_ratio_table, run_quiet, sql_catalog, write_job,
 };
 
 #[derive(Parser)]
@@ -59,7 +64,7 @@ struct Args {
     /// Skip the PyIceberg baseline.
     #[arg(long)]
     skip_python: bool,
-    /// Only these sections: `writers`, `e2e`, `costs`, `s3` (all when absent).
+    /// Only these sections: `writers`, `e2e`, `costs`, `s3`, `boundary` (all when absent).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Internal: run this job file in this process and print its peak memory.
@@ -158,7 +163,7 @@ fn run_plugin_at(host: &PluginHost, wasm: &Path, args: &Args, parallelism: u32, 
     Ok(summary.data_elapsed)
 }
 
-/// 4. The plugin's warehouse on S3 and on GCS (loopback servers) against
+/// Section 4: the plugin's warehouse on S3 and on GCS (loopback servers) against
 /// local disk, in turn within each repetition.
 fn s3(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
     let (_moto, endpoint) = start_server("moto's S3 server", MOTO)?;
@@ -172,15 +177,14 @@ fn s3(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
         std::env::set_var("STORAGE_EMULATOR_HOST", gcs_endpoint.trim_start_matches("http://"));
     }
     let w = 2;
-    let mut local = Measured { name: format!("local disk, {w} writers"), rows: args.rows, times: vec![] };
-    let mut on_s3 = Measured { name: format!("S3 on loopback (moto), {w} writers"), rows: args.rows, times: vec![] };
-    let mut on_gcs =
-        Measured { name: format!("GCS on loopback (fake-gcs-server), {w} writers"), rows: args.rows, times: vec![] };
+    let mut local = Measured::new(format!("local disk, {w} writers"), args.rows);
+    let mut on_s3 = Measured::new(format!("S3 on loopback (moto), {w} writers"), args.rows);
+    let mut on_gcs = Measured::new(format!("GCS on loopback (fake-gcs-server), {w} writers"), args.rows);
     for rep in 0..args.reps {
         eprintln!("s3: repetition {}/{}", rep + 1, args.reps);
-        local.times.push(run_plugin_at(host, wasm, args, w, "warehouse")?);
-        on_s3.times.push(run_plugin_at(host, wasm, args, w, &format!("s3://bench/wh-{rep}"))?);
-        on_gcs.times.push(run_plugin_at(host, wasm, args, w, &format!("gs://bench/wh-{rep}"))?);
+        measure(&mut local, || run_plugin_at(host, wasm, args, w, "warehouse"))?;
+        measure(&mut on_s3, || run_plugin_at(host, wasm, args, w, &format!("s3://bench/wh-{rep}")))?;
+        measure(&mut on_gcs, || run_plugin_at(host, wasm, args, w, &format!("gs://bench/wh-{rep}")))?;
     }
     let baseline = local.name.clone();
     print_ratio_table(
@@ -405,12 +409,12 @@ fn main() -> Result<()> {
     let name = |what: &str, w: u32| format!("{what}, {w} writer{}", if w == 1 { "" } else { "s" });
     let mut writers = Vec::new();
     for w in [1u32, 2].into_iter().filter(|_| wanted("writers")) {
-        let mut native = Measured { name: name("native iceberg-rust", w), rows: args.rows, times: vec![] };
-        let mut plugin = Measured { name: name("sluice iceberg plugin", w), rows: args.rows, times: vec![] };
+        let mut native = Measured::new(name("native iceberg-rust", w), args.rows);
+        let mut plugin = Measured::new(name("sluice iceberg plugin", w), args.rows);
         for rep in 0..args.reps {
             eprintln!("writers: {w} writer(s), repetition {}/{}", rep + 1, args.reps);
-            native.times.push(run_native(&args, w)?);
-            plugin.times.push(run_plugin(&host, &wasm, &args, w)?);
+            measure(&mut native, || run_native(&args, w))?;
+            measure(&mut plugin, || run_plugin(&host, &wasm, &args, w))?;
         }
         writers.push((native, plugin));
     }
@@ -420,10 +424,7 @@ fn main() -> Result<()> {
                 "Iceberg writers: {} generated rows, {} rows per snapshot, unpartitioned, zstd, median of {}",
                 args.rows, args.checkpoint_rows, args.reps
             ),
-            &[
-                Measured { name: native.name.clone(), rows: native.rows, times: native.times.clone() },
-                plugin_copy(plugin),
-            ],
+            &[native.clone(), plugin.clone()],
             &native.name,
         );
     }
@@ -437,6 +438,63 @@ fn main() -> Result<()> {
     if wanted("s3") {
         s3(&host, &wasm, &args)?;
     }
+    if wanted("boundary") {
+        boundary(&args)?;
+    }
+    Ok(())
+}
+
+/// Section 5: the boundary's cost, measured natively on the writers' rows: one
+/// crossing is an Arrow IPC encoding, the copy into the other side and a
+/// validating decode; Parquet encoding is what the host then does.
+fn boundary(args: &Args) -> Result<()> {
+    use std::time::Instant;
+    let batches: Vec<_> = (0..args.rows)
+        .step_by(BATCH_ROWS as usize)
+        .map(|at| Generator::batch_for(at, args.rows.min(at + BATCH_ROWS)))
+        .collect();
+    let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    let mut crossing = Vec::new();
+    let mut encoding = Vec::new();
+    for _ in 0..args.reps {
+        let started = Instant::now();
+        for batch in &batches {
+            let ipc = sluice::ipc::encode_batch(batch)?;
+            let copied = ipc.clone(); // the copy into the other side's memory
+            let decoded = sluice::ipc::decode_batches(copied)?;
+            anyhow::ensure!(decoded.iter().map(|b| b.num_rows()).sum::<usize>() == batch.num_rows());
+        }
+        crossing.push(started.elapsed());
+        let started = Instant::now();
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::default()))
+            .set_max_row_group_bytes(Some(64 * 1024 * 1024 / 6))
+            .build();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(Vec::new(), Generator::schema_ref(), Some(props))?;
+        for batch in &batches {
+            writer.write(batch)?;
+        }
+        let file = writer.into_inner()?;
+        anyhow::ensure!(!file.is_empty());
+        encoding.push(started.elapsed());
+    }
+    crossing.sort();
+    encoding.sort();
+    let (c, e) = (crossing[crossing.len() / 2].as_secs_f64(), encoding[encoding.len() / 2].as_secs_f64());
+    let per_row = |s: f64| s * 1e9 / args.rows as f64;
+    println!(
+        "### The component boundary against Parquet encoding, natively: {} generated rows in batches of {BATCH_ROWS} ({} MB in Arrow), median of {}\n",
+        args.rows,
+        bytes >> 20,
+        args.reps
+    );
+    println!("| step | ns per row | × Parquet encoding (zstd) |\n|---|---:|---:|");
+    println!("| one crossing (IPC encode, copy, validating decode) | {:.1} | {:.3} |", per_row(c), c / e);
+    println!("| Parquet encoding (zstd), the host's work | {:.1} | 1.000 |", per_row(e));
+    println!(
+        "\nThe Iceberg plugin's rows cross twice (in, and out to `columnar`), the second time in wasm for the encoding half: about {:.0} % of the encoding's time natively.",
+        200.0 * c / e
+    );
     Ok(())
 }
 
@@ -444,19 +502,17 @@ fn main() -> Result<()> {
 fn end_to_end(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
     let data_dir = tempfile::tempdir()?;
     let files = write_files(data_dir.path(), args.e2e_rows)?;
-    let mut py = Measured { name: "PyIceberg append, 1 process".into(), rows: args.e2e_rows, times: vec![] };
-    let mut native = Measured { name: "native iceberg-rust, 1 writer".into(), rows: args.e2e_rows, times: vec![] };
-    let mut sluice1 =
-        Measured { name: "sluice (file source → plugin), 1 writer".into(), rows: args.e2e_rows, times: vec![] };
-    let mut sluice2 =
-        Measured { name: "sluice (file source → plugin), 2 writers".into(), rows: args.e2e_rows, times: vec![] };
+    let mut py = Measured::new("PyIceberg append, 1 process", args.e2e_rows);
+    let mut native = Measured::new("native iceberg-rust, 1 writer", args.e2e_rows);
+    let mut sluice1 = Measured::new("sluice (file source → plugin), 1 writer", args.e2e_rows);
+    let mut sluice2 = Measured::new("sluice (file source → plugin), 2 writers", args.e2e_rows);
     for rep in 0..args.reps {
         eprintln!("end to end: repetition {}/{}", rep + 1, args.reps);
-        native.times.push(e2e_native(&files, args)?);
-        sluice1.times.push(e2e_sluice(host, wasm, data_dir.path(), args, 1)?);
-        sluice2.times.push(e2e_sluice(host, wasm, data_dir.path(), args, 2)?);
+        measure(&mut native, || e2e_native(&files, args))?;
+        measure(&mut sluice1, || e2e_sluice(host, wasm, data_dir.path(), args, 1))?;
+        measure(&mut sluice2, || e2e_sluice(host, wasm, data_dir.path(), args, 2))?;
         if !args.skip_python {
-            py.times.push(e2e_pyiceberg(data_dir.path(), args)?);
+            measure(&mut py, || e2e_pyiceberg(data_dir.path(), args))?;
         }
     }
     let title = format!(
@@ -517,8 +573,4 @@ fn costs(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
     }
     println!("\nabout {:.0} ms per extra checkpoint", per_ck * 1e3);
     Ok(())
-}
-
-fn plugin_copy(m: &Measured) -> Measured {
-    Measured { name: m.name.clone(), rows: m.rows, times: m.times.clone() }
 }

@@ -29,6 +29,7 @@
 mod committer;
 mod config;
 mod host_io;
+mod host_parquet;
 mod runtime;
 mod schema;
 mod writer;

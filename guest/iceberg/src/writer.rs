@@ -10,10 +10,14 @@
 //!   it makes nothing visible (only the committer's snapshots do);
 //! - after a schema change the table is reloaded, so files of the new shape
 //!   are written with the evolved schema's field ids;
+//! - the rows are encoded as Parquet by the host (the `columnar`
+//!   capability, [`crate::host_parquet`]), under iceberg's own rolling,
+//!   data-file and fan-out writers;
 //! - memory stays within `buffer_mb` per writer whatever the checkpoint
-//!   interval: Parquet keeps a row group in memory until it is cut, so row
+//!   interval: the host keeps a row group in memory until it is cut, so row
 //!   groups are cut at the budget shared by the files the writer holds open
-//!   (one per partition it has met);
+//!   (one per partition it has met), and what the host holds for them all
+//!   is kept within [`HOST_SHARE`] of the budget;
 //! - `close` reports nothing: rows no checkpoint covers stay invisible (their
 //!   files are orphans that table maintenance may remove).
 
@@ -26,20 +30,19 @@ use iceberg::arrow::RecordBatchPartitionSplitter;
 use iceberg::spec::{DataFile, DataFileFormat, serialize_data_file_to_json};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
-use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::partitioning::PartitioningWriter;
 use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
 use iceberg::writer::{IcebergWriter as _, IcebergWriterBuilder};
-use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::{
-    GuestWriter, SinkContext, SinkError, Table as SourceTable, TableChange, error, incarnation, ipc,
+    GuestWriter, SinkContext, SinkError, Table as SourceTable, TableChange, columnar, error, incarnation, ipc,
 };
 
 use crate::config::Config;
 use crate::host_io::{self, LoadError};
+use crate::host_parquet::{HostParquetWriterBuilder, SharedHostFiles};
 use crate::runtime::block_on;
 use crate::schema::{self, BatchConverter};
 
@@ -47,8 +50,26 @@ use crate::schema::{self, BatchConverter};
 /// in metadata and scans than they save in memory).
 const MIN_ROW_GROUP_BYTES: usize = 256 * 1024;
 
-type FileBuilder = DataFileWriterBuilder<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
-type UnpartitionedWriter = DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+/// The part of `buffer_mb` the host may hold for a writer's open files (the
+/// row groups it is encoding); the rest is the plugin's own (the batch
+/// being converted and split, and its IPC copy on the way out).
+const HOST_SHARE: (u64, u64) = (3, 4);
+
+/// The `columnar` capability's name for a Parquet codec.
+fn host_compression(c: parquet::basic::Compression) -> (columnar::Compression, Option<i32>) {
+    use parquet::basic::Compression as C;
+    match c {
+        C::UNCOMPRESSED => (columnar::Compression::Uncompressed, None),
+        C::SNAPPY => (columnar::Compression::Snappy, None),
+        C::ZSTD(level) => (columnar::Compression::Zstd, Some(level.compression_level())),
+        C::GZIP(level) => (columnar::Compression::Gzip, Some(level.compression_level() as i32)),
+        C::BROTLI(level) => (columnar::Compression::Brotli, Some(level.compression_level() as i32)),
+        C::LZ4 | C::LZ4_RAW | C::LZO => (columnar::Compression::Lz4Raw, None),
+    }
+}
+
+type FileBuilder = DataFileWriterBuilder<HostParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+type UnpartitionedWriter = DataFileWriter<HostParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
 
 enum OpenFiles {
     Unpartitioned(Box<UnpartitionedWriter>),
@@ -96,6 +117,8 @@ struct Inner {
     /// Files of prepared checkpoints, for `abort-prepare`.
     prepared: BTreeMap<u64, Vec<String>>,
     state: State,
+    /// The data files open now, which the host encodes, and what it holds for them.
+    files: SharedHostFiles,
 }
 
 pub struct IcebergWriter {
@@ -175,16 +198,25 @@ impl Inner {
 
     /// Parquet settings for files of a table whose rows spread over
     /// `partitions` open files: each file's row groups are cut at its share
-    /// of the writer's buffer. A file holds about four times its row group
-    /// at the peak (measured: the encoded columns, the buffer Parquet writes
-    /// them out of, dictionaries and page state), so the share is a quarter.
-    fn props(&self, partitions: usize) -> WriterProperties {
+    /// of the writer's buffer (the same rule as before the host encoded, so
+    /// files keep their row-group sizes). A file holds about four times its
+    /// row group at the peak (measured: the encoded columns, the buffer
+    /// Parquet writes them out of, dictionaries and page state); beside that
+    /// rule, [`HOST_SHARE`] bounds what the host holds for all open files.
+    fn props(&self, partitions: usize) -> columnar::WriterOptions {
         let share = (self.cfg.buffer_bytes / 6 / partitions.max(1)).max(MIN_ROW_GROUP_BYTES);
-        WriterProperties::builder()
-            .set_compression(self.cfg.compression)
-            .set_max_row_group_bytes(Some(share))
-            .set_created_by(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")))
-            .build()
+        let (compression, level) = host_compression(self.cfg.compression);
+        let mut options = columnar::options(compression, level);
+        options.max_row_group_bytes = Some(share as u64);
+        options.created_by = Some(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")));
+        options
+    }
+
+    /// Cuts row groups of the open files until the host holds at most
+    /// their share of `buffer_mb` for them.
+    fn keep_within_budget(&mut self) -> Result<(), SinkError> {
+        let budget = (self.cfg.buffer_bytes as u64) * HOST_SHARE.0 / HOST_SHARE.1;
+        self.files.lock().keep_within(budget).map_err(error::fatal)
     }
 
     fn start_files(&mut self, table: &str) -> Result<OpenFiles, SinkError> {
@@ -192,13 +224,14 @@ impl Inner {
         let prefix =
             format!("{}-s{}-a{}-w{}", incarnation::key(&self.ctx), self.ctx.subtask, self.ctx.attempt, self.seq);
         let partitions = self.table_mut(table)?.partitions;
-        let (props, target) = (self.props(partitions), self.cfg.target_file_bytes);
+        let (props, target, files) = (self.props(partitions), self.cfg.target_file_bytes, self.files.clone());
         let t = self.table_mut(table)?;
         let metadata = t.table.metadata();
         let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
         let locations =
             DefaultLocationGenerator::new(metadata).map_err(|e| iceberg_error("choosing data file locations", e))?;
-        let parquet = ParquetWriterBuilder::new(props, metadata.current_schema().clone());
+        let parquet = HostParquetWriterBuilder::new(props, metadata.current_schema().clone(), files)
+            .map_err(|e| iceberg_error("preparing the Parquet writer", e))?;
         let rolling = RollingFileWriterBuilder::new(parquet, target, t.table.file_io().clone(), locations, names);
         let builder = DataFileWriterBuilder::new(rolling);
         if t.splitter.is_some() {
@@ -241,7 +274,8 @@ impl Inner {
             }
         });
         t.open = Some(open);
-        result.map_err(|e| iceberg_error(&format!("writing a data file of table {}", t.table.identifier()), e))
+        result.map_err(|e| iceberg_error(&format!("writing a data file of table {}", t.table.identifier()), e))?;
+        self.keep_within_budget()
     }
 
     /// Closes `table`'s open files: its data files, as JSON, and their paths.
@@ -288,7 +322,15 @@ impl GuestWriter for IcebergWriter {
         for table in &tables {
             writers.insert(table.name.clone(), table_writer(&cfg, table)?);
         }
-        let inner = Inner { cfg, ctx, tables: writers, seq: 0, prepared: BTreeMap::new(), state };
+        let inner = Inner {
+            cfg,
+            ctx,
+            tables: writers,
+            seq: 0,
+            prepared: BTreeMap::new(),
+            state,
+            files: SharedHostFiles::default(),
+        };
         Ok(sluice_guest_sdk::Writer::new(IcebergWriter { inner: RefCell::new(inner) }))
     }
 

@@ -1,7 +1,7 @@
 //! Shared helpers for Sluice sink plugins (WebAssembly components).
 //!
 //! Invariants:
-//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.0`);
+//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.1`);
 //!   [`bindings`] is generated from it and is the only way a plugin talks to
 //!   the host.
 //! - Rows cross the boundary only as Arrow IPC streams ([`ipc`]).
@@ -20,6 +20,7 @@ pub mod bindings {
 }
 
 pub mod claim;
+pub mod columnar;
 pub mod files;
 pub mod incarnation;
 pub mod ipc;

@@ -346,7 +346,7 @@ impl FileGrants {
         self.create_output_call(location, overwrite, &unbudgeted()).map_err(Failure::into_io)
     }
 
-    fn create_output_call(
+    pub(super) fn create_output_call(
         &self,
         location: &str,
         overwrite: bool,
@@ -542,7 +542,7 @@ impl OutputFileHandle {
         self.finish_call().map_err(Failure::into_io)
     }
 
-    fn write_call(&mut self, data: Vec<u8>) -> Result<(), Failure> {
+    pub(super) fn write_call(&mut self, data: Vec<u8>) -> Result<(), Failure> {
         let local = match &mut self.inner {
             Output::Object(upload) => return upload.write(data),
             Output::Local(local) => local,
@@ -553,7 +553,7 @@ impl OutputFileHandle {
         }
     }
 
-    fn finish_call(&mut self) -> Result<(), Failure> {
+    pub(super) fn finish_call(&mut self) -> Result<(), Failure> {
         let local = match &mut self.inner {
             Output::Object(upload) => return upload.finish(),
             Output::Local(local) => local,

@@ -35,6 +35,7 @@ mod catalog_rest;
 pub mod catalog_storage;
 mod catalog_vended;
 pub mod codec;
+pub mod columnar;
 pub mod file_io;
 mod file_io_store;
 pub mod google_auth;
@@ -180,6 +181,7 @@ pub fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmtime::Res
     catalog::add_to_linker(linker)?;
     grpc::add_to_linker(linker)?;
     codec::add_to_linker(linker)?;
+    columnar::add_to_linker(linker)?;
     http::add_to_linker(linker)?;
     v0_1::add_to_linker(linker)
 }

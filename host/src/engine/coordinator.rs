@@ -111,6 +111,8 @@ struct Coordinator<'a> {
     progress: Arc<Progress>,
     /// The largest linear memory of a writer instance, once they closed.
     writer_memory: Option<u64>,
+    /// The most host memory held for one writer instance, once they closed.
+    writer_host_memory: Option<u64>,
     faults: Faults,
 }
 
@@ -151,6 +153,7 @@ pub fn run_on(
         c += 1;
     }
     co.writer_memory = Some(pool.close()?);
+    co.writer_host_memory = pool.host_memory_peak();
     co.settle_last_record()?;
     Ok(co.summary(started, recovered, c + 1, false))
 }
@@ -232,6 +235,7 @@ impl<'a> Coordinator<'a> {
             who,
             progress,
             writer_memory: None,
+            writer_host_memory: None,
             faults: opts.faults.clone(),
         })
     }
@@ -557,6 +561,7 @@ impl<'a> Coordinator<'a> {
             first_write: self.progress.first_write(),
             peak_memory: peak_memory(),
             writer_memory: self.writer_memory,
+            writer_host_memory: self.writer_host_memory,
             catalog_commits: catalog.map_or(0, |c| c.stats.commit_calls.load(Ordering::Relaxed)),
             catalog_conflicts: catalog.map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
             already_complete: already,

@@ -45,6 +45,11 @@ pub trait WriterPool {
     fn apply(&mut self, changes: &[Change]) -> Result<(), EngineError>;
     /// Closes every writer; the largest linear memory a writer instance had.
     fn close(&mut self) -> Result<u64, EngineError>;
+    /// After [`WriterPool::close`]: the most host memory held for one
+    /// writer instance at once, where the pool can tell.
+    fn host_memory_peak(&self) -> Option<u64> {
+        None
+    }
     /// How many writers are open.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -56,6 +61,7 @@ pub trait WriterPool {
 #[derive(Default)]
 pub struct LocalPool {
     subtasks: Vec<SubtaskHandle>,
+    host_peak: Option<u64>,
 }
 
 impl WriterPool for LocalPool {
@@ -123,11 +129,16 @@ impl WriterPool for LocalPool {
         }
         let mut peak = 0;
         for handle in &self.subtasks {
-            if let Reply::Closed(p) = handle.recv()? {
+            if let Reply::Closed(p, host) = handle.recv()? {
                 peak = peak.max(p);
+                self.host_peak = Some(self.host_peak.unwrap_or(0).max(host));
             }
         }
         Ok(peak)
+    }
+
+    fn host_memory_peak(&self) -> Option<u64> {
+        self.host_peak
     }
 
     fn len(&self) -> usize {
@@ -294,8 +305,9 @@ impl Worker {
         Ok(self.subtask.abort_prepare(c)?)
     }
 
-    /// Closes the writer; the largest linear memory its instance had.
+    /// Closes the writer; the largest linear memory its instance had (a
+    /// Ray worker reports that one only).
     pub fn close(&mut self) -> Result<u64, EngineError> {
-        self.subtask.close()
+        self.subtask.close().map(|(linear, _host)| linear)
     }
 }

@@ -60,8 +60,9 @@ pub(crate) enum Reply {
     Round(RoundReport),
     Applied,
     Aborted,
-    /// The writer closed; the largest linear memory its instance had.
-    Closed(u64),
+    /// The writer closed; the largest linear memory its instance had, and
+    /// the most host memory its capabilities held for it.
+    Closed(u64, u64),
 }
 
 /// Everything a subtask thread needs: what all writers share, and its own.
@@ -164,7 +165,7 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
                 Ok(Reply::Aborted)
             }
             Command::Close => {
-                let _ = replies.send(subtask.close().map(Reply::Closed));
+                let _ = replies.send(subtask.close().map(|(linear, host)| Reply::Closed(linear, host)));
                 return;
             }
         };
@@ -184,11 +185,12 @@ impl Subtask {
         self.writer.abort_prepare(c)
     }
 
-    /// Closes the writer; the largest linear memory its instance had.
-    pub(crate) fn close(&mut self) -> Result<u64, EngineError> {
+    /// Closes the writer; the largest linear memory its instance had, and
+    /// the most host memory held for it.
+    pub(crate) fn close(&mut self) -> Result<(u64, u64), EngineError> {
         let peak = self.writer.memory_peak();
         self.writer.close()?;
-        Ok(peak)
+        Ok((peak, self.writer.host_memory_peak()))
     }
 
     pub(crate) fn open(setup: SubtaskSetup) -> Result<Self, EngineError> {

@@ -36,6 +36,10 @@ pub struct RunSummary {
     /// The largest linear memory a writer instance had (its sandbox limit
     /// is `sink.sandbox.memory_mb`), in bytes.
     pub writer_memory: Option<u64>,
+    /// The most host memory the capabilities held for one writer instance
+    /// at once (its budget is `sink.sandbox.host_memory_mb`): open Parquet
+    /// writers of the `columnar` capability, uploads, reads; in bytes.
+    pub writer_host_memory: Option<u64>,
     /// `commit-table` calls and conflicts the catalog saw (Iceberg sinks).
     pub catalog_commits: u64,
     pub catalog_conflicts: u64,

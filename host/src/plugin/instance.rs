@@ -243,6 +243,12 @@ impl WriterInstance {
         self.inst.store.data().limits.peak() as u64
     }
 
+    /// The most host memory its capabilities held for this writer's
+    /// instance at once (open Parquet writers, uploads, reads), in bytes.
+    pub fn host_memory_peak(&self) -> u64 {
+        self.inst.store.data().caps.memory.peak()
+    }
+
     pub fn close(&mut self) -> Result<(), PluginError> {
         let h = self.handle;
         self.inst.with(|a, g| a.close(g, h))

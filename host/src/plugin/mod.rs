@@ -46,21 +46,11 @@ pub enum ContractVersion {
     V0_2,
 }
 
-impl ContractVersion {
-    /// The world a plugin of this version implements.
-    pub fn world(self) -> &'static str {
-        match self {
-            ContractVersion::V0_1 => "sluice:connector/sink-plugin@0.1.0",
-            ContractVersion::V0_2 => "sluice:connector/sink-plugin@0.2.0",
-        }
-    }
-}
-
 impl std::fmt::Display for ContractVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ContractVersion::V0_1 => "0.1.0",
-            ContractVersion::V0_2 => "0.2.0",
+            ContractVersion::V0_2 => "0.2.1",
         })
     }
 }
@@ -123,7 +113,7 @@ pub enum PluginError {
     Unsupported { plugin: Arc<str>, version: ContractVersion, what: String },
 }
 
-/// `0.2.0, 0.1.0`.
+/// `0.2.1, 0.2.0, 0.1.0`.
 fn supported_versions() -> String {
     bindings::SUPPORTED.join(", ")
 }
@@ -333,6 +323,15 @@ impl Plugin {
     /// Whether the plugin writes several tables and follows schema changes.
     pub fn multi_table(&self) -> bool {
         self.info.as_ref().is_some_and(|i| i.multi_table)
+    }
+
+    /// The exact contract version the plugin was built for (`0.2.0` for a
+    /// plugin of 0.2.0 served by this 0.2.1 host), from its `sink` export.
+    pub fn contract(&self) -> String {
+        self.exports()
+            .iter()
+            .find_map(|name| name.strip_prefix("sluice:connector/sink@").map(str::to_string))
+            .unwrap_or_else(|| self.version().to_string())
     }
 
     /// Names of the component's imports (the capabilities it links against).
