@@ -14,7 +14,7 @@ class Sink(exports.Sink):
         return types.PluginInfo(
             name=core.NAME,
             version=core.VERSION,
-            description="Lands rows as JSON Lines files, one directory per committed checkpoint, atomically and exactly once (written in Python)",
+            description="Lands rows as JSON Lines files (or Parquet, encoded by the host), one directory per committed checkpoint, atomically and exactly once (written in Python)",
             options=core.OPTIONS,
             capabilities=["file-io: read-write on `path` and on `staging_path` (same filesystem)"],
             multi_table=True,

@@ -4,7 +4,7 @@ resources). See `jsonl_sink` for the layout and its invariants."""
 
 from componentize_py_types import Err
 from wit_world.exports import sink as contract
-from wit_world.imports import file_io, types
+from wit_world.imports import columnar, file_io, types
 
 from jsonl_sink import core
 from jsonl_sink.arrow_ipc import ArrowError, read_schema
@@ -18,7 +18,7 @@ class Writer(contract.Writer):
         writer = cls()
         writer.cfg = cfg
         writer.ctx = ctx
-        writer.tables = set()
+        writer.tables = {}
         for table in tables:
             writer._announce(table)
         # table -> (output file, name, rows) of the file being written
@@ -39,11 +39,14 @@ class Writer(contract.Writer):
             read_schema(table.schema)
         except ArrowError as e:
             raise core.config_error(f"table {table.name!r}: {e}")
-        self.tables.add(table.name)
+        # The schema as the engine encoded it (an Arrow IPC schema message).
+        self.tables[table.name] = table.schema
 
     def write(self, table, rows):
         if table not in self.tables:
             raise Err(types.SinkError_InvalidData(f"rows of table {table!r}, which the engine has not announced"))
+        if self.cfg.format == "parquet":
+            return self._write_parquet(table, rows)
         try:
             count, data = to_lines(rows)
         except ArrowError as e:
@@ -69,11 +72,51 @@ class Writer(contract.Writer):
             raise core.io_error(f"writing {entry[1]}", e)
         entry[2] += count
 
+    def _write_parquet(self, table, rows):
+        """Hands the batch, as it came, to a Parquet file the host encodes."""
+        entry = self.open_files.get(table)
+        if entry is None:
+            self.seq += 1
+            name = f"part-{self.ctx.subtask:04d}-{self.seq:06d}.parquet"
+            location = core.join(core.inprogress_dir(self.cfg, self.ctx, table), name)
+            options = columnar.WriterOptions(
+                compression=columnar.Compression.SNAPPY,
+                compression_level=None,
+                dictionary=True,
+                statistics=columnar.Statistics.PAGE,
+                max_row_group_rows=None,
+                max_row_group_bytes=None,
+                data_page_size_bytes=None,
+                data_page_row_limit=None,
+                dictionary_page_size_bytes=None,
+                write_batch_size=None,
+                statistics_truncate_length=None,
+                columns=[],
+                key_value_metadata=[],
+                created_by=f"sluice {core.NAME} sink {core.VERSION}",
+            )
+            try:
+                out = columnar.ParquetWriter.create(location, self.tables[table], options, False)
+            except Err as e:
+                raise core.columnar_error(f"creating {location}", e)
+            entry = [out, name, 0]
+            self.open_files[table] = entry
+        try:
+            status = entry[0].write(rows)
+        except Err as e:
+            raise core.columnar_error(f"table {table!r}: encoding {entry[1]} as Parquet", e)
+        entry[2] = status.rows
+
     def _finish_open_files(self):
         for table, (out, name, rows) in list(self.open_files.items()):
             try:
-                out.finish()
+                if isinstance(out, columnar.ParquetWriter):
+                    out.close()
+                else:
+                    out.finish()
             except Err as e:
+                if isinstance(out, columnar.ParquetWriter):
+                    raise core.columnar_error(f"finishing {name}", e)
                 raise core.io_error(f"finishing {name}", e)
             self.finished.append((table, name, rows))
         self.open_files = {}

@@ -1,8 +1,10 @@
-//! Contract versions side by side: a plugin built for `sluice:connector@0.1.0`
-//! (the committed fixture, `tests/fixtures/sluice_sink_files_0.1.wasm`) runs
-//! unchanged on a host whose newest contract is 0.2, passes the crash
-//! matrix, and hands its state over to a plugin rebuilt for 0.2; components
-//! of no served version are refused with the versions the host serves.
+//! Contract versions side by side: plugins built for `sluice:connector@0.1.0`
+//! and `@0.2.0` (the committed fixtures, `tests/fixtures/sluice_sink_files_0.1.wasm`
+//! and `_0.2.wasm`, the latter encoding Parquet in wasm) run unchanged on a
+//! host whose newest contract is 0.2.1, pass the crash matrix, and hand
+//! their state over to today's build (which encodes through `columnar`);
+//! components of no served version are refused with the versions the host
+//! serves.
 
 use std::path::{Path, PathBuf};
 
@@ -106,4 +108,58 @@ fn a_0_1_plugin_is_refused_for_many_tables_before_anything_is_written() {
         "{err}"
     );
     assert!(!job.out().exists(), "nothing was written");
+}
+
+/// The files sink as built for 0.2.0, before `columnar` (0.2.1) existed.
+mod v0_2_0 {
+    use super::*;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/sluice_sink_files_0.2.wasm")
+    }
+
+    fn fixture_str() -> String {
+        fixture().to_str().expect("utf-8 path").to_string()
+    }
+
+    fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+        let job = TestJob::files_with(&fixture_str(), &format!("v020-{point}-{checkpoint}"), ROWS, PARALLELISM, EVERY);
+        sluice_tests::crash_and_recover(&job, ROWS, point, checkpoint);
+    }
+
+    sluice_tests::crash_tests! {
+        v020_after_write: CrashPoint::AfterWrite, 3;
+        v020_after_prepare_commit: CrashPoint::AfterPrepareCommit, 3;
+        v020_after_persist: CrashPoint::AfterPersist, 3;
+        v020_during_commit: CrashPoint::DuringCommit, 3;
+        v020_after_commit_last: CrashPoint::AfterCommit, 4;
+    }
+
+    #[test]
+    fn the_fixture_is_a_0_2_0_plugin_without_columnar() {
+        let plugin = host().load(&fixture()).expect("the 0.2.0 fixture loads on the 0.2.1 host");
+        assert_eq!(plugin.contract(), "0.2.0");
+        assert!(!plugin.imports().iter().any(|i| i.contains("columnar")), "{:?}", plugin.imports());
+        let today = host().load(Path::new(sluice_tests::FILES_PLUGIN)).expect("today's build");
+        assert_eq!(today.contract(), "0.2.1");
+        assert!(today.imports().iter().any(|i| i == "sluice:connector/columnar@0.2.1"), "{:?}", today.imports());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (code, out, err) = run_cli(&["plugin", "inspect", &fixture_str()], dir.path());
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("contract:    sluice:connector@0.2.0"), "{out}");
+    }
+
+    /// The upgrade from 0.2.0 to 0.2.1: a pending checkpoint of the 0.2.0
+    /// build (Parquet encoded in wasm) is committed by today's build, which
+    /// goes on encoding through the host.
+    #[test]
+    fn a_0_2_0_state_resumes_on_todays_build() {
+        let job = TestJob::files_with(&fixture_str(), "upgrade-020", ROWS, PARALLELISM, EVERY);
+        let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 3, subtask: 1 };
+        assert!(job.run(Some(fault)).expect_err("crash").is_injected_crash());
+        let upgraded = format!("sink.plugin={}", sluice_tests::FILES_PLUGIN);
+        let summary = job.run_with(&[&upgraded], None).expect("today's build resumes the 0.2.0 state");
+        assert_exactly_once(&read_visible(&job.out()), ROWS);
+        assert_eq!(summary.recovered.len(), 1, "{summary}");
+    }
 }

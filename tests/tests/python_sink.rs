@@ -93,3 +93,47 @@ fn python_sink_refuses_another_incarnations_output() {
     assert!(message.contains("--new-incarnation"), "{message}");
     assert_every_id_once(&job, 1000);
 }
+
+/// `format = "parquet"`: the Python sink hands each batch, as the engine
+/// encoded it, to a Parquet file the host encodes (`columnar`); a crash
+/// after a persisted checkpoint is recovered, and DuckDB reads every id
+/// once with its values.
+#[test]
+fn python_sink_lands_parquet_through_the_host_that_duckdb_reads() {
+    let job = TestJob::python_jsonl("py-parquet", ROWS, PARALLELISM, EVERY);
+    let parquet = "sink.options.format=\"parquet\"";
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 2, subtask: 0 };
+    assert!(job.run_with(&[parquet], Some(crash)).expect_err("crash").is_injected_crash());
+    let summary = job.run_with(&[parquet], None).expect("completes");
+    assert_eq!(summary.rows_total, ROWS);
+    let out = job.dir.path().join("out/jsonl").display().to_string();
+    let text = python(
+        "import sys, json, glob, duckdb\n\
+         files = glob.glob(sys.argv[1] + '/**/*.parquet', recursive=True)\n\
+         assert files and not glob.glob(sys.argv[1] + '/**/*.jsonl', recursive=True), files\n\
+         ids = [r[0] for r in duckdb.sql(f\"select id from read_parquet({files!r}) order by id\").fetchall()]\n\
+         r = duckdb.sql(f\"select id, qty, price, cast(amount as varchar), name, note, cast(day as varchar), epoch_us(ts) from read_parquet({files!r}) where id = 3\").fetchall()\n\
+         print(json.dumps({'ids': ids, 'row': [list(x) for x in r], 'files': len(files)}))",
+        &[&out],
+    )
+    .unwrap_or_else(|e| panic!("duckdb could not read the Parquet files: {e}"));
+    let got: serde_json::Value = serde_json::from_str(text.trim()).expect("json");
+    let ids: Vec<i64> = serde_json::from_value(got["ids"].clone()).expect("ids");
+    assert_eq!(ids, (0..ROWS as i64).collect::<Vec<_>>(), "every id exactly once");
+    // id 3 as the generator makes it (its note is null).
+    let batch = sluice::source::generator::Generator::batch_for(3, 4);
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Decimal128Type, Float64Type, Int32Type, TimestampMicrosecondType};
+    let day = batch.column(6).as_primitive::<arrow_array::types::Date32Type>().value_as_date(0).expect("date");
+    let expected = serde_json::json!([[
+        3,
+        batch.column(1).as_primitive::<Int32Type>().value(0),
+        batch.column(2).as_primitive::<Float64Type>().value(0),
+        batch.column(3).as_primitive::<Decimal128Type>().value_as_string(0),
+        batch.column(4).as_string::<i32>().value(0),
+        serde_json::Value::Null,
+        day.to_string(),
+        batch.column(7).as_primitive::<TimestampMicrosecondType>().value(0),
+    ]]);
+    assert_eq!(got["row"], expected);
+}

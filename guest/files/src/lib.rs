@@ -56,6 +56,7 @@ mod committer;
 mod layout;
 mod writer;
 
+use sluice_guest_sdk::columnar::Compression;
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{
     Guest, OptionSpec, PluginInfo, SinkContext, SinkError, Table, claim, error, files, option_spec,
@@ -85,7 +86,7 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("128"),
         ),
-        option_spec("compression", "Parquet compression codec: `snappy` or `none`", false, Some("snappy")),
+        option_spec("compression", "Parquet compression codec: `snappy`, `zstd` or `none`", false, Some("snappy")),
         claim::option_spec(),
     ]
 }
@@ -128,7 +129,8 @@ pub(crate) struct Config {
     pub staging: String,
     pub publish: Publish,
     pub target_file_bytes: u64,
-    pub compression: parquet::basic::Compression,
+    /// Encoded by the host (the `columnar` capability).
+    pub compression: Compression,
     /// How this incarnation treats the output's claim.
     pub claim: claim::Mode,
 }
@@ -167,11 +169,12 @@ impl Config {
             return Err(error::config("option `target_file_mb` must be at least 1"));
         }
         let compression = match opts.required("compression")? {
-            "snappy" => parquet::basic::Compression::SNAPPY,
-            "none" => parquet::basic::Compression::UNCOMPRESSED,
+            "snappy" => Compression::Snappy,
+            "zstd" => Compression::Zstd,
+            "none" => Compression::Uncompressed,
             other => {
                 return Err(error::config(format!(
-                    "option `compression` = {other:?} is not supported; use `snappy` or `none`"
+                    "option `compression` = {other:?} is not supported; use `snappy`, `zstd` or `none`"
                 )));
             }
         };

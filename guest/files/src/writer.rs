@@ -1,15 +1,19 @@
 //! The files sink's writer: streams each table's rows into Parquet files,
 //! under staging on a local disk, or as data objects under their final
 //! names on an object store (see the crate's doc).
+//!
+//! The host encodes the Parquet (the `columnar` capability): the batches the
+//! engine hands over go on to it as they came, never decoded here, and the
+//! host refuses any batch whose schema is not the table's.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use arrow_schema::SchemaRef;
-use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
-use parquet::file::properties::WriterProperties;
+use parquet::arrow::ArrowSchemaConverter;
 use serde::{Deserialize, Serialize};
-use sluice_guest_sdk::files::{self, OutputWriter, join};
+use sluice_guest_sdk::columnar::{self, ParquetFile, WriterOptions};
+use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, Table, TableChange, error, ipc, log};
 
 use crate::{Config, Publish, layout};
@@ -49,7 +53,7 @@ struct State {
 }
 
 struct OpenFile {
-    writer: ArrowWriter<OutputWriter>,
+    file: ParquetFile,
     name: String,
     rows: u64,
 }
@@ -65,7 +69,7 @@ pub(crate) struct TableWriter {
 struct Inner {
     cfg: Config,
     ctx: SinkContext,
-    props: WriterProperties,
+    props: WriterOptions,
     tables: BTreeMap<String, TableWriter>,
     seq: u64,
     state: State,
@@ -140,21 +144,21 @@ impl Inner {
         let overwrite = self.cfg.publish == Publish::Marker { exclusive_data: false };
         let props = self.props.clone();
         let t = self.table_mut(table)?;
-        let out = OutputWriter::create(&location, overwrite)
-            .map_err(|e| files::to_sink_error(&format!("creating {location}"), e))?;
-        let writer = ArrowWriter::try_new(out, t.schema.clone(), Some(props))
-            .map_err(|e| error::fatal(format!("starting Parquet file {location}: {e}")))?;
-        t.open = Some(OpenFile { writer, name, rows: 0 });
+        let file = ParquetFile::create(&location, t.schema.clone(), &props, overwrite)
+            .map_err(|e| columnar::to_sink_error(&format!("creating {location}"), e))?;
+        t.open = Some(OpenFile { file, name, rows: 0 });
         Ok(())
     }
 
     fn finish_file(&mut self, table: &str) -> Result<(), SinkError> {
         let Some(file) = self.table_mut(table)?.open.take() else { return Ok(()) };
         let location = self.inprogress(table, &file.name);
-        let out =
-            file.writer.into_inner().map_err(|e| error::fatal(format!("finishing Parquet file {location}: {e}")))?;
-        let bytes = (self.cfg.publish != Publish::Rename).then(|| out.written());
-        out.finish().map_err(|e| files::to_sink_error(&format!("closing {location}"), e))?;
+        let closed = file.file.close().map_err(|e| columnar::to_sink_error(&format!("closing {location}"), e))?;
+        if file.rows == 0 {
+            // Only empty batches came: no file for them.
+            return files::delete(&location).map_err(|e| files::to_sink_error(&format!("removing {location}"), e));
+        }
+        let bytes = (self.cfg.publish != Publish::Rename).then_some(closed.size);
         self.table_mut(table)?.finished.push(StagedFile { name: file.name, rows: file.rows, bytes });
         Ok(())
     }
@@ -214,10 +218,8 @@ impl GuestWriter for FilesWriter {
         let cfg = Config::parse(options)?;
         let tables = tables.iter().map(table_writer).collect::<Result<BTreeMap<_, _>, _>>()?;
         let state: State = sluice_guest_sdk::restored_state(restored_state)?.unwrap_or_default();
-        let props = WriterProperties::builder()
-            .set_compression(cfg.compression)
-            .set_created_by(format!("sluice files sink {}", env!("CARGO_PKG_VERSION")))
-            .build();
+        let mut props = columnar::options(cfg.compression, None);
+        props.created_by = Some(format!("sluice files sink {}", env!("CARGO_PKG_VERSION")));
         let inner = Inner { cfg, ctx, props, tables, seq: 0, state, prepared: BTreeMap::new() };
         inner.clean_earlier_attempts();
         Ok(sluice_guest_sdk::Writer::new(FilesWriter { inner: RefCell::new(inner) }))
@@ -225,28 +227,18 @@ impl GuestWriter for FilesWriter {
 
     fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
-        let (schema, batches) = ipc::decode(rows)?;
-        let expected = inner.table_mut(&table)?.schema.clone();
-        if schema.fields() != expected.fields() {
-            return Err(error::invalid_data(format!(
-                "a batch of table {table:?} has schema {schema:?}, not the table's {expected:?}"
-            )));
+        if inner.table_mut(&table)?.open.is_none() {
+            inner.start_file(&table)?;
         }
-        for batch in batches {
-            if batch.num_rows() == 0 {
-                continue;
-            }
-            if inner.table_mut(&table)?.open.is_none() {
-                inner.start_file(&table)?;
-            }
-            let target = inner.cfg.target_file_bytes;
-            let file = inner.table_mut(&table)?.open.as_mut().ok_or_else(|| error::fatal("no open file"))?;
-            file.writer.write(&batch).map_err(|e| error::invalid_data(format!("encoding rows as Parquet: {e}")))?;
-            file.rows += batch.num_rows() as u64;
-            let size = file.writer.bytes_written() as u64 + file.writer.in_progress_size() as u64;
-            if size >= target {
-                inner.finish_file(&table)?;
-            }
+        let target = inner.cfg.target_file_bytes;
+        let file = inner.table_mut(&table)?.open.as_mut().ok_or_else(|| error::fatal("no open file"))?;
+        let location = file.file.location().to_string();
+        let status = file.file.write_ipc(&rows).map_err(|e| {
+            columnar::to_sink_error(&format!("encoding rows of table {table:?} as Parquet ({location})"), e)
+        })?;
+        file.rows = status.rows;
+        if status.written_bytes + status.open_bytes >= target {
+            inner.finish_file(&table)?;
         }
         Ok(())
     }

@@ -17,6 +17,12 @@ OPTIONS = [
         None,
     ),
     types.OptionSpec(
+        "format",
+        "`jsonl` (JSON Lines, encoded here in Python) or `parquet` (encoded by the host, natively, through the `columnar` capability: the rows go on as the engine hands them over)",
+        False,
+        "jsonl",
+    ),
+    types.OptionSpec(
         "staging_path",
         "location where uncommitted files are staged; on the same filesystem as `path` and outside it (default: `<path>.staging`)",
         False,
@@ -50,6 +56,9 @@ class Config:
             raise config_error("option `path` is required and must not be empty")
         self.path = path
         self.staging = values.get("staging_path", f"{path}.staging").rstrip("/")
+        self.format = values.get("format", "jsonl")
+        if self.format not in ("jsonl", "parquet"):
+            raise config_error(f"option `format` = {self.format!r} is not supported; use `jsonl` or `parquet`")
 
 
 def join(base, name):
@@ -106,6 +115,18 @@ def io_error(what, err):
     if kind == "IoError_NotFound":
         return fatal(f"{what}: not found ({detail})")
     return Err(types.SinkError_Retryable(f"{what}: {detail}"))
+
+
+def columnar_error(what, err):
+    """A `columnar` failure as a sink error: its `io` case as `io_error`,
+    a batch it cannot encode as invalid data, a host limit as configuration."""
+    value = err.value if isinstance(err, Err) else err
+    kind = type(value).__name__
+    if kind == "ColumnarError_Io":
+        return io_error(what, value.value)
+    if kind == "ColumnarError_Limit":
+        return config_error(f"{what}: {value.value}")
+    return Err(types.SinkError_InvalidData(f"{what}: {getattr(value, 'value', value)}"))
 
 
 def is_kind(err, kind):

@@ -122,6 +122,14 @@ impl ParquetFile {
         Ok(&self.status)
     }
 
+    /// Encodes the batches of `ipc`, an Arrow IPC stream of the file's
+    /// schema as the engine hands it over (no decoding here): where the
+    /// writer stands after them.
+    pub fn write_ipc(&mut self, ipc: &[u8]) -> Result<&WriterStatus, ColumnarError> {
+        self.status = self.writer.write(ipc)?;
+        Ok(&self.status)
+    }
+
     /// Where the writer stood after the last call (no boundary crossing).
     pub fn last_status(&self) -> &WriterStatus {
         &self.status
