@@ -158,3 +158,19 @@ fn buffer_mb_bounds_what_the_host_holds_for_many_open_partitions() {
     assert_exactly_once_range(&table.rows, 0, ROWS);
     assert!(data_files(&table.table).len() >= 16, "one file per partition at least");
 }
+
+/// A writer's Parquet files take a file handle only from their first bytes
+/// on (a row group written out, or `close`): 64 partitions open at once
+/// land with `max_open_files = 16`, as they did when plugins encoded.
+#[test]
+fn more_open_partitions_than_open_files_land() {
+    const ROWS: u64 = 20_000;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = TestJob::iceberg("columnar-handles", dir.path(), TABLE, ROWS, 0, 1, ROWS);
+    let sets = ["sink.options.partition_by=\"bucket[64](id)\"", "sink.sandbox.max_open_files=16"];
+    let summary = job.run_with(&sets, None).expect("the job runs");
+    assert_eq!(summary.rows_total, ROWS);
+    let table = read_iceberg(dir.path(), TABLE);
+    assert_exactly_once_range(&table.rows, 0, ROWS);
+    assert!(data_files(&table.table).len() >= 64, "one file per partition");
+}

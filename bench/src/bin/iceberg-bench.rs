@@ -346,6 +346,9 @@ struct Probe {
     peak: u64,
     /// The largest linear memory of one writer instance.
     writer: u64,
+    /// The most host memory held for one writer instance (the row groups
+    /// the host encodes for its open files).
+    host: u64,
 }
 
 /// Runs `toml` `reps` times, each in a child process (this binary with
@@ -371,11 +374,12 @@ fn probe(toml: &str) -> Result<Probe> {
     let text = String::from_utf8_lossy(&out.stdout);
     let fields: Vec<&str> = text.split_whitespace().collect();
     match fields.as_slice() {
-        [secs, checkpoints, peak, writer] => Ok(Probe {
+        [secs, checkpoints, peak, writer, host] => Ok(Probe {
             secs: secs.parse()?,
             checkpoints: checkpoints.parse()?,
             peak: peak.parse()?,
             writer: writer.parse()?,
+            host: host.parse()?,
         }),
         _ => bail!("unexpected probe output: {text}"),
     }
@@ -385,11 +389,12 @@ fn run_probe(job: &Path) -> Result<()> {
     let job = sluice::job::Job::load(job, &[])?;
     let summary = run_quiet(&job, &host()?)?;
     println!(
-        "{} {} {} {}",
+        "{} {} {} {} {}",
         summary.data_elapsed.as_secs_f64(),
         summary.checkpoints_this_run,
         summary.peak_memory.unwrap_or(0),
-        summary.writer_memory.unwrap_or(0)
+        summary.writer_memory.unwrap_or(0),
+        summary.writer_host_memory.unwrap_or(0)
     );
     Ok(())
 }
@@ -557,18 +562,19 @@ fn costs(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
         args.cost_rows, args.buffer_mb, args.reps
     );
     println!(
-        "| checkpoints | rows/s | × one checkpoint | peak memory of the process | largest writer instance |\n|---|---:|---:|---:|---:|"
+        "| checkpoints | rows/s | × one checkpoint | peak memory of the process | largest writer instance | most host memory for one writer |\n|---|---:|---:|---:|---:|---:|"
     );
     for (label, p) in
         [("one at the end", &one), ("every 1/4 of each writer's rows", &quarter), ("one every second", &second)]
     {
         println!(
-            "| {} ({label}) | {:.0} | {:.2} | {} MB | {} MB |",
+            "| {} ({label}) | {:.0} | {:.2} | {} MB | {} MB | {} MB |",
             p.checkpoints,
             rate(p),
             rate(p) / rate(&one),
             p.peak >> 20,
-            p.writer >> 20
+            p.writer >> 20,
+            p.host >> 20
         );
     }
     println!("\nabout {:.0} ms per extra checkpoint", per_ck * 1e3);

@@ -13,8 +13,12 @@
 //! Invariants:
 //! - a writer writes one file, created through `file-io`'s grant checks
 //!   ([`FileGrants`]: the same locations, exclusive-create rules, object
-//!   stores and durability as an `output-file`), and nothing else; it counts
-//!   as an open file against `sink.sandbox.max_open_files`;
+//!   stores and durability as an `output-file`), and nothing else. The grant
+//!   is judged at `create`; the file itself is created at its first bytes
+//!   (the first row group written out, or `close`), as the SDK's deferred
+//!   outputs do, so a writer holding many partitions' files open holds no
+//!   file handle for those still in memory. From then on until `close` it
+//!   counts as an open file against `sink.sandbox.max_open_files`;
 //! - the host memory an open writer holds (the row group being encoded) is
 //!   reserved from the instance's budget (`sink.sandbox.host_memory_mb`)
 //!   before each batch is encoded, at the writer's memory now plus the
@@ -41,7 +45,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::file_io::{FileGrants, FileIoCtx, OutputFileHandle};
 use super::file_io_store::Failure;
-use super::limits::{CallDeadline, HandleSlot, HostMemory, Reservation};
+use super::limits::{CallDeadline, HandleCap, HostMemory, Reservation};
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::columnar::{
     self as wit, ClosedFile, ColumnarError, Compression, Host, HostParquetWriter, Statistics, WriterOptions,
@@ -60,8 +64,6 @@ pub struct ParquetWriterHandle {
     held: Option<Reservation>,
     /// The output's failure, shared with the [`Sink`].
     failed: SharedFailure,
-    /// Counts the writer against `sink.sandbox.max_open_files`.
-    _slot: HandleSlot,
 }
 
 /// The output's failure, which `std::io::Error` would lose (the plugin's
@@ -69,9 +71,10 @@ pub struct ParquetWriterHandle {
 type SharedFailure = Arc<Mutex<Option<Failure>>>;
 
 /// Where the encoder's bytes go: the file's `output-file` (local or an
-/// object-store upload).
+/// object-store upload), created at the first bytes that reach it.
 struct Sink {
-    out: OutputFileHandle,
+    out: Option<OutputFileHandle>,
+    opener: Opener,
     written: u64,
     /// Everything written from the moment this is set (the footer at `close`).
     capture: Option<Vec<u8>>,
@@ -87,16 +90,24 @@ impl Write for Sink {
         if let Some(capture) = &mut self.capture {
             capture.extend_from_slice(buf);
         }
-        match self.out.write_call(buf.to_vec()) {
+        if self.out.is_none() {
+            match self.opener.open() {
+                Ok(out) => self.out = Some(out),
+                Err(failure) => {
+                    let message = failure_message(&failure);
+                    *failed = Some(failure);
+                    return Err(std::io::Error::other(message));
+                }
+            }
+        }
+        let Some(out) = self.out.as_mut() else { return Err(std::io::Error::other("the output is not open")) };
+        match out.write_call(buf.to_vec()) {
             Ok(()) => {
                 self.written += buf.len() as u64;
                 Ok(buf.len())
             }
             Err(failure) => {
-                let message = match &failure {
-                    Failure::Io(e) => super::file_io::describe_io(e),
-                    Failure::Deadline(d) => d.to_string(),
-                };
+                let message = failure_message(&failure);
                 *failed = Some(failure);
                 Err(std::io::Error::other(message))
             }
@@ -105,6 +116,35 @@ impl Write for Sink {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+fn failure_message(failure: &Failure) -> String {
+    match failure {
+        Failure::Io(e) => super::file_io::describe_io(e),
+        Failure::Deadline(d) => d.to_string(),
+    }
+}
+
+/// Creates a writer's file when its first bytes come: the grants, the
+/// open-file cap and the host-memory budget of the instance.
+struct Opener {
+    grants: Arc<FileGrants>,
+    memory: Arc<HostMemory>,
+    cap: HandleCap,
+    location: String,
+    overwrite: bool,
+}
+
+impl Opener {
+    fn open(&self) -> Result<OutputFileHandle, Failure> {
+        let slot = self
+            .cap
+            .take()
+            .map_err(|too_many| Failure::Io(IoError::Other(format!("{}: {too_many}", self.location))))?;
+        let mut out = self.grants.create_output_call(&self.location, self.overwrite, &self.memory)?;
+        out.hold(slot);
+        Ok(out)
     }
 }
 
@@ -248,11 +288,16 @@ impl ParquetWriterHandle {
         parquet::arrow::ArrowSchemaConverter::new()
             .convert(&schema)
             .map_err(|e| invalid(location, format_args!("the schema cannot be written as Parquet: {e}")))?;
-        let slot = file_io.open.take().map_err(|too_many| ColumnarError::Limit(format!("{location}: {too_many}")))?;
-        let grants: &FileGrants = &file_io.grants;
-        let out = grants.create_output_call(location, overwrite, &file_io.memory)?;
+        file_io.grants.check_writable(location).map_err(ColumnarError::Io)?;
+        let opener = Opener {
+            grants: file_io.grants.clone(),
+            memory: file_io.memory.clone(),
+            cap: file_io.open.clone(),
+            location: location.to_string(),
+            overwrite,
+        };
         let failed = SharedFailure::default();
-        let sink = Sink { out, written: 0, capture: None, failed: failed.clone() };
+        let sink = Sink { out: None, opener, written: 0, capture: None, failed: failed.clone() };
         let writer = ArrowWriter::try_new(sink, schema.clone(), Some(props))
             .map_err(|e| invalid(location, format_args!("starting the Parquet writer: {e}")))?;
         Ok(Self {
@@ -262,7 +307,6 @@ impl ParquetWriterHandle {
             memory: file_io.memory.clone(),
             held: None,
             failed,
-            _slot: slot,
         })
     }
 
@@ -292,7 +336,9 @@ impl ParquetWriterHandle {
                 row_groups: w.flushed_row_groups().len() as u32,
                 rows: w.flushed_row_groups().iter().map(|g| g.num_rows() as u64).sum::<u64>()
                     + w.in_progress_rows() as u64,
-                written_bytes: w.inner().written,
+                // As iceberg-rust's writer counts them (before the 8 KiB buffer in
+                // front of the file), so rolling decides at the same bytes.
+                written_bytes: w.bytes_written() as u64,
             },
             None => {
                 WriterStatus { open_rows: 0, open_bytes: 0, memory_bytes: 0, row_groups: 0, rows: 0, written_bytes: 0 }
@@ -400,7 +446,12 @@ impl ParquetWriterHandle {
             Ok(sink) => sink,
             Err(e) => return Err(self.failed("writing the footer", e)),
         };
-        sink.out.finish_call()?;
+        let mut out = match sink.out.take() {
+            Some(out) => out,
+            // Every Parquet file has bytes (its magic and footer): never reached.
+            None => sink.opener.open()?,
+        };
+        out.finish_call()?;
         let tail = sink.capture.take().unwrap_or_default();
         let footer = footer_of(&tail).ok_or_else(|| invalid(&self.location, "the written footer is malformed"))?;
         Ok(ClosedFile { size: sink.written, footer: footer.to_vec() })

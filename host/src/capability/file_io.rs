@@ -231,6 +231,17 @@ impl FileGrants {
         Ok((grant, prefix))
     }
 
+    /// Refuses `location` for a new file as `create_output` would judge
+    /// its grant, without creating anything (a writer that creates its
+    /// file later, at its first bytes).
+    pub(super) fn check_writable(&self, location: &str) -> Result<(), IoError> {
+        if is_object_url(location) {
+            self.resolve_object(location, true).map(|_| ())
+        } else {
+            self.resolve(location, true).map(|_| ())
+        }
+    }
+
     pub fn exists(&self, location: &str) -> Result<bool, IoError> {
         self.exists_call(location).map_err(Failure::into_io)
     }
@@ -532,6 +543,11 @@ struct LocalOutput {
 }
 
 impl OutputFileHandle {
+    /// Counts this handle against a cap of open files until it is dropped.
+    pub(super) fn hold(&mut self, slot: HandleSlot) {
+        self.slot = Some(slot);
+    }
+
     /// Appends `data` (the in-process API: a deadline passed is `other`).
     pub fn write(&mut self, data: Vec<u8>) -> Result<(), IoError> {
         self.write_call(data).map_err(Failure::into_io)

@@ -241,8 +241,8 @@ impl Drop for Reservation {
     }
 }
 
-/// A count of live handles of one kind against a cap.
-#[derive(Debug)]
+/// A count of live handles of one kind against a cap (clones share it).
+#[derive(Debug, Clone)]
 pub struct HandleCap {
     open: Arc<AtomicUsize>,
     max: usize,
