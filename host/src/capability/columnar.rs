@@ -87,6 +87,12 @@ impl Write for Sink {
         if failed.is_some() {
             return Err(std::io::Error::other("the output failed before"));
         }
+        // A long flush or close stops at the call's deadline between writes.
+        if let Err(d) = CallDeadline::check("sluice:connector/columnar.[method]parquet-writer") {
+            let message = d.to_string();
+            *failed = Some(Failure::Deadline(d));
+            return Err(std::io::Error::other(message));
+        }
         if let Some(capture) = &mut self.capture {
             capture.extend_from_slice(buf);
         }
@@ -116,6 +122,59 @@ impl Write for Sink {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// Runs `f`, turning a panic into an error: arrow's IPC reader and the
+/// encoder assert on some malformed input instead of answering, and a
+/// plugin's bytes must never take the host down.
+fn unpanicked<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "malformed input".to_string())
+    })
+}
+
+/// About what a written-out row group's metadata holds until the footer:
+/// an estimate: a fixed part per column chunk (300 bytes, above its Thrift size) and its
+/// statistics' values, which a plugin can make large.
+fn row_group_bytes(group: &parquet::file::metadata::RowGroupMetaData) -> usize {
+    group
+        .columns()
+        .iter()
+        .map(|c| {
+            let stats = c
+                .statistics()
+                .map_or(0, |s| s.min_bytes_opt().map_or(0, <[u8]>::len) + s.max_bytes_opt().map_or(0, <[u8]>::len));
+            300 + stats
+        })
+        .sum()
+}
+
+/// Refuses array types whose buffers rows share (dictionaries, views): a
+/// small batch of them can expand to far more than its IPC size in the
+/// encoder, which the budget reserves by. Plugins send plain arrays.
+fn refuse_shared_buffers(schema: &arrow_schema::Schema) -> Result<(), String> {
+    fn shared(t: &arrow_schema::DataType) -> bool {
+        use arrow_schema::DataType as D;
+        match t {
+            D::Dictionary(_, _) | D::Utf8View | D::BinaryView | D::ListView(_) | D::LargeListView(_) => true,
+            D::RunEndEncoded(_, _) => true,
+            D::List(f) | D::LargeList(f) | D::FixedSizeList(f, _) | D::Map(f, _) => shared(f.data_type()),
+            D::Struct(fields) => fields.iter().any(|f| shared(f.data_type())),
+            D::Union(fields, _) => fields.iter().any(|(_, f)| shared(f.data_type())),
+            _ => false,
+        }
+    }
+    match schema.fields().iter().find(|f| shared(f.data_type())) {
+        Some(f) => Err(format!(
+            "column {:?} is {}: send plain arrays (no dictionary, view or run-end encoded ones)",
+            f.name(),
+            f.data_type()
+        )),
+        None => Ok(()),
     }
 }
 
@@ -281,8 +340,10 @@ impl ParquetWriterHandle {
         options: &WriterOptions,
         overwrite: bool,
     ) -> Result<Self, Fail> {
-        let schema = crate::ipc::decode_schema(schema)
+        let schema = unpanicked(|| crate::ipc::decode_schema(schema))
+            .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| invalid(location, format_args!("the schema is no Arrow IPC schema: {e}")))?;
+        refuse_shared_buffers(&schema).map_err(|e| invalid(location, e))?;
         let props = writer_properties(options).map_err(|e| invalid(location, e))?;
         // Check the schema before the file exists: nothing is left behind.
         parquet::arrow::ArrowSchemaConverter::new()
@@ -347,11 +408,26 @@ impl ParquetWriterHandle {
     }
 
     /// Holds what the writer holds now against the budget.
+    /// Holds what the writer holds now against the budget: its open row
+    /// group, and the metadata of the row groups it wrote out (kept for the
+    /// footer). When that does not fit, the writer fails for good and lets
+    /// go of it all.
     fn settle(&mut self) -> Result<(), Fail> {
-        let now = self.writer.as_ref().map_or(0, |w| w.memory_size() as u64);
+        let now = self.writer.as_ref().map_or(0, |w| {
+            let metadata: usize = w.flushed_row_groups().iter().map(row_group_bytes).sum();
+            (w.memory_size() + metadata) as u64
+        });
         self.held = None;
-        self.held = Some(self.reserve(now)?);
-        Ok(())
+        match self.reserve(now) {
+            Ok(r) => {
+                self.held = Some(r);
+                Ok(())
+            }
+            Err(e) => {
+                self.writer = None;
+                Err(e.into())
+            }
+        }
     }
 
     fn reserve(&self, bytes: u64) -> Result<Reservation, ColumnarError> {
@@ -378,7 +454,8 @@ impl ParquetWriterHandle {
         let size = ipc.len() as u64;
         // Decoded in place: the batches' columns are slices of the bytes
         // the plugin handed over (validated as Arrow's readers validate).
-        let batches = crate::ipc::decode_batches(ipc)
+        let batches = unpanicked(|| crate::ipc::decode_batches(ipc))
+            .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| invalid(&location, format_args!("the batches are no Arrow IPC stream: {e}")))?;
         for batch in batches {
             if batch.schema().fields() != self.schema.fields() {
@@ -402,16 +479,21 @@ impl ParquetWriterHandle {
             let reserved = match reserved {
                 Ok(r) => r,
                 Err(e) => {
-                    // The writer stays as it was: the plugin may cut the row
-                    // group (or stop); the budget holds what it holds now.
-                    let _ = self.settle();
+                    // Earlier batches of this stream may be encoded already:
+                    // the writer fails for good (its file cannot be
+                    // finished), so no retry of the call can write them twice.
+                    self.writer = None;
+                    self.held = None;
                     return Err(e.into());
                 }
             };
             self.held = Some(reserved);
             CallDeadline::check("sluice:connector/columnar.[method]parquet-writer.write")
                 .map_err(|d| Fail::Trap(wasmtime::Error::new(d)))?;
-            let result = self.writer()?.write(&batch);
+            let writer = self.writer()?;
+            let result = unpanicked(|| writer.write(&batch)).unwrap_or_else(|p| {
+                Err(parquet::errors::ParquetError::General(format!("the encoder refused the batch: {p}")))
+            });
             if let Err(e) = result {
                 return Err(self.failed("encoding a batch", e));
             }
