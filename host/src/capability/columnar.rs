@@ -43,7 +43,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-use super::file_io::{FileGrants, FileIoCtx, OutputFileHandle};
+use super::file_io::{FileGrants, FileIoCtx, OutputFileHandle, started};
 use super::file_io_store::Failure;
 use super::limits::{CallDeadline, HandleCap, HostMemory, Reservation};
 use super::{CapabilityHost, Effects};
@@ -572,10 +572,6 @@ pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmti
         let (caps, table) = t.capabilities();
         ColumnarView { file_io: &caps.file_io, table, effects: &mut caps.effects }
     })
-}
-
-fn started(op: &'static str) -> wasmtime::Result<()> {
-    CallDeadline::check(op).map_err(wasmtime::Error::new)
 }
 
 impl Host for ColumnarView<'_> {}

@@ -611,7 +611,7 @@ pub struct FileIoCtx {
 }
 
 /// Traps when the call is past its deadline before `op` starts.
-fn started(op: &'static str) -> wasmtime::Result<()> {
+pub(super) fn started(op: &'static str) -> wasmtime::Result<()> {
     CallDeadline::check(op).map_err(wasmtime::Error::new)
 }
 
