@@ -49,6 +49,12 @@ fn parallel_writers_land_every_row_once_each_on_its_own_stream() {
     assert_eq!(summary.rows_total, ROWS);
     assert_landed_once(&d);
     assert_eq!(d.stats().streams_created, u64::from(PARALLELISM), "one BUFFERED stream per writer");
+    // Each writer appends over its own connection, as separate clients
+    // would: one shared connection paced every writer by one task's framing.
+    let peers = d.append_peers();
+    let distinct: std::collections::BTreeSet<_> = peers.iter().collect();
+    assert_eq!(peers.len(), PARALLELISM as usize, "one AppendRows call per writer: {peers:?}");
+    assert_eq!(distinct.len(), PARALLELISM as usize, "the writers shared a connection: {peers:?}");
     assert_eq!(d.invisible_count(TABLE), 0, "every appended row was flushed");
     assert_eq!(d.stats().already_exists, 0);
     // One flush per writer per non-empty checkpoint.

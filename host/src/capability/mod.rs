@@ -146,6 +146,7 @@ impl Granted {
                 grpc: self.grpc.clone(),
                 calls: HandleCap::new(limits.max_grpc_streams, "gRPC calls in flight", "sink.sandbox.max_grpc_streams"),
                 memory: memory.clone(),
+                channels: Default::default(),
             },
             http: HttpCtx::new(self.http.clone(), limits.max_http_requests),
             memory,

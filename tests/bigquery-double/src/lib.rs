@@ -169,6 +169,8 @@ pub(crate) struct Shared {
     /// Calls of the REST table methods, by method.
     pub(crate) rest_calls: Mutex<std::collections::HashMap<&'static str, u64>>,
     pub(crate) rest_faults: Mutex<Vec<(&'static str, u64, RestFault)>>,
+    /// The client address (the connection) of each AppendRows call, in order.
+    pub(crate) append_peers: Mutex<Vec<SocketAddr>>,
 }
 
 impl Shared {
@@ -295,6 +297,12 @@ impl BigQueryDouble {
     /// Chooses whether `tables.patch` honours `If-Match`.
     pub fn etag_mode(&self, mode: EtagMode) {
         *self.shared.etag_mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+    }
+
+    /// The client address of each AppendRows call, in the order they
+    /// began: calls from one address came over one connection.
+    pub fn append_peers(&self) -> Vec<SocketAddr> {
+        self.shared.append_peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// How many calls of a REST table method (`tables.get`, `tables.insert`,

@@ -589,6 +589,9 @@ impl StreamingService<AppendRowsRequest> for AppendSvc {
 
     fn call(&mut self, request: Request<Streaming<AppendRowsRequest>>) -> Self::Future {
         let svc = self.0.clone();
+        if let Some(peer) = request.remote_addr() {
+            svc.shared.append_peers.lock().unwrap_or_else(|p| p.into_inner()).push(peer);
+        }
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
