@@ -25,6 +25,22 @@ pub fn decode_schema(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, ArrowError
     Ok(reader.schema())
 }
 
+/// Checks that `bytes` are one whole IPC stream with a schema, whose batches
+/// are valid Arrow data (as [`decode_batches`] checks them): what the host
+/// promises of every batch it hands a plugin.
+pub fn validate_stream(bytes: &[u8]) -> Result<(), ArrowError> {
+    let mut buffer = arrow_buffer::Buffer::from(bytes);
+    let mut decoder = arrow_ipc::reader::StreamDecoder::new();
+    while !buffer.is_empty() {
+        decoder.decode(&mut buffer)?;
+    }
+    decoder.finish()?;
+    if decoder.schema().is_none() {
+        return Err(ArrowError::IpcError("the stream has no schema".into()));
+    }
+    Ok(())
+}
+
 /// The batches of a whole IPC stream, decoded in place (their columns are
 /// slices of `bytes`) and validated as Arrow's readers validate: the bytes
 /// may come from a plugin, which the host never trusts.

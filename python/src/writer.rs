@@ -50,8 +50,14 @@ impl Writer {
             }
         };
         // The bytes are read in place while the GIL is released: the caller
-        // (or `encoded`) keeps them alive for the call.
-        self.with(py, |w| w.write(&table, bytes))?.map_err(to_py)
+        // (or `encoded`) keeps them alive for the call. The host hands a
+        // plugin only valid streams (the contract's promise), so a user's
+        // own bytes are validated first, as Arrow's readers validate.
+        self.with(py, |w| {
+            sluice::ipc::validate_stream(bytes)
+                .map_err(|e| SluiceError::new_err(format!("batch is not a valid Arrow IPC stream: {e}")))?;
+            w.write(&table, bytes).map_err(to_py)
+        })?
     }
 
     /// Closes what the writer wrote since the last checkpoint; the commit

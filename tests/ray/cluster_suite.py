@@ -272,7 +272,21 @@ def scenario_low_level(spec, cache_dir, cluster):
     # Bytes that are not a whole Arrow IPC stream are refused with a message
     # that says so; nothing of them lands, and the writer goes on.
     refused = {}
-    for name, payload in (("garbage", b"not arrow at all"), ("truncated", ipc[: len(ipc) // 2])):
+    # A whole stream of the right schema whose strings are not UTF-8 (pyarrow
+    # builds it unchecked): the host validates a user's bytes, as it promises
+    # plugins only valid Arrow data.
+    bad_utf8 = pa.record_batch(
+        [
+            pa.array([0], pa.int64()),
+            pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00"), pa.py_buffer(b"\xff\xfe")]),
+        ],
+        schema=batch.schema,
+    )
+    for name, payload in (
+        ("garbage", b"not arrow at all"),
+        ("truncated", ipc[: len(ipc) // 2]),
+        ("invalid_utf8", sluice.ipc_batch(bad_utf8)),
+    ):
         try:
             writer.write(payload, "")
             refused[name] = None

@@ -269,6 +269,13 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         let message = r["refused"][bad].as_str().unwrap_or_default();
         assert!(message.contains("Arrow IPC stream") || message.contains("corrupt Arrow"), "{bad}: {r}");
     }
+    // Valid structure, invalid values: the host refuses them before the
+    // plugin (which trusts the host's batches) sees them.
+    let message = r["refused"]["invalid_utf8"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("not a valid Arrow IPC stream") && message.to_lowercase().contains("utf"),
+        "invalid UTF-8 was not refused by the host: {r}"
+    );
     // The GIL is released during plugin calls: another Python thread ran
     // while the writer was inside the plugin (with a 10 s switch interval).
     assert!(
