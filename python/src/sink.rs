@@ -96,6 +96,15 @@ impl Sink {
     ) -> PyResult<Writer> {
         let ctx = sink_ctx(ctx)?;
         let options = self.options_for(&ctx, options);
+        let schemas = tables
+            .iter()
+            .map(|(name, schema)| {
+                let schema = sluice::ipc::decode_schema(schema).map_err(|e| {
+                    SluiceError::new_err(format!("table {name:?}: its schema is not an Arrow IPC schema: {e}"))
+                })?;
+                Ok((name.clone(), schema))
+            })
+            .collect::<PyResult<_>>()?;
         let tables = source_tables(tables);
         let name = format!("writer[{}]", ctx.subtask);
         let writer = py
@@ -104,7 +113,7 @@ impl Sink {
                 WriterInstance::open(inst, &ctx, &options, &tables, restored.as_deref())
             })
             .map_err(to_py)?;
-        Ok(Writer::new(writer))
+        Ok(Writer::new(writer, schemas))
     }
 
     /// Opens the committer (the one fan-in of a job).

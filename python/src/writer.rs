@@ -3,7 +3,10 @@
 //! Invariant: every call runs with the GIL released, and a batch crosses into
 //! the plugin whole, as Arrow IPC; a closed writer refuses further calls.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
+
+use arrow_schema::SchemaRef;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -17,11 +20,32 @@ use crate::errors::{SluiceError, lock, to_py};
 #[pyclass(frozen, module = "sluice._native")]
 pub(crate) struct Writer {
     inner: Mutex<Option<WriterInstance>>,
+    /// The schema of each table the writer was opened with, by name.
+    tables: BTreeMap<String, SchemaRef>,
 }
 
 impl Writer {
-    pub(crate) fn new(writer: WriterInstance) -> Self {
-        Self { inner: Mutex::new(Some(writer)) }
+    pub(crate) fn new(writer: WriterInstance, tables: BTreeMap<String, SchemaRef>) -> Self {
+        Self { inner: Mutex::new(Some(writer)), tables }
+    }
+
+    /// What the host promises a plugin of every batch: a valid stream, in
+    /// the schema of a table the writer knows.
+    fn check(&self, table: &str, bytes: &[u8]) -> PyResult<()> {
+        let schema = sluice::ipc::validate_stream(bytes)
+            .map_err(|e| SluiceError::new_err(format!("batch is not a valid Arrow IPC stream: {e}")))?;
+        let Some(expected) = self.tables.get(table) else {
+            let known: Vec<&str> = self.tables.keys().map(String::as_str).collect();
+            return Err(SluiceError::new_err(format!(
+                "batch of table {table:?}: the writer was opened with the tables {known:?}"
+            )));
+        };
+        match sluice::ipc::schema_mismatch(&schema, expected) {
+            None => Ok(()),
+            Some(why) => {
+                Err(SluiceError::new_err(format!("batch of table {table:?} is not in the table's schema: {why}")))
+            }
+        }
     }
 
     fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut WriterInstance) -> R + Send) -> PyResult<R> {
@@ -51,11 +75,10 @@ impl Writer {
         };
         // The bytes are read in place while the GIL is released: the caller
         // (or `encoded`) keeps them alive for the call. The host hands a
-        // plugin only valid streams (the contract's promise), so a user's
-        // own bytes are validated first, as Arrow's readers validate.
+        // plugin only valid streams in the table's schema (the contract's
+        // promise), so a user's own bytes are checked first.
         self.with(py, |w| {
-            sluice::ipc::validate_stream(bytes)
-                .map_err(|e| SluiceError::new_err(format!("batch is not a valid Arrow IPC stream: {e}")))?;
+            self.check(&table, bytes)?;
             w.write(&table, bytes).map_err(to_py)
         })?
     }

@@ -286,6 +286,9 @@ def scenario_low_level(spec, cache_dir, cluster):
         ("garbage", b"not arrow at all"),
         ("truncated", ipc[: len(ipc) // 2]),
         ("invalid_utf8", sluice.ipc_batch(bad_utf8)),
+        # Valid, but the table's columns in another order: a plugin that
+        # reads columns by position would land them under the wrong names.
+        ("reordered", sluice.ipc_batch(batch.select(["name", "id"]))),
     ):
         try:
             writer.write(payload, "")

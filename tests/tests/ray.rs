@@ -276,6 +276,11 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         message.contains("not a valid Arrow IPC stream") && message.to_lowercase().contains("utf"),
         "invalid UTF-8 was not refused by the host: {r}"
     );
+    let message = r["refused"]["reordered"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("not in the table's schema") && message.contains("the table's are [id Int64, name Utf8"),
+        "a batch with the table's columns in another order was not refused: {r}"
+    );
     // The GIL is released during plugin calls: another Python thread ran
     // while the writer was inside the plugin (with a 10 s switch interval).
     assert!(
