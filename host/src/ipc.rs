@@ -29,13 +29,8 @@ pub fn decode_schema(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, ArrowError
 /// are valid Arrow data (as [`decode_batches`] checks them): what the host
 /// promises of every batch it hands a plugin. Returns the stream's schema.
 pub fn validate_stream(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, ArrowError> {
-    let mut buffer = arrow_buffer::Buffer::from(bytes);
-    let mut decoder = arrow_ipc::reader::StreamDecoder::new();
-    while !buffer.is_empty() {
-        decoder.decode(&mut buffer)?;
-    }
-    decoder.finish()?;
-    decoder.schema().ok_or_else(|| ArrowError::IpcError("the stream has no schema".into()))
+    let (schema, _) = decode_stream(arrow_buffer::Buffer::from(bytes))?;
+    schema.ok_or_else(|| ArrowError::IpcError("the stream has no schema".into()))
 }
 
 /// Why a batch's schema is not `table`'s: the columns a plugin reads by
@@ -57,7 +52,14 @@ pub fn schema_mismatch(batch: &Schema, table: &Schema) -> Option<String> {
 /// slices of `bytes`) and validated as Arrow's readers validate: the bytes
 /// may come from a plugin, which the host never trusts.
 pub fn decode_batches(bytes: Vec<u8>) -> Result<Vec<RecordBatch>, ArrowError> {
-    let mut buffer = arrow_buffer::Buffer::from_vec(bytes);
+    Ok(decode_stream(arrow_buffer::Buffer::from_vec(bytes))?.1)
+}
+
+/// The schema (if the stream has one) and the validated batches of a whole
+/// IPC stream, decoded in place from `buffer`.
+fn decode_stream(
+    mut buffer: arrow_buffer::Buffer,
+) -> Result<(Option<arrow_schema::SchemaRef>, Vec<RecordBatch>), ArrowError> {
     let mut decoder = arrow_ipc::reader::StreamDecoder::new();
     let mut batches = Vec::new();
     while !buffer.is_empty() {
@@ -66,7 +68,7 @@ pub fn decode_batches(bytes: Vec<u8>) -> Result<Vec<RecordBatch>, ArrowError> {
         }
     }
     decoder.finish()?;
-    Ok(batches)
+    Ok((decoder.schema(), batches))
 }
 
 #[cfg(test)]

@@ -214,6 +214,31 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 // ---------------------------------------------------------------- 2. host robustness
 
+/// Tries `f` on every single-byte corruption of `good` (each byte set to a
+/// few telling values it does not hold): how many were tried, and the
+/// panics `f` caught (`silently`), named by byte and value.
+fn panics_over_corruptions(
+    good: &[u8],
+    mut f: impl FnMut(usize, u8, Vec<u8>) -> std::thread::Result<()>,
+) -> (usize, Vec<String>) {
+    let mut panics = Vec::new();
+    let mut n = 0;
+    for at in 0..good.len() {
+        for v in [0x00u8, 0x01, 0x07, 0x7f, 0xff] {
+            if good[at] == v {
+                continue;
+            }
+            let mut bad = good.to_vec();
+            bad[at] = v;
+            n += 1;
+            if let Err(p) = f(at, v, bad) {
+                panics.push(format!("byte {at} = {v:#04x}: {}", panic_message(&*p)));
+            }
+        }
+    }
+    (n, panics)
+}
+
 /// Every single-byte corruption of a valid schema stream, handed to
 /// `parquet-writer.create`, must be answered (`invalid`), never panic the host.
 #[test]
@@ -227,24 +252,14 @@ fn malformed_schema_bytes_in_create_never_panic_the_host() {
     ]);
     let bytes = sluice::ipc::encode_schema(&schema).unwrap();
     let mut inst = Instance::new(64, 16);
-    let mut panics = Vec::new();
-    let mut n = 0;
-    for at in 0..bytes.len() {
-        for v in [0x00u8, 0x01, 0x07, 0x7f, 0xff] {
-            if bytes[at] == v {
-                continue;
+    let (n, panics) = panics_over_corruptions(&bytes, |at, v, bad| {
+        let loc = format!("out/f-{at}-{v}.parquet");
+        silently(|| {
+            if let Ok(w) = inst.create(&loc, &bad, &options(), false) {
+                inst.drop_writer(w);
             }
-            let mut bad = bytes.clone();
-            bad[at] = v;
-            n += 1;
-            let loc = format!("out/f-{at}-{v}.parquet");
-            match silently(|| inst.create(&loc, &bad, &options(), false)) {
-                Ok(Ok(w)) => inst.drop_writer(w),
-                Ok(Err(_)) => {}
-                Err(p) => panics.push(format!("byte {at} = {v:#04x}: {}", panic_message(&*p))),
-            }
-        }
-    }
+        })
+    });
     assert!(
         panics.is_empty(),
         "{} of {n} corrupted schemas panicked the host in parquet-writer.create, e.g.: {:#?}",
@@ -271,22 +286,7 @@ fn malformed_batch_bytes_in_write_never_panic_the_host() {
     let schema_ipc = sluice::ipc::encode_schema(&schema).unwrap();
     let mut inst = Instance::new(64, 16);
     let w = inst.create("out/w.parquet", &schema_ipc, &options(), false).expect("create");
-    let mut panics = Vec::new();
-    let mut n = 0;
-    for at in 0..good.len() {
-        for v in [0x00u8, 0x01, 0x07, 0x7f, 0xff] {
-            if good[at] == v {
-                continue;
-            }
-            let mut bad = good.clone();
-            bad[at] = v;
-            n += 1;
-            match silently(|| inst.write(w, bad)) {
-                Ok(_) => {}
-                Err(p) => panics.push(format!("byte {at} = {v:#04x}: {}", panic_message(&*p))),
-            }
-        }
-    }
+    let (n, panics) = panics_over_corruptions(&good, |_, _, bad| silently(|| drop(inst.write(w, bad))));
     assert!(
         panics.is_empty(),
         "{} of {n} corrupted batch streams panicked the host in parquet-writer.write, e.g.: {:#?}",
