@@ -47,6 +47,10 @@ enum Command {
         /// source is landed again beside them; nothing earlier is replaced.
         #[arg(long)]
         new_incarnation: bool,
+        /// A streaming source reads up to the end offsets seen at start,
+        /// then the run ends (as `source.bounded = true`).
+        #[arg(long)]
+        until_end: bool,
     },
     /// Shows a job's state directory: incarnation, last committed checkpoint
     /// and the pending checkpoints with what they will commit.
@@ -150,7 +154,10 @@ fn host(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {
 fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     let cache_dir = cli.cache_dir;
     match cli.command {
-        Command::Run { job, sets, progress, new_incarnation } => {
+        Command::Run { job, mut sets, progress, new_incarnation, until_end } => {
+            if until_end {
+                sets.push("source.bounded=true".to_string());
+            }
             run_job(&job, &sets, cache_dir, progress_mode(cli.quiet, progress), new_incarnation)
         }
         Command::State { job, sets, drop_pending } => show_state(&job, &sets, cache_dir, drop_pending),
@@ -179,9 +186,44 @@ fn run_job(
 ) -> anyhow::Result<ExitCode> {
     let job = Job::load(job, sets)?;
     let host = host(cache_dir)?;
-    let summary = engine::run(&job, &host, &RunOptions::new(progress, new_incarnation))?;
+    let options = RunOptions::new(progress, new_incarnation);
+    stop_on_signals(&options.stop, job.unbounded())?;
+    let summary = engine::run(&job, &host, &options)?;
     println!("{summary}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// SIGTERM or SIGINT stops the run cleanly: the running round ends with a
+/// checkpoint that is persisted and committed, and the run exits 0. A second
+/// signal stops the process at once (exit 130); what was persisted is safe,
+/// and the next run resumes from it.
+fn stop_on_signals(stop: &engine::Stop, unbounded: bool) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).context("cannot watch for SIGTERM")?;
+    let stop = stop.clone();
+    std::thread::Builder::new()
+        .name("sluice-signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for signal in signals.forever() {
+                seen += 1;
+                if seen == 1 {
+                    tracing::warn!(
+                        signal,
+                        "stopping: the running checkpoint ends now and is committed; a second signal stops at once"
+                    );
+                    stop.request();
+                } else {
+                    tracing::error!(signal, "stopped at once; the next run resumes from the last persisted checkpoint");
+                    std::process::exit(130);
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+    if unbounded {
+        tracing::info!("the source is unbounded: the run goes on until stopped (SIGTERM or Ctrl-C)");
+    }
+    Ok(())
 }
 
 /// `sluice state`: drops a pending checkpoint when asked, then shows the

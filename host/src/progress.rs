@@ -73,6 +73,8 @@ pub struct Progress {
     rows: AtomicU64,
     /// Last committed checkpoint + 1 (0: none yet).
     committed: AtomicU64,
+    /// What the source says of itself (a Kafka source's lag per topic).
+    source_note: std::sync::Mutex<Option<String>>,
     pub(crate) mode: ProgressMode,
 }
 
@@ -89,6 +91,7 @@ impl Progress {
             first_write: OnceLock::new(),
             rows: AtomicU64::new(0),
             committed: AtomicU64::new(0),
+            source_note: std::sync::Mutex::new(None),
             mode,
         })
     }
@@ -123,16 +126,33 @@ impl Progress {
         if secs > 0.0 { self.rows() as f64 / secs } else { 0.0 }
     }
 
+    /// What the source says of itself now (a Kafka source's lag), shown on
+    /// the status line and logged with each commit.
+    pub fn set_source_note(&self, note: Option<String>) {
+        if let Ok(mut n) = self.source_note.lock() {
+            *n = note;
+        }
+    }
+
+    pub fn source_note(&self) -> Option<String> {
+        self.source_note.lock().ok().and_then(|n| n.clone())
+    }
+
     /// Records a committed checkpoint and, in plain mode, logs it.
     pub fn committed(&self, c: u64, total_rows: u64) {
         self.committed.store(c + 1, Ordering::Relaxed);
         if self.mode == ProgressMode::Plain {
-            tracing::info!(
-                checkpoint = c,
-                rows_total = total_rows,
-                rows_per_sec = format!("{:.0}", self.rows_per_sec()),
-                "checkpoint committed"
-            );
+            let rows_per_sec = format!("{:.0}", self.rows_per_sec());
+            match self.source_note() {
+                Some(source) => tracing::info!(
+                    checkpoint = c,
+                    rows_total = total_rows,
+                    rows_per_sec,
+                    source = %source,
+                    "checkpoint committed"
+                ),
+                None => tracing::info!(checkpoint = c, rows_total = total_rows, rows_per_sec, "checkpoint committed"),
+            }
         }
     }
 
@@ -141,7 +161,15 @@ impl Progress {
             0 => "none yet".to_string(),
             c => (c - 1).to_string(),
         };
-        format!("{} rows · {:.0} rows/s · last committed checkpoint: {committed}", self.rows(), self.rows_per_sec())
+        let line = format!(
+            "{} rows · {:.0} rows/s · last committed checkpoint: {committed}",
+            self.rows(),
+            self.rows_per_sec()
+        );
+        match self.source_note() {
+            Some(note) => format!("{line} · {note}"),
+            None => line,
+        }
     }
 
     /// Starts the status line when showing one; stops when the guard drops.

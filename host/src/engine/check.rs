@@ -93,7 +93,7 @@ impl CheckReport {
 
     /// The source, and whether it is the one the newest record describes.
     fn source(&mut self, job: &Job, latest: Option<&CheckpointRecord>) -> Option<Source> {
-        match Source::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores) {
+        match Source::of_job(job) {
             Ok(s) => {
                 self.passed.push(format!("source: {}", s.describe()));
                 if let Some(r) = latest

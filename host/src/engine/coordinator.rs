@@ -37,7 +37,7 @@ use super::subtask::RoundReport;
 use super::summary::RunSummary;
 use super::tables::{self, Change, TableSet};
 use super::writer::{WriterEnv, WriterSetup};
-use super::{EngineError, RunOptions};
+use super::{EngineError, RunOptions, Stop};
 use crate::bindings::CommitOutcome;
 use crate::capability::Granted;
 use crate::fault::{CrashPoint, Faults};
@@ -114,6 +114,10 @@ struct Coordinator<'a> {
     /// The most host memory held for one writer instance, once they closed.
     writer_host_memory: Option<u64>,
     faults: Faults,
+    stop: Stop,
+    /// The run ended on a stop request, after this checkpoint, with the
+    /// source's positions then.
+    stopped: Option<(u64, Vec<serde_json::Value>)>,
 }
 
 /// Runs a job to the end of its source, resuming from its last checkpoint,
@@ -196,7 +200,7 @@ impl<'a> Coordinator<'a> {
         // The plugin and the source first: a job that cannot start leaves
         // the state directory as it was (not created, no attempt counted).
         let plugin = load_plugin(job, host)?;
-        let source = Arc::new(Source::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores)?);
+        let source = Arc::new(Source::of_job(job)?);
         let store = open_unhalted(job)?;
         let restored = store.latest()?;
         if let Some(r) = &restored {
@@ -237,6 +241,8 @@ impl<'a> Coordinator<'a> {
             writer_memory: None,
             writer_host_memory: None,
             faults: opts.faults.clone(),
+            stop: opts.stop.clone(),
+            stopped: None,
         })
     }
 
@@ -256,7 +262,7 @@ impl<'a> Coordinator<'a> {
     /// Opens one writer (source reader and plugin writer) per subtask,
     /// restored from the last checkpoint, and waits until every one is open.
     fn open_writers(&self, pool: &mut dyn WriterPool) -> Result<(), EngineError> {
-        let env = WriterEnv::for_job(
+        let mut env = WriterEnv::for_job(
             self.job,
             self.plugin.clone(),
             self.grants.clone(),
@@ -265,6 +271,7 @@ impl<'a> Coordinator<'a> {
             self.faults.clone(),
             self.progress.clone(),
         );
+        env.stop = self.stop.clone();
         let tables = self.tables.records()?;
         let who = &self.who;
         let setups = (0..self.job.spec.job.parallelism)
@@ -297,9 +304,16 @@ impl<'a> Coordinator<'a> {
         let persisted = Instant::now();
         self.faults.check(CrashPoint::AfterPersist, c, None)?;
         let finished = record.finished();
+        // Asked to stop: this checkpoint is the run's last; no round follows.
+        let stopping = !finished && self.stop.requested();
         // At a barrier the next round waits for the target to change.
         let barrier = !round.changes.is_empty() || round.refusal.is_some();
-        self.commit_overlapped(pool, c, !finished && !barrier)?;
+        self.progress.set_source_note(self.source.status());
+        self.commit_overlapped(pool, c, !finished && !barrier && !stopping)?;
+        let positions: Vec<serde_json::Value> = record.subtasks.iter().map(|s| s.position.clone()).collect();
+        if self.at.pending.is_empty() {
+            self.source.acknowledge(&positions.iter().collect::<Vec<_>>());
+        }
         tracing::debug!(
             checkpoint = c,
             wait_ms = (gathered - waited).as_millis() as u64,
@@ -310,6 +324,11 @@ impl<'a> Coordinator<'a> {
         );
         if let Some(refused) = round.refusal {
             return Err(refused.into());
+        }
+        if stopping {
+            // A barrier's change waits for the next run, which meets it again.
+            self.stopped = Some((c, positions));
+            return Ok(true);
         }
         if barrier {
             self.cross_barrier(pool, c, round.changes)?;
@@ -565,6 +584,11 @@ impl<'a> Coordinator<'a> {
             catalog_commits: catalog.map_or(0, |c| c.stats.commit_calls.load(Ordering::Relaxed)),
             catalog_conflicts: catalog.map_or(0, |c| c.stats.conflicts.load(Ordering::Relaxed)),
             already_complete: already,
+            stopped: self.stopped.as_ref().map(|(c, positions)| {
+                let at = self.source.describe_positions(&positions.iter().collect::<Vec<_>>());
+                (*c, at)
+            }),
+            source_note: self.source.status(),
         }
     }
 }

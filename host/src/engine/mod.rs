@@ -61,6 +61,23 @@ pub struct RunOptions {
     pub new_incarnation: bool,
     /// The faults a test armed (none in a released build).
     pub faults: Faults,
+    /// Set to stop the run at its next checkpoint (SIGTERM, SIGINT).
+    pub stop: Stop,
+}
+
+/// A request to stop a run cleanly: the running round ends at once, its
+/// checkpoint is persisted and committed, and the run ends resumable.
+#[derive(Debug, Clone, Default)]
+pub struct Stop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Stop {
+    pub fn request(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn requested(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl RunOptions {

@@ -273,7 +273,7 @@ impl Worker {
         let plugin = host.load(&job.spec.sink.plugin)?;
         let grants = Granted::for_job(job, &Faults::default())?;
         let options = plugin.options_for(job.sink_options(), &setup.ctx);
-        let source = Arc::new(Source::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores)?);
+        let source = Arc::new(Source::of_job(job)?);
         let progress = Progress::new(ProgressMode::Quiet);
         let env = WriterEnv::for_job(job, plugin, grants, options, source, Faults::default(), progress);
         let subtask = Subtask::open(SubtaskSetup {

@@ -30,7 +30,7 @@ use super::writer::WriterEnv;
 use crate::fault::CrashPoint;
 use crate::ipc;
 use crate::plugin::{SinkCtx, WriterInstance};
-use crate::source::{SourceReader, TableBatch};
+use crate::source::{Read, SourceReader, TableBatch};
 
 pub(crate) enum Command {
     Round(u64),
@@ -126,6 +126,14 @@ struct Filled {
     refusal: Option<SchemaRefusal>,
     /// The cut when the round ends at a barrier: just before the held batch.
     cut: Option<serde_json::Value>,
+}
+
+/// The next input of a round.
+enum Input {
+    /// A batch, with the position before it.
+    Batch(TableBatch, serde_json::Value),
+    Idle,
+    End,
 }
 
 pub(crate) struct Subtask {
@@ -288,9 +296,14 @@ impl Subtask {
             if self.held.is_empty() && self.trigger_reached(filled.rows, deadline) {
                 break;
             }
-            let Some((next, before)) = self.next_input(filled.rows)? else {
-                self.finished = true;
-                break;
+            let (next, before) = match self.next_input(filled.rows)? {
+                Input::Batch(next, before) => (next, before),
+                // A streaming source has nothing now: the trigger decides.
+                Input::Idle => continue,
+                Input::End => {
+                    self.finished = true;
+                    break;
+                }
             };
             let Some(batch) = self.fit(c, next.clone(), before, &mut filled)? else { break };
             self.seen.insert(next.table.clone(), next.batch.schema());
@@ -309,23 +322,29 @@ impl Subtask {
         Ok(filled)
     }
 
-    /// The round's trigger: `every_rows` written, or its interval passed.
+    /// The round's trigger: `every_rows` written, or its interval passed,
+    /// or the run was asked to stop.
     fn trigger_reached(&self, rows_in_round: u64, deadline: Option<Instant>) -> bool {
-        self.setup.env.every_rows.is_some_and(|k| rows_in_round >= k) || deadline.is_some_and(|d| Instant::now() >= d)
+        self.setup.env.every_rows.is_some_and(|k| rows_in_round >= k)
+            || deadline.is_some_and(|d| Instant::now() >= d)
+            || self.setup.env.stop.requested()
     }
 
-    /// The next batch, held first, else read (`None`: the source is
-    /// exhausted), with the position before it.
-    fn next_input(&mut self, rows_in_round: u64) -> Result<Option<(TableBatch, serde_json::Value)>, EngineError> {
-        if let Some(held) = self.held.pop_front() {
-            return Ok(Some(held));
+    /// The next batch, held first, else read, with the position before it.
+    fn next_input(&mut self, rows_in_round: u64) -> Result<Input, EngineError> {
+        if let Some((held, before)) = self.held.pop_front() {
+            return Ok(Input::Batch(held, before));
         }
         let mut want = self.batch_rows() as u64;
         if let Some(k) = self.setup.env.every_rows {
             want = want.min(k - rows_in_round);
         }
         let before = self.reader.position();
-        Ok(self.reader.next_batch(want as usize)?.map(|next| (next, before)))
+        Ok(match self.reader.read(want as usize)? {
+            Read::Batch(next) => Input::Batch(next, before),
+            Read::Idle => Input::Idle,
+            Read::End => Input::End,
+        })
     }
 
     /// `next` as its table takes it now; `None` when it must wait for a
@@ -411,7 +430,7 @@ impl Subtask {
         let mut rows: usize = self.held.iter().map(|(b, _)| b.batch.num_rows()).sum();
         while rows < budget {
             let before = self.reader.position();
-            let Some(next) = self.reader.next_batch(budget - rows)? else { break };
+            let Read::Batch(next) = self.reader.read(budget - rows)? else { break };
             let schema = next.batch.schema();
             let fitted = tables::fit(&next.table, tables.get(&next.table), seen.get(&next.table), &schema);
             rows += next.batch.num_rows();

@@ -45,6 +45,11 @@ pub struct RunSummary {
     pub catalog_conflicts: u64,
     /// The job had already finished before this run; nothing was read.
     pub already_complete: bool,
+    /// The run stopped on request after this checkpoint (persisted and
+    /// committed), and where the source stood then.
+    pub stopped: Option<(u64, Option<String>)>,
+    /// What the source said of itself at the end (a Kafka source's lag).
+    pub source_note: Option<String>,
 }
 
 impl std::fmt::Display for RunSummary {
@@ -67,10 +72,19 @@ impl std::fmt::Display for RunSummary {
                 self.incarnation,
             );
         }
+        if let Some((c, at)) = &self.stopped {
+            write!(
+                f,
+                "job {} stopped on request after checkpoint {c}, which is committed; the next run resumes there{}. ",
+                self.job_id,
+                at.as_ref().map_or(String::new(), |at| format!(" ({at})")),
+            )?;
+        }
         write!(
             f,
-            "job {} finished: {} rows in {secs:.1}s ({rate:.0} rows/s over {data_secs:.1}s of data movement), {} checkpoint(s), last committed checkpoint {committed}, {} rows in total{}, attempt {}, incarnation {}{}",
+            "job {} {}: {} rows in {secs:.1}s ({rate:.0} rows/s over {data_secs:.1}s of data movement), {} checkpoint(s), last committed checkpoint {committed}, {} rows in total{}, attempt {}, incarnation {}{}",
             self.job_id,
+            if self.stopped.is_some() { "ran" } else { "finished" },
             self.rows_this_run,
             self.checkpoints_this_run,
             self.rows_total,
@@ -81,6 +95,9 @@ impl std::fmt::Display for RunSummary {
         )?;
         if let Some(bytes) = self.peak_memory {
             write!(f, ", peak memory {} MB", bytes / (1024 * 1024))?;
+        }
+        if let Some(note) = &self.source_note {
+            write!(f, ", source {note}")?;
         }
         Ok(())
     }

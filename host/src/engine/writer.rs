@@ -34,6 +34,8 @@ pub struct WriterEnv {
     /// A test's faults (none in a released build).
     pub faults: Faults,
     pub progress: Arc<Progress>,
+    /// The run was asked to stop: rounds end at once, with a checkpoint.
+    pub stop: super::Stop,
 }
 
 impl WriterEnv {
@@ -59,6 +61,7 @@ impl WriterEnv {
             interval,
             faults,
             progress,
+            stop: super::Stop::default(),
         }
     }
 }

@@ -19,6 +19,7 @@
 
 pub mod file;
 pub mod generator;
+pub mod kafka;
 mod object;
 
 use arrow_array::RecordBatch;
@@ -51,6 +52,8 @@ pub enum SourceIdentity {
     /// Per subtask, the files it consumed (the last one possibly in part), in
     /// reading order.
     File { subtasks: Vec<Vec<FileIdentity>> },
+    /// The topics, the message format and the partition rule.
+    Kafka(kafka::KafkaIdentity),
 }
 
 /// A source file as it was when it was read.
@@ -80,11 +83,29 @@ pub struct TableBatch {
     pub batch: RecordBatch,
 }
 
+/// What a read gave.
+#[derive(Debug)]
+pub enum Read {
+    Batch(TableBatch),
+    /// Nothing now (a streaming source waited a moment); more may come.
+    Idle,
+    /// This subtask's share is exhausted.
+    End,
+}
+
 /// One subtask's reader.
 pub trait SourceReader: Send {
     /// Up to `max_rows` rows of one table, or `None` when this subtask's
-    /// share is exhausted.
+    /// share is exhausted. A streaming reader blocks until it has rows.
     fn next_batch(&mut self, max_rows: usize) -> Result<Option<TableBatch>, SourceError>;
+    /// Like `next_batch`, but a streaming reader that has nothing after a
+    /// short wait answers [`Read::Idle`] instead of blocking.
+    fn read(&mut self, max_rows: usize) -> Result<Read, SourceError> {
+        Ok(match self.next_batch(max_rows)? {
+            Some(batch) => Read::Batch(batch),
+            None => Read::End,
+        })
+    }
     /// Where to resume after the rows returned so far.
     fn position(&self) -> serde_json::Value;
 }
@@ -93,11 +114,21 @@ pub trait SourceReader: Send {
 pub enum Source {
     Generator(generator::Generator),
     File(file::FileSource),
+    Kafka(kafka::KafkaSource),
 }
 
 impl Source {
+    /// The source of a loaded job.
+    pub fn of_job(job: &crate::job::Job) -> Result<Self, SourceError> {
+        match &job.kafka {
+            Some(kafka) => Ok(Source::Kafka(kafka::KafkaSource::open(kafka, job.spec.job.parallelism)?)),
+            None => Self::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores),
+        }
+    }
+
     /// The source `spec` describes; a file source on an object store is
-    /// reached as `stores` says (the job's `source_stores`).
+    /// reached as `stores` says (the job's `source_stores`). A Kafka source
+    /// opens from its resolved configuration ([`Source::of_job`]).
     pub fn open(spec: &SourceSpec, parallelism: u32, stores: &StoreOptions) -> Result<Self, SourceError> {
         match spec {
             SourceSpec::Generator { rows, first_id, rate, batch_rows, tables, evolve_at, new_table_at } => {
@@ -112,6 +143,9 @@ impl Source {
             SourceSpec::File { path, format, batch_rows, csv_header, rate, .. } => Ok(Source::File(
                 file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism, stores)?.with_rate(*rate),
             )),
+            SourceSpec::Kafka(_) => Err(SourceError::Other(
+                "a Kafka source opens from its loaded job (Source::of_job), where its secrets are read".to_string(),
+            )),
         }
     }
 
@@ -122,6 +156,7 @@ impl Source {
         match self {
             Source::Generator(g) => Some(SourceIdentity::Generator(g.params())),
             Source::File(f) => f.identity(positions),
+            Source::Kafka(k) => Some(SourceIdentity::Kafka(k.identity())),
         }
     }
 
@@ -129,16 +164,26 @@ impl Source {
     /// this source no longer matches it. A record without an identity (from
     /// an earlier version) is not checked.
     pub fn check_identity(&self, recorded: Option<&SourceIdentity>) -> Result<(), SourceChange> {
+        let read = |r: &SourceIdentity| match r {
+            SourceIdentity::Generator(_) => "ran the generator",
+            SourceIdentity::File { .. } => "read files",
+            SourceIdentity::Kafka(_) => "read Kafka topics",
+        };
         match (self, recorded) {
             (_, None) => Ok(()),
             (Source::Generator(g), Some(SourceIdentity::Generator(p))) => g.params().check(p),
             (Source::File(f), Some(SourceIdentity::File { subtasks })) => f.check_identity(subtasks),
-            (Source::Generator(_), Some(SourceIdentity::File { .. })) => {
-                Err(SourceChange("it read files, and the job now runs the generator".to_string()))
-            }
-            (Source::File(_), Some(SourceIdentity::Generator(_))) => {
-                Err(SourceChange("it ran the generator, and the job now reads files".to_string()))
-            }
+            (Source::Kafka(k), Some(SourceIdentity::Kafka(id))) => k.check_identity(id),
+            (now, Some(then)) => Err(SourceChange(format!("it {}, and the job now {}", read(then), now.kind_phrase()))),
+        }
+    }
+
+    /// What the source does, as a refusal names it.
+    fn kind_phrase(&self) -> &'static str {
+        match self {
+            Source::Generator(_) => "runs the generator",
+            Source::File(_) => "reads files",
+            Source::Kafka(_) => "reads Kafka topics",
         }
     }
 
@@ -148,6 +193,7 @@ impl Source {
         match self {
             Source::Generator(g) => Ok(g.tables()),
             Source::File(f) => f.tables(),
+            Source::Kafka(k) => k.tables(),
         }
     }
 
@@ -157,6 +203,7 @@ impl Source {
         match self {
             Source::Generator(g) => !g.shape().tables.is_empty(),
             Source::File(f) => f.is_tree(),
+            Source::Kafka(k) => k.is_multi_table(),
         }
     }
 
@@ -165,6 +212,7 @@ impl Source {
         match self {
             Source::Generator(g) => g.batch_rows(),
             Source::File(f) => f.batch_rows(),
+            Source::Kafka(k) => k.batch_rows(),
         }
     }
 
@@ -173,6 +221,7 @@ impl Source {
         match self {
             Source::Generator(g) => g.rate(),
             Source::File(f) => f.rate(),
+            Source::Kafka(_) => None,
         }
     }
 
@@ -184,6 +233,7 @@ impl Source {
         match self {
             Source::Generator(g) => Ok(Box::new(g.reader(subtask, position)?)),
             Source::File(f) => Ok(Box::new(f.reader(subtask, position)?)),
+            Source::Kafka(k) => Ok(Box::new(k.reader(subtask, position)?)),
         }
     }
 
@@ -192,6 +242,38 @@ impl Source {
         match self {
             Source::Generator(g) => format!("generator of {} rows", g.rows()),
             Source::File(f) => f.describe(),
+            Source::Kafka(k) => k.describe(),
+        }
+    }
+
+    /// Whether the source runs until stopped.
+    pub fn unbounded(&self) -> bool {
+        matches!(self, Source::Kafka(k) if !k.config().bounded)
+    }
+
+    /// After the checkpoint at `positions` is committed (with every one
+    /// before it): a Kafka source commits those offsets to its consumer
+    /// group, for lag tooling.
+    pub fn acknowledge(&self, positions: &[&serde_json::Value]) {
+        if let Source::Kafka(k) = self {
+            k.acknowledge(positions);
+        }
+    }
+
+    /// Where the subtasks stand at `positions`, for a person (a Kafka
+    /// source's offsets).
+    pub fn describe_positions(&self, positions: &[&serde_json::Value]) -> Option<String> {
+        match self {
+            Source::Kafka(k) => Some(k.describe_positions(positions)),
+            _ => None,
+        }
+    }
+
+    /// A short status for the progress line (a Kafka source's lag).
+    pub fn status(&self) -> Option<String> {
+        match self {
+            Source::Kafka(k) => k.status(),
+            _ => None,
         }
     }
 }

@@ -21,6 +21,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+pub mod kafka;
+
 use crate::capability::limits::{self, HostLimits};
 use crate::location::{Location, Scheme, Served};
 use sluice_store::StoreOptions;
@@ -184,6 +186,9 @@ pub enum SourceSpec {
         #[serde(default)]
         gcs: GcsSpec,
     },
+    /// Kafka topics, each landing in the table of its name; unbounded
+    /// unless `bounded` (see [`kafka::KafkaSpec`]).
+    Kafka(Box<kafka::KafkaSpec>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -613,6 +618,8 @@ pub struct Job {
     pub endpoints: BTreeMap<String, EndpointConfig>,
     /// The HTTP endpoints the plugin may call, by name.
     pub http_endpoints: BTreeMap<String, EndpointConfig>,
+    /// A Kafka source, resolved (secrets read, schema decided).
+    pub kafka: Option<kafka::KafkaConfig>,
 }
 
 impl Job {
@@ -656,12 +663,13 @@ impl Job {
             catalog: None,
             endpoints: BTreeMap::new(),
             http_endpoints: BTreeMap::new(),
+            kafka: None,
         };
         job.validate()?;
         Ok(job)
     }
 
-    fn invalid(&self, key: &str, message: impl Into<String>) -> JobError {
+    pub(crate) fn invalid(&self, key: &str, message: impl Into<String>) -> JobError {
         JobError::Invalid { path: self.path.clone(), key: key.to_string(), message: message.into() }
     }
 
@@ -683,7 +691,7 @@ impl Job {
         // A generator reads no store: `[source.s3]` there is an unknown key.
         self.source_stores = match &self.spec.source {
             SourceSpec::File { s3, gcs, .. } => self.store_options("source", s3, gcs)?,
-            SourceSpec::Generator { .. } => StoreOptions::default(),
+            SourceSpec::Generator { .. } | SourceSpec::Kafka(_) => StoreOptions::default(),
         };
         self.sink_stores = self.store_options("sink", &self.spec.sink.s3, &self.spec.sink.gcs)?;
         self.catalog = self.spec.sink.catalog.as_ref().map(|c| self.catalog_config(c)).transpose()?;
@@ -771,6 +779,11 @@ impl Job {
                 }
                 Ok(())
             }
+            SourceSpec::Kafka(spec) => {
+                let spec = spec.clone();
+                self.kafka = Some(spec.resolve(self)?);
+                Ok(())
+            }
         }
     }
 
@@ -784,6 +797,11 @@ impl Job {
             return Err(self.invalid("source.batch_rows", "must be at least 1"));
         }
         Ok(())
+    }
+
+    /// Whether the source runs until stopped (a Kafka source that is not `bounded`).
+    pub fn unbounded(&self) -> bool {
+        self.kafka.as_ref().is_some_and(|k| !k.bounded)
     }
 
     /// `sink.plugin` must be a file; it becomes absolute.
@@ -972,7 +990,7 @@ impl Job {
 
     /// The absolute local path given for `key`, which serves local paths only:
     /// a URL of any other scheme is refused, never taken for a relative path.
-    fn local_path(&self, key: &str, raw: &Path) -> Result<PathBuf, JobError> {
+    pub(crate) fn local_path(&self, key: &str, raw: &Path) -> Result<PathBuf, JobError> {
         let text = raw.to_str().ok_or_else(|| self.invalid(key, format!("{} is not UTF-8", raw.display())))?;
         let location = self.location(key, text, Served::LOCAL)?;
         location.into_local().ok_or_else(|| self.invalid(key, format!("{text:?} is not a local path")))
@@ -1168,9 +1186,21 @@ impl Job {
                     toml::Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                (k.clone(), rendered)
+                (k.clone(), self.topic_pattern(rendered))
             })
             .collect()
+    }
+
+    /// `{topic}` in a sink option, for a Kafka source: the topic of a source
+    /// of one topic (its one table), else `{table}` (each topic is a table).
+    fn topic_pattern(&self, value: String) -> String {
+        match &self.kafka {
+            Some(k) if value.contains("{topic}") => match k.single_topic() {
+                Some(topic) => value.replace("{topic}", topic),
+                None => value.replace("{topic}", "{table}"),
+            },
+            _ => value,
+        }
     }
 
     /// How a checkpoint round ends: after `every_rows` rows per subtask, after
@@ -1487,5 +1517,16 @@ mod tests {
     fn normalize_resolves_dots() {
         assert_eq!(normalize(Path::new("/a/b/../c/./d")), PathBuf::from("/a/c/d"));
         assert_eq!(normalize(Path::new("/a/../../etc")), PathBuf::from("/etc"));
+    }
+}
+
+impl kafka::Resolver for Job {
+    fn invalid(&self, key: &str, message: String) -> JobError {
+        Job::invalid(self, key, message)
+    }
+
+    fn read_file(&self, key: &str, path: &Path) -> Result<String, JobError> {
+        let file = self.local_path(key, path)?;
+        std::fs::read_to_string(&file).map_err(|e| self.invalid(key, format!("cannot read {}: {e}", file.display())))
     }
 }

@@ -1,0 +1,236 @@
+//! Messages to rows: JSON against the declared columns, or the raw record.
+//!
+//! Invariants:
+//! - one message is one row: a message holding no JSON value, or more than
+//!   one, or a value split over two messages, is refused;
+//! - a message that does not parse, or does not fit the columns (a wrong
+//!   type, an unknown field, a missing required one), is refused naming
+//!   its topic, partition and offset, and arrow's reason, which names the
+//!   column;
+//! - a batch is decoded whole; only when that fails is it decoded again
+//!   message by message, to name the one at fault.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BinaryBuilder, Int32Builder, Int64Builder, ListBuilder, StringBuilder, StructBuilder, TimestampMicrosecondBuilder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_json::reader::ReaderBuilder;
+use arrow_schema::{DataType, Field, Fields, SchemaRef};
+
+use super::super::SourceError;
+use crate::job::kafka::{Decoding, KafkaConfig, raw_schema};
+
+/// A message as fetched, owned (the client's buffer is reused).
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub partition: i32,
+    pub offset: i64,
+    /// Milliseconds since the Unix epoch, when the record has one.
+    pub timestamp_ms: Option<i64>,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// How a source's messages become rows.
+pub enum Codec {
+    Json(SchemaRef),
+    Raw(SchemaRef),
+}
+
+/// Why message `m` of `topic` is refused.
+fn refused(topic: &str, m: &Message, why: impl std::fmt::Display) -> SourceError {
+    SourceError::Other(format!(
+        "kafka: topic {topic:?} partition {} offset {}: the message does not fit the table: {why}",
+        m.partition, m.offset
+    ))
+}
+
+impl Codec {
+    pub fn for_config(config: &KafkaConfig) -> Result<Self, SourceError> {
+        match &config.decoding {
+            Decoding::Json(schema) => Ok(Codec::Json(schema.clone())),
+            Decoding::Raw => Ok(Codec::Raw(raw_schema())),
+            Decoding::Avro { .. } => Err(SourceError::Other(
+                "kafka: format = \"avro\" is not served by this build of Sluice; use json or raw".to_string(),
+            )),
+        }
+    }
+
+    /// The columns of every table.
+    pub fn table_schema(&self) -> SchemaRef {
+        match self {
+            Codec::Json(s) | Codec::Raw(s) => s.clone(),
+        }
+    }
+
+    /// The rows of `messages`, all of `topic`, in order.
+    pub fn decode(&self, topic: &str, messages: &[Message]) -> Result<RecordBatch, SourceError> {
+        match self {
+            Codec::Json(schema) => match json_batch(schema, messages) {
+                Ok(batch) if batch.num_rows() == messages.len() => Ok(batch),
+                _ => Err(json_culprit(schema, topic, messages)),
+            },
+            Codec::Raw(schema) => raw_batch(schema, messages).map_err(|e| SourceError::Other(format!("kafka: {e}"))),
+        }
+    }
+}
+
+fn json_batch(schema: &SchemaRef, messages: &[Message]) -> Result<RecordBatch, String> {
+    let mut decoder = ReaderBuilder::new(schema.clone())
+        .with_batch_size(messages.len() + 1)
+        .with_strict_mode(true)
+        .build_decoder()
+        .map_err(|e| e.to_string())?;
+    for m in messages {
+        let value = m.value.as_deref().ok_or("a message with no value (a tombstone)")?;
+        feed(&mut decoder, value)?;
+        feed(&mut decoder, b"\n")?;
+    }
+    match decoder.flush().map_err(|e| e.to_string())? {
+        Some(batch) => Ok(batch),
+        None => Ok(RecordBatch::new_empty(schema.clone())),
+    }
+}
+
+/// Feeds all of `bytes` (the decoder stops early only at its batch size).
+fn feed(decoder: &mut arrow_json::reader::Decoder, mut bytes: &[u8]) -> Result<(), String> {
+    while !bytes.is_empty() {
+        let read = decoder.decode(bytes).map_err(|e| e.to_string())?;
+        if read == 0 {
+            return Err("more JSON values than messages".to_string());
+        }
+        bytes = &bytes[read..];
+    }
+    Ok(())
+}
+
+/// The first message of a batch that failed, and why.
+fn json_culprit(schema: &SchemaRef, topic: &str, messages: &[Message]) -> SourceError {
+    for m in messages {
+        match json_batch(schema, std::slice::from_ref(m)) {
+            Ok(b) if b.num_rows() == 1 => continue,
+            Ok(b) => {
+                let why = format!("it holds {} JSON values; a message must hold exactly one object", b.num_rows());
+                return refused(topic, m, why);
+            }
+            Err(why) => return refused(topic, m, why),
+        }
+    }
+    // Each message decodes alone but not together: a value split over two.
+    match messages.first() {
+        Some(m) => refused(topic, m, "its JSON value runs on into the next message"),
+        None => SourceError::Other(format!("kafka: topic {topic:?}: an empty batch failed to decode")),
+    }
+}
+
+fn raw_batch(schema: &SchemaRef, messages: &[Message]) -> Result<RecordBatch, arrow_schema::ArrowError> {
+    let n = messages.len();
+    let mut partition = Int32Builder::with_capacity(n);
+    let mut offset = Int64Builder::with_capacity(n);
+    let mut timestamp = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
+    let mut key = BinaryBuilder::with_capacity(n, 0);
+    let mut value = BinaryBuilder::with_capacity(n, 0);
+    let header_fields =
+        Fields::from(vec![Field::new("key", DataType::Utf8, false), Field::new("value", DataType::Binary, true)]);
+    let entry =
+        StructBuilder::new(header_fields.clone(), vec![Box::new(StringBuilder::new()), Box::new(BinaryBuilder::new())]);
+    let mut headers =
+        ListBuilder::new(entry).with_field(Arc::new(Field::new("item", DataType::Struct(header_fields), true)));
+    for m in messages {
+        partition.append_value(m.partition);
+        offset.append_value(m.offset);
+        timestamp.append_option(m.timestamp_ms.map(|ms| ms.saturating_mul(1000)));
+        key.append_option(m.key.as_deref());
+        value.append_option(m.value.as_deref());
+        let entries = headers.values();
+        for (k, v) in &m.headers {
+            if let Some(b) = entries.field_builder::<StringBuilder>(0) {
+                b.append_value(k);
+            }
+            if let Some(b) = entries.field_builder::<BinaryBuilder>(1) {
+                b.append_option(v.as_deref());
+            }
+            entries.append(true);
+        }
+        headers.append(true);
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(partition.finish()),
+        Arc::new(offset.finish()),
+        Arc::new(timestamp.finish()),
+        Arc::new(key.finish()),
+        Arc::new(value.finish()),
+        Arc::new(headers.finish()),
+    ];
+    RecordBatch::try_new(schema.clone(), columns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::kafka::{ColumnSpec, columns_schema};
+
+    fn msg(offset: i64, value: &str) -> Message {
+        Message {
+            partition: 2,
+            offset,
+            timestamp_ms: Some(1_700_000_000_000),
+            key: Some(b"k".to_vec()),
+            value: Some(value.as_bytes().to_vec()),
+            headers: vec![("h".into(), Some(b"v".to_vec()))],
+        }
+    }
+
+    fn schema() -> SchemaRef {
+        let c = |n: &str, t: &str, nullable| ColumnSpec { name: n.into(), kind: t.into(), nullable };
+        columns_schema(&[c("id", "long", false), c("name", "string", true), c("amount", "double", true)])
+            .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    fn error(codec: &Codec, messages: &[Message]) -> String {
+        match codec.decode("orders", messages) {
+            Ok(b) => panic!("decoded {} rows", b.num_rows()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn json_messages_become_one_row_each() {
+        let codec = Codec::Json(schema());
+        let batch = codec
+            .decode("orders", &[msg(0, r#"{"id":1,"name":"a"}"#), msg(1, r#"{"id":2,"amount":2.5}"#)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(batch.num_rows(), 2);
+    }
+
+    #[test]
+    fn a_bad_message_is_named_by_partition_offset_and_column() {
+        let codec = Codec::Json(schema());
+        let e = error(&codec, &[msg(7, r#"{"id":1}"#), msg(8, r#"{"id":2,"amount":"lots"}"#)]);
+        assert!(e.contains("partition 2 offset 8"), "{e}");
+        assert!(e.contains("amount") || e.contains("lots"), "{e}");
+        let e = error(&codec, &[msg(3, r#"{"id":1,"colour":"red"}"#)]);
+        assert!(e.contains("offset 3") && e.contains("colour"), "{e}");
+        let e = error(&codec, &[msg(4, r#"{"name":"no id"}"#)]);
+        assert!(e.contains("offset 4"), "{e}");
+        let e = error(&codec, &[msg(5, r#"{"id":1}{"id":2}"#)]);
+        assert!(e.contains("offset 5") && e.contains("2 JSON values"), "{e}");
+        let e = error(&codec, &[msg(6, r#"{"id":"#), msg(7, r#"1}"#)]);
+        assert!(e.contains("offset 6"), "{e}");
+        let mut tombstone = msg(9, "");
+        tombstone.value = None;
+        let e = error(&codec, &[tombstone]);
+        assert!(e.contains("offset 9") && e.contains("tombstone"), "{e}");
+    }
+
+    #[test]
+    fn raw_messages_keep_key_headers_and_timestamp() {
+        let codec = Codec::Raw(raw_schema());
+        let batch = codec.decode("orders", &[msg(0, "x"), msg(1, "y")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(batch.num_rows(), 2);
+        assert_eq!(batch.schema(), raw_schema());
+    }
+}

@@ -1,0 +1,408 @@
+//! `kafka`: topics read by partition, with the offsets in the checkpoint.
+//!
+//! Client: rdkafka (librdkafka), the client Flink's and Spark's peers and
+//! most Rust services use. Sluice needs, of a client: reads by explicit
+//! partition and offset (`assign`, never a group rebalance), watermarks and
+//! offsets for a timestamp, consumer-group offset commits for lag tooling,
+//! TLS and SASL PLAIN/SCRAM. The pure-Rust clients on crates.io lack group
+//! offset commits (rskafka) or SASL (kafka), so the C client is the one that
+//! serves all of it; it lives in the host only, never in a plugin.
+//!
+//! Invariants:
+//! - partition `p` of topic `t` belongs to subtask
+//!   `(fnv1a32(t) + p) % parallelism` ([`owner`]); the rule's name is in the
+//!   checkpoint, so a resume never reads a partition another subtask owned;
+//! - a subtask's position holds the next offset to read of every partition
+//!   it owns and knows, taken just past the rows it returned; a resume seeks
+//!   there, and a recorded offset that the topic no longer holds (deleted by
+//!   retention, or a topic made anew) is refused by name before any read;
+//! - a partition met with no recorded offset starts where `start` says if
+//!   the run started from no checkpoint and the partition existed then, and
+//!   at its beginning otherwise (it appeared after the job started);
+//! - each topic is a table named after it, except that a source of one
+//!   listed topic has one unnamed table;
+//! - offsets committed to `group_id` follow committed checkpoints only; the
+//!   checkpoint stays the truth, and a failed group commit is logged.
+
+mod decode;
+mod reader;
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_schema::SchemaRef;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use super::{SourceChange, SourceError};
+use crate::job::kafka::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt, raw_schema};
+
+pub use reader::KafkaReader;
+
+/// How long a metadata or watermark request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The name of the partition rule, as checkpoints record it.
+pub const ASSIGNMENT_RULE: &str = "fnv1a32(topic)+partition mod parallelism";
+
+/// The subtask that owns partition `partition` of `topic`.
+pub fn owner(topic: &str, partition: i32, parallelism: u32) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in topic.as_bytes() {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    ((u64::from(h) + partition.max(0) as u64) % u64::from(parallelism.max(1))) as u32
+}
+
+/// What a checkpoint records of a Kafka source: a resume must read the
+/// same topics, the same way, split by the same rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaIdentity {
+    /// The topic list (comma-separated) or `/pattern/`.
+    pub topics: String,
+    pub format: MessageFormat,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<ColumnSpec>,
+    /// The job's Avro schema, when it gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avro_schema: Option<String>,
+    pub assignment: String,
+}
+
+/// A subtask's position: the next offset of each partition it owns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaPosition {
+    /// topic → partition → next offset to read.
+    pub offsets: BTreeMap<String, BTreeMap<i32, i64>>,
+}
+
+impl KafkaPosition {
+    pub fn parse(value: &serde_json::Value) -> Result<Self, SourceError> {
+        serde_json::from_value(value.clone()).map_err(|e| SourceError::Position {
+            position: value.to_string(),
+            message: format!("not a Kafka position: {e}"),
+        })
+    }
+}
+
+/// Consumer lag per partition, as the readers saw it last.
+#[derive(Debug, Default)]
+pub struct LagBoard {
+    /// (topic, partition) → (next offset, high watermark).
+    seen: Mutex<BTreeMap<(String, i32), (i64, i64)>>,
+}
+
+impl LagBoard {
+    pub fn set(&self, topic: &str, partition: i32, next: i64, high: i64) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.insert((topic.to_string(), partition), (next, high));
+        }
+    }
+
+    /// Lag per topic: messages at the broker not read yet.
+    pub fn per_topic(&self) -> BTreeMap<String, i64> {
+        let mut out = BTreeMap::new();
+        if let Ok(seen) = self.seen.lock() {
+            for ((topic, _), (next, high)) in seen.iter() {
+                *out.entry(topic.clone()).or_insert(0) += (high - next).max(0);
+            }
+        }
+        out
+    }
+}
+
+/// A configured Kafka source.
+pub struct KafkaSource {
+    config: Arc<KafkaConfig>,
+    parallelism: u32,
+    schema: SchemaRef,
+    decoder: Arc<decode::Codec>,
+    /// Metadata requests.
+    meta: Mutex<BaseConsumer>,
+    /// Group offset commits, on a thread of their own.
+    group: Option<Mutex<Sender<TopicPartitionList>>>,
+    lag: Arc<LagBoard>,
+}
+
+/// The base client settings every consumer of the source shares.
+fn client(config: &KafkaConfig, group: Option<&str>) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &config.brokers)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        // A position the topic no longer holds is an error, never a silent jump.
+        .set("auto.offset.reset", "error")
+        .set("isolation.level", "read_committed")
+        .set("allow.auto.create.topics", "false");
+    // librdkafka needs a group id to commit offsets; consumers that never
+    // commit get one that names them.
+    c.set("group.id", group.unwrap_or("sluice-reader"));
+    for (k, v) in &config.client {
+        c.set(k, v.expose());
+    }
+    c
+}
+
+pub(crate) fn kafka_error(context: &str, e: impl std::fmt::Display) -> SourceError {
+    SourceError::Other(format!("kafka: {context}: {e}"))
+}
+
+impl KafkaSource {
+    pub fn open(config: &KafkaConfig, parallelism: u32) -> Result<Self, SourceError> {
+        let config = Arc::new(config.clone());
+        let meta: BaseConsumer = client(&config, None)
+            .create()
+            .map_err(|e| kafka_error(&format!("cannot make a client for {}", config.brokers), e))?;
+        let decoder = Arc::new(decode::Codec::for_config(&config)?);
+        let schema = match &config.decoding {
+            Decoding::Json(s) => s.clone(),
+            Decoding::Raw => raw_schema(),
+            Decoding::Avro { .. } => decoder.table_schema(),
+        };
+        let group = match &config.group_id {
+            Some(g) => Some(Mutex::new(spawn_group_committer(client(&config, Some(g)), g.clone())?)),
+            None => None,
+        };
+        let source = Self { config, parallelism, schema, decoder, meta: Mutex::new(meta), group, lag: Arc::default() };
+        // The brokers must answer, and a listed topic must exist, before the
+        // run writes anything.
+        let topics = source.partitions()?;
+        if let crate::job::kafka::Topics::List(list) = &source.config.topics {
+            for t in list {
+                if !topics.contains_key(t) {
+                    return Err(SourceError::Other(format!(
+                        "kafka: topic {t:?} does not exist on {} (Sluice never creates topics)",
+                        source.config.brokers
+                    )));
+                }
+            }
+        }
+        Ok(source)
+    }
+
+    /// The topics that match, each with its partitions, as the brokers list them now.
+    pub fn partitions(&self) -> Result<BTreeMap<String, Vec<i32>>, SourceError> {
+        let meta = self.meta.lock().map_err(|_| SourceError::Other("kafka: metadata client poisoned".into()))?;
+        partitions_of(&meta, &self.config)
+    }
+
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    pub fn batch_rows(&self) -> usize {
+        self.config.batch_rows
+    }
+
+    pub fn lag(&self) -> &LagBoard {
+        &self.lag
+    }
+
+    /// The table a topic's rows land in.
+    pub fn table_of(&self, topic: &str) -> String {
+        if self.config.single_topic().is_some() { String::new() } else { topic.to_string() }
+    }
+
+    pub fn is_multi_table(&self) -> bool {
+        self.config.single_topic().is_none()
+    }
+
+    /// The topics there are now, as tables.
+    pub fn tables(&self) -> Result<Vec<(String, SchemaRef)>, SourceError> {
+        Ok(self.partitions()?.keys().map(|t| (self.table_of(t), self.schema.clone())).collect())
+    }
+
+    pub fn identity(&self) -> KafkaIdentity {
+        KafkaIdentity {
+            topics: self.config.topics.describe(),
+            format: self.config.format,
+            columns: self.config.columns.clone(),
+            avro_schema: match &self.config.decoding {
+                Decoding::Avro { schema, .. } => schema.clone(),
+                _ => None,
+            },
+            assignment: ASSIGNMENT_RULE.to_string(),
+        }
+    }
+
+    pub fn check_identity(&self, recorded: &KafkaIdentity) -> Result<(), SourceChange> {
+        let now = self.identity();
+        let what = if now.topics != recorded.topics {
+            format!("it read topics {}, and the job now reads {}", recorded.topics, now.topics)
+        } else if now.format != recorded.format {
+            format!("it read {:?} messages, and the job now reads {:?}", recorded.format, now.format)
+        } else if now.columns != recorded.columns {
+            "the job's columns changed since".to_string()
+        } else if now.avro_schema != recorded.avro_schema {
+            "the job's Avro schema changed since".to_string()
+        } else if now.assignment != recorded.assignment {
+            format!("its partitions were split by {:?}, not {:?}", recorded.assignment, now.assignment)
+        } else {
+            return Ok(());
+        };
+        Err(SourceChange(what))
+    }
+
+    pub fn reader(&self, subtask: u32, position: Option<&serde_json::Value>) -> Result<KafkaReader, SourceError> {
+        let position = position.map(KafkaPosition::parse).transpose()?;
+        let consumer: BaseConsumer = client(&self.config, None)
+            .set("enable.partition.eof", "false")
+            .create()
+            .map_err(|e| kafka_error("cannot make a consumer", e))?;
+        KafkaReader::open(reader::ReaderSetup {
+            consumer,
+            config: self.config.clone(),
+            decoder: self.decoder.clone(),
+            subtask,
+            parallelism: self.parallelism,
+            position,
+            single_table: self.config.single_topic().is_some(),
+            lag: self.lag.clone(),
+        })
+    }
+
+    /// After checkpoints up to the one at `positions` are committed: their
+    /// offsets go to the consumer group, for lag tooling (best effort).
+    pub fn acknowledge(&self, positions: &[&serde_json::Value]) {
+        let Some(group) = &self.group else { return };
+        let mut tpl = TopicPartitionList::new();
+        for p in positions {
+            let Ok(position) = KafkaPosition::parse(p) else { continue };
+            for (topic, parts) in &position.offsets {
+                for (partition, next) in parts {
+                    if tpl.add_partition_offset(topic, *partition, Offset::Offset(*next)).is_err() {
+                        tracing::warn!(topic, partition, "kafka: cannot note an offset for the group commit");
+                    }
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        if let Ok(tx) = group.lock() {
+            let _ = tx.send(tpl);
+        }
+    }
+
+    /// `next offsets orders[0]=120, orders[1]=98`.
+    pub fn describe_positions(&self, positions: &[&serde_json::Value]) -> String {
+        let mut parts = Vec::new();
+        for p in positions {
+            if let Ok(position) = KafkaPosition::parse(p) {
+                for (topic, offsets) in &position.offsets {
+                    for (partition, next) in offsets {
+                        parts.push((topic.clone(), *partition, *next));
+                    }
+                }
+            }
+        }
+        parts.sort();
+        let text: Vec<String> = parts.iter().map(|(t, p, n)| format!("{t}[{p}]={n}")).collect();
+        format!("next offsets {}", text.join(", "))
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "kafka topics {} on {} ({:?} messages{})",
+            self.config.topics.describe(),
+            self.config.brokers,
+            self.config.format,
+            if self.config.bounded { ", bounded to the end offsets at start" } else { ", unbounded" }
+        )
+    }
+
+    /// Consumer lag per topic, for the status line and the summary.
+    pub fn status(&self) -> Option<String> {
+        let lag = self.lag.per_topic();
+        if lag.is_empty() {
+            return None;
+        }
+        let parts: Vec<String> = lag.iter().map(|(t, l)| format!("{t} {l}")).collect();
+        Some(format!("lag {}", parts.join(", ")))
+    }
+
+    pub fn start(&self) -> StartAt {
+        self.config.start
+    }
+}
+
+/// The matching topics and their partitions.
+pub(crate) fn partitions_of(
+    consumer: &BaseConsumer,
+    config: &KafkaConfig,
+) -> Result<BTreeMap<String, Vec<i32>>, SourceError> {
+    let metadata = consumer
+        .fetch_metadata(None, REQUEST_TIMEOUT)
+        .map_err(|e| kafka_error(&format!("cannot list the topics of {}", config.brokers), e))?;
+    let mut out = BTreeMap::new();
+    for topic in metadata.topics() {
+        let name = topic.name();
+        if name.starts_with("__") || !config.topics.matches(name) {
+            continue;
+        }
+        if let Some(e) = topic.error() {
+            return Err(kafka_error(&format!("topic {name:?}"), format!("{e:?}")));
+        }
+        let mut parts: Vec<i32> = topic.partitions().iter().map(|p| p.id()).collect();
+        parts.sort_unstable();
+        out.insert(name.to_string(), parts);
+    }
+    Ok(out)
+}
+
+/// A thread that commits offsets to `group`, one list after another; it
+/// ends with the source.
+fn spawn_group_committer(config: ClientConfig, group: String) -> Result<Sender<TopicPartitionList>, SourceError> {
+    let consumer: BaseConsumer =
+        config.create().map_err(|e| kafka_error(&format!("cannot make a client for group {group:?}"), e))?;
+    let (tx, rx) = channel::<TopicPartitionList>();
+    std::thread::Builder::new()
+        .name("sluice-kafka-group".into())
+        .spawn(move || {
+            while let Ok(mut tpl) = rx.recv() {
+                // Only the newest list matters.
+                while let Ok(newer) = rx.try_recv() {
+                    tpl = newer;
+                }
+                match consumer.commit(&tpl, CommitMode::Sync) {
+                    Ok(()) => tracing::debug!(group = %group, "kafka: offsets committed to the consumer group"),
+                    Err(e) => tracing::warn!(
+                        group = %group,
+                        error = %e,
+                        "kafka: could not commit offsets to the consumer group (for lag tooling only; the checkpoint holds them)"
+                    ),
+                }
+            }
+        })
+        .map_err(|e| SourceError::Other(format!("kafka: cannot start the group-commit thread: {e}")))?;
+    Ok(tx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_rule_is_stable_and_spreads_a_topics_partitions() {
+        // Fixed values: a change of the rule must change ASSIGNMENT_RULE.
+        assert_eq!(owner("orders", 0, 2), owner("orders", 2, 2));
+        assert_ne!(owner("orders", 0, 2), owner("orders", 1, 2));
+        let spread: std::collections::BTreeSet<u32> = (0..6).map(|p| owner("events", p, 3)).collect();
+        assert_eq!(spread.len(), 3);
+        assert_eq!(owner("orders", 5, 1), 0);
+    }
+
+    #[test]
+    fn lag_adds_up_per_topic() {
+        let lag = LagBoard::default();
+        lag.set("a", 0, 10, 15);
+        lag.set("a", 1, 3, 3);
+        lag.set("b", 0, 7, 9);
+        assert_eq!(lag.per_topic(), BTreeMap::from([("a".to_string(), 5), ("b".to_string(), 2)]));
+    }
+}

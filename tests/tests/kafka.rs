@@ -1,0 +1,441 @@
+//! Kafka → Iceberg (and the BigQuery double) against a real broker (tansu,
+//! see `tests/src/kafka.rs`): every message lands exactly once, compared by
+//! key and value, across resumes, SIGKILLs, SIGTERMs, partitions added
+//! mid-run and bad messages.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use sluice::engine::RunOptions;
+use sluice_tests::kafka::{Broker, ORDER_COLUMNS, orders};
+use sluice_tests::{ICEBERG_PLUGIN, TestJob, catalog, read_iceberg_as, sluice_run};
+
+fn order_schema() -> SchemaRef {
+    std::sync::Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("amount", DataType::Float64, true),
+    ]))
+}
+
+/// A Kafka → Iceberg job reading `topic` into `lake.orders`, with
+/// `parallelism` writers and a checkpoint every `interval` seconds.
+fn kafka_job(broker: &Broker, id: &str, topic: &str, parallelism: u32, interval: f64, extra: &str) -> TestJob {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let warehouse = dir.path().join("warehouse");
+    let bootstrap = broker.bootstrap();
+    let warehouse = warehouse.display();
+    let toml = format!(
+        r#"
+[job]
+id = "{id}"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+interval_secs = {interval}
+[source]
+kind = "kafka"
+brokers = ["{bootstrap}"]
+topics = ["{topic}"]
+format = "json"
+batch_rows = 500
+discover_secs = 0.5
+{ORDER_COLUMNS}
+{extra}
+[sink]
+id = "lake"
+plugin = "{ICEBERG_PLUGIN}"
+[sink.options]
+table = "lake.{{topic}}"
+[sink.catalog]
+database = "{warehouse}/catalog.db"
+warehouse = "{warehouse}"
+[sink.sandbox]
+memory_mb = 512
+"#
+    );
+    TestJob { dir, toml }
+}
+
+fn warehouse(job: &TestJob) -> std::path::PathBuf {
+    job.dir.path().join("warehouse")
+}
+
+/// The rows of `lake.<table>`, sorted by id.
+fn landed(job: &TestJob, table: &str) -> RecordBatch {
+    read_iceberg_as(&catalog(&warehouse(job)), &format!("lake.{table}"), &order_schema()).rows
+}
+
+/// Asserts that `rows` are orders `ids` exactly once each, by id and value.
+fn assert_orders(rows: &RecordBatch, ids: impl Iterator<Item = i64>) {
+    let expected: Vec<i64> = ids.collect();
+    let id = rows.column(0).as_any().downcast_ref::<Int64Array>().expect("id column");
+    let name = rows.column(1).as_any().downcast_ref::<StringArray>().expect("name column");
+    let amount = rows.column(2).as_any().downcast_ref::<Float64Array>().expect("amount column");
+    let got: Vec<i64> = id.values().to_vec();
+    if got != expected {
+        let dups = got.windows(2).filter(|w| w[0] == w[1]).count();
+        let missing = expected.iter().filter(|i| got.binary_search(i).is_err()).count();
+        panic!("{} rows landed for {} orders: {dups} doubled, {missing} missing", got.len(), expected.len());
+    }
+    for i in 0..rows.num_rows() {
+        let k = id.value(i);
+        assert_eq!(name.value(i), format!("order-{k}"), "name of order {k}");
+        assert_eq!(amount.value(i), k as f64 * 0.25, "amount of order {k}");
+    }
+}
+
+fn run_bounded(job: &TestJob) -> sluice::engine::RunSummary {
+    job.run_opts(&["source.bounded=true"], RunOptions::default()).unwrap_or_else(|e| panic!("bounded run: {e}"))
+}
+
+#[test]
+fn three_partitions_over_two_subtasks_land_every_message_once_across_resumes() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 3);
+    broker.produce("orders", &orders(0, 3000, 3));
+    let job = kafka_job(&broker, "k-three", "orders", 2, 0.5, "");
+    let first = run_bounded(&job);
+    assert_eq!(first.rows_total, 3000, "{first}");
+    assert_orders(&landed(&job, "orders"), 0..3000);
+    // More messages; the next run starts at the recorded offsets.
+    broker.produce("orders", &orders(3000, 4500, 3));
+    let second = run_bounded(&job);
+    assert_eq!(second.rows_this_run, 1500, "{second}");
+    assert_orders(&landed(&job, "orders"), 0..4500);
+    // Nothing new: nothing read, nothing committed.
+    let table = read_iceberg_as(&catalog(&warehouse(&job)), "lake.orders", &order_schema());
+    let snapshots = table.commits.len();
+    let third = run_bounded(&job);
+    assert_eq!(third.rows_this_run, 0, "{third}");
+    let table = read_iceberg_as(&catalog(&warehouse(&job)), "lake.orders", &order_schema());
+    assert_eq!(table.commits.len(), snapshots, "a run with nothing new made a snapshot");
+    table.assert_no_checkpoint_twice();
+}
+
+#[test]
+fn a_bad_message_stops_the_run_naming_its_offset_and_nothing_of_its_checkpoint_lands() {
+    let broker = Broker::start();
+    broker.create_topic("bad", 1);
+    let mut messages = orders(0, 100, 1);
+    messages.push((0, "k100".into(), br#"{"id":100,"name":"x","amount":"lots"}"#.to_vec()));
+    messages.extend(orders(101, 150, 1));
+    broker.produce("bad", &messages);
+    let job = kafka_job(&broker, "k-bad", "bad", 1, 30.0, "");
+    let e = job.run_opts(&["source.bounded=true"], RunOptions::default()).expect_err("a bad message must stop the run");
+    let text = e.to_string();
+    assert!(text.contains("\"bad\" partition 0 offset 100"), "{text}");
+    assert!(text.contains("amount") || text.contains("lots"), "the column or value is named: {text}");
+    // One checkpoint would have held the bad message with the good ones: none of it landed.
+    let table = catalog(&warehouse(&job));
+    let ident = iceberg::TableIdent::from_strs(["lake", "bad"]).expect("ident");
+    if let Ok(t) = table.load(&ident) {
+        assert!(t.metadata().current_snapshot().is_none(), "rows of the failed checkpoint are visible");
+    }
+}
+
+#[test]
+fn a_resume_reading_other_topics_is_refused() {
+    let broker = Broker::start();
+    broker.create_topic("one", 1);
+    broker.create_topic("two", 1);
+    broker.produce("one", &orders(0, 10, 1));
+    let job = kafka_job(&broker, "k-topics", "one", 1, 0.5, "");
+    run_bounded(&job);
+    let e = job
+        .run_opts(&["source.bounded=true", "source.topics=[\"two\"]"], RunOptions::default())
+        .expect_err("other topics must be refused");
+    assert!(e.to_string().contains("it read topics one, and the job now reads two"), "{e}");
+}
+
+/// `sluice run` of the job, unbounded, with its stderr kept.
+fn start(job: &TestJob) -> Child {
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    sluice_run(job, &[]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting sluice")
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status =
+        std::process::Command::new("kill").args([&format!("-{sig}"), &child.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+}
+
+/// Waits until the job's table holds at least `rows` rows.
+fn wait_for_rows(job: &TestJob, table: &str, rows: usize, child: &mut Child) {
+    let start = Instant::now();
+    loop {
+        let ident = iceberg::TableIdent::from_strs(["lake", table]).expect("ident");
+        if catalog(&warehouse(job)).load(&ident).is_ok() && landed(job, table).num_rows() >= rows {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("sluice ended ({status}) before {rows} rows landed");
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "{rows} rows did not land within 2 minutes");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn sigterm_mid_stream_ends_with_a_committed_checkpoint_and_exit_0_then_resumes() {
+    let broker = Broker::start();
+    broker.create_topic("stream", 3);
+    broker.produce("stream", &orders(0, 2000, 3));
+    let job = kafka_job(&broker, "k-term", "stream", 2, 0.5, "");
+    let mut child = start(&job);
+    wait_for_rows(&job, "stream", 2000, &mut child);
+    broker.produce("stream", &orders(2000, 2600, 3));
+    signal(&child, "TERM");
+    let out = child.wait_with_output().expect("reaping sluice");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "a clean stop exits 0: {stderr}");
+    assert!(stdout.contains("stopped on request after checkpoint"), "{stdout}");
+    assert!(stdout.contains("next offsets stream[0]="), "it says where it stopped: {stdout}");
+    // Whatever it read is committed; the rest comes with the next run.
+    broker.produce("stream", &orders(2600, 3000, 3));
+    run_bounded(&job);
+    assert_orders(&landed(&job, "stream"), 0..3000);
+}
+
+#[test]
+fn a_second_signal_stops_at_once_and_the_next_run_resumes_exactly_once() {
+    let broker = Broker::start();
+    broker.create_topic("twice", 2);
+    broker.produce("twice", &orders(0, 1000, 2));
+    let job = kafka_job(&broker, "k-twice", "twice", 2, 0.5, "");
+    let mut child = start(&job);
+    wait_for_rows(&job, "twice", 1000, &mut child);
+    signal(&child, "INT");
+    signal(&child, "INT");
+    let status = child.wait().expect("reaping sluice");
+    assert!(status.code() == Some(130) || status.success(), "{status}");
+    broker.produce("twice", &orders(1000, 1500, 2));
+    run_bounded(&job);
+    assert_orders(&landed(&job, "twice"), 0..1500);
+}
+
+#[test]
+fn sigkills_at_random_moments_while_producers_write_lose_and_double_nothing() {
+    use rand::Rng;
+    let broker = Broker::start();
+    broker.create_topic("chaos", 3);
+    let job = kafka_job(&broker, "k-kill", "chaos", 2, 0.3, "");
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let bootstrap = broker.bootstrap();
+    let total: i64 = 6000;
+    // The producer writes on while runs are killed.
+    let producer = std::thread::spawn(move || {
+        let broker = ProducerOnly(bootstrap);
+        for chunk in 0..(total / 200) {
+            broker.produce("chaos", &orders(chunk * 200, (chunk + 1) * 200, 3));
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    });
+    let mut rng = rand::rng();
+    for _ in 0..4 {
+        let mut child = sluice_run(&job, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("sluice");
+        std::thread::sleep(Duration::from_millis(rng.random_range(1500..4000)));
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("an unbounded run ended on its own ({status})");
+        }
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+    }
+    producer.join().expect("producer");
+    run_bounded(&job);
+    assert_orders(&landed(&job, "chaos"), 0..total);
+    read_iceberg_as(&catalog(&warehouse(&job)), "lake.chaos", &order_schema()).assert_no_checkpoint_twice();
+}
+
+/// A producer on a broker another thread owns.
+struct ProducerOnly(String);
+
+impl ProducerOnly {
+    fn produce(&self, topic: &str, messages: &[(i32, String, Vec<u8>)]) {
+        use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+        let producer: BaseProducer =
+            rdkafka::ClientConfig::new().set("bootstrap.servers", &self.0).create().expect("producer");
+        for (p, k, v) in messages {
+            producer
+                .send(BaseRecord::to(topic).partition(*p).key(k.as_bytes()).payload(v.as_slice()))
+                .unwrap_or_else(|(e, _)| panic!("producing: {e}"));
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+    }
+}
+
+#[test]
+fn a_partition_added_mid_run_is_read_from_its_beginning() {
+    let broker = Broker::start();
+    broker.create_topic("grow", 2);
+    broker.produce("grow", &orders(0, 400, 2));
+    let job = kafka_job(&broker, "k-grow", "grow", 2, 0.5, "");
+    let mut child = start(&job);
+    wait_for_rows(&job, "grow", 400, &mut child);
+    broker.add_partitions("grow", 3);
+    // Orders 400.. go to all three partitions, the new one included.
+    broker.produce("grow", &orders(400, 700, 3));
+    wait_for_rows(&job, "grow", 700, &mut child);
+    signal(&child, "TERM");
+    let out = child.wait_with_output().expect("reaping sluice");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("grow[2]="), "the new partition is in the checkpoint");
+    assert_orders(&landed(&job, "grow"), 0..700);
+}
+
+#[test]
+fn a_quiet_topic_costs_no_commits() {
+    let broker = Broker::start();
+    broker.create_topic("quiet", 1);
+    broker.produce("quiet", &orders(0, 50, 1));
+    let job = kafka_job(&broker, "k-quiet", "quiet", 1, 0.2, "");
+    let mut child = start(&job);
+    wait_for_rows(&job, "quiet", 50, &mut child);
+    let before = read_iceberg_as(&catalog(&warehouse(&job)), "lake.quiet", &order_schema()).commits.len();
+    std::thread::sleep(Duration::from_secs(3));
+    let after = read_iceberg_as(&catalog(&warehouse(&job)), "lake.quiet", &order_schema()).commits.len();
+    signal(&child, "TERM");
+    let out = child.wait_with_output().expect("reaping");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(before, after, "checkpoints of a quiet topic made snapshots");
+}
+
+#[test]
+fn committed_offsets_reach_the_consumer_group_for_lag_tooling() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let broker = Broker::start();
+    broker.create_topic("lagged", 2);
+    broker.produce("lagged", &orders(0, 600, 2));
+    let job = kafka_job(&broker, "k-group", "lagged", 2, 0.3, "group_id = \"sluice-orders\"");
+    run_bounded(&job);
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("group.id", "sluice-orders")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition("lagged", 0);
+    tpl.add_partition("lagged", 1);
+    // The group commit runs beside the run: give it a moment after the end.
+    let start = Instant::now();
+    loop {
+        let committed = consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)).expect("committed offsets");
+        let offsets: Vec<_> = committed.elements().iter().map(|e| e.offset()).collect();
+        if offsets == vec![rdkafka::Offset::Offset(300), rdkafka::Offset::Offset(300)] {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "group offsets: {offsets:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn raw_messages_keep_key_headers_partition_offset_and_timestamp() {
+    let broker = Broker::start();
+    broker.create_topic("raw", 1);
+    broker.produce("raw", &orders(0, 20, 1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("out");
+    let toml = format!(
+        r#"
+[job]
+id = "k-raw"
+parallelism = 1
+state_dir = "state"
+[source]
+kind = "kafka"
+brokers = ["{}"]
+topics = ["raw"]
+format = "raw"
+[sink]
+id = "files"
+plugin = "{}"
+[sink.options]
+path = "out"
+[sink.grants]
+locations = ["out"]
+"#,
+        broker.bootstrap(),
+        sluice_tests::FILES_PLUGIN
+    );
+    let job = TestJob { dir, toml };
+    run_bounded(&job);
+    let rows = sluice_tests::read_visible(&out);
+    assert_eq!(rows.num_rows(), 20);
+    let offsets = rows.column_by_name("offset").expect("offset").as_any().downcast_ref::<Int64Array>().expect("i64");
+    let mut got: Vec<i64> = offsets.values().to_vec();
+    got.sort_unstable();
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+    let key = rows.column_by_name("key").expect("key");
+    assert_eq!(key.null_count(), 0);
+    assert!(rows.column_by_name("timestamp").expect("timestamp").null_count() == 0);
+}
+
+#[test]
+fn three_partitions_over_two_subtasks_land_once_in_bigquery() {
+    use sluice_bigquery_double::proto::table_field_schema::{Mode, Type};
+    use sluice_bigquery_double::proto::{TableFieldSchema, TableSchema};
+    use sluice_bigquery_double::{BigQueryDouble, column};
+    const TABLE: &str = "projects/p/datasets/d/tables/orders";
+    let broker = Broker::start();
+    broker.create_topic("bq", 3);
+    broker.produce("bq", &orders(0, 2000, 3));
+    let d = BigQueryDouble::start().expect("double");
+    let fields: Vec<TableFieldSchema> = vec![
+        column("id", Type::Int64, Mode::Required),
+        column("name", Type::String, Mode::Nullable),
+        column("amount", Type::Double, Mode::Nullable),
+    ];
+    d.create_table(TABLE, TableSchema { fields });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let toml = format!(
+        r#"
+[job]
+id = "k-bq"
+parallelism = 2
+state_dir = "state"
+[job.checkpoint]
+interval_secs = 0.3
+[source]
+kind = "kafka"
+brokers = ["{}"]
+topics = ["bq"]
+format = "json"
+batch_rows = 300
+{ORDER_COLUMNS}
+[sink]
+id = "bq"
+plugin = "{}"
+[sink.options]
+table = "{TABLE}"
+rpc_timeout_ms = 10000
+backoff_ms = 10
+[sink.grpc.bigquery]
+address = "{}"
+[sink.sandbox]
+memory_mb = 512
+"#,
+        broker.bootstrap(),
+        sluice_tests::BIGQUERY_PLUGIN,
+        d.address()
+    );
+    let job = TestJob { dir, toml };
+    run_bounded(&job);
+    broker.produce("bq", &orders(2000, 2600, 3));
+    run_bounded(&job);
+    let mut rows: Vec<(i64, String, f64)> = d
+        .visible_rows(TABLE)
+        .iter()
+        .map(|r| {
+            let id = r["id"].as_str().and_then(|s| s.parse().ok()).or_else(|| r["id"].as_i64()).expect("id");
+            (id, r["name"].as_str().expect("name").to_string(), r["amount"].as_f64().expect("amount"))
+        })
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    let expected: Vec<(i64, String, f64)> = (0..2600).map(|k| (k, format!("order-{k}"), k as f64 * 0.25)).collect();
+    assert_eq!(rows.len(), expected.len(), "rows landed in BigQuery");
+    assert_eq!(rows, expected);
+}
