@@ -5,6 +5,7 @@
 //! same rows, because absolute times are noisy on shared machines.
 
 pub mod contention;
+pub mod kafka;
 pub mod report;
 
 use std::collections::HashMap;

@@ -1,197 +1,82 @@
-//! A real Kafka broker for tests: tansu (crates.io `tansu`, Apache-2.0, a
-//! broker that speaks the Kafka protocol), pinned to 0.6.0 with its
-//! `dynostore` feature and its in-memory storage, installed by `.ci/run`
-//! (`cargo install tansu --version 0.6.0 --locked --features dynostore`).
-//! Test data is produced and topics are made with rdkafka, a standard client.
-//!
-//! Invariants:
-//! - the broker listens on 127.0.0.1 only, at a port picked free for it, and
-//!   dies with its handle (and with the test process: it is killed on drop,
-//!   and started in the test's process group);
-//! - a missing broker binary fails the test loudly, saying how to install
-//!   it: a test that needs Kafka never skips;
-//! - the tests never rely on tansu 0.6's ListOffsets answer for the latest
-//!   offset, which is the base offset of the last batch, not the end (see
-//!   the Kafka source's bounded mode, which reads on until caught up).
+//! Kafka test helpers: the broker harness is `sluice_bench::kafka` (the
+//! benchmark starts the same broker); here, the jobs and checks the Kafka
+//! tests share.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+pub use sluice_bench::kafka::{Broker, ORDER_COLUMNS, order, orders};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
-const INSTALL_HINT: &str = "the Kafka tests need the tansu broker: `cargo install tansu --version 0.6.0 --locked \
-     --features dynostore --root /var/tmp/sluice-tools/tansu-0.6.0` (what .ci/run does), or set SLUICE_TANSU to its path";
-
-/// Where the tansu binary is: `SLUICE_TANSU`, else where `.ci/run` installs
-/// it, else `tansu` on PATH.
-fn tansu_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("SLUICE_TANSU") {
-        return PathBuf::from(p);
-    }
-    let installed = PathBuf::from("/var/tmp/sluice-tools/tansu-0.6.0/bin/tansu");
-    if installed.is_file() {
-        return installed;
-    }
-    PathBuf::from("tansu")
+/// A Kafka → Iceberg job reading `topic` into `lake.orders`, with
+/// `parallelism` writers and a checkpoint every `interval` seconds.
+pub fn kafka_job(
+    broker: &Broker,
+    id: &str,
+    topic: &str,
+    parallelism: u32,
+    interval: f64,
+    extra: &str,
+) -> crate::TestJob {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let warehouse = dir.path().join("warehouse");
+    let bootstrap = broker.bootstrap();
+    let warehouse = warehouse.display();
+    let plugin = crate::ICEBERG_PLUGIN;
+    let toml = format!(
+        r#"
+[job]
+id = "{id}"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+interval_secs = {interval}
+[source]
+kind = "kafka"
+brokers = ["{bootstrap}"]
+topics = ["{topic}"]
+format = "json"
+batch_rows = 500
+discover_secs = 0.5
+{ORDER_COLUMNS}
+{extra}
+[sink]
+id = "lake"
+plugin = "{plugin}"
+[sink.options]
+table = "lake.{{topic}}"
+[sink.catalog]
+database = "{warehouse}/catalog.db"
+warehouse = "{warehouse}"
+[sink.sandbox]
+memory_mb = 512
+"#
+    );
+    crate::TestJob { dir, toml }
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
-    l.local_addr().expect("local address").port()
+/// The table schema of [`order`] messages.
+pub fn order_schema() -> SchemaRef {
+    std::sync::Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("amount", DataType::Float64, true),
+    ]))
 }
 
-/// A running broker.
-pub struct Broker {
-    child: Child,
-    pub port: u16,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Broker {
-    pub fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let log = dir.path().join("tansu.log");
-        let port = free_port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let logfile = std::fs::File::create(&log).expect("broker log");
-        let child = Command::new(tansu_bin())
-            .args([
-                "broker",
-                "--storage-engine",
-                "memory://tansu/",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(logfile.try_clone().expect("log"))
-            .stderr(logfile)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting tansu ({}): {e}; {INSTALL_HINT}", tansu_bin().display()));
-        let broker = Self { child, port, log, _dir: dir };
-        broker.wait_ready();
-        broker
+/// Asserts that `rows` are orders `ids` exactly once each, by id and value.
+pub fn assert_orders(rows: &RecordBatch, ids: impl Iterator<Item = i64>) {
+    let expected: Vec<i64> = ids.collect();
+    let id = rows.column(0).as_any().downcast_ref::<Int64Array>().expect("id column");
+    let name = rows.column(1).as_any().downcast_ref::<StringArray>().expect("name column");
+    let amount = rows.column(2).as_any().downcast_ref::<Float64Array>().expect("amount column");
+    let got: Vec<i64> = id.values().to_vec();
+    if got != expected {
+        let dups = got.windows(2).filter(|w| w[0] == w[1]).count();
+        let missing = expected.iter().filter(|i| got.binary_search(i).is_err()).count();
+        panic!("{} rows landed for {} orders: {dups} doubled, {missing} missing", got.len(), expected.len());
     }
-
-    fn wait_ready(&self) {
-        let start = Instant::now();
-        loop {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "tansu did not listen within 30 s: {}", self.log_text());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", self.bootstrap());
-        c
-    }
-
-    fn admin(&self) -> AdminClient<DefaultClientContext> {
-        self.config().create().expect("admin client")
-    }
-
-    /// Makes `topic` with `partitions` partitions.
-    pub fn create_topic(&self, topic: &str, partitions: i32) {
-        let admin = self.admin();
-        let results = futures::executor::block_on(admin.create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        ))
-        .expect("create_topics");
-        for r in results {
-            r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e:?}"));
-        }
-    }
-
-    /// Grows `topic` to `total` partitions.
-    pub fn add_partitions(&self, topic: &str, total: usize) {
-        let admin = self.admin();
-        let results = futures::executor::block_on(admin.create_partitions(
-            &[NewPartitions::new(topic, total)],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        ))
-        .expect("create_partitions");
-        for r in results {
-            r.unwrap_or_else(|(t, e)| panic!("adding partitions to {t}: {e:?}"));
-        }
-    }
-
-    pub fn producer(&self) -> BaseProducer {
-        self.config().set("linger.ms", "5").create().expect("producer")
-    }
-
-    /// Produces `messages` (partition, key, value) to `topic` and waits
-    /// until the broker acknowledged all of them.
-    pub fn produce(&self, topic: &str, messages: &[(i32, String, Vec<u8>)]) {
-        let producer = self.producer();
-        for (p, key, value) in messages {
-            let mut record = BaseRecord::to(topic).partition(*p).key(key.as_bytes()).payload(value.as_slice());
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((e, r)) => {
-                        // The local queue is full: serve deliveries, then again.
-                        assert!(
-                            matches!(
-                                e,
-                                rdkafka::error::KafkaError::MessageProduction(
-                                    rdkafka::types::RDKafkaErrorCode::QueueFull
-                                )
-                            ),
-                            "producing to {topic}: {e}"
-                        );
-                        producer.poll(Duration::from_millis(10));
-                        record = r;
-                    }
-                }
-            }
-            producer.poll(Duration::ZERO);
-        }
-        producer.flush(Duration::from_secs(30)).unwrap_or_else(|e| panic!("flushing to {topic}: {e}"));
+    for i in 0..rows.num_rows() {
+        let k = id.value(i);
+        assert_eq!(name.value(i), format!("order-{k}"), "name of order {k}");
+        assert_eq!(amount.value(i), k as f64 * 0.25, "amount of order {k}");
     }
 }
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The JSON message of order `id`, and its partition among `partitions`.
-pub fn order(id: i64, partitions: i32) -> (i32, String, Vec<u8>) {
-    let value = serde_json::json!({ "id": id, "name": format!("order-{id}"), "amount": id as f64 * 0.25 });
-    ((id % i64::from(partitions)) as i32, format!("k{id}"), value.to_string().into_bytes())
-}
-
-/// Orders `from..to`.
-pub fn orders(from: i64, to: i64, partitions: i32) -> Vec<(i32, String, Vec<u8>)> {
-    (from..to).map(|id| order(id, partitions)).collect()
-}
-
-/// The `[source]` columns of [`order`] messages.
-pub const ORDER_COLUMNS: &str = r#"columns = [
-  { name = "id", type = "long", nullable = false },
-  { name = "name", type = "string" },
-  { name = "amount", type = "double" },
-]"#;

@@ -145,7 +145,9 @@ pub fn run_on(
     for (c, outcome) in &recovered {
         tracing::info!(checkpoint = c, outcome = ?outcome, "re-committed pending checkpoint on restore");
     }
-    if co.restored.as_ref().is_some_and(CheckpointRecord::finished) {
+    // A finished job is complete, but a stream has no end: a Kafka job that
+    // read to its end offsets reads on from there.
+    if !co.source.streaming() && co.restored.as_ref().is_some_and(CheckpointRecord::finished) {
         co.settle_last_record()?;
         return Ok(co.summary(started, recovered, co.at.first, true));
     }

@@ -1330,6 +1330,17 @@ pub fn normalize(p: &Path) -> PathBuf {
     out
 }
 
+impl kafka::Resolver for Job {
+    fn invalid(&self, key: &str, message: String) -> JobError {
+        Job::invalid(self, key, message)
+    }
+
+    fn read_file(&self, key: &str, path: &Path) -> Result<String, JobError> {
+        let file = self.local_path(key, path)?;
+        std::fs::read_to_string(&file).map_err(|e| self.invalid(key, format!("cannot read {}: {e}", file.display())))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1351,6 +1362,61 @@ mod tests {
         [sink]
         plugin = "p.wasm"
     "#;
+
+    /// [`MINIMAL`] with a Kafka source whose `[source]` keys are `keys`.
+    fn kafka_source(keys: &str) -> String {
+        MINIMAL.replace("kind = \"generator\"\n        rows = 10", &format!("kind = \"kafka\"\n{keys}"))
+    }
+
+    const KAFKA: &str = r#"
+        brokers = ["127.0.0.1:9092"]
+        topics = ["orders"]
+        format = "json"
+        columns = [{ name = "id", type = "long", nullable = false }, { name = "amount", type = "decimal(12,2)" }]
+    "#;
+
+    #[test]
+    fn a_kafka_source_resolves_its_columns_topic_and_table_pattern() {
+        let text = kafka_source(KAFKA)
+            .replace("plugin = \"p.wasm\"", "plugin = \"p.wasm\"\n[sink.options]\ntable = \"lake.{topic}\"");
+        let job = load(&text, &[]).unwrap_or_else(|e| panic!("{e}"));
+        let kafka = job.kafka.as_ref().expect("resolved");
+        assert_eq!(kafka.single_topic(), Some("orders"));
+        assert!(job.unbounded());
+        assert_eq!(job.sink_options(), vec![("table".to_string(), "lake.orders".to_string())]);
+        let job = load(&text, &["source.bounded=true"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!job.unbounded());
+    }
+
+    #[test]
+    fn a_kafka_source_refuses_what_it_cannot_serve_by_key() {
+        let refused = |keys: &str, key: &str, words: &str| {
+            let e = load(&kafka_source(keys), &[]).expect_err(keys).to_string();
+            assert!(e.contains(key) && e.contains(words), "{keys}: {e}");
+        };
+        refused(&KAFKA.replace("\"long\"", "\"varchar\""), "source.columns[0]", "not a column type");
+        refused(&KAFKA.replace("topics = [\"orders\"]", "topics = [\"a/b\"]"), "source.topics", "a topic name");
+        refused(&format!("{KAFKA}\nstart = \"timestamp\""), "source.start_timestamp_ms", "needs");
+        refused(
+            &format!("{KAFKA}\n[source.properties]\n\"sasl.password\" = \"x\""),
+            "source.properties.sasl.password",
+            "security",
+        );
+        refused(
+            &format!("{KAFKA}\n[source.properties]\n\"group.id\" = \"x\""),
+            "source.properties.group.id",
+            "set by Sluice",
+        );
+        refused(
+            &format!(
+                "{KAFKA}\n[source.security]\nprotocol = \"sasl_ssl\"\nsasl_mechanism = \"SCRAM-SHA-512\"\nusername = \"u\"\npassword_env = \"SLUICE_TEST_UNSET_PASSWORD\""
+            ),
+            "source.security.password_env",
+            "SLUICE_TEST_UNSET_PASSWORD",
+        );
+        refused(&KAFKA.replace("format = \"json\"", "format = \"raw\""), "source.format", "fixed columns");
+        refused(&format!("{KAFKA}\ntopic_pattern = \"o.*\""), "source.topic_pattern", "either topics or topic_pattern");
+    }
 
     /// [`MINIMAL`] with a file source at `path`.
     fn file_source(path: &str) -> String {
@@ -1517,16 +1583,5 @@ mod tests {
     fn normalize_resolves_dots() {
         assert_eq!(normalize(Path::new("/a/b/../c/./d")), PathBuf::from("/a/c/d"));
         assert_eq!(normalize(Path::new("/a/../../etc")), PathBuf::from("/etc"));
-    }
-}
-
-impl kafka::Resolver for Job {
-    fn invalid(&self, key: &str, message: String) -> JobError {
-        Job::invalid(self, key, message)
-    }
-
-    fn read_file(&self, key: &str, path: &Path) -> Result<String, JobError> {
-        let file = self.local_path(key, path)?;
-        std::fs::read_to_string(&file).map_err(|e| self.invalid(key, format!("cannot read {}: {e}", file.display())))
     }
 }

@@ -246,6 +246,12 @@ impl Source {
         }
     }
 
+    /// Whether the source is a stream (Kafka): reaching its end once does not
+    /// finish the job; a later run reads what came since.
+    pub fn streaming(&self) -> bool {
+        matches!(self, Source::Kafka(_))
+    }
+
     /// Whether the source runs until stopped.
     pub fn unbounded(&self) -> bool {
         matches!(self, Source::Kafka(k) if !k.config().bounded)

@@ -30,6 +30,10 @@ use crate::source::{Read, SourceError, SourceReader, TableBatch};
 const POLL_WAIT: Duration = Duration::from_millis(100);
 /// How often the lag board is updated.
 const LAG_EVERY: Duration = Duration::from_millis(500);
+/// Bounded: reads in a row that found nothing, every partition at its end
+/// and caught up, before the reader ends (a broker's answer that trails the
+/// log must not end it before the last batch was fetched).
+const IDLE_READS_TO_END: u32 = 5;
 
 type Partition = (String, i32);
 
@@ -60,6 +64,8 @@ pub struct KafkaReader {
     discovered_at: Instant,
     lag: Arc<LagBoard>,
     lag_at: Instant,
+    /// Bounded: reads in a row that found nothing and every partition done.
+    idle_at_end: u32,
 }
 
 impl KafkaReader {
@@ -77,6 +83,7 @@ impl KafkaReader {
             discovered_at: Instant::now(),
             lag: setup.lag,
             lag_at: Instant::now(),
+            idle_at_end: 0,
         };
         let restored = setup.position.is_some();
         let recorded = setup.position.unwrap_or_default();
@@ -359,10 +366,16 @@ impl SourceReader for KafkaReader {
         self.fill(max_rows.max(1))?;
         self.report_lag();
         if let Some(batch) = self.take(max_rows.max(1))? {
+            self.idle_at_end = 0;
             return Ok(Read::Batch(batch));
         }
         if self.done() {
-            return Ok(Read::End);
+            self.idle_at_end += 1;
+            if self.idle_at_end >= IDLE_READS_TO_END {
+                return Ok(Read::End);
+            }
+        } else {
+            self.idle_at_end = 0;
         }
         Ok(Read::Idle)
     }
