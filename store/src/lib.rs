@@ -29,8 +29,10 @@
 //! of our own:
 //! - S3: the AWS default chain (the `AWS_*` variables, the shared config and
 //!   credentials files with `AWS_PROFILE`, web identity, ECS, IMDS), the
-//!   region from [`S3Options::region`] or `AWS_REGION`/`AWS_DEFAULT_REGION`,
-//!   the endpoint from [`S3Options::endpoint`] or `AWS_ENDPOINT_URL`;
+//!   region from [`S3Options::region`], `AWS_REGION`/`AWS_DEFAULT_REGION`,
+//!   or the active profile's `region` in the shared config file (`aws.rs`:
+//!   opendal reads no config file for it), the endpoint from
+//!   [`S3Options::endpoint`] or `AWS_ENDPOINT_URL`;
 //!   `http://` endpoints are allowed (local test servers);
 //! - GCS: Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`,
 //!   the gcloud well-known file, the metadata server at `GCE_METADATA_HOST`);
@@ -68,6 +70,7 @@ use bytes::Bytes;
 use opendal::{ErrorKind, Operator};
 use thiserror::Error;
 
+pub mod aws;
 mod gcs;
 
 /// Parts of a streaming upload (S3's minimum part is 5 MiB).
@@ -152,7 +155,8 @@ impl StoreError {
 /// environment.
 #[derive(Debug, Clone, Default)]
 pub struct S3Options {
-    /// The signing region; default `AWS_REGION`, then `AWS_DEFAULT_REGION`.
+    /// The signing region; default `AWS_REGION`, then `AWS_DEFAULT_REGION`,
+    /// then the active profile's in the shared config file ([`aws::region`]).
     pub region: Option<String>,
     /// e.g. `http://127.0.0.1:5000`; default `AWS_ENDPOINT_URL`, then AWS.
     pub endpoint: Option<String>,
@@ -283,10 +287,8 @@ impl ObjectStore {
     pub fn s3(bucket: &str, options: &S3Options) -> Result<Self, StoreError> {
         ensure_tls_provider();
         let root = format!("s3://{bucket}");
-        let mut builder = opendal::services::S3::default().bucket(bucket).root("/");
-        if let Some(region) = &options.region {
-            builder = builder.region(region);
-        }
+        let (region, _) = aws::region(options).map_err(|message| StoreError::Config { url: root.clone(), message })?;
+        let mut builder = opendal::services::S3::default().bucket(bucket).root("/").region(&region);
         if let Some(endpoint) = &options.endpoint {
             builder = builder.endpoint(endpoint);
         }

@@ -1,0 +1,181 @@
+//! The AWS credential chain and region, as the real `sluice` binary finds
+//! them, with `job.state_dir` on S3 (moto's server on 127.0.0.1):
+//!
+//! - a profile alone (`AWS_PROFILE`, the shared credentials and config
+//!   files, no key in the environment) gives both the keys and the region.
+//!
+//! Every `sluice` process here gets an AWS environment of the test's own
+//! making: every AWS variable of this process removed, `HOME` a temporary
+//! directory (so no `~/.aws` is read) and no proxy, so nothing goes past
+//! 127.0.0.1. Moto checks no signature, so what signed a request is read
+//! from moto's request recorder: the `Authorization` header names the
+//! access key id and the region (`Credential=<id>/<date>/<region>/s3/...`),
+//! `X-Amz-Date` when it was signed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use sluice_store::ObjectStore;
+use sluice_tests::store_servers::Moto;
+use sluice_tests::{TestJob, assert_exactly_once, cache_dir, read_visible, sluice_bin, sluice_run};
+
+const BUCKET: &str = "state";
+
+/// Every variable the AWS chain, opendal or reqwest read, removed from a
+/// `sluice` process before the test sets its own.
+const CLEARED: [&str; 23] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_ROLE_SESSION_NAME",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "AWS_EC2_METADATA_DISABLED",
+    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT",
+    "AWS_S3_ENDPOINT",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+];
+
+/// `cmd` with the AWS environment `vars` only (see the module doc), `HOME`
+/// set to `home`.
+fn aws_env<'a>(cmd: &'a mut Command, home: &Path, vars: &[(&str, String)]) -> &'a mut Command {
+    for var in CLEARED.iter().chain(&["https_proxy", "all_proxy"]) {
+        cmd.env_remove(var);
+    }
+    cmd.env("HOME", home).env("NO_PROXY", "*");
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// `sluice <command> job.toml` with `sets`, in the job's directory.
+fn sluice(job: &TestJob, command: &str, sets: &[String]) -> Command {
+    if command == "run" {
+        return sluice_run(job, sets);
+    }
+    let mut cmd = Command::new(sluice_bin());
+    cmd.args([command, "job.toml"])
+        .current_dir(job.dir.path())
+        .env("SLUICE_CACHE_DIR", cache_dir())
+        .env("NO_COLOR", "1");
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// The bucket, as the test sees it (its own keys, not the host's).
+fn keys(moto: &Moto, prefix: &str) -> Vec<String> {
+    let store = ObjectStore::s3(BUCKET, &moto.s3_options()).expect("bucket");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(store.list(prefix)).expect("list").into_iter().map(|o| o.key).collect()
+}
+
+/// A recorded request's header `name`.
+fn header<'a>(request: &'a serde_json::Value, name: &str) -> &'a str {
+    request["headers"]
+        .as_object()
+        .and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)))
+        .and_then(|(_, v)| v.as_str())
+        .unwrap_or_default()
+}
+
+/// The access key id and the region of an `Authorization` header
+/// (`AWS4-HMAC-SHA256 Credential=<id>/<date>/<region>/s3/aws4_request, ...`).
+fn credential_scope(authorization: &str) -> Option<(String, String)> {
+    let scope = authorization.split("Credential=").nth(1)?.split(',').next()?;
+    let mut parts = scope.split('/');
+    let id = parts.next()?.to_string();
+    let _date = parts.next()?;
+    Some((id, parts.next()?.to_string()))
+}
+
+/// The requests moto recorded for objects under `prefix` of the bucket.
+fn recorded_under(moto: &Moto, prefix: &str) -> Vec<serde_json::Value> {
+    let path = format!("/{BUCKET}/{prefix}");
+    moto.recorded()
+        .into_iter()
+        .filter(|r| {
+            let url = r["url"].as_str().unwrap_or_default();
+            url.contains(&path) || url.contains(&format!("prefix={}", prefix.replace('/', "%2F")))
+        })
+        .collect()
+}
+
+/// `--set`s that put the job's state on S3 under `prefix`.
+fn on_s3(prefix: &str) -> Vec<String> {
+    vec![format!("job.state_dir=s3://{BUCKET}/{prefix}"), "job.lease_secs=10".to_string()]
+}
+
+/// The only credentials and the only region are in a profile: `AWS_PROFILE`
+/// names it, its keys are in the shared credentials file, its region in the
+/// shared config file. The run lands every row once, and every request for
+/// its state was signed with the profile's key, in the profile's region.
+#[test]
+fn a_profile_alone_gives_the_keys_and_the_region() {
+    let moto = Moto::start_recording(&[BUCKET]);
+    let home = tempfile::tempdir().expect("home");
+    let aws = tempfile::tempdir().expect("aws files");
+    let credentials = aws.path().join("credentials");
+    let config = aws.path().join("config");
+    std::fs::write(
+        &credentials,
+        "[default]\naws_access_key_id = NOT-THIS-ONE\naws_secret_access_key = nope\n\n\
+         [lake]\naws_access_key_id = PROFILEKEYLAKE01\naws_secret_access_key = profile-secret\n",
+    )
+    .expect("credentials file");
+    std::fs::write(&config, "[default]\nregion = ap-south-1\n\n[profile lake]\nregion = eu-west-3\noutput = json\n")
+        .expect("config file");
+    let env = vec![
+        ("AWS_PROFILE", "lake".to_string()),
+        ("AWS_SHARED_CREDENTIALS_FILE", credentials.display().to_string()),
+        ("AWS_CONFIG_FILE", config.display().to_string()),
+        ("AWS_ENDPOINT_URL", moto.endpoint.clone()),
+        ("AWS_EC2_METADATA_DISABLED", "true".to_string()),
+    ];
+
+    let prefix = "profile/state";
+    let job = TestJob::files("aws-profile", 3100, 2, 500);
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let sets = on_s3(prefix);
+    let out = aws_env(&mut sluice(&job, "check", &sets), home.path(), &env).output().expect("check");
+    assert!(out.status.success(), "check passes with the profile:\n{}", text(&out));
+    let out = aws_env(&mut sluice(&job, "run", &sets), home.path(), &env).output().expect("run");
+    assert!(out.status.success(), "the run lands with the profile:\n{}", text(&out));
+    assert_exactly_once(&read_visible(&job.out()), 3100);
+    assert!(!job.dir.path().join(".sluice").exists(), "no local state");
+
+    // Read before the test lists the bucket with its own key.
+    let requests = recorded_under(&moto, prefix);
+    assert!(requests.len() > 10, "the state's requests were recorded: {}", requests.len());
+    for r in &requests {
+        let scope = credential_scope(header(r, "Authorization"));
+        assert_eq!(
+            scope,
+            Some(("PROFILEKEYLAKE01".to_string(), "eu-west-3".to_string())),
+            "{} {} was signed with the profile's key in its region",
+            r["method"],
+            r["url"]
+        );
+    }
+    let state = keys(&moto, prefix);
+    assert!(state.iter().any(|k| k.contains("/checkpoints/")), "records in the bucket: {state:?}");
+}
