@@ -1,5 +1,7 @@
-//! The AWS side of the environment that opendal 0.57 does not read: the
-//! region of the active profile in the shared config file.
+//! The AWS side of the environment that opendal 0.57 does not read, or
+//! reads without saying what it tried: the region of the active profile in
+//! the shared config file, and a check of the default credential chain
+//! that names every source it asked.
 //!
 //! Invariants:
 //! - the region is, in order: the job's (`S3Options::region`),
@@ -8,11 +10,35 @@
 //!   `~/.aws/config`), whose sections are `[default]` and `[profile NAME]`
 //!   (<https://docs.aws.amazon.com/cli/latest/userguide/cli-configure-files.html>).
 //!   opendal reads only the first three; a region found nowhere is an error
-//!   naming all four, before any request.
+//!   naming all four, before any request;
+//! - [`check_credentials`] asks the providers of reqsign's default chain,
+//!   the one opendal signs with, in its order (environment, profile, SSO,
+//!   web identity, credential process, container, instance metadata), and
+//!   reports each one's answer when none gives a credential. It never
+//!   prints a secret; it sends no request to the store;
+//! - the instance-metadata and container endpoints get a short timeout
+//!   here (AWS's SDKs use 1 s for IMDS), so a machine without them fails
+//!   the check in seconds instead of waiting for TCP to give up.
 
-use reqsign_core::{Env, OsEnv};
+use std::time::Duration;
+
+use reqsign_aws_v4::{
+    AssumeRoleWithWebIdentityCredentialProvider, ECSCredentialProvider, EnvCredentialProvider,
+    IMDSv2CredentialProvider, ProcessCredentialProvider, ProfileCredentialProvider, SSOCredentialProvider,
+};
+use reqsign_core::{Context, Env, OsEnv, ProvideCredential};
+use reqsign_file_read_tokio::TokioFileRead;
 
 use super::S3Options;
+
+/// What the error of a request that found no credential to sign with says
+/// (the chain was asked at that request; [`check_credentials`] says what
+/// each source answered).
+pub const CHAIN_HINT: &str = "the AWS default chain gave none. It tried the environment (AWS_ACCESS_KEY_ID and \
+    AWS_SECRET_ACCESS_KEY), the profile AWS_PROFILE (default `default`) in the shared files \
+    AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE (~/.aws/credentials, ~/.aws/config), web identity \
+    (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN), the container endpoint and instance metadata (IMDSv2). Set \
+    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE to a profile with keys (`aws configure`)";
 
 /// Where a region came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +103,11 @@ fn config_file(env: &dyn Env) -> String {
     expand_home(env, env.var("AWS_CONFIG_FILE").unwrap_or_else(|| "~/.aws/config".to_string()))
 }
 
+/// `AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`.
+fn credentials_file(env: &dyn Env) -> String {
+    expand_home(env, env.var("AWS_SHARED_CREDENTIALS_FILE").unwrap_or_else(|| "~/.aws/credentials".to_string()))
+}
+
 /// `region` of `profile` in the text of a shared config file: the section
 /// `[default]` for `default` (`[profile default]` too), else `[profile NAME]`.
 /// Parsed with the INI reader reqsign reads the same files with.
@@ -88,6 +119,113 @@ fn profile_region(text: &str, profile: &str) -> Option<String> {
         let region = ini.section(Some(*name))?.get("region")?.trim();
         (!region.is_empty()).then(|| region.to_string())
     })
+}
+
+/// The answer of one provider of the chain, for the message.
+fn answer<T>(result: reqsign_core::Result<Option<T>>, none: &str) -> Result<(), String> {
+    match result {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(none.to_string()),
+        Err(e) => Err(describe(&e)),
+    }
+}
+
+/// An error and its sources, one after the other.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let shown = s.to_string();
+        if !text.contains(&shown) {
+            text = format!("{text}: {shown}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Whether the AWS default chain yields a credential for `options` (static
+/// keys in `options` always do). `Err` names every source it asked and
+/// what each answered, and says what to do.
+pub async fn check_credentials(options: &S3Options) -> Result<(), String> {
+    if options.credentials.is_some() {
+        return Ok(());
+    }
+    super::ensure_tls_provider();
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    let ctx = Context::new()
+        .with_file_read(TokioFileRead)
+        .with_http_send(opendal::raw::HttpClient::with(client))
+        .with_env(OsEnv);
+    let env = OsEnv;
+    let set = |var: &str| env.var(var).is_some_and(|v| !v.is_empty());
+    let mut tried = Vec::new();
+
+    // The order of reqsign's `DefaultCredentialProvider`.
+    let keys = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY";
+    match answer(EnvCredentialProvider::new().provide_credential(&ctx).await, "not set") {
+        Ok(()) => return Ok(()),
+        Err(why) => tried.push(format!("the environment ({keys}): {why}")),
+    }
+    let profile = active_profile(&env);
+    let mut in_profile = Vec::new();
+    match answer(ProfileCredentialProvider::new().provide_credential(&ctx).await, "no keys for it") {
+        Ok(()) => return Ok(()),
+        Err(why) => in_profile.push(why),
+    }
+    match answer(SSOCredentialProvider::new().provide_credential(&ctx).await, "") {
+        Ok(()) => return Ok(()),
+        Err(why) if !why.is_empty() => in_profile.push(format!("its SSO settings: {why}")),
+        Err(_) => {}
+    }
+    match answer(ProcessCredentialProvider::new().provide_credential(&ctx).await, "") {
+        Ok(()) => return Ok(()),
+        Err(why) if !why.is_empty() => in_profile.push(format!("its credential_process: {why}")),
+        Err(_) => {}
+    }
+    tried.push(format!(
+        "the profile {profile:?} (AWS_PROFILE) in the shared files {} (AWS_SHARED_CREDENTIALS_FILE) and {} \
+         (AWS_CONFIG_FILE): {}",
+        credentials_file(&env),
+        config_file(&env),
+        in_profile.join("; ")
+    ));
+    let web = match (set("AWS_WEB_IDENTITY_TOKEN_FILE"), set("AWS_ROLE_ARN")) {
+        (false, false) => "not set",
+        (true, false) => "AWS_ROLE_ARN is not set",
+        (false, true) => "AWS_WEB_IDENTITY_TOKEN_FILE is not set",
+        (true, true) => "no credential",
+    };
+    match answer(AssumeRoleWithWebIdentityCredentialProvider::new().provide_credential(&ctx).await, web) {
+        Ok(()) => return Ok(()),
+        Err(why) => tried.push(format!("web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN): {why}")),
+    }
+    match answer(ECSCredentialProvider::new().provide_credential(&ctx).await, "not set") {
+        Ok(()) => return Ok(()),
+        Err(why) => tried.push(format!(
+            "the container endpoint (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or AWS_CONTAINER_CREDENTIALS_FULL_URI): {why}"
+        )),
+    }
+    let imds_endpoint =
+        env.var("AWS_EC2_METADATA_SERVICE_ENDPOINT").unwrap_or_else(|| "http://169.254.169.254".to_string());
+    let imds = format!("instance metadata (IMDSv2 at {imds_endpoint}, AWS_EC2_METADATA_SERVICE_ENDPOINT)");
+    match answer(
+        IMDSv2CredentialProvider::new().provide_credential(&ctx).await,
+        "turned off (AWS_EC2_METADATA_DISABLED=true)",
+    ) {
+        Ok(()) => return Ok(()),
+        Err(why) => tried.push(format!("{imds}: {why}")),
+    }
+    Err(format!(
+        "no AWS credentials: tried {}. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE to a \
+         profile with keys (`aws configure`), or run where web identity or instance metadata serves a role; or \
+         name the variables holding the keys in the job's [*.s3] access_key_id_env and secret_access_key_env",
+        tried.join("; ")
+    ))
 }
 
 #[cfg(test)]

@@ -126,6 +126,10 @@ pub enum StoreError {
     /// The store could not be set up (bucket, region, endpoint, TLS).
     #[error("{url}: cannot set up the store: {message}")]
     Config { url: String, message: String },
+    /// The AWS chain gave no credential to sign with: nothing was sent.
+    /// `message` names what was tried and what to do.
+    #[error("{url}: {message}")]
+    NoCredentials { url: String, message: String },
     #[error("{url} is not a valid object key: {message}")]
     InvalidKey { url: String, message: &'static str },
     /// Anything else: the outcome of a write is unknown.
@@ -274,7 +278,7 @@ impl std::fmt::Debug for ObjectStore {
 /// HTTP client (reqwest 0.13 on rustls, built without a provider of its own
 /// so that aws-lc-rs stays out of the build) panics without one; the rest of
 /// the host uses ring too, so this changes nothing for it.
-fn ensure_tls_provider() {
+pub(crate) fn ensure_tls_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // An `Err` means a provider is already installed, which is all we need.
@@ -373,6 +377,10 @@ impl ObjectStore {
         match e.kind() {
             ErrorKind::NotFound => StoreError::NotFound { url },
             ErrorKind::PermissionDenied => StoreError::Denied { url, source: Box::new(e) },
+            _ if no_credential(&e) => {
+                let hint = if self.gcs_json.is_some() { gcs::ADC_HINT } else { aws::CHAIN_HINT };
+                StoreError::NoCredentials { url, message: format!("no credential to sign the request with: {hint}") }
+            }
             _ if refused_credentials(&e) => StoreError::Denied { url, source: Box::new(e) },
             ErrorKind::Unsupported => StoreError::Unsupported { url, operation, source: Box::new(e) },
             _ => StoreError::Other { url, operation, source: Box::new(e) },
@@ -656,6 +664,23 @@ impl ObjectStore {
 /// send the request again (it was not applied).
 const CREDENTIAL_CODES: [&str; 5] =
     ["ExpiredToken", "TokenRefreshRequired", "InvalidToken", "InvalidAccessKeyId", "SignatureDoesNotMatch"];
+
+/// Whether signing `e`'s request failed because the credential chain gave
+/// no credential at all (reqsign's `Signer`: "failed to load signing
+/// credential"), so the request was never sent.
+fn no_credential(e: &opendal::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<reqsign_core::Error>()
+            && r.kind() == reqsign_core::ErrorKind::CredentialInvalid
+            && r.to_string().contains("failed to load signing credential")
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
 
 /// Whether `e` is the store refusing the request's credentials (opendal
 /// puts the S3 error's `code` in its message). A `HEAD` (a stat) answers

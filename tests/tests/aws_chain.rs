@@ -2,7 +2,11 @@
 //! them, with `job.state_dir` on S3 (moto's server on 127.0.0.1):
 //!
 //! - a profile alone (`AWS_PROFILE`, the shared credentials and config
-//!   files, no key in the environment) gives both the keys and the region.
+//!   files, no key in the environment) gives both the keys and the region;
+//! - no credential anywhere (no keys, no profile, no web identity, instance
+//!   metadata off or unreachable), or no region, stops `sluice check` and
+//!   `sluice run` before anything is written, naming every source tried and
+//!   what to do.
 //!
 //! Every `sluice` process here gets an AWS environment of the test's own
 //! making: every AWS variable of this process removed, `HOME` a temporary
@@ -14,6 +18,7 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use sluice_store::ObjectStore;
 use sluice_tests::store_servers::Moto;
@@ -125,6 +130,12 @@ fn on_s3(prefix: &str) -> Vec<String> {
     vec![format!("job.state_dir=s3://{BUCKET}/{prefix}"), "job.lease_secs=10".to_string()]
 }
 
+/// A port nothing listens on (bound, then closed).
+fn dead_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
 /// The only credentials and the only region are in a profile: `AWS_PROFILE`
 /// names it, its keys are in the shared credentials file, its region in the
 /// shared config file. The run lands every row once, and every request for
@@ -178,4 +189,122 @@ fn a_profile_alone_gives_the_keys_and_the_region() {
     }
     let state = keys(&moto, prefix);
     assert!(state.iter().any(|k| k.contains("/checkpoints/")), "records in the bucket: {state:?}");
+}
+
+/// Runs `sluice check` and `sluice run` with `env` and `sets`; both must fail
+/// with every one of `parts` in what they print, and leave `prefix` of the
+/// bucket empty and no local state directory.
+fn refused_before_anything_is_written(
+    what: &str,
+    moto: &Moto,
+    prefix: &str,
+    env: &[(&str, String)],
+    parts: &[&str],
+) -> String {
+    let home = tempfile::tempdir().expect("home");
+    let job = TestJob::files(&format!("aws-none-{}", prefix.replace('/', "-")), 1000, 1, 500);
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let sets = on_s3(prefix);
+    let mut last = String::new();
+    for command in ["check", "run"] {
+        let mut cmd = sluice(&job, command, &sets);
+        aws_env(&mut cmd, home.path(), env);
+        let start = Instant::now();
+        let out = cmd.output().expect("sluice");
+        let took = start.elapsed();
+        let log = text(&out);
+        assert!(!out.status.success(), "{what}: {command} fails:\n{log}");
+        for part in parts.iter().chain(&["key `job.state_dir`", &format!("s3://{BUCKET}/{prefix}")]) {
+            assert!(log.contains(part), "{what}: {command}: the error names {part:?}:\n{log}");
+        }
+        assert!(!log.contains("panicked"), "{log}");
+        assert!(took < Duration::from_secs(30), "{what}: {command} fails quickly: {took:?}");
+        eprintln!("{what}, sluice {command}:\n{log}");
+        last = log;
+    }
+    assert_eq!(keys(moto, prefix), Vec::<String>::new(), "{what}: nothing was written to the bucket");
+    assert!(!job.dir.path().join(".sluice").exists(), "{what}: no local state");
+    assert!(!job.out().exists() || read_visible(&job.out()).num_rows() == 0, "{what}: nothing landed");
+    last
+}
+
+/// No credential anywhere in the chain stops `check` and `run` before
+/// anything is written, naming each source tried (the environment, the
+/// profile and its files, web identity, the container endpoint, instance
+/// metadata, turned off or unreachable) and what to do; no region does too.
+#[test]
+fn no_credential_and_no_region_stop_check_and_run_before_anything_is_written() {
+    let moto = Moto::start(&[BUCKET]);
+    let aws = tempfile::tempdir().expect("aws files");
+    let credentials = aws.path().join("credentials");
+    let config = aws.path().join("config");
+    let base = vec![
+        ("AWS_SHARED_CREDENTIALS_FILE", credentials.display().to_string()),
+        ("AWS_CONFIG_FILE", config.display().to_string()),
+        ("AWS_ENDPOINT_URL", moto.endpoint.clone()),
+        ("AWS_REGION", "us-east-1".to_string()),
+    ];
+    let tried = |profile: &str| {
+        vec![
+            "no AWS credentials: tried the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY): not set".to_string(),
+            format!(
+                "the profile {profile:?} (AWS_PROFILE) in the shared files {} (AWS_SHARED_CREDENTIALS_FILE) and {} \
+                 (AWS_CONFIG_FILE)",
+                credentials.display(),
+                config.display()
+            ),
+            "web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN): not set".to_string(),
+            "the container endpoint (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or AWS_CONTAINER_CREDENTIALS_FULL_URI): not set"
+                .to_string(),
+            "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE to a profile with keys".to_string(),
+        ]
+    };
+
+    // Instance metadata turned off; no files at all.
+    let mut env = base.clone();
+    env.push(("AWS_EC2_METADATA_DISABLED", "true".to_string()));
+    let mut parts = tried("default");
+    parts.push("instance metadata (IMDSv2 at http://169.254.169.254, AWS_EC2_METADATA_SERVICE_ENDPOINT): turned off (AWS_EC2_METADATA_DISABLED=true)".to_string());
+    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+    refused_before_anything_is_written("IMDS off", &moto, "none/off", &env, &refs);
+
+    // Instance metadata unreachable; a profile named that has no keys.
+    std::fs::write(&credentials, "[other]\naws_access_key_id = A\naws_secret_access_key = B\n").expect("credentials");
+    std::fs::write(&config, "[profile lake]\noutput = json\n").expect("config");
+    let imds = format!("http://127.0.0.1:{}", dead_port());
+    let mut env = base.clone();
+    env.push(("AWS_PROFILE", "lake".to_string()));
+    env.push(("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.clone()));
+    let mut parts = tried("lake");
+    parts.push(format!(
+        "instance metadata (IMDSv2 at {imds}, AWS_EC2_METADATA_SERVICE_ENDPOINT): failed to connect to IMDS"
+    ));
+    parts.push("(AWS_CONFIG_FILE): no keys for it".to_string());
+    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+    refused_before_anything_is_written("IMDS unreachable", &moto, "none/unreachable", &env, &refs);
+
+    // Web identity half set: the missing half is named.
+    let mut env = base.clone();
+    env.push(("AWS_EC2_METADATA_DISABLED", "true".to_string()));
+    env.push(("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/lake".to_string()));
+    let parts = ["web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN): AWS_WEB_IDENTITY_TOKEN_FILE is not set"];
+    refused_before_anything_is_written("web identity half set", &moto, "none/web", &env, &parts);
+
+    // Keys but no region: not in the job, the environment or the profile.
+    let mut env: Vec<(&str, String)> = base.iter().filter(|(k, _)| *k != "AWS_REGION").cloned().collect();
+    env.push(("AWS_ACCESS_KEY_ID", "sluice-test".to_string()));
+    env.push(("AWS_SECRET_ACCESS_KEY", "sluice-test-secret".to_string()));
+    env.push(("AWS_PROFILE", "lake".to_string()));
+    let no_region = format!(
+        "no AWS region: tried the job's `region` (none), AWS_REGION and AWS_DEFAULT_REGION (not set), and the profile \
+         \"lake\" (AWS_PROFILE) in the shared config file {} (AWS_CONFIG_FILE), which has no `region` for it",
+        config.display()
+    );
+    refused_before_anything_is_written(
+        "no region",
+        &moto,
+        "none/region",
+        &env,
+        &[&no_region, "for example AWS_REGION=us-east-1"],
+    );
 }
