@@ -6,7 +6,10 @@
 //! - no credential anywhere (no keys, no profile, no web identity, instance
 //!   metadata off or unreachable), or no region, stops `sluice check` and
 //!   `sluice run` before anything is written, naming every source tried and
-//!   what to do.
+//!   what to do;
+//! - instance metadata (IMDSv2, the double in `tests/src/imds.rs` found at
+//!   `AWS_EC2_METADATA_SERVICE_ENDPOINT`) serves credentials that the host
+//!   replaces every few seconds through a run of over 20 s, with exact rows.
 //!
 //! Every `sluice` process here gets an AWS environment of the test's own
 //! making: every AWS variable of this process removed, `HOME` a temporary
@@ -21,6 +24,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use sluice_store::ObjectStore;
+use sluice_tests::imds::ImdsServer;
 use sluice_tests::store_servers::Moto;
 use sluice_tests::{TestJob, assert_exactly_once, cache_dir, read_visible, sluice_bin, sluice_run};
 
@@ -111,6 +115,21 @@ fn credential_scope(authorization: &str) -> Option<(String, String)> {
     let id = parts.next()?.to_string();
     let _date = parts.next()?;
     Some((id, parts.next()?.to_string()))
+}
+
+/// Seconds since the Unix epoch of an `X-Amz-Date` (`YYYYMMDDTHHMMSSZ`).
+fn amz_date_secs(d: &str) -> Option<i64> {
+    let n = |r: std::ops::Range<usize>| d.get(r).and_then(|s| s.parse::<i64>().ok());
+    let (y, m, day) = (n(0..4)?, n(4..6)?, n(6..8)?);
+    let (hh, mm, ss) = (n(9..11)?, n(11..13)?, n(13..15)?);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
 }
 
 /// The requests moto recorded for objects under `prefix` of the bucket.
@@ -307,4 +326,78 @@ fn no_credential_and_no_region_stop_check_and_run_before_anything_is_written() {
         &env,
         &[&no_region, "for example AWS_REGION=us-east-1"],
     );
+}
+
+/// How long each set of instance credentials says it lives: reqsign (the
+/// signer opendal uses) refreshes a credential once less than 120 s of it
+/// is left, and signs with none that has less than 10 s; so a set that says
+/// it expires 122.5 s after its issue must be replaced after 2.5 s.
+const IMDS_LIFETIME: Duration = Duration::from_millis(122_500);
+/// reqsign's refresh margin (`reqsign-aws-core` 3.2 `Credential::is_valid`).
+const REFRESH_AHEAD: Duration = Duration::from_secs(120);
+
+/// Instance metadata is the only source of credentials; a run of over 20 s
+/// with its state on S3 signs every request with a set the double issued,
+/// each before it was due for replacement, with many successive sets, and
+/// every row lands once.
+#[test]
+fn instance_metadata_credentials_are_replaced_through_a_long_run() {
+    let moto = Moto::start_recording(&[BUCKET]);
+    let imds = ImdsServer::start("sluice-writer", IMDS_LIFETIME).expect("IMDS double");
+    let home = tempfile::tempdir().expect("home");
+    let env = vec![
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint()),
+        ("AWS_ENDPOINT_URL", moto.endpoint.clone()),
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_SHARED_CREDENTIALS_FILE", home.path().join("none").display().to_string()),
+        ("AWS_CONFIG_FILE", home.path().join("none").display().to_string()),
+    ];
+    const ROWS: u64 = 22_000;
+    let prefix = "imds/state";
+    let mut job = TestJob::files("aws-imds", ROWS, 2, 500);
+    // 1000 rows/s over both subtasks: 22 s, a checkpoint about every second.
+    job.toml = job.toml.replace("batch_rows = 700", "batch_rows = 100\nrate = 1000.0");
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let mut run = sluice(&job, "run", &on_s3(prefix));
+    aws_env(&mut run, home.path(), &env);
+    let start = Instant::now();
+    let out = run.output().expect("run");
+    let took = start.elapsed();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(took >= Duration::from_secs(20), "the run lasted {took:?}, not long enough for refreshes");
+    assert_exactly_once(&read_visible(&job.out()), ROWS);
+    assert!(!job.dir.path().join(".sluice").exists(), "no local state");
+
+    let issued = imds.issued();
+    let window = IMDS_LIFETIME - REFRESH_AHEAD;
+    let least = (took.as_millis() / window.as_millis()) as usize / 2;
+    assert!(issued.len() >= least, "{} sets issued in {took:?}, expected at least {least}", issued.len());
+    assert_eq!(imds.unauthorized(), 0, "every metadata request carried a live session token");
+    assert!(imds.sessions() >= 1, "IMDSv2: a session token was asked for");
+
+    let mut used = std::collections::BTreeSet::new();
+    let requests = recorded_under(&moto, prefix);
+    for r in &requests {
+        let (key, region) = credential_scope(header(r, "Authorization"))
+            .unwrap_or_else(|| panic!("{} {} is not signed", r["method"], r["url"]));
+        assert_eq!(region, "us-east-1");
+        let signed = amz_date_secs(header(r, "X-Amz-Date")).unwrap_or_else(|| panic!("no X-Amz-Date on {}", r["url"]));
+        let set = issued
+            .iter()
+            .find(|s| s.access_key_id == key)
+            .unwrap_or_else(|| panic!("{} {} was signed with {key:?}, not an instance key", r["method"], r["url"]));
+        // Signed while more than the refresh margin of the set was left
+        // (X-Amz-Date has whole seconds, rounded down).
+        assert!(
+            signed * 1000 <= set.expires_at_ms as i64 - REFRESH_AHEAD.as_millis() as i64,
+            "{} {} was signed at {signed} s with {key}, due for replacement before {} ms",
+            r["method"],
+            r["url"],
+            set.expires_at_ms - REFRESH_AHEAD.as_millis() as u64
+        );
+        used.insert(key);
+    }
+    assert!(requests.len() > 50, "the state's requests went through moto: {}", requests.len());
+    assert!(used.len() >= 5, "requests were signed with several successive sets: {used:?}");
+    eprintln!("{took:?}: {} sets issued, {} used for {} requests", issued.len(), used.len(), requests.len());
 }
