@@ -5,9 +5,15 @@
 //! - a string with a URL scheme (`xyz://...`, `file://` included) is always
 //!   parsed as a URL and never taken for a relative path, so `s3://lake/wh`
 //!   can never become a local folder named `s3:`;
-//! - a string without `://` is a local path (Windows-style and odd paths
-//!   included), resolved against the job file's directory and normalized
-//!   lexically (`.` and `..` folded, no filesystem access);
+//! - a string that starts with a URL scheme and `:` but not `://`
+//!   (`s3:/lake/state`, `s3:lake`, `foo:bar`) is refused, never taken for a
+//!   relative path: one missing slash must not bring back a local folder
+//!   named `s3:`. A local name with such a colon is written `./s3:x`. A
+//!   one-letter head (`C:\data`) is a drive letter, not a scheme, and stays a
+//!   path;
+//! - any other string without `://` is a local path, resolved against the
+//!   job file's directory and normalized lexically (`.` and `..` folded, no
+//!   filesystem access);
 //! - an object-store location has a valid bucket and a prefix of plain
 //!   segments (no empty, `.` or `..` segment, no `?`, `#` or `\`), without a
 //!   leading or trailing `/`, so two spellings of one place compare equal and
@@ -81,6 +87,12 @@ pub enum LocationError {
     UnknownScheme { value: String, scheme: String, known: String, served: Served },
     #[error("{value:?}: {scheme} locations are not served here yet; served here: {served}")]
     NotServed { value: String, scheme: Scheme, served: Served },
+    #[error(
+        "{value:?}: starts with the URL scheme `{scheme}:` but lacks `//`, so it is neither a URL nor taken for a \
+         local path; write {suggested:?} for an object store (served here: {served}), or \"./{value}\" for a local \
+         path whose name holds `:`"
+    )]
+    SchemeWithoutSlashes { value: String, scheme: String, suggested: String, served: Served },
 }
 
 /// Which kinds of location a job key accepts: local paths (and `file://`
@@ -113,10 +125,23 @@ impl fmt::Display for Served {
 /// letters, digits, `+`, `-` or `.`, then `://`.
 fn url_scheme(raw: &str) -> Option<&str> {
     let (scheme, _) = raw.split_once("://")?;
-    let mut chars = scheme.chars();
-    let first = chars.next()?;
-    let valid = first.is_ascii_alphabetic() && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
-    valid.then_some(scheme)
+    is_scheme_name(scheme).then_some(scheme)
+}
+
+/// Whether `name` is spelled as a URL scheme: an ASCII letter, then letters,
+/// digits, `+`, `-` or `.`.
+fn is_scheme_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+/// The scheme of `raw` when it reads as a URL missing its `//`
+/// (`s3:/lake`, `s3:lake`, `foo:bar`): a scheme of two characters or more
+/// (one letter is a Windows drive), then `:`.
+fn scheme_without_slashes(raw: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = raw.split_once(':')?;
+    (scheme.len() >= 2 && is_scheme_name(scheme)).then_some((scheme, rest))
 }
 
 impl Location {
@@ -130,6 +155,17 @@ impl Location {
         let Some(scheme) = url_scheme(raw) else {
             if raw.contains("://") {
                 return Err(malformed("`://` follows something that is not a URL scheme"));
+            }
+            if let Some((scheme, rest)) = scheme_without_slashes(raw) {
+                let lower = scheme.to_ascii_lowercase();
+                let rest = rest.trim_start_matches('/');
+                let suggested = if lower == "file" { format!("file:///{rest}") } else { format!("{lower}://{rest}") };
+                return Err(LocationError::SchemeWithoutSlashes {
+                    value: raw.to_string(),
+                    scheme: scheme.to_string(),
+                    suggested,
+                    served,
+                });
             }
             return Ok(Location::Local(normalize(&base_dir.join(raw))));
         };
@@ -257,9 +293,12 @@ mod tests {
         assert_eq!(parse("/abs", Served::LOCAL), Ok(Location::Local("/abs".into())));
         assert_eq!(parse("file:///abs/../x", Served::LOCAL), Ok(Location::Local("/x".into())));
         assert_eq!(parse("FILE://localhost/x", Served::LOCAL), Ok(Location::Local("/x".into())));
-        // Odd names without `://` stay paths.
+        // Odd names without a scheme stay paths: a drive letter, a colon
+        // after a `/`, and a colon name written from `./`.
         assert_eq!(parse(r"C:\data", Served::LOCAL), Ok(Location::Local(r"/jobs/a/C:\data".into())));
-        assert_eq!(parse("s3:/one-slash", Served::LOCAL), Ok(Location::Local("/jobs/a/s3:/one-slash".into())));
+        assert_eq!(parse("out/s3:x", Served::LOCAL), Ok(Location::Local("/jobs/a/out/s3:x".into())));
+        assert_eq!(parse("./s3:x", Served::LOCAL), Ok(Location::Local("/jobs/a/s3:x".into())));
+        assert_eq!(parse("./s3:/lake/state", S3), Ok(Location::Local("/jobs/a/s3:/lake/state".into())));
         assert!(parse("file://relative", Served::LOCAL).is_err());
         assert!(parse("  ", Served::LOCAL).is_err());
         assert!(parse("1x://y", Served::LOCAL).is_err());
@@ -295,6 +334,41 @@ mod tests {
         assert!(err.contains("s4:// is not a scheme Sluice knows (known: file://, s3://, gs://)"), "{err}");
         assert!(err.contains("served here: local paths and file:// URLs, s3://, gs://"), "{err}");
         assert!(matches!(parse("memory://wh", S3), Err(LocationError::UnknownScheme { .. })));
+    }
+
+    #[test]
+    fn a_scheme_without_slashes_is_refused_not_taken_for_a_path() {
+        for (raw, scheme, suggested) in [
+            ("s3:/lake/state", "s3", "s3://lake/state"),
+            ("s3:lake", "s3", "s3://lake"),
+            ("S3:lake/wh", "S3", "s3://lake/wh"),
+            ("gs:/lake", "gs", "gs://lake"),
+            ("s4:/lake", "s4", "s4://lake"),
+            ("foo:bar", "foo", "foo://bar"),
+            ("file:/abs", "file", "file:///abs"),
+            ("s3:", "s3", "s3://"),
+        ] {
+            for served in [Served::LOCAL, S3] {
+                let err = parse(raw, served).unwrap_err();
+                assert_eq!(
+                    err,
+                    LocationError::SchemeWithoutSlashes {
+                        value: raw.into(),
+                        scheme: scheme.into(),
+                        suggested: suggested.into(),
+                        served
+                    },
+                    "{raw}"
+                );
+            }
+        }
+        let err = parse("s3:/lake/state", S3).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "\"s3:/lake/state\": starts with the URL scheme `s3:` but lacks `//`, so it is neither a URL nor taken for \
+             a local path; write \"s3://lake/state\" for an object store (served here: local paths and file:// URLs, \
+             s3://, gs://), or \"./s3:/lake/state\" for a local path whose name holds `:`"
+        );
     }
 
     #[test]

@@ -66,7 +66,7 @@ const NAME: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_')
 const READ_TRIES: usize = 4;
 
 /// What the credential error says to do.
-const ADC_HINT: &str = "tried Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, gcloud's \
+pub(crate) const ADC_HINT: &str = "tried Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, gcloud's \
     well-known file (~/.config/gcloud/application_default_credentials.json), then the metadata server \
     (GCE_METADATA_HOST, default metadata.google.internal). Set GOOGLE_APPLICATION_CREDENTIALS to a \
     service-account key file, or run `gcloud auth application-default login`";

@@ -29,8 +29,10 @@
 //! of our own:
 //! - S3: the AWS default chain (the `AWS_*` variables, the shared config and
 //!   credentials files with `AWS_PROFILE`, web identity, ECS, IMDS), the
-//!   region from [`S3Options::region`] or `AWS_REGION`/`AWS_DEFAULT_REGION`,
-//!   the endpoint from [`S3Options::endpoint`] or `AWS_ENDPOINT_URL`;
+//!   region from [`S3Options::region`], `AWS_REGION`/`AWS_DEFAULT_REGION`,
+//!   or the active profile's `region` in the shared config file (`aws.rs`:
+//!   opendal reads no config file for it), the endpoint from
+//!   [`S3Options::endpoint`] or `AWS_ENDPOINT_URL`;
 //!   `http://` endpoints are allowed (local test servers);
 //! - GCS: Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`,
 //!   the gcloud well-known file, the metadata server at `GCE_METADATA_HOST`);
@@ -68,6 +70,7 @@ use bytes::Bytes;
 use opendal::{ErrorKind, Operator};
 use thiserror::Error;
 
+pub mod aws;
 mod gcs;
 
 /// Parts of a streaming upload (S3's minimum part is 5 MiB).
@@ -123,6 +126,10 @@ pub enum StoreError {
     /// The store could not be set up (bucket, region, endpoint, TLS).
     #[error("{url}: cannot set up the store: {message}")]
     Config { url: String, message: String },
+    /// The AWS chain gave no credential to sign with: nothing was sent.
+    /// `message` names what was tried and what to do.
+    #[error("{url}: {message}")]
+    NoCredentials { url: String, message: String },
     #[error("{url} is not a valid object key: {message}")]
     InvalidKey { url: String, message: &'static str },
     /// Anything else: the outcome of a write is unknown.
@@ -152,7 +159,8 @@ impl StoreError {
 /// environment.
 #[derive(Debug, Clone, Default)]
 pub struct S3Options {
-    /// The signing region; default `AWS_REGION`, then `AWS_DEFAULT_REGION`.
+    /// The signing region; default `AWS_REGION`, then `AWS_DEFAULT_REGION`,
+    /// then the active profile's in the shared config file ([`aws::region`]).
     pub region: Option<String>,
     /// e.g. `http://127.0.0.1:5000`; default `AWS_ENDPOINT_URL`, then AWS.
     pub endpoint: Option<String>,
@@ -270,7 +278,7 @@ impl std::fmt::Debug for ObjectStore {
 /// HTTP client (reqwest 0.13 on rustls, built without a provider of its own
 /// so that aws-lc-rs stays out of the build) panics without one; the rest of
 /// the host uses ring too, so this changes nothing for it.
-fn ensure_tls_provider() {
+pub(crate) fn ensure_tls_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // An `Err` means a provider is already installed, which is all we need.
@@ -283,10 +291,8 @@ impl ObjectStore {
     pub fn s3(bucket: &str, options: &S3Options) -> Result<Self, StoreError> {
         ensure_tls_provider();
         let root = format!("s3://{bucket}");
-        let mut builder = opendal::services::S3::default().bucket(bucket).root("/");
-        if let Some(region) = &options.region {
-            builder = builder.region(region);
-        }
+        let (region, _) = aws::region(options).map_err(|message| StoreError::Config { url: root.clone(), message })?;
+        let mut builder = opendal::services::S3::default().bucket(bucket).root("/").region(&region);
         if let Some(endpoint) = &options.endpoint {
             builder = builder.endpoint(endpoint);
         }
@@ -371,6 +377,10 @@ impl ObjectStore {
         match e.kind() {
             ErrorKind::NotFound => StoreError::NotFound { url },
             ErrorKind::PermissionDenied => StoreError::Denied { url, source: Box::new(e) },
+            _ if no_credential(&e) => {
+                let hint = if self.gcs_json.is_some() { gcs::ADC_HINT } else { aws::CHAIN_HINT };
+                StoreError::NoCredentials { url, message: format!("no credential to sign the request with: {hint}") }
+            }
             _ if refused_credentials(&e) => StoreError::Denied { url, source: Box::new(e) },
             ErrorKind::Unsupported => StoreError::Unsupported { url, operation, source: Box::new(e) },
             _ => StoreError::Other { url, operation, source: Box::new(e) },
@@ -654,6 +664,23 @@ impl ObjectStore {
 /// send the request again (it was not applied).
 const CREDENTIAL_CODES: [&str; 5] =
     ["ExpiredToken", "TokenRefreshRequired", "InvalidToken", "InvalidAccessKeyId", "SignatureDoesNotMatch"];
+
+/// Whether signing `e`'s request failed because the credential chain gave
+/// no credential at all (reqsign's `Signer`: "failed to load signing
+/// credential"), so the request was never sent.
+fn no_credential(e: &opendal::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<reqsign_core::Error>()
+            && r.kind() == reqsign_core::ErrorKind::CredentialInvalid
+            && r.to_string().contains("failed to load signing credential")
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
 
 /// Whether `e` is the store refusing the request's credentials (opendal
 /// puts the S3 error's `code` in its message). A `HEAD` (a stat) answers

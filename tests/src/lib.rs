@@ -5,6 +5,7 @@
 //! *and* by value against the generator's deterministic rows, never by count.
 
 pub mod files_store;
+pub mod imds;
 pub mod kafka;
 pub mod nested_cargo;
 pub mod rest_catalog;

@@ -8,7 +8,7 @@
 //!   checkpoint per step (the same six cases `iceberg.rs` runs on disk),
 //!   then a rerun: every row once, by id and value, one snapshot per
 //!   checkpoint; read back through iceberg-rust's scan over the host's
-//!   catalog storage;
+//!   catalog storage, and again by PyIceberg with its own S3 FileIO;
 //! - the real `sluice` binary running `examples/iceberg-s3.toml`, SIGKILLed
 //!   twice mid-job and run again (each rerun takes the S3 lease over once it
 //!   expired); then PyIceberg reads the table from S3 with its own S3 FileIO
@@ -192,6 +192,16 @@ fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
     let state = keys(&format!("{prefix}/state"));
     assert!(state.iter().any(|k| k.contains("/checkpoints/")), "checkpoint records in the bucket: {state:?}");
     assert_table_in_bucket(&table.table, &warehouse, job.dir.path());
+
+    // Another reader, with its own S3 client: PyIceberg's S3 FileIO.
+    let (v, rows) = read_with_pyiceberg(&job.dir.path().join("catalog.db"), &warehouse, TABLE);
+    assert_eq!(v["location"], format!("s3://{BUCKET}/{warehouse}/db/events"), "{v}");
+    assert_eq!(v["io"], "PyArrowFileIO", "{v}");
+    assert_eq!(v["rows"], ROWS, "{v}");
+    assert_exactly_once_range(&rows, 0, ROWS);
+    let snapshots: Vec<(String, String)> = serde_json::from_value(v["snapshots"].clone()).expect("snapshots");
+    let seen: Vec<&str> = snapshots.iter().filter(|(j, _)| *j == id).map(|(_, c)| c.as_str()).collect();
+    assert_eq!(seen, ["1", "2", "3", "4"], "PyIceberg sees one snapshot per non-empty checkpoint: {snapshots:?}");
 }
 
 sluice_tests::crash_tests! {
@@ -260,6 +270,28 @@ print(json.dumps({
 }))
 "#;
 
+/// What PyIceberg reads of `table` ([`PYICEBERG_S3`]) from the SQLite
+/// catalog `db` and the warehouse `s3://lake/<warehouse>`: its summary, and
+/// the rows it scanned, in the generator's types, sorted by id.
+fn read_with_pyiceberg(db: &Path, warehouse: &str, table: &str) -> (serde_json::Value, arrow_array::RecordBatch) {
+    let scratch = tempfile::tempdir().expect("scratch");
+    let read = python(
+        PYICEBERG_S3,
+        &[
+            &db.display().to_string(),
+            &format!("s3://{BUCKET}/{warehouse}"),
+            &moto().endpoint,
+            table,
+            &scratch.path().display().to_string(),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("PyIceberg failed (CI installs it: pip install -r tests/requirements.txt): {e}"));
+    let v: serde_json::Value = serde_json::from_str(read.trim()).expect("json");
+    let schema = Generator::schema_ref();
+    let rows = sluice_bench::conform(&read_parquet_tree(scratch.path()), &schema).expect("the generator's types");
+    (v, sort_by_id(&rows))
+}
+
 /// `examples/iceberg-s3.toml` run by the real binary, SIGKILLed twice
 /// mid-job and run again to its end; then PyIceberg reads every row once.
 #[test]
@@ -293,20 +325,7 @@ fn the_s3_example_killed_twice_then_rerun_lands_every_row_once_for_pyiceberg() {
     assert!(stdout.contains(&format!("{ROWS} rows in total")) && stdout.contains("attempt 3"), "{stdout}\n{stderr}");
 
     // PyIceberg, with its own S3 FileIO.
-    let scratch = tempfile::tempdir().expect("scratch");
-    let db = job.dir.path().join("catalog.db").display().to_string();
-    let read = python(
-        PYICEBERG_S3,
-        &[
-            &db,
-            &format!("s3://{BUCKET}/{prefix}/wh"),
-            &moto().endpoint,
-            "demo.events",
-            &scratch.path().display().to_string(),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("PyIceberg failed (CI installs it: pip install -r tests/requirements.txt): {e}"));
-    let v: serde_json::Value = serde_json::from_str(read.trim()).expect("json");
+    let (v, rows) = read_with_pyiceberg(&job.dir.path().join("catalog.db"), &format!("{prefix}/wh"), "demo.events");
     assert_eq!(v["location"], format!("s3://{BUCKET}/{prefix}/wh/demo/events"), "{v}");
     assert_eq!(v["io"], "PyArrowFileIO", "{v}");
     assert_eq!(v["rows"], ROWS, "{v}");
@@ -317,9 +336,7 @@ fn the_s3_example_killed_twice_then_rerun_lands_every_row_once_for_pyiceberg() {
     assert!(snapshots.iter().all(|(j, _)| j == "iceberg-s3-demo"), "{snapshots:?}");
 
     // Every row PyIceberg read, by id and value.
-    let schema = Generator::schema_ref();
-    let rows = sluice_bench::conform(&read_parquet_tree(scratch.path()), &schema).expect("the generator's types");
-    assert_exactly_once_range(&sort_by_id(&rows), 0, ROWS);
+    assert_exactly_once_range(&rows, 0, ROWS);
 
     let table = read_iceberg_from(&catalog(&job.dir.path().join("catalog.db"), &format!("{prefix}/wh")), "demo.events");
     assert_exactly_once_range(&table.rows, 0, ROWS);

@@ -90,3 +90,31 @@ fn a_malformed_store_url_is_refused() {
         &["key `job.state_dir`", "starts or ends with whitespace"],
     );
 }
+
+/// The issue's own command with one slash missing (`s3:/lake/state`), or
+/// none (`s3:lake`), or an unknown scheme (`s4:x`): refused naming the key,
+/// never a local folder named `s3:` beside the job file.
+#[test]
+fn a_scheme_without_slashes_is_refused_not_taken_for_a_local_path() {
+    for command in ["run", "check"] {
+        for (key, value, suggested) in [
+            ("job.state_dir", "s3:/lake/state", "s3://lake/state"),
+            ("job.state_dir", "s3:lake", "s3://lake"),
+            ("sink.catalog.warehouse", "s3:/lake/warehouse", "s3://lake/warehouse"),
+            ("sink.catalog.warehouse", "s4:x", "s4://x"),
+            ("sink.catalog.database", "gs:/lake/catalog.db", "gs://lake/catalog.db"),
+        ] {
+            let set = format!("{key}={value}");
+            assert_refused(
+                command,
+                &[set.as_str()],
+                &[
+                    &format!("key `{key}`"),
+                    &format!("starts with the URL scheme `{}:` but lacks `//`", &value[..2]),
+                    &format!("write {suggested:?}"),
+                    &format!("or \"./{value}\" for a local path"),
+                ],
+            );
+        }
+    }
+}

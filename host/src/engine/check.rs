@@ -37,6 +37,11 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
         }
     };
     report.options(job, &plugin);
+    if let Err(e) = super::setup::check_cloud_access(job) {
+        // What the state and the rest would say next is this again.
+        report.problems.push(e.to_string());
+        return report;
+    }
     let (identity, latest) = report.state(job);
     let grants = report.grants(job);
     let source = report.source(job, latest.as_ref());

@@ -15,9 +15,11 @@ use super::tables::TableSet;
 use crate::bindings::PluginInfo;
 use crate::capability::Granted;
 use crate::fault::Faults;
-use crate::job::{Job, JobError};
+use crate::job::{CatalogConfig, Job, JobError, SourceSpec};
+use crate::location::{Location, Scheme, Served};
 use crate::plugin::{ContractVersion, Limits, Plugin, PluginError, PluginHost, SinkCtx, reserved};
 use crate::source::Source;
+use sluice_store::S3Options;
 
 /// What a run of `job` grants its plugin instances, and their limits: for
 /// tools that drive a plugin directly (the conformance suite).
@@ -140,9 +142,12 @@ pub(super) fn open_state(job: &Job) -> Result<CheckpointStore, EngineError> {
     Ok(CheckpointStore::open_at(&job.state, &spec.job.id, spec.job.checkpoint.retain, lease, &job.state_stores)?)
 }
 
-/// Opens and holds the job's state directory, refusing one that is halted.
+/// Opens and holds the job's state directory, refusing one that is halted,
+/// and a job whose S3 parts cannot sign a request ([`check_cloud_access`]):
+/// before the state directory is touched.
 pub(super) fn open_unhalted(job: &Job) -> Result<CheckpointStore, EngineError> {
     let spec = &job.spec;
+    check_cloud_access(job)?;
     let store = open_state(job)?;
     match store.halted()? {
         Some(halt) => {
@@ -150,6 +155,77 @@ pub(super) fn open_unhalted(job: &Job) -> Result<CheckpointStore, EngineError> {
         }
         None => Ok(store),
     }
+}
+
+/// The parts of `job` on S3 that the host signs with the AWS chain (or
+/// the part's own keys): the job key that names each, its URL, and how
+/// its part reaches S3. A REST catalog's warehouse is left out, and the
+/// grants within it: the catalog may vend the credentials for its tables.
+fn s3_parts(job: &Job) -> Vec<(String, String, &S3Options)> {
+    let all = Served { stores: &Scheme::ALL };
+    let on_s3 = |raw: &str| match Location::parse(raw, &job.base_dir, all) {
+        Ok(location @ Location::ObjectStore { scheme: Scheme::S3, .. }) => Some(location),
+        _ => None,
+    };
+    let mut parts = Vec::new();
+    if matches!(job.state, Location::ObjectStore { scheme: Scheme::S3, .. }) {
+        parts.push(("job.state_dir".to_string(), job.state.to_string(), &job.state_stores.s3));
+    }
+    if let SourceSpec::File { path, .. } = &job.spec.source
+        && let Some(location) = path.to_str().and_then(on_s3)
+    {
+        parts.push(("source.path".to_string(), location.to_string(), &job.source_stores.s3));
+    }
+    let vended_root = match &job.catalog {
+        Some(CatalogConfig::Sql { warehouse, .. }) => {
+            if matches!(warehouse, Location::ObjectStore { scheme: Scheme::S3, .. }) {
+                parts.push(("sink.catalog.warehouse".to_string(), warehouse.to_string(), &job.sink_stores.s3));
+            }
+            None
+        }
+        Some(CatalogConfig::Rest { warehouse, .. }) => Some(warehouse),
+        None => None,
+    };
+    let grants = &job.spec.sink.grants;
+    for (name, list) in [("locations", &grants.locations), ("read_locations", &grants.read_locations)] {
+        for (i, raw) in list.iter().enumerate() {
+            if let Some(location) = on_s3(raw)
+                && !vended_root.is_some_and(|root| location.is_within(root))
+            {
+                parts.push((format!("sink.grants.{name}[{i}]"), location.to_string(), &job.sink_stores.s3));
+            }
+        }
+    }
+    parts
+}
+
+/// Refuses a job a part of which is on S3 but has no signing region, or
+/// gets no credential from the AWS chain, naming the part's key, every
+/// source tried and what to do ([`sluice_store::aws`]). Asks each part's
+/// settings once; sends nothing to any bucket.
+pub(super) fn check_cloud_access(job: &Job) -> Result<(), EngineError> {
+    let mut checked: Vec<&S3Options> = Vec::new();
+    for (key, url, options) in s3_parts(job) {
+        let refuse = |message: String| JobError::Invalid { path: job.path.clone(), key: key.clone(), message };
+        if checked.iter().any(|o| std::ptr::eq(*o, options)) {
+            continue;
+        }
+        checked.push(options);
+        sluice_store::aws::region(options).map_err(|why| refuse(format!("{url}: {why}")))?;
+        let owned = options.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        crate::capability::runtime().spawn(async move {
+            let _ = tx.send(sluice_store::aws::check_credentials(&owned).await);
+        });
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => return Err(refuse(format!("{url}: {why}")).into()),
+            Err(_) => {
+                return Err(refuse(format!("{url}: the host's I/O runtime stopped while asking the AWS chain")).into());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The incarnation this run belongs to, and whether the run starts it.

@@ -59,6 +59,7 @@ fn store_err(e: StoreError) -> SourceError {
         | StoreError::Denied { url, .. }
         | StoreError::Unsupported { url, .. }
         | StoreError::Config { url, .. }
+        | StoreError::NoCredentials { url, .. }
         | StoreError::InvalidKey { url, .. }
         | StoreError::Other { url, .. } => url.clone(),
     };
