@@ -52,7 +52,7 @@ fn bad_job_files_name_the_offending_key() {
         (&["--set", "job.parallelism=0"], "key `job.parallelism`: must be between 1 and 1024"),
         (&["--set", "job.parallelism=\"two\""], "key `job.parallelism`"),
         (&["--set", "sink.plugin=nope.wasm"], "key `sink.plugin`: no plugin file at"),
-        (&["--set", "source.kind=kafka"], "kafka"),
+        (&["--set", "source.kind=pulsar"], "pulsar"),
         (&["--set", "sink.options.compression=lz5"], "option `compression` = \"lz5\" is not supported"),
         (&["--set", "job.checkpont.every_rows=5"], "checkpont"),
     ];

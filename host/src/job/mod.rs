@@ -1454,8 +1454,8 @@ mod tests {
         assert!(err.contains("key `job.parallelism`: must be between 1 and 1024"), "{err}");
         let err = load(MINIMAL, &["sink.plugin=missing.wasm"]).unwrap_err().to_string();
         assert!(err.contains("key `sink.plugin`: no plugin file at"), "{err}");
-        let err = load(MINIMAL, &["source.kind=kafka"]).unwrap_err().to_string();
-        assert!(err.contains("source") && err.contains("kafka"), "{err}");
+        let err = load(MINIMAL, &["source.kind=pulsar"]).unwrap_err().to_string();
+        assert!(err.contains("source") && err.contains("pulsar"), "{err}");
         let err = load("[job\nid=1", &[]).unwrap_err().to_string();
         assert!(err.contains("not valid TOML"), "{err}");
         let err = load(MINIMAL, &["novalue"]).unwrap_err().to_string();
