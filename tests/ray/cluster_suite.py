@@ -349,6 +349,9 @@ SCENARIOS = {
     "datasink": scenario_datasink,
     "datasink_kill": scenario_datasink_kill,
     "node_loss": scenario_node_loss,
+    # A bounded Kafka source (three partitions over three writers): the
+    # same runner, each actor reading the partitions the owner rule gives it.
+    "kafka": scenario_iceberg,
 }
 
 

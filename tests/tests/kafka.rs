@@ -384,3 +384,33 @@ memory_mb = 512
     assert_eq!(rows.len(), expected.len(), "rows landed in BigQuery");
     assert_eq!(rows, expected);
 }
+
+/// `format = "json"` without `columns`: the columns are the target table's,
+/// loaded from the sink's catalog; a job whose table does not exist yet is
+/// refused before it writes anything.
+#[test]
+fn json_columns_come_from_the_target_table_when_not_declared() {
+    let broker = Broker::start();
+    broker.create_topic("declared", 2);
+    broker.create_topic("undeclared", 2);
+    broker.produce("declared", &orders(0, 500, 2));
+    broker.produce("undeclared", &orders(500, 1000, 2));
+    let declared = kafka_job(&broker, "k-declared", "declared", 2, 0.5, "");
+    // Another job, without columns, into the first one's table.
+    let mut undeclared = kafka_job(&broker, "k-undeclared", "undeclared", 2, 0.5, "");
+    undeclared.toml = undeclared
+        .toml
+        .replace(ORDER_COLUMNS, "")
+        .replace(&warehouse(&undeclared).display().to_string(), &warehouse(&declared).display().to_string())
+        .replace("lake.{topic}", "lake.declared");
+    assert!(!undeclared.toml.contains("columns"), "{}", undeclared.toml);
+    let e = undeclared.run_opts(&["source.bounded=true"], RunOptions::default()).expect_err("no table, no columns");
+    let text = e.to_string();
+    assert!(text.contains("come from the target table") && text.contains("\"lake.declared\" does not exist"), "{text}");
+    assert!(!undeclared.state().exists(), "a refused job made its state directory");
+
+    run_bounded(&declared);
+    let s = run_bounded(&undeclared);
+    assert_eq!(s.rows_total, 500, "{s}");
+    assert_orders(&landed(&declared, "declared"), 0..1000);
+}

@@ -11,6 +11,8 @@
 //! - a Datasink driver SIGKILLed between persisting its checkpoint and
 //!   committing it: the next write finishes the commit exactly once (rows
 //!   compared by id and value) and refuses to land the dataset again;
+//! - a bounded Kafka source (a real broker, three partitions over three
+//!   writers) into Iceberg: every message once, by key and value;
 //! - the package's own calls without Ray: a writer driven through one
 //!   checkpoint that the engine's landing persists and commits, the GIL free
 //!   during plugin calls, and errors carrying the message the CLI prints.
@@ -29,6 +31,7 @@ use std::time::Instant;
 use arrow_array::{Array, Int64Array, StringArray};
 use serde_json::Value;
 use sluice_bigquery_double::{BigQueryDouble, generator_schema};
+use sluice_tests::kafka::{Broker, assert_orders, kafka_job, order_schema, orders};
 use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
 use sluice_tests::{
     TestJob, assert_exactly_once_range, bigquery_rows, cache_dir, python_interpreter, read_visible, run_cli,
@@ -37,6 +40,8 @@ use sluice_tests::{
 const TARGET: &str = env!("SLUICE_TEST_TARGET_DIR");
 const BQ_TABLE: &str = "projects/p/datasets/d/tables/ray";
 const STATE_BUCKET: &str = "ray-state";
+/// Messages of the Kafka scenario.
+const KAFKA_ROWS: i64 = 20_000;
 
 /// `job`, with its state directory on S3 under its id, and a short lease
 /// (the killed driver's lease expires in 3 s).
@@ -189,9 +194,16 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     let killed =
         on_s3(TestJob::iceberg("ray-datasink-kill", kill_wh.path(), "ray.killed", 1, 0, 1, 1_000), "ray-datasink-kill");
 
+    // A bounded Kafka source, its partitions over three writers.
+    let broker = Broker::start();
+    broker.create_topic("rayorders", 3);
+    broker.produce("rayorders", &orders(0, KAFKA_ROWS, 3));
+    let kafka = on_s3(kafka_job(&broker, "ray-kafka", "rayorders", 3, 1.0, "bounded = true"), "ray-kafka");
+    let kafka_wh = kafka.dir.path().join("warehouse");
+
     let spec = serde_json::json!({
         "cache_dir": cache_dir(),
-        "order": ["low_level", "iceberg", "files", "bigquery", "datasink", "datasink_kill", "node_loss"],
+        "order": ["low_level", "iceberg", "files", "bigquery", "datasink", "datasink_kill", "kafka", "node_loss"],
         "low_level": {"job": job_file(&low), "bad_job": job_file(&bad), "rows": 20_000},
         "iceberg": {"job": job_file(&ice), "warehouse": ice_wh.path(), "table": "ray.events", "rows": 60_000},
         "node_loss": {
@@ -202,6 +214,7 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         "bigquery": {"job": job_file(&bq)},
         "datasink": {"job": job_file(&datasink), "warehouse": ds_wh.path(), "table": "ray.dataset", "rows": 50_000},
         "datasink_kill": {"job": job_file(&killed), "warehouse": kill_wh.path(), "table": "ray.killed", "rows": 30_000},
+        "kafka": {"job": job_file(&kafka), "warehouse": kafka_wh, "table": "lake.rayorders", "rows": KAFKA_ROWS},
     });
     let spec_path = ice.dir.path().join("ray-suite.json");
     std::fs::write(&spec_path, spec.to_string()).expect("writing the suite's spec");
@@ -238,7 +251,7 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
     for (job, id) in [(&ice, "ray-ice"), (&loss, "ray-loss"), (&files, "ray-files"), (&bq, "ray-bq"), (&low, "ray-low")]
         .into_iter()
-        .chain([(&datasink, "ray-datasink"), (&killed, "ray-datasink-kill")])
+        .chain([(&datasink, "ray-datasink"), (&killed, "ray-datasink-kill"), (&kafka, "ray-kafka")])
     {
         assert!(keys.contains(&format!("{id}/lease").as_str()), "{id}: no lease on S3: {keys:?}");
         assert!(
@@ -356,5 +369,17 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
     ]));
     let native = sluice_tests::read_iceberg_as(&sluice_tests::catalog(kill_wh.path()), "ray.killed", &shape);
     assert_dataset_once(&native.rows, 30_000);
+    native.assert_no_checkpoint_twice();
+
+    // Kafka through the Ray runner: every message once, by key and value,
+    // read back by PyIceberg (the suite) and by iceberg-rust here.
+    let s = summary(&results, "kafka");
+    let r = &results["kafka"];
+    assert_eq!(s["rows_total"], KAFKA_ROWS, "{s}");
+    assert_eq!(r["problem"], Value::Null, "PyIceberg, kafka: {r}");
+    assert_eq!(r["pyiceberg_rows"], KAFKA_ROWS, "{r}");
+    assert_eq!(r["snapshots"], r["distinct_checkpoints"], "a checkpoint was committed twice: {r}");
+    let native = sluice_tests::read_iceberg_as(&sluice_tests::catalog(&kafka_wh), "lake.rayorders", &order_schema());
+    assert_orders(&native.rows, 0..KAFKA_ROWS);
     native.assert_no_checkpoint_twice();
 }

@@ -159,6 +159,11 @@ impl Topics {
 #[derive(Debug, Clone)]
 pub enum Decoding {
     Json(SchemaRef),
+    /// JSON against the target table's columns: no `columns` are given, so
+    /// the source loads its listed topics' tables from the sink's catalog
+    /// when it opens (`source::Source::of_job`), and refuses to start
+    /// when a table is missing or two of them differ.
+    JsonOfTable,
     /// The writer schema (JSON text) when the job gives it, and the
     /// registry when messages name theirs; the table's columns come from
     /// the schema (the registry's latest, when none is given) at open.
@@ -294,6 +299,8 @@ pub fn columns_schema(columns: &[ColumnSpec]) -> Result<SchemaRef, (usize, Strin
 pub trait Resolver {
     fn invalid(&self, key: &str, message: String) -> super::JobError;
     fn read_file(&self, key: &str, path: &std::path::Path) -> Result<String, super::JobError>;
+    /// Whether the sink has a catalog (`[sink.catalog]`) its tables can be loaded from.
+    fn sink_catalog(&self) -> bool;
 }
 
 impl KafkaSpec {
@@ -402,10 +409,22 @@ impl KafkaSpec {
                 if self.avro_schema.is_some() || self.avro_schema_file.is_some() || self.schema_registry.is_some() {
                     return Err(bad("format", "avro_schema and schema_registry go with format = \"avro\"".into()));
                 }
-                let schema = declared(self)?.ok_or_else(|| {
-                    bad("columns", "format = \"json\" needs the message's columns, e.g. columns = [{ name = \"id\", type = \"long\" }]".into())
-                })?;
-                Ok(Decoding::Json(schema))
+                match declared(self)? {
+                    Some(schema) => Ok(Decoding::Json(schema)),
+                    None if !r.sink_catalog() => Err(bad(
+                        "columns",
+                        "format = \"json\" needs the message's columns, e.g. columns = [{ name = \"id\", type = \"long\" }] \
+                         (or a [sink.catalog] whose target table gives them)"
+                            .into(),
+                    )),
+                    None if self.topic_pattern.is_some() => Err(bad(
+                        "columns",
+                        "columns taken from the target table need listed topics (a pattern's tables are not known \
+                         before the run): list the topics, or declare the columns"
+                            .into(),
+                    )),
+                    None => Ok(Decoding::JsonOfTable),
+                }
             }
             MessageFormat::Raw => {
                 if !self.columns.is_empty()

@@ -1339,6 +1339,10 @@ impl kafka::Resolver for Job {
         let file = self.local_path(key, path)?;
         std::fs::read_to_string(&file).map_err(|e| self.invalid(key, format!("cannot read {}: {e}", file.display())))
     }
+
+    fn sink_catalog(&self) -> bool {
+        self.spec.sink.catalog.is_some()
+    }
 }
 
 #[cfg(test)]
@@ -1416,6 +1420,26 @@ mod tests {
         );
         refused(&KAFKA.replace("format = \"json\"", "format = \"raw\""), "source.format", "fixed columns");
         refused(&format!("{KAFKA}\ntopic_pattern = \"o.*\""), "source.topic_pattern", "either topics or topic_pattern");
+        // JSON without columns: only with a catalog whose tables give them,
+        // and only for listed topics.
+        let no_columns = KAFKA.replace(
+            "columns = [{ name = \"id\", type = \"long\", nullable = false }, { name = \"amount\", type = \"decimal(12,2)\" }]",
+            "",
+        );
+        assert!(!no_columns.contains("columns"), "{no_columns}");
+        refused(&no_columns, "source.columns", "or a [sink.catalog] whose target table gives them");
+        let with_catalog = |keys: &str| {
+            kafka_source(keys).replace(
+                "plugin = \"p.wasm\"",
+                "plugin = \"p.wasm\"\n[sink.catalog]\ndatabase = \"wh/c.db\"\nwarehouse = \"wh\"",
+            )
+        };
+        let job = load(&with_catalog(&no_columns), &[]).unwrap_or_else(|e| panic!("{e}"));
+        let kafka = job.kafka.as_ref().expect("resolved");
+        assert!(matches!(kafka.decoding, kafka::Decoding::JsonOfTable), "{:?}", kafka.decoding);
+        let pattern = no_columns.replace("topics = [\"orders\"]", "topic_pattern = \"o.*\"");
+        let e = load(&with_catalog(&pattern), &[]).expect_err("a pattern without columns").to_string();
+        assert!(e.contains("source.columns") && e.contains("need listed topics"), "{e}");
     }
 
     /// [`MINIMAL`] with a file source at `path`.

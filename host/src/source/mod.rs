@@ -121,7 +121,17 @@ impl Source {
     /// The source of a loaded job.
     pub fn of_job(job: &crate::job::Job) -> Result<Self, SourceError> {
         match &job.kafka {
-            Some(kafka) => Ok(Source::Kafka(kafka::KafkaSource::open(kafka, job.spec.job.parallelism)?)),
+            Some(config) => {
+                let of_table;
+                let config = match config.decoding {
+                    crate::job::kafka::Decoding::JsonOfTable => {
+                        of_table = kafka::with_table_columns(job, config)?;
+                        &of_table
+                    }
+                    _ => config,
+                };
+                Ok(Source::Kafka(kafka::KafkaSource::open(config, job.spec.job.parallelism)?))
+            }
             None => Self::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores),
         }
     }

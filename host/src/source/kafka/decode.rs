@@ -53,6 +53,10 @@ impl Codec {
         match &config.decoding {
             Decoding::Json(schema) => Ok(Codec::Json(schema.clone())),
             Decoding::Raw => Ok(Codec::Raw(raw_schema())),
+            // `with_table_columns` turns it into `Json` before the source opens.
+            Decoding::JsonOfTable => Err(SourceError::Other(
+                "kafka: the target table's columns were not loaded before the source opened".into(),
+            )),
             Decoding::Avro { .. } => Err(SourceError::Other(
                 "kafka: format = \"avro\" is not served by this build of Sluice; use json or raw".to_string(),
             )),

@@ -148,6 +148,68 @@ fn client(config: &KafkaConfig, group: Option<&str>) -> ClientConfig {
     c
 }
 
+/// `config` with the columns of its topics' target tables, loaded from the
+/// job's catalog ([`Decoding::JsonOfTable`]): each listed topic's table (the
+/// sink's `table` option, `{topic}` or `{table}` its name) must exist, and
+/// all of them must have the same columns. The catalog is only read: a SQL
+/// catalog whose database file does not exist yet holds no table, and is
+/// not created.
+pub fn with_table_columns(job: &crate::job::Job, config: &KafkaConfig) -> Result<KafkaConfig, SourceError> {
+    use crate::job::CatalogConfig;
+    let refuse = |why: String| {
+        SourceError::Other(format!(
+            "kafka: source.columns are not given, so they come from the target table, but {why}; \
+             declare the columns in [source] (or create the table first)"
+        ))
+    };
+    let catalog_config = job.catalog.as_ref().ok_or_else(|| refuse("the sink has no [sink.catalog]".into()))?;
+    let crate::job::kafka::Topics::List(topics) = &config.topics else {
+        return Err(refuse("the source reads a topic pattern".into()));
+    };
+    let pattern = job
+        .sink_options()
+        .into_iter()
+        .find_map(|(k, v)| (k == "table").then_some(v))
+        .ok_or_else(|| refuse("the sink has no `table` option naming it".into()))?;
+    let mut catalog = None;
+    let mut found: Option<(String, SchemaRef)> = None;
+    for topic in topics {
+        let name = pattern.replace("{table}", topic).replace("{topic}", topic);
+        if let CatalogConfig::Sql { database, .. } = catalog_config
+            && !database.exists()
+        {
+            return Err(refuse(format!("table {name:?} does not exist (no catalog at {})", database.display())));
+        }
+        if catalog.is_none() {
+            catalog = Some(
+                crate::capability::catalog::CatalogGrant::for_config(catalog_config, &job.sink_stores)
+                    .map_err(|e| refuse(format!("the catalog cannot be opened: {e}")))?,
+            );
+        }
+        let Some(grant) = &catalog else { continue };
+        let ident = iceberg::TableIdent::from_strs(name.split('.'))
+            .map_err(|e| refuse(format!("{name:?} is not a table name: {e}")))?;
+        let table = grant.load(&ident).map_err(|e| refuse(format!("table {name:?} cannot be loaded: {e}")))?;
+        let arrow = iceberg::arrow::schema_to_arrow_schema(table.metadata().current_schema())
+            .map_err(|e| refuse(format!("table {name:?} has columns Sluice cannot read JSON into: {e}")))?;
+        // The columns alone: the table's field ids are the sink's business.
+        let columns: SchemaRef = Arc::new(arrow_schema::Schema::new(
+            arrow.fields().iter().map(|f| f.as_ref().clone().with_metadata(Default::default())).collect::<Vec<_>>(),
+        ));
+        match &found {
+            Some((first, schema)) if schema != &columns => {
+                return Err(refuse(format!("tables {first:?} and {name:?} have different columns")));
+            }
+            Some(_) => {}
+            None => found = Some((name, columns)),
+        }
+    }
+    let (_, schema) = found.ok_or_else(|| refuse("the source lists no topic".into()))?;
+    let mut resolved = config.clone();
+    resolved.decoding = Decoding::Json(schema);
+    Ok(resolved)
+}
+
 pub(crate) fn kafka_error(context: &str, e: impl std::fmt::Display) -> SourceError {
     SourceError::Other(format!("kafka: {context}: {e}"))
 }
@@ -161,6 +223,7 @@ impl KafkaSource {
         let decoder = Arc::new(decode::Codec::for_config(&config)?);
         let schema = match &config.decoding {
             Decoding::Json(s) => s.clone(),
+            Decoding::JsonOfTable => decoder.table_schema(),
             Decoding::Raw => raw_schema(),
             Decoding::Avro { .. } => decoder.table_schema(),
         };
