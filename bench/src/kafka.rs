@@ -60,6 +60,11 @@ pub struct Broker {
 
 impl Broker {
     pub fn start() -> Self {
+        Self::start_as("tansu_cluster")
+    }
+
+    /// A broker of the cluster `cluster_id` (tansu's default is `tansu_cluster`).
+    pub fn start_as(cluster_id: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = dir.path().join("tansu.log");
         let port = free_port();
@@ -68,6 +73,8 @@ impl Broker {
         let child = Command::new(tansu_bin())
             .args([
                 "broker",
+                "--cluster-id",
+                cluster_id,
                 "--storage-engine",
                 "memory://tansu/",
                 "--listener-url",

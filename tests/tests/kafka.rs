@@ -414,3 +414,58 @@ fn json_columns_come_from_the_target_table_when_not_declared() {
     assert_eq!(s.rows_total, 500, "{s}");
     assert_orders(&landed(&declared, "declared"), 0..1000);
 }
+
+/// A bounded run ends at the ends it fixed at its start even while a
+/// producer keeps writing; what came after is read by the next run.
+#[test]
+fn a_bounded_run_ends_while_producers_keep_writing() {
+    let broker = Broker::start();
+    broker.create_topic("live", 3);
+    broker.produce("live", &orders(0, 2000, 3));
+    let job = kafka_job(&broker, "k-live", "live", 2, 0.5, "");
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let produced = std::thread::scope(|s| {
+        let producer = s.spawn(|| {
+            let mut next = 2000;
+            while writing.load(std::sync::atomic::Ordering::SeqCst) {
+                broker.produce("live", &orders(next, next + 50, 3));
+                next += 50;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            next
+        });
+        let started = Instant::now();
+        let first = run_bounded(&job);
+        let took = started.elapsed();
+        writing.store(false, std::sync::atomic::Ordering::SeqCst);
+        let produced = producer.join().expect("producer");
+        assert!(first.rows_total >= 2000, "{first}");
+        assert!(first.rows_total < produced as u64, "the bounded run read all that was written after its start");
+        assert!(took < Duration::from_secs(60), "the bounded run took {took:?}");
+        produced
+    });
+    let second = run_bounded(&job);
+    assert_eq!(second.rows_total, produced as u64, "{second}");
+    assert_orders(&landed(&job, "live"), 0..produced);
+}
+
+/// Offsets mean nothing in another cluster whose topic has the same name:
+/// a resume against it is refused, naming both cluster ids.
+#[test]
+fn a_resume_against_another_cluster_is_refused() {
+    let first = Broker::start_as("cluster-one");
+    first.create_topic("same", 1);
+    first.produce("same", &orders(0, 100, 1));
+    let job = kafka_job(&first, "k-cluster", "same", 1, 0.5, "");
+    assert_eq!(run_bounded(&job).rows_total, 100);
+    let other = Broker::start_as("cluster-two");
+    other.create_topic("same", 1);
+    other.produce("same", &orders(0, 300, 1));
+    let brokers = format!("source.brokers=[\"{}\"]", other.bootstrap());
+    let e = job
+        .run_opts(&["source.bounded=true", &brokers], RunOptions::default())
+        .expect_err("another cluster must be refused");
+    let text = e.to_string();
+    assert!(text.contains("\"cluster-one\"") && text.contains("\"cluster-two\""), "{text}");
+    assert_orders(&landed(&job, "same"), 0..100);
+}

@@ -88,10 +88,16 @@ fn json_batch(schema: &SchemaRef, messages: &[Message]) -> Result<RecordBatch, S
         .with_strict_mode(true)
         .build_decoder()
         .map_err(|e| e.to_string())?;
-    for m in messages {
+    for (i, m) in messages.iter().enumerate() {
         let value = m.value.as_deref().ok_or("a message with no value (a tombstone)")?;
         feed(&mut decoder, value)?;
         feed(&mut decoder, b"\n")?;
+        // Each message on its own holds one whole value, whatever the
+        // batch's boundaries: a count over the batch alone would let two
+        // values in one message make up for none in the next.
+        if decoder.len() != i + 1 || decoder.has_partial_record() {
+            return Err(format!("message {i} of the batch does not hold exactly one JSON object"));
+        }
     }
     match decoder.flush().map_err(|e| e.to_string())? {
         Some(batch) => Ok(batch),
@@ -221,7 +227,11 @@ mod tests {
         let e = error(&codec, &[msg(4, r#"{"name":"no id"}"#)]);
         assert!(e.contains("offset 4"), "{e}");
         let e = error(&codec, &[msg(5, r#"{"id":1}{"id":2}"#)]);
-        assert!(e.contains("offset 5") && e.contains("2 JSON values"), "{e}");
+        assert!(e.contains("offset 5") && e.contains("exactly one JSON object"), "{e}");
+        // Two values in one message and none in the next: refused in one
+        // batch as in two, naming the first.
+        let e = error(&codec, &[msg(10, r#"{"id":1}{"id":2}"#), msg(11, " ")]);
+        assert!(e.contains("offset 10") && e.contains("exactly one JSON object"), "{e}");
         let e = error(&codec, &[msg(6, r#"{"id":"#), msg(7, r#"1}"#)]);
         assert!(e.contains("offset 6"), "{e}");
         let mut tombstone = msg(9, "");

@@ -72,6 +72,11 @@ pub struct KafkaIdentity {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub avro_schema: Option<String>,
     pub assignment: String,
+    /// The Kafka cluster's id, as its brokers report it: offsets mean
+    /// nothing in another cluster whose topics have the same names (a
+    /// disaster-recovery cluster, a test cluster made anew).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// A subtask's position: the next offset of each partition it owns.
@@ -127,6 +132,8 @@ pub struct KafkaSource {
     /// Group offset commits, on a thread of their own.
     group: Option<Mutex<Sender<TopicPartitionList>>>,
     lag: Arc<LagBoard>,
+    /// The cluster id the brokers reported at open, if they report one.
+    cluster: Option<String>,
 }
 
 /// The base client settings every consumer of the source shares.
@@ -231,7 +238,9 @@ impl KafkaSource {
             Some(g) => Some(Mutex::new(spawn_group_committer(client(&config, Some(g)), g.clone())?)),
             None => None,
         };
-        let source = Self { config, parallelism, schema, decoder, meta: Mutex::new(meta), group, lag: Arc::default() };
+        let cluster = meta.client().fetch_cluster_id(REQUEST_TIMEOUT);
+        let source =
+            Self { config, parallelism, schema, decoder, meta: Mutex::new(meta), group, lag: Arc::default(), cluster };
         // The brokers must answer, and a listed topic must exist, before the
         // run writes anything.
         let topics = source.partitions()?;
@@ -251,7 +260,7 @@ impl KafkaSource {
     /// The topics that match, each with its partitions, as the brokers list them now.
     pub fn partitions(&self) -> Result<BTreeMap<String, Vec<i32>>, SourceError> {
         let meta = self.meta.lock().map_err(|_| SourceError::Other("kafka: metadata client poisoned".into()))?;
-        partitions_of(&meta, &self.config)
+        partitions_of(&meta, &self.config, false)
     }
 
     pub fn config(&self) -> &KafkaConfig {
@@ -290,6 +299,7 @@ impl KafkaSource {
                 _ => None,
             },
             assignment: ASSIGNMENT_RULE.to_string(),
+            cluster: self.cluster.clone(),
         }
     }
 
@@ -303,6 +313,13 @@ impl KafkaSource {
             "the job's columns changed since".to_string()
         } else if now.avro_schema != recorded.avro_schema {
             "the job's Avro schema changed since".to_string()
+        } else if let (Some(then), Some(now_id)) = (&recorded.cluster, &now.cluster)
+            && then != now_id
+        {
+            format!(
+                "it read Kafka cluster {then:?}, and the brokers {} are cluster {now_id:?}: its offsets mean nothing there",
+                self.config.brokers
+            )
         } else if now.assignment != recorded.assignment {
             format!("its partitions were split by {:?}, not {:?}", recorded.assignment, now.assignment)
         } else {
@@ -395,9 +412,14 @@ impl KafkaSource {
 }
 
 /// The matching topics and their partitions.
+/// The matching topics and their partitions. A topic the brokers answer
+/// with an error for (a leader not elected yet, just after it was made)
+/// fails the call, unless `skip_failing`: discovery then leaves it for its
+/// next look.
 pub(crate) fn partitions_of(
     consumer: &BaseConsumer,
     config: &KafkaConfig,
+    skip_failing: bool,
 ) -> Result<BTreeMap<String, Vec<i32>>, SourceError> {
     let metadata = consumer
         .fetch_metadata(None, REQUEST_TIMEOUT)
@@ -409,6 +431,10 @@ pub(crate) fn partitions_of(
             continue;
         }
         if let Some(e) = topic.error() {
+            if skip_failing {
+                tracing::info!(topic = %name, error = ?e, "kafka: the brokers cannot serve this topic yet; looking again later");
+                continue;
+            }
             return Err(kafka_error(&format!("topic {name:?}"), format!("{e:?}")));
         }
         let mut parts: Vec<i32> = topic.partitions().iter().map(|p| p.id()).collect();

@@ -6,12 +6,17 @@
 //!   so the position is always just past the rows handed to the writer;
 //! - a re-assignment (new partitions found) drops what was fetched and not
 //!   returned, and fetches again from `next`, so nothing is read twice;
-//! - bounded, a partition is done once `next` reached the end offset seen at
-//!   open and the client has caught up with the partition's high watermark:
-//!   a broker that under-reports the end at open (tansu 0.6's ListOffsets
-//!   answers the base offset of the last batch) does not end it early.
+//! - bounded, a partition's end is fixed early: the larger of the end offset
+//!   seen at open and the high watermark of the first fetch answer (a broker
+//!   that under-reports the end at open, as tansu 0.6's ListOffsets does
+//!   with the base offset of the last batch, does not end it early). Messages
+//!   at or past the end are not returned, so producers that keep writing do
+//!   not keep a bounded run going; the next run reads them from `next`;
+//! - errors the client reports while it reconnects (a broker restarting,
+//!   all brokers briefly down) are waited out for `RECONNECT_PATIENCE`;
+//!   an offset the partition no longer holds stops the run at once.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +40,10 @@ const LAG_EVERY: Duration = Duration::from_millis(500);
 /// log must not end it before the last batch was fetched).
 const IDLE_READS_TO_END: u32 = 5;
 
+/// How long transient client errors in a row are waited out before the
+/// run stops (resumable, as any failed run).
+const RECONNECT_PATIENCE: Duration = Duration::from_secs(60);
+
 type Partition = (String, i32);
 
 pub(crate) struct ReaderSetup {
@@ -57,8 +66,14 @@ pub struct KafkaReader {
     single_table: bool,
     /// The next offset to return, per owned partition.
     next: BTreeMap<Partition, i64>,
-    /// Bounded: the end offset seen at open, per partition.
+    /// Bounded: the end offset per partition; see `frozen`.
     end: BTreeMap<Partition, i64>,
+    /// Bounded: the partitions whose `end` took the first fetch answer's
+    /// high watermark into account, and is fixed from then on.
+    frozen: BTreeSet<Partition>,
+    /// The first and the latest of the transient client errors of the
+    /// current spell, if one is going on.
+    errors: Option<(Instant, Instant)>,
     /// Fetched, not yet returned, per topic, in fetch order.
     pending: BTreeMap<String, VecDeque<Message>>,
     discovered_at: Instant,
@@ -79,6 +94,8 @@ impl KafkaReader {
             single_table: setup.single_table,
             next: BTreeMap::new(),
             end: BTreeMap::new(),
+            frozen: BTreeSet::new(),
+            errors: None,
             pending: BTreeMap::new(),
             discovered_at: Instant::now(),
             lag: setup.lag,
@@ -102,7 +119,7 @@ impl KafkaReader {
                 }
             }
         }
-        let topics = partitions_of(&reader.consumer, &reader.config)?;
+        let topics = partitions_of(&reader.consumer, &reader.config, false)?;
         for (topic, parts) in &recorded.offsets {
             for (p, next) in parts {
                 if !topics.get(topic).is_some_and(|ps| ps.contains(p)) {
@@ -190,7 +207,7 @@ impl KafkaReader {
     fn assign(&mut self) -> Result<(), SourceError> {
         let mut tpl = TopicPartitionList::new();
         for ((topic, p), next) in &self.next {
-            if self.end.get(&(topic.clone(), *p)).is_some_and(|end| next >= end) && self.caught_up(topic, *p, *next) {
+            if self.at_end(&(topic.clone(), *p), *next) {
                 continue;
             }
             tpl.add_partition_offset(topic, *p, Offset::Offset(*next))
@@ -200,13 +217,71 @@ impl KafkaReader {
         self.consumer.assign(&tpl).map_err(|e| kafka_error("cannot assign the partitions", e))
     }
 
-    /// Whether the client holds no message of the partition past `next`, as
-    /// the brokers' last fetch answer said.
-    fn caught_up(&self, topic: &str, p: i32, next: i64) -> bool {
-        match cached_high(&self.consumer, topic, p) {
-            Some(high) => high <= next,
-            None => false,
+    /// Bounded: fixes the end of each partition that has had its first
+    /// fetch answer (the high watermark it carried, when larger).
+    fn settle_ends(&mut self) {
+        if !self.config.bounded {
+            return;
         }
+        for (key, end) in self.end.iter_mut() {
+            if !self.frozen.contains(key)
+                && let Some(high) = cached_high(&self.consumer, &key.0, key.1)
+            {
+                *end = (*end).max(high);
+                self.frozen.insert(key.clone());
+            }
+        }
+    }
+
+    /// Bounded: whether the partition's fixed end is reached at `next`.
+    fn at_end(&self, key: &Partition, next: i64) -> bool {
+        self.frozen.contains(key) && self.end.get(key).is_some_and(|end| next >= *end)
+    }
+
+    /// Bounded: whether a fetched message lies at or past its partition's
+    /// fixed end (it is not returned; a later run reads it).
+    fn past_end(&self, key: &Partition, offset: i64) -> bool {
+        self.frozen.contains(key) && self.end.get(key).is_some_and(|end| offset >= *end)
+    }
+
+    /// A client error: an offset the partition no longer holds stops the
+    /// run at once, as do errors that cannot pass; others are waited out
+    /// while the client reconnects, for `RECONNECT_PATIENCE` in a row.
+    fn client_error(&mut self, e: KafkaError) -> Result<(), SourceError> {
+        let code = match &e {
+            KafkaError::MessageConsumption(code) | KafkaError::MessageConsumptionFatal(code) => Some(*code),
+            _ => None,
+        };
+        if matches!(code, Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset)) {
+            return Err(self.out_of_range());
+        }
+        let transient = matches!(e, KafkaError::MessageConsumption(_))
+            && !matches!(
+                code,
+                Some(
+                    RDKafkaErrorCode::Fatal
+                        | RDKafkaErrorCode::TopicAuthorizationFailed
+                        | RDKafkaErrorCode::GroupAuthorizationFailed
+                        | RDKafkaErrorCode::ClusterAuthorizationFailed
+                        | RDKafkaErrorCode::SaslAuthenticationFailed
+                        | RDKafkaErrorCode::Authentication
+                        | RDKafkaErrorCode::SSL
+                        | RDKafkaErrorCode::UnknownTopic
+                        | RDKafkaErrorCode::UnknownPartition
+                )
+            );
+        let now = Instant::now();
+        // A spell ends when the client went quiet for as long as the patience.
+        let first = match self.errors {
+            Some((first, last)) if now.duration_since(last) < RECONNECT_PATIENCE => first,
+            _ => now,
+        };
+        self.errors = Some((first, now));
+        if !transient || now.duration_since(first) >= RECONNECT_PATIENCE {
+            return Err(kafka_error(&format!("subtask {}: reading failed", self.subtask), e));
+        }
+        tracing::warn!(subtask = self.subtask, error = %e, "kafka: the client reports an error; waiting for it to reconnect");
+        Ok(())
     }
 
     /// Looks for partitions (and topics) that appeared since, now and then.
@@ -215,7 +290,7 @@ impl KafkaReader {
             return Ok(());
         }
         self.discovered_at = Instant::now();
-        let topics = partitions_of(&self.consumer, &self.config)?;
+        let topics = partitions_of(&self.consumer, &self.config, true)?;
         let mut added = Vec::new();
         for (topic, parts) in &topics {
             for p in parts {
@@ -236,13 +311,11 @@ impl KafkaReader {
         self.assign()
     }
 
-    /// Bounded: every partition reached its end.
+    /// Bounded: every partition reached its fixed end.
     fn done(&self) -> bool {
         self.config.bounded
             && self.pending.values().all(VecDeque::is_empty)
-            && self.next.iter().all(|((t, p), next)| {
-                self.end.get(&(t.clone(), *p)).is_none_or(|end| next >= end) && self.caught_up(t, *p, *next)
-            })
+            && self.next.iter().all(|(key, next)| self.at_end(key, *next))
     }
 
     /// Polls what the client has, up to `max_rows` messages of one topic.
@@ -254,32 +327,40 @@ impl KafkaReader {
             }
             let Some(polled) = self.consumer.poll(wait) else { return Ok(()) };
             wait = Duration::ZERO;
-            let m = match polled {
-                Ok(m) => m,
-                Err(KafkaError::PartitionEOF(_)) => continue,
-                Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange)) => {
-                    return Err(self.out_of_range());
+            // The message borrows the client: made owned before `self` is used.
+            let (topic, message) = match polled {
+                Ok(m) => {
+                    let headers = m
+                        .headers()
+                        .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+                        .unwrap_or_default();
+                    let message = Message {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        timestamp_ms: m.timestamp().to_millis(),
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        headers,
+                    };
+                    (m.topic().to_string(), message)
                 }
-                Err(e) => return Err(kafka_error(&format!("subtask {}: reading failed", self.subtask), e)),
+                Err(KafkaError::PartitionEOF(_)) => continue,
+                Err(e) => {
+                    self.client_error(e)?;
+                    continue;
+                }
             };
-            let topic = m.topic().to_string();
-            let key = (topic.clone(), m.partition());
+            self.errors = None;
+            let key = (topic.clone(), message.partition);
             // A message before `next` was returned already (a re-fetch).
-            if self.next.get(&key).is_none_or(|n| m.offset() < *n) {
+            if self.next.get(&key).is_none_or(|n| message.offset < *n) {
                 continue;
             }
-            let headers = m
-                .headers()
-                .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
-                .unwrap_or_default();
-            let message = Message {
-                partition: m.partition(),
-                offset: m.offset(),
-                timestamp_ms: m.timestamp().to_millis(),
-                key: m.key().map(<[u8]>::to_vec),
-                value: m.payload().map(<[u8]>::to_vec),
-                headers,
-            };
+            // The answer that brought it carried the high watermark.
+            self.settle_ends();
+            if self.past_end(&key, message.offset) {
+                continue;
+            }
             self.pending.entry(topic).or_default().push_back(message);
         }
     }
@@ -364,6 +445,7 @@ impl SourceReader for KafkaReader {
     fn read(&mut self, max_rows: usize) -> Result<Read, SourceError> {
         self.discover()?;
         self.fill(max_rows.max(1))?;
+        self.settle_ends();
         self.report_lag();
         if let Some(batch) = self.take(max_rows.max(1))? {
             self.idle_at_end = 0;
