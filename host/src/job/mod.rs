@@ -1416,6 +1416,15 @@ mod tests {
         );
         refused(&KAFKA.replace("format = \"json\"", "format = \"raw\""), "source.format", "fixed columns");
         refused(&format!("{KAFKA}\ntopic_pattern = \"o.*\""), "source.topic_pattern", "either topics or topic_pattern");
+        let registry = r#"
+        brokers = ["127.0.0.1:9092"]
+        topic_pattern = "orders.*"
+        format = "avro"
+        schema_registry = "http://127.0.0.1:8081"
+    "#;
+        refused(registry, "source.avro_schema", "with topic_pattern, give avro_schema");
+        let listed = registry.replace("topic_pattern = \"orders.*\"", "topics = [\"orders\"]");
+        refused(&listed.replace("http://", "ftp://"), "source.schema_registry", "not an http(s) URL");
     }
 
     /// [`MINIMAL`] with a file source at `path`.

@@ -204,7 +204,7 @@ impl AvroCodec {
 
     /// Each message's value (a tombstone is refused), with the schema id
     /// its wire-format header names.
-    fn framed<'m>(&self, topic: &str, messages: &'m [Message]) -> Result<Vec<(Option<u32>, &'m [u8])>, SourceError> {
+    fn framed<'m>(&self, topic: &str, messages: &'m [Message]) -> Result<Vec<Framed<'m>>, SourceError> {
         let mut out = Vec::with_capacity(messages.len());
         for m in messages {
             let value = m.value.as_deref().ok_or_else(|| refused(topic, m, "a message with no value (a tombstone)"))?;
@@ -223,7 +223,7 @@ impl AvroCodec {
         &self,
         topic: &str,
         messages: &[Message],
-        values: &[(Option<u32>, &[u8])],
+        values: &[Framed<'_>],
     ) -> Result<(u64, Decoder), SourceError> {
         let poisoned = || SourceError::Other("kafka: the Avro decoder state is poisoned".into());
         let mut state = self.state.lock().map_err(|_| poisoned())?;
@@ -297,6 +297,9 @@ fn wire_id(value: &[u8]) -> Result<u32, String> {
         [] => Err("an empty value, not the Schema Registry wire format".into()),
     }
 }
+
+/// A message's value, with the schema id its wire-format header names.
+type Framed<'m> = (Option<u32>, &'m [u8]);
 
 /// One batch's decoding: the decoder, and the rows it flushed so far.
 struct Run<'d> {
