@@ -16,6 +16,20 @@ pub fn kafka_job(
     interval: f64,
     extra: &str,
 ) -> crate::TestJob {
+    kafka_job_of(broker, id, topic, parallelism, interval, &format!("format = \"json\"\n{ORDER_COLUMNS}"), extra)
+}
+
+/// [`kafka_job`] with `format`: the source's format keys (`format = ...`,
+/// its columns or schemas).
+pub fn kafka_job_of(
+    broker: &Broker,
+    id: &str,
+    topic: &str,
+    parallelism: u32,
+    interval: f64,
+    format: &str,
+    extra: &str,
+) -> crate::TestJob {
     let dir = tempfile::tempdir().expect("temp dir");
     let warehouse = dir.path().join("warehouse");
     let bootstrap = broker.bootstrap();
@@ -33,10 +47,9 @@ interval_secs = {interval}
 kind = "kafka"
 brokers = ["{bootstrap}"]
 topics = ["{topic}"]
-format = "json"
 batch_rows = 500
 discover_secs = 0.5
-{ORDER_COLUMNS}
+{format}
 {extra}
 [sink]
 id = "lake"

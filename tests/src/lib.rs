@@ -9,6 +9,7 @@ pub mod imds;
 pub mod kafka;
 pub mod nested_cargo;
 pub mod rest_catalog;
+pub mod schema_registry;
 pub mod store_servers;
 pub mod token_server;
 

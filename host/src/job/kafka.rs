@@ -7,8 +7,9 @@
 //! - secrets are named (an environment variable or a file), never inline,
 //!   and a client property that carries one is refused;
 //! - the message schema is decided here, once: the declared `columns` for
-//!   JSON, the Avro schema's record for Avro (a registry's schemas must be
-//!   that record's), the fixed raw columns for `raw`.
+//!   JSON, the Avro reader schema's record for Avro (the job's, or the
+//!   registry's latest of `{topic}-value` at open; writer schemas resolve to
+//!   it), the fixed raw columns for `raw`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,11 +44,14 @@ pub struct KafkaSpec {
     /// The columns of a JSON message (and the table).
     #[serde(default)]
     pub columns: Vec<ColumnSpec>,
-    /// The Avro writer schema (JSON text), or a file holding it.
+    /// The Avro schema (JSON text), or a file holding it: the table's
+    /// columns. Without a registry, messages are bare datums of it; with
+    /// one, the writer schemas the messages name resolve to it.
     pub avro_schema: Option<String>,
     pub avro_schema_file: Option<PathBuf>,
     /// A Confluent Schema Registry: messages carry the registry's wire format
-    /// (magic byte 0, a 4-byte schema id).
+    /// (magic byte 0, a 4-byte schema id). With no `avro_schema`, the table's
+    /// columns come from the latest version of `{topic}-value`.
     pub schema_registry: Option<String>,
     /// After each committed checkpoint its offsets are committed to this
     /// consumer group too, for lag tooling. The checkpoint stays the truth.
@@ -164,9 +168,10 @@ pub enum Decoding {
     /// when it opens (`source::Source::of_job`), and refuses to start
     /// when a table is missing or two of them differ.
     JsonOfTable,
-    /// The writer schema (JSON text) when the job gives it, and the
-    /// registry when messages name theirs; the table's columns come from
-    /// the schema (the registry's latest, when none is given) at open.
+    /// The reader schema (JSON text) when the job gives it, and the
+    /// registry when messages name their writer schemas; the table's
+    /// columns come from the reader schema (the registry's latest, when
+    /// none is given) at open.
     Avro {
         schema: Option<String>,
         registry: Option<String>,
@@ -455,6 +460,14 @@ impl KafkaSpec {
                     return Err(bad(
                         "avro_schema",
                         "an Avro source needs avro_schema (or _file) or schema_registry".into(),
+                    ));
+                }
+                if schema.is_none() && self.topic_pattern.is_some() {
+                    return Err(bad(
+                        "avro_schema",
+                        "with topic_pattern, give avro_schema: the table's columns cannot come from the registry \
+                         subjects of topics not known yet"
+                            .into(),
                     ));
                 }
                 if let Some(url) = &self.schema_registry

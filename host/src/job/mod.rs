@@ -1440,6 +1440,15 @@ mod tests {
         let pattern = no_columns.replace("topics = [\"orders\"]", "topic_pattern = \"o.*\"");
         let e = load(&with_catalog(&pattern), &[]).expect_err("a pattern without columns").to_string();
         assert!(e.contains("source.columns") && e.contains("need listed topics"), "{e}");
+        let registry = r#"
+        brokers = ["127.0.0.1:9092"]
+        topic_pattern = "orders.*"
+        format = "avro"
+        schema_registry = "http://127.0.0.1:8081"
+    "#;
+        refused(registry, "source.avro_schema", "with topic_pattern, give avro_schema");
+        let listed = registry.replace("topic_pattern = \"orders.*\"", "topics = [\"orders\"]");
+        refused(&listed.replace("http://", "ftp://"), "source.schema_registry", "not an http(s) URL");
     }
 
     /// [`MINIMAL`] with a file source at `path`.

@@ -1,4 +1,5 @@
-//! Messages to rows: JSON against the declared columns, or the raw record.
+//! Messages to rows: JSON against the declared columns, Avro (see
+//! `avro.rs`), or the raw record.
 //!
 //! Invariants:
 //! - one message is one row: a message holding no JSON value, or more than
@@ -20,6 +21,7 @@ use arrow_json::reader::ReaderBuilder;
 use arrow_schema::{DataType, Field, Fields, SchemaRef};
 
 use super::super::SourceError;
+use super::avro::AvroCodec;
 use crate::job::kafka::{Decoding, KafkaConfig, raw_schema};
 
 /// A message as fetched, owned (the client's buffer is reused).
@@ -37,11 +39,12 @@ pub struct Message {
 /// How a source's messages become rows.
 pub enum Codec {
     Json(SchemaRef),
+    Avro(AvroCodec),
     Raw(SchemaRef),
 }
 
 /// Why message `m` of `topic` is refused.
-fn refused(topic: &str, m: &Message, why: impl std::fmt::Display) -> SourceError {
+pub(super) fn refused(topic: &str, m: &Message, why: impl std::fmt::Display) -> SourceError {
     SourceError::Other(format!(
         "kafka: topic {topic:?} partition {} offset {}: the message does not fit the table: {why}",
         m.partition, m.offset
@@ -57,9 +60,7 @@ impl Codec {
             Decoding::JsonOfTable => Err(SourceError::Other(
                 "kafka: the target table's columns were not loaded before the source opened".into(),
             )),
-            Decoding::Avro { .. } => Err(SourceError::Other(
-                "kafka: format = \"avro\" is not served by this build of Sluice; use json or raw".to_string(),
-            )),
+            Decoding::Avro { .. } => Ok(Codec::Avro(AvroCodec::open(config)?)),
         }
     }
 
@@ -67,6 +68,15 @@ impl Codec {
     pub fn table_schema(&self) -> SchemaRef {
         match self {
             Codec::Json(s) | Codec::Raw(s) => s.clone(),
+            Codec::Avro(a) => a.table_schema(),
+        }
+    }
+
+    /// The Avro reader schema (compact JSON), as the checkpoint records it.
+    pub fn avro_reader_schema(&self) -> Option<&str> {
+        match self {
+            Codec::Avro(a) => Some(a.reader_schema()),
+            Codec::Json(_) | Codec::Raw(_) => None,
         }
     }
 
@@ -77,6 +87,7 @@ impl Codec {
                 Ok(batch) if batch.num_rows() == messages.len() => Ok(batch),
                 _ => Err(json_culprit(schema, topic, messages)),
             },
+            Codec::Avro(avro) => avro.decode(topic, messages),
             Codec::Raw(schema) => raw_batch(schema, messages).map_err(|e| SourceError::Other(format!("kafka: {e}"))),
         }
     }

@@ -24,6 +24,7 @@
 //! - offsets committed to `group_id` follow committed checkpoints only; the
 //!   checkpoint stays the truth, and a failed group commit is logged.
 
+mod avro;
 mod decode;
 mod reader;
 
@@ -68,7 +69,8 @@ pub struct KafkaIdentity {
     pub format: MessageFormat,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub columns: Vec<ColumnSpec>,
-    /// The job's Avro schema, when it gives one.
+    /// The Avro reader schema, compact JSON: the job's `avro_schema`, or
+    /// the registry's latest of `{topic}-value` at open when it gives none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub avro_schema: Option<String>,
     pub assignment: String,
@@ -294,10 +296,7 @@ impl KafkaSource {
             topics: self.config.topics.describe(),
             format: self.config.format,
             columns: self.config.columns.clone(),
-            avro_schema: match &self.config.decoding {
-                Decoding::Avro { schema, .. } => schema.clone(),
-                _ => None,
-            },
+            avro_schema: self.decoder.avro_reader_schema().map(str::to_string),
             assignment: ASSIGNMENT_RULE.to_string(),
             cluster: self.cluster.clone(),
         }
@@ -312,7 +311,10 @@ impl KafkaSource {
         } else if now.columns != recorded.columns {
             "the job's columns changed since".to_string()
         } else if now.avro_schema != recorded.avro_schema {
-            "the job's Avro schema changed since".to_string()
+            "its Avro reader schema (the table's columns: the job's avro_schema, or the registry's latest version \
+             of the topic's subject when the job gives none) differs from the one now; give the job the schema \
+             it was taken with as avro_schema, or start a new job.state_dir"
+                .to_string()
         } else if let (Some(then), Some(now_id)) = (&recorded.cluster, &now.cluster)
             && then != now_id
         {
