@@ -227,6 +227,21 @@ mod tests {
         assert_eq!(batch.num_rows(), 2);
     }
 
+    /// Declared `timestamp` columns are zoned "UTC": arrow-json parses into
+    /// them only with arrow's `chrono-tz` feature (offsets alone otherwise).
+    #[test]
+    fn timestamps_dates_and_decimals_decode_into_their_declared_types() {
+        let c = |n: &str, t: &str| ColumnSpec { name: n.into(), kind: t.into(), nullable: true };
+        let schema = columns_schema(&[c("ts", "timestamp"), c("day", "date"), c("amount", "decimal(18,2)")])
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let batch = Codec::Json(schema)
+            .decode("orders", &[msg(0, r#"{"ts":"2026-12-02T10:00:00Z","day":"2026-12-02","amount":"12.50"}"#)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(batch.num_rows(), 1);
+        let ts = batch.column(0).as_any().downcast_ref::<arrow_array::TimestampMicrosecondArray>().expect("ts");
+        assert_eq!(ts.value(0), 1_796_205_600_000_000);
+    }
+
     #[test]
     fn a_bad_message_is_named_by_partition_offset_and_column() {
         let codec = Codec::Json(schema());
