@@ -5,8 +5,9 @@
 //!    message each to a topic of three partitions, read by a bounded Kafka
 //!    job into the Iceberg plugin, beside the same rows from the generator
 //!    into the same plugin, at the same parallelism, the same rows and the
-//!    same rows per snapshot. CPU-seconds are reported beside wall time: the
-//!    source must not be the bottleneck;
+//!    same rows per snapshot, and beside bare rdkafka consumers reading the
+//!    same messages (the broker's pace). CPU-seconds are reported beside
+//!    wall time: the source must not be the bottleneck;
 //! 2. latency: an unbounded job with a checkpoint every second while a
 //!    producer writes at a steady rate; for each message, the time from its
 //!    send to the first moment the table's current snapshot holds it (a
@@ -166,6 +167,48 @@ fn run_kafka_bounded(host: &PluginHost, wasm: &Path, broker: &Broker, args: &Arg
     Ok(summary.data_elapsed)
 }
 
+/// The broker's own pace: a bare rdkafka consumer per writer, each reading
+/// its share of the partitions from the start, counting messages and
+/// decoding nothing.
+fn bare_consumers(broker: &Broker, args: &Args, topic: &str) -> Result<Duration> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let started = Instant::now();
+    let counts = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..args.parallelism)
+            .map(|w| {
+                s.spawn(move || -> Result<u64> {
+                    let consumer: BaseConsumer = rdkafka::config::ClientConfig::new()
+                        .set("bootstrap.servers", broker.bootstrap())
+                        .set("group.id", "bench-bare")
+                        .set("enable.auto.commit", "false")
+                        .create()?;
+                    let mut tpl = TopicPartitionList::new();
+                    let mine: Vec<i32> = (0..PARTITIONS).filter(|p| *p as u32 % args.parallelism == w).collect();
+                    for p in &mine {
+                        tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
+                    }
+                    consumer.assign(&tpl)?;
+                    let want = (0..args.rows).filter(|id| mine.contains(&((id % PARTITIONS as u64) as i32))).count();
+                    let mut got = 0usize;
+                    let deadline = Instant::now() + Duration::from_secs(300);
+                    while got < want {
+                        anyhow::ensure!(Instant::now() < deadline, "a bare consumer read {got} of {want}");
+                        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                            m?;
+                            got += 1;
+                        }
+                    }
+                    Ok(got as u64)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("a consumer panicked"))?).sum::<Result<u64>>()
+    })?;
+    anyhow::ensure!(counts == args.rows, "the bare consumers read {counts} messages");
+    Ok(started.elapsed())
+}
+
 /// Section 1: Kafka → Iceberg beside generator → Iceberg.
 fn throughput(host: &PluginHost, wasm: &Path, broker: &Broker, args: &Args) -> Result<()> {
     let topic = "bench-throughput";
@@ -177,10 +220,12 @@ fn throughput(host: &PluginHost, wasm: &Path, broker: &Broker, args: &Args) -> R
     let mut generator = Measured::new(format!("generator → iceberg plugin, {w} writers"), args.rows);
     let mut kafka =
         Measured::new(format!("kafka (JSON, {PARTITIONS} partitions) → iceberg plugin, {w} writers"), args.rows);
+    let mut bare = Measured::new(format!("bare rdkafka consumers, {w} (the broker's pace; no rows made)"), args.rows);
     for rep in 0..args.reps {
         eprintln!("throughput: repetition {}/{}", rep + 1, args.reps);
         measure(&mut generator, || run_generator(host, wasm, args))?;
         measure(&mut kafka, || run_kafka_bounded(host, wasm, broker, args, topic))?;
+        measure(&mut bare, || bare_consumers(broker, args, topic))?;
     }
     let baseline = generator.name.clone();
     print_ratio_table(
@@ -188,12 +233,14 @@ fn throughput(host: &PluginHost, wasm: &Path, broker: &Broker, args: &Args) -> R
             "Kafka source against the generator, into the Iceberg plugin: {} rows, {} rows per snapshot, zstd, median of {}",
             args.rows, args.checkpoint_rows, args.reps
         ),
-        &[generator, kafka],
+        &[generator, kafka, bare],
         &baseline,
     );
     println!(
         "The Kafka side also parses one JSON message per row; the generator makes its rows in memory. \
-         Both run at the same parallelism, so CPU-seconds compare the work per row.\n"
+         All run at the same parallelism. The bare consumers are the broker's pace: the Kafka source is \
+         not the bottleneck when its row matches theirs. CPU-seconds are this process's (the broker's \
+         own are not counted).\n"
     );
     Ok(())
 }
