@@ -43,7 +43,7 @@ fn kafka_into_an_s3_warehouse_with_state_on_s3_lands_every_message_once_across_r
         format!("sink.catalog.warehouse=s3://{BUCKET}/wh"),
         format!("sink.catalog.database={}", database.display()),
         format!("job.state_dir=s3://{BUCKET}/state"),
-        "job.lease_secs=2".to_string(),
+        "job.lease_secs=10".to_string(),
     ];
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let first = job.run_opts(&sets, RunOptions::default()).unwrap_or_else(|e| panic!("first run: {e}"));
