@@ -132,7 +132,7 @@ pub struct KafkaSource {
     /// Metadata requests.
     meta: Mutex<BaseConsumer>,
     /// Group offset commits, on a thread of their own.
-    group: Option<Mutex<Sender<TopicPartitionList>>>,
+    group: Option<Mutex<GroupCommitter>>,
     lag: Arc<LagBoard>,
     /// The cluster id the brokers reported at open, if they report one.
     cluster: Option<String>,
@@ -237,7 +237,7 @@ impl KafkaSource {
             Decoding::Avro { .. } => decoder.table_schema(),
         };
         let group = match &config.group_id {
-            Some(g) => Some(Mutex::new(spawn_group_committer(client(&config, Some(g)), g.clone())?)),
+            Some(g) => Some(Mutex::new(GroupCommitter::spawn(client(&config, Some(g)), g.clone())?)),
             None => None,
         };
         let cluster = meta.client().fetch_cluster_id(REQUEST_TIMEOUT);
@@ -366,8 +366,8 @@ impl KafkaSource {
         if tpl.count() == 0 {
             return;
         }
-        if let Ok(tx) = group.lock() {
-            let _ = tx.send(tpl);
+        if let Ok(committer) = group.lock() {
+            committer.send(tpl);
         }
     }
 
@@ -446,32 +446,68 @@ pub(crate) fn partitions_of(
     Ok(out)
 }
 
-/// A thread that commits offsets to `group`, one list after another; it
-/// ends with the source.
-fn spawn_group_committer(config: ClientConfig, group: String) -> Result<Sender<TopicPartitionList>, SourceError> {
-    let consumer: BaseConsumer =
-        config.create().map_err(|e| kafka_error(&format!("cannot make a client for group {group:?}"), e))?;
-    let (tx, rx) = channel::<TopicPartitionList>();
-    std::thread::Builder::new()
-        .name("sluice-kafka-group".into())
-        .spawn(move || {
-            while let Ok(mut tpl) = rx.recv() {
-                // Only the newest list matters.
-                while let Ok(newer) = rx.try_recv() {
-                    tpl = newer;
+/// How long the end of a run waits for the last group commit.
+const GROUP_DRAIN: Duration = Duration::from_secs(10);
+
+/// A thread that commits offsets to a consumer group, one list after
+/// another, so that no checkpoint waits on it. When the source is dropped
+/// (the run ends, a clean stop included) it waits up to `GROUP_DRAIN` for
+/// the last list to be committed, so lag tooling sees where the run
+/// stopped.
+struct GroupCommitter {
+    tx: Option<Sender<TopicPartitionList>>,
+    done: std::sync::mpsc::Receiver<()>,
+    group: String,
+}
+
+impl GroupCommitter {
+    fn spawn(config: ClientConfig, group: String) -> Result<Self, SourceError> {
+        let consumer: BaseConsumer =
+            config.create().map_err(|e| kafka_error(&format!("cannot make a client for group {group:?}"), e))?;
+        let (tx, rx) = channel::<TopicPartitionList>();
+        let (done_tx, done) = channel::<()>();
+        let name = group.clone();
+        std::thread::Builder::new()
+            .name("sluice-kafka-group".into())
+            .spawn(move || {
+                while let Ok(mut tpl) = rx.recv() {
+                    // Only the newest list matters.
+                    while let Ok(newer) = rx.try_recv() {
+                        tpl = newer;
+                    }
+                    match consumer.commit(&tpl, CommitMode::Sync) {
+                        Ok(()) => tracing::debug!(group = %name, "kafka: offsets committed to the consumer group"),
+                        Err(e) => tracing::warn!(
+                            group = %name,
+                            error = %e,
+                            "kafka: could not commit offsets to the consumer group (for lag tooling only; the checkpoint holds them)"
+                        ),
+                    }
                 }
-                match consumer.commit(&tpl, CommitMode::Sync) {
-                    Ok(()) => tracing::debug!(group = %group, "kafka: offsets committed to the consumer group"),
-                    Err(e) => tracing::warn!(
-                        group = %group,
-                        error = %e,
-                        "kafka: could not commit offsets to the consumer group (for lag tooling only; the checkpoint holds them)"
-                    ),
-                }
-            }
-        })
-        .map_err(|e| SourceError::Other(format!("kafka: cannot start the group-commit thread: {e}")))?;
-    Ok(tx)
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| SourceError::Other(format!("kafka: cannot start the group-commit thread: {e}")))?;
+        Ok(Self { tx: Some(tx), done, group })
+    }
+
+    fn send(&self, tpl: TopicPartitionList) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(tpl);
+        }
+    }
+}
+
+impl Drop for GroupCommitter {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread once it committed what it holds.
+        drop(self.tx.take());
+        if self.done.recv_timeout(GROUP_DRAIN).is_err() {
+            tracing::warn!(
+                group = %self.group,
+                "kafka: the last group commit did not finish in time (for lag tooling only; the checkpoint holds the offsets)"
+            );
+        }
+    }
 }
 
 #[cfg(test)]
