@@ -22,7 +22,9 @@
 //! - each topic is a table named after it, except that a source of one
 //!   listed topic has one unnamed table;
 //! - offsets committed to `group_id` follow committed checkpoints only; the
-//!   checkpoint stays the truth, and a failed group commit is logged.
+//!   checkpoint stays the truth, and a failed group commit is logged;
+//! - the checkpoint records the cluster id the brokers report: offsets are
+//!   never taken to another cluster whose topics have the same names.
 
 mod avro;
 mod decode;
