@@ -12,13 +12,16 @@
 //! so a guest blocked in a host call never stalls another guest.
 
 /// The versions this host serves, newest first.
-pub const SUPPORTED: &[&str] = &["0.2.1", "0.2.0", "0.1.0"];
+pub const SUPPORTED: &[&str] = &["0.2.2", "0.2.1", "0.2.0", "0.1.0"];
 
-/// `sluice:connector@0.2.1`: many tables per sink, schema evolution, the
-/// incarnation in the context, the `codec` capability (0.2.0), and the
-/// `columnar` capability (0.2.1). A 0.2.0 plugin links against it unchanged:
-/// wasmtime matches `@0.2.0` imports and exports to `@0.2.1` (semver within
-/// 0.2), and 0.2.1 only added an import such a plugin never asks for.
+/// `sluice:connector@0.2.2`: many tables per sink, schema evolution, the
+/// incarnation in the context, the `codec` capability (0.2.0), the
+/// `columnar` capability (0.2.1), and `file-io.list-tree` with the optional
+/// `maintenance` export (0.2.2). A 0.2.0 or 0.2.1 plugin links against it
+/// unchanged: wasmtime matches `@0.2.0` imports and exports to `@0.2.2`
+/// (semver within 0.2), and each minor version only added imports such a
+/// plugin never asks for, and an export the host looks for separately
+/// ([`v0_2_maintenance`]).
 pub mod v0_2 {
     wasmtime::component::bindgen!({
         path: "../wit/0.2",
@@ -44,6 +47,28 @@ pub mod v0_2 {
 
     pub use self::sluice::connector::types::{ChangeKind, Table, TableChange};
     pub use exports::sluice::connector::sink::{CommitOutcome, PluginInfo, SinkContext, SinkError};
+}
+
+/// The `maintenance` export of 0.2.2, bound on its own world (`maintainer`)
+/// so that a component without it still links as a `sink-plugin`. Its
+/// imports are 0.2's, served by the same linker.
+pub mod v0_2_maintenance {
+    wasmtime::component::bindgen!({
+        path: "../wit/0.2",
+        world: "maintainer",
+        with: {
+            "sluice:connector/log": super::v0_2::sluice::connector::log,
+            "sluice:connector/file-io": super::v0_2::sluice::connector::file_io,
+            "sluice:connector/iceberg-catalog": super::v0_2::sluice::connector::iceberg_catalog,
+            "sluice:connector/grpc": super::v0_2::sluice::connector::grpc,
+            "sluice:connector/codec": super::v0_2::sluice::connector::codec,
+            "sluice:connector/columnar": super::v0_2::sluice::connector::columnar,
+        },
+    });
+
+    pub use exports::sluice::connector::maintenance::{
+        Compaction, Expiry, Orphans, Request, SinkContext, SinkError, TableReport,
+    };
 }
 
 /// `sluice:connector@0.1.0`, as released: one table, a fixed schema.

@@ -64,6 +64,44 @@ enum Command {
         #[arg(long, value_name = "N")]
         drop_pending: Option<u64>,
     },
+    /// Keeps the job's sink tables healthy: compacts small files, expires
+    /// old snapshots and removes orphan files, through the plugin (which
+    /// must export `maintenance`). Safe beside running jobs.
+    Maintain {
+        job: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// A table as the source names it (repeatable); default: the
+        /// tables of the job's last checkpoint.
+        #[arg(long = "table", value_name = "NAME")]
+        tables: Vec<String>,
+        /// Skip compaction.
+        #[arg(long)]
+        no_compact: bool,
+        /// Compaction rewrites files below this size into files near it.
+        #[arg(long, value_name = "MB", default_value_t = 128)]
+        target_file_mb: u64,
+        /// Expire snapshots older than this (e.g. 7d, 12h, 30m).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+        expire_older_than: Option<std::time::Duration>,
+        /// Keep at least the newest N snapshots when expiring.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        keep_last: Option<u32>,
+        /// Remove files under the tables' locations that nothing references
+        /// and that are older than this. Off unless asked.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+        remove_orphans_older_than: Option<std::time::Duration>,
+        /// Another job (its job file) whose pending checkpoints' files orphan
+        /// cleanup must spare (repeatable); this job's always are.
+        #[arg(long, value_name = "JOB.toml")]
+        protect: Vec<PathBuf>,
+        /// List what would be done; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// How long the plugin may take for all of it.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg, default_value = "1h")]
+        timeout: std::time::Duration,
+    },
     /// Validates a job file, the plugin's options and the grants without moving data.
     Check {
         job: PathBuf,
@@ -162,9 +200,45 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::State { job, sets, drop_pending } => show_state(&job, &sets, cache_dir, drop_pending),
         Command::Check { job, sets } => check_job(&job, &sets, cache_dir),
+        Command::Maintain {
+            job,
+            sets,
+            tables,
+            no_compact,
+            target_file_mb,
+            expire_older_than,
+            keep_last,
+            remove_orphans_older_than,
+            protect,
+            dry_run,
+            timeout,
+        } => {
+            let job = Job::load(&job, &sets)?;
+            let protect = protect.iter().map(|p| Job::load(p, &[])).collect::<Result<Vec<_>, _>>()?;
+            let opts = engine::maintain::MaintainOptions {
+                tables,
+                compact: !no_compact,
+                target_file_bytes: target_file_mb.saturating_mul(1024 * 1024),
+                expire_older_than,
+                keep_last,
+                remove_orphans_older_than,
+                protect,
+                dry_run,
+                timeout,
+            };
+            let host = host(cache_dir)?;
+            let report = engine::maintain::maintain(&job, &host, &opts)?;
+            print!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Plugin { command: PluginCommand::Test { args } } => test_plugin(&args, cache_dir),
         Command::Plugin { command: PluginCommand::Inspect { file } } => inspect_plugin(&file, cache_dir),
     }
+}
+
+/// A duration such as `10m`, `7d`, `1h 30m` or `500ms` (humantime's syntax).
+fn parse_duration_arg(raw: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(raw).map_err(|e| format!("{raw:?} is not a duration such as 7d, 12h, 30m or 0s: {e}"))
 }
 
 /// `--quiet` wins over `--progress`.

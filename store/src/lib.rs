@@ -242,6 +242,14 @@ pub struct ObjectInfo {
     pub size: u64,
     /// The store's version tag, quoted as the store sends it.
     pub etag: Option<String>,
+    /// When the object was last written, in ms since the Unix epoch, when
+    /// the store says (S3 and GCS listings do).
+    pub modified_ms: Option<i64>,
+}
+
+fn millis(meta: &opendal::Metadata) -> Option<i64> {
+    let at = std::time::SystemTime::from(meta.last_modified()?);
+    at.duration_since(std::time::UNIX_EPOCH).ok().and_then(|d| i64::try_from(d.as_millis()).ok())
 }
 
 /// The one version of an object reads are pinned to ([`ObjectStore::pin`]):
@@ -481,7 +489,12 @@ impl ObjectStore {
     pub async fn stat(&self, key: &str) -> Result<ObjectInfo, StoreError> {
         self.check_key(key)?;
         let meta = self.op.stat(key).await.map_err(|e| self.error(key, "stat", e))?;
-        Ok(ObjectInfo { key: key.to_string(), size: meta.content_length(), etag: meta.etag().map(str::to_string) })
+        Ok(ObjectInfo {
+            key: key.to_string(),
+            size: meta.content_length(),
+            etag: meta.etag().map(str::to_string),
+            modified_ms: millis(&meta),
+        })
     }
 
     /// Every object under the folder `prefix` (`""`: the whole bucket), at
@@ -501,6 +514,7 @@ impl ObjectStore {
                 key: e.path().to_string(),
                 size: e.metadata().content_length(),
                 etag: e.metadata().etag().map(str::to_string),
+                modified_ms: millis(e.metadata()),
             })
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));

@@ -1,7 +1,7 @@
 //! Contract versions side by side: plugins built for `sluice:connector@0.1.0`
 //! and `@0.2.0` (the committed fixtures, `tests/fixtures/sluice_sink_files_0.1.wasm`
 //! and `_0.2.wasm`, the latter encoding Parquet in wasm) run unchanged on a
-//! host whose newest contract is 0.2.1, pass the crash matrix, and hand
+//! host whose newest contract is 0.2.2, pass the crash matrix, and hand
 //! their state over to today's build (which encodes through `columnar`);
 //! components of no served version are refused with the versions the host
 //! serves.
@@ -89,7 +89,7 @@ fn a_component_of_no_served_version_names_the_served_ones() {
     let Err(err) = host().load(&future) else { panic!("0.3 is not served") };
     assert!(matches!(err, PluginError::Incompatible { .. }), "{err:?}");
     let message = err.to_string();
-    assert!(message.contains("0.2.1, 0.2.0, 0.1.0"), "{message}");
+    assert!(message.contains("0.2.2, 0.2.1, 0.2.0, 0.1.0"), "{message}");
     assert!(message.contains("sluice:connector/sink@0.3.0"), "{message}");
 
     let module = write_component(dir.path(), "module.wasm", "(module)");
@@ -104,7 +104,7 @@ fn a_0_1_plugin_is_refused_for_many_tables_before_anything_is_written() {
     let job = TestJob::files_with(&fixture_str(), "v01-tables", 600, 1, 100);
     let err = job.run_with(&["source.tables=[\"a\", \"b\"]"], None).expect_err("refused").to_string();
     assert!(
-        err.contains("implements contract 0.1.0, which cannot take several tables; rebuild it for contract 0.2.1"),
+        err.contains("implements contract 0.1.0, which cannot take several tables; rebuild it for contract 0.2.2"),
         "{err}"
     );
     assert!(!job.out().exists(), "nothing was written");
@@ -137,12 +137,14 @@ mod v0_2_0 {
 
     #[test]
     fn the_fixture_is_a_0_2_0_plugin_without_columnar() {
-        let plugin = host().load(&fixture()).expect("the 0.2.0 fixture loads on the 0.2.1 host");
+        let plugin = host().load(&fixture()).expect("the 0.2.0 fixture loads on the 0.2.2 host");
         assert_eq!(plugin.contract(), "0.2.0");
         assert!(!plugin.imports().iter().any(|i| i.contains("columnar")), "{:?}", plugin.imports());
+        assert!(!plugin.maintains(), "a 0.2.0 plugin has no `maintenance` export");
         let today = host().load(Path::new(sluice_tests::FILES_PLUGIN)).expect("today's build");
-        assert_eq!(today.contract(), "0.2.1");
-        assert!(today.imports().iter().any(|i| i == "sluice:connector/columnar@0.2.1"), "{:?}", today.imports());
+        assert_eq!(today.contract(), "0.2.2");
+        assert!(today.imports().iter().any(|i| i == "sluice:connector/columnar@0.2.2"), "{:?}", today.imports());
+        assert!(today.maintains(), "plugins of the author kit export `maintenance`");
         let dir = tempfile::tempdir().expect("temp dir");
         let (code, out, err) = run_cli(&["plugin", "inspect", &fixture_str()], dir.path());
         assert_eq!(code, 0, "{err}");

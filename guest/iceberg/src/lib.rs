@@ -30,6 +30,7 @@ mod committer;
 mod config;
 mod host_io;
 mod host_parquet;
+mod maintenance;
 mod runtime;
 mod schema;
 mod writer;
@@ -108,4 +109,14 @@ fn validate_table(cfg: &config::Config, ctx: &SinkContext, source: &Table) -> Re
     })
 }
 
-sluice_guest_sdk::export_plugin!(IcebergSink);
+impl sluice_guest_sdk::GuestMaintenance for IcebergSink {
+    fn maintain(
+        ctx: SinkContext,
+        options: Vec<(String, String)>,
+        request: sluice_guest_sdk::MaintainRequest,
+    ) -> Result<Vec<sluice_guest_sdk::TableReport>, SinkError> {
+        maintenance::maintain(ctx, options, request)
+    }
+}
+
+sluice_guest_sdk::export_plugin!(IcebergSink, maintains);

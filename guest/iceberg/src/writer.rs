@@ -189,6 +189,17 @@ fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result
     Ok(TableWriter { table, converter, splitter, open: None, partitions: 1 })
 }
 
+/// Parquet settings for a writer whose rows spread over `partitions` open
+/// files (see [`Inner::props`]); compaction writes with them too.
+pub(crate) fn parquet_options(cfg: &Config, partitions: usize) -> columnar::WriterOptions {
+    let share = (cfg.buffer_bytes / 6 / partitions.max(1)).max(MIN_ROW_GROUP_BYTES);
+    let (compression, level) = host_compression(cfg.compression);
+    let mut options = columnar::options(compression, level);
+    options.max_row_group_bytes = Some(share as u64);
+    options.created_by = Some(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")));
+    options
+}
+
 impl Inner {
     fn table_mut(&mut self, table: &str) -> Result<&mut TableWriter, SinkError> {
         self.tables.get_mut(table).ok_or_else(|| {
@@ -204,12 +215,7 @@ impl Inner {
     /// Parquet writes them out of, dictionaries and page state); beside that
     /// rule, [`HOST_SHARE`] bounds what the host holds for all open files.
     fn props(&self, partitions: usize) -> columnar::WriterOptions {
-        let share = (self.cfg.buffer_bytes / 6 / partitions.max(1)).max(MIN_ROW_GROUP_BYTES);
-        let (compression, level) = host_compression(self.cfg.compression);
-        let mut options = columnar::options(compression, level);
-        options.max_row_group_bytes = Some(share as u64);
-        options.created_by = Some(format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")));
-        options
+        parquet_options(&self.cfg, partitions)
     }
 
     /// Cuts row groups of the open files until the host holds at most

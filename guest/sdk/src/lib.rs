@@ -1,9 +1,11 @@
 //! Shared helpers for Sluice sink plugins (WebAssembly components).
 //!
 //! Invariants:
-//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.1`);
+//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.2`);
 //!   [`bindings`] is generated from it and is the only way a plugin talks to
-//!   the host.
+//!   the host. Every plugin built with this crate exports `maintenance`
+//!   (world `maintained-sink-plugin`); one that keeps no tables answers it
+//!   with a `config` error ([`export_plugin!`]).
 //! - Rows cross the boundary only as Arrow IPC streams ([`ipc`]).
 //! - Helpers never panic on input: every failure becomes a [`SinkError`] whose
 //!   message names the cause.
@@ -11,7 +13,7 @@
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit/0.2",
-        world: "sink-plugin",
+        world: "maintained-sink-plugin",
         pub_export_macro: true,
         export_macro_name: "export_sink",
         default_bindings_module: "sluice_guest_sdk::bindings",
@@ -27,20 +29,41 @@ pub mod ipc;
 pub mod log;
 pub mod options;
 
+pub use bindings::exports::sluice::connector::maintenance::{
+    Compaction, Expiry, Guest as GuestMaintenance, Orphans, Request as MaintainRequest, TableReport,
+};
 pub use bindings::exports::sluice::connector::sink::{Committer, Guest, GuestCommitter, GuestWriter, Writer};
 pub use bindings::sluice::connector::file_io::IoError;
 pub use bindings::sluice::connector::types::{
     ChangeKind, CommitOutcome, OptionSpec, PluginInfo, SinkContext, SinkError, Table, TableChange,
 };
 
-/// Exports a plugin type as the component's `sink` interface.
+/// Exports a plugin type as the component's `sink` interface, and as its
+/// `maintenance` interface: `maintains` when the type implements
+/// [`GuestMaintenance`] itself, otherwise an answer that it keeps no tables.
 ///
 /// ```ignore
 /// sluice_guest_sdk::export_plugin!(MyPlugin);
+/// sluice_guest_sdk::export_plugin!(MyTablePlugin, maintains);
 /// ```
 #[macro_export]
 macro_rules! export_plugin {
     ($ty:ident) => {
+        impl $crate::GuestMaintenance for $ty {
+            fn maintain(
+                _ctx: $crate::SinkContext,
+                _options: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
+                _request: $crate::MaintainRequest,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::TableReport>, $crate::SinkError> {
+                ::std::result::Result::Err($crate::SinkError::Config(::std::format!(
+                    "the {} plugin keeps no tables to maintain",
+                    <$ty as $crate::Guest>::describe().name
+                )))
+            }
+        }
+        $crate::bindings::export_sink!($ty with_types_in $crate::bindings);
+    };
+    ($ty:ident, maintains) => {
         $crate::bindings::export_sink!($ty with_types_in $crate::bindings);
     };
 }

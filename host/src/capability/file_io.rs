@@ -35,7 +35,9 @@ use super::file_io_store::{
 pub use super::file_io_store::{StoreConfig, open_store};
 use super::limits::{CallDeadline, HandleCap, HandleSlot, HostMemory};
 use super::{CapabilityHost, Effects};
-use crate::bindings::v0_2::sluice::connector::file_io::{self as wit, FileStatus, Host, HostOutputFile, IoError};
+use crate::bindings::v0_2::sluice::connector::file_io::{
+    self as wit, FileStatus, Host, HostOutputFile, IoError, TreeEntry,
+};
 use crate::job::normalize;
 use crate::location::Location;
 
@@ -297,6 +299,19 @@ impl FileGrants {
         Ok(self.list_dir_local(location)?)
     }
 
+    /// Every file under the directory `location`, at any depth, sorted.
+    pub fn list_tree(&self, location: &str) -> Result<Vec<TreeEntry>, IoError> {
+        self.list_tree_call(location).map_err(Failure::into_io)
+    }
+
+    fn list_tree_call(&self, location: &str) -> Result<Vec<TreeEntry>, Failure> {
+        if is_object_url(location) {
+            let (grant, key) = self.resolve_object(location, false)?;
+            return grant.list_tree(&key, location);
+        }
+        Ok(self.list_tree_local(location)?)
+    }
+
     /// On an object store: checks the grant and sends nothing (no folders there).
     pub fn create_dir_all(&self, location: &str) -> Result<(), IoError> {
         if is_object_url(location) {
@@ -405,6 +420,42 @@ impl FileGrants {
         }
         names.sort();
         Ok(names)
+    }
+
+    /// Walks the directory with the grant's capability handle, so a symbolic
+    /// link never leads outside it (links are not followed at all).
+    fn list_tree_local(&self, location: &str) -> Result<Vec<TreeEntry>, IoError> {
+        let (grant, rel) = self.resolve(location, false)?;
+        let base = location.trim_end_matches('/');
+        let mut out = Vec::new();
+        let mut pending = vec![(rel, String::new())];
+        while let Some((dir, prefix)) = pending.pop() {
+            let entries = match grant.dir.read_dir(rel_or_dot(&dir)) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && prefix.is_empty() => return Ok(Vec::new()),
+                Err(e) => return Err(io_error(location, e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| io_error(location, e))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let kind = entry.file_type().map_err(|e| io_error(location, e))?;
+                let path = format!("{prefix}{name}");
+                if kind.is_dir() {
+                    pending.push((dir.join(&name), format!("{path}/")));
+                } else if kind.is_file() {
+                    let meta = entry.metadata().map_err(|e| io_error(location, e))?;
+                    let modified_ms = meta
+                        .modified()
+                        .ok()
+                        .map(|t| t.into_std())
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .and_then(|d| i64::try_from(d.as_millis()).ok());
+                    out.push(TreeEntry { location: format!("{base}/{path}"), size: meta.len(), modified_ms });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(out)
     }
 
     fn create_dir_all_local(&self, location: &str) -> Result<(), IoError> {
@@ -660,6 +711,11 @@ impl Host for FileIoView<'_> {
     fn list_dir(&mut self, location: String) -> wasmtime::Result<Result<Vec<String>, IoError>> {
         started("sluice:connector/file-io.list-dir")?;
         answer(self.ctx.grants.list_dir_call(&location))
+    }
+
+    fn list_tree(&mut self, location: String) -> wasmtime::Result<Result<Vec<TreeEntry>, IoError>> {
+        started("sluice:connector/file-io.list-tree")?;
+        answer(self.ctx.grants.list_tree_call(&location))
     }
 
     fn create_dir_all(&mut self, location: String) -> wasmtime::Result<Result<(), IoError>> {

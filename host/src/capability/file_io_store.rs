@@ -52,7 +52,7 @@ use sluice_store::{DEFAULT_PART_SIZE, ObjectStore, ObjectWriter, StoreError, upl
 
 use super::catalog_vended::Vended;
 use super::limits::{HostDeadline, HostMemory, Reservation};
-use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError};
+use crate::bindings::v0_2::sluice::connector::file_io::{FileStatus, IoError, TreeEntry};
 use crate::location::{Location, Scheme, Served};
 
 /// How the host reaches the object stores of its grants (the job's
@@ -308,6 +308,22 @@ impl ObjectGrant {
             return Err(IoError::NotFound(location.to_string()).into());
         }
         Ok(names)
+    }
+
+    /// Every object under the folder `key`, named in the form `location`
+    /// was given. A missing folder is empty (object stores have none).
+    pub(super) fn list_tree(&self, key: &str, location: &str) -> Result<Vec<TreeEntry>, Failure> {
+        const IMPORT: &str = "sluice:connector/file-io.list-tree";
+        let objects = self.send(IMPORT, key, |s| async move { s.list(key).await })?.map_err(io_error)?;
+        let base = location.trim_end_matches('/');
+        let prefix = if key.is_empty() { String::new() } else { format!("{}/", key.trim_end_matches('/')) };
+        Ok(objects
+            .into_iter()
+            .filter_map(|o| {
+                let rel = o.key.strip_prefix(&prefix)?.to_string();
+                Some(TreeEntry { location: format!("{base}/{rel}"), size: o.size, modified_ms: o.modified_ms })
+            })
+            .collect())
     }
 
     /// One whole object: a conditional create unless `overwrite`.

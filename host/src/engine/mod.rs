@@ -22,6 +22,7 @@ pub mod checkpoint;
 mod commit;
 mod coordinator;
 pub mod landing;
+pub mod maintain;
 mod object_state;
 pub mod pool;
 mod setup;

@@ -18,8 +18,8 @@ use wasmtime_wasi::WasiCtx;
 use super::adapter::{self, Adapter, Failure, Opening};
 use super::host_state::HostState;
 use super::sandbox::{self, GuestOutput, MemoryCap, TrapCause};
-use super::{ContractVersion, Limits, Plugin, PluginError, SinkCtx, SourceTable, TableChange};
-use crate::bindings::{CommitOutcome, PluginInfo};
+use super::{ContractVersion, Limits, Plugin, PluginError, SinkCtx, SinkErrorKind, SourceTable, TableChange};
+use crate::bindings::{CommitOutcome, PluginInfo, v0_2_maintenance};
 use crate::capability::limits::CallDeadline;
 use crate::capability::{Granted, InstanceTag};
 
@@ -28,9 +28,8 @@ fn borrowed(options: &[(String, String)]) -> Vec<(&str, &str)> {
 }
 
 impl Plugin {
-    /// Creates a fresh instance in its own store.
-    pub fn instantiate(&self, instance: &str, grants: &Granted, limits: Limits) -> Result<Instance, PluginError> {
-        let tag = InstanceTag { plugin: self.name.clone(), instance: Arc::from(instance) };
+    /// A fresh store for one instance, with its grants and limits.
+    fn store(&self, tag: &InstanceTag, grants: &Granted, limits: &Limits) -> Store<HostState> {
         let caps = grants.for_instance(tag.clone(), &limits.host);
         let stdout = GuestOutput::new(tag.clone(), "stdout", caps.log.budget.clone());
         let stderr = GuestOutput::new(tag.clone(), "stderr", caps.log.budget.clone());
@@ -46,20 +45,136 @@ impl Plugin {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(sandbox::ticks(limits.call_timeout));
+        store
+    }
+
+    /// Creates a fresh instance in its own store.
+    pub fn instantiate(&self, instance: &str, grants: &Granted, limits: Limits) -> Result<Instance, PluginError> {
+        let tag = InstanceTag { plugin: self.name.clone(), instance: Arc::from(instance) };
+        let mut store = self.store(&tag, grants, &limits);
         // Instantiation runs the component's start code: the same deadline.
         let _deadline = CallDeadline::enter(limits.call_timeout);
-        let adapter = adapter::instantiate(&self.pre, &mut store).map_err(|e| {
-            let output = store.data().stderr.tail();
-            let exceeded = store.data().limits.exceeded();
-            PluginError::Trap {
-                plugin: tag.plugin.clone(),
-                instance: tag.instance.clone(),
-                call: "instantiate",
-                cause: sandbox::classify(&e, limits.call_timeout, limits.memory_mb, exceeded, &output),
-            }
-        })?;
+        let adapter = adapter::instantiate(&self.pre, &mut store)
+            .map_err(|e| instantiation_failed(&store, &tag, &limits, &e))?;
         Ok(Instance { store, adapter, tag, limits, dead: None })
     }
+
+    /// Whether the plugin exports `maintenance` (contract 0.2.2).
+    pub fn maintains(&self) -> bool {
+        self.maintainer.is_some()
+    }
+
+    /// Creates a fresh instance of the plugin's `maintenance` export, in its
+    /// own store; `Unsupported` when the plugin has none.
+    pub fn instantiate_maintainer(
+        &self,
+        instance: &str,
+        grants: &Granted,
+        limits: Limits,
+    ) -> Result<MaintainerInstance, PluginError> {
+        let Some(pre) = &self.maintainer else {
+            return Err(PluginError::Unsupported {
+                plugin: self.name.clone(),
+                version: self.version(),
+                what: format!("maintain tables (it was built for {}, without the `maintenance` export)", self.contract()),
+            });
+        };
+        let tag = InstanceTag { plugin: self.name.clone(), instance: Arc::from(instance) };
+        let mut store = self.store(&tag, grants, &limits);
+        let _deadline = CallDeadline::enter(limits.call_timeout);
+        let bindings = pre.instantiate(&mut store).map_err(|e| instantiation_failed(&store, &tag, &limits, &e))?;
+        Ok(MaintainerInstance { store, bindings, tag, limits, dead: None })
+    }
+}
+
+fn instantiation_failed(
+    store: &Store<HostState>,
+    tag: &InstanceTag,
+    limits: &Limits,
+    e: &wasmtime::Error,
+) -> PluginError {
+    let output = store.data().stderr.tail();
+    let exceeded = store.data().limits.exceeded();
+    PluginError::Trap {
+        plugin: tag.plugin.clone(),
+        instance: tag.instance.clone(),
+        call: "instantiate",
+        cause: sandbox::classify(e, limits.call_timeout, limits.memory_mb, exceeded, &output),
+    }
+}
+
+/// An instance of a plugin's `maintenance` export, in its own store.
+pub struct MaintainerInstance {
+    store: Store<HostState>,
+    bindings: v0_2_maintenance::Maintainer,
+    tag: InstanceTag,
+    limits: Limits,
+    dead: Option<TrapCause>,
+}
+
+impl MaintainerInstance {
+    /// Runs `maintenance.maintain` under the instance's deadline.
+    pub fn maintain(
+        &mut self,
+        ctx: &SinkCtx,
+        options: &[(String, String)],
+        request: &MaintainRequest,
+    ) -> Result<Vec<v0_2_maintenance::TableReport>, PluginError> {
+        let options = options.to_vec();
+        let wit_request = v0_2_maintenance::Request {
+            tables: request.tables.clone(),
+            compaction: request.target_file_bytes.map(|b| v0_2_maintenance::Compaction { target_file_bytes: b }),
+            expiry: request.expiry.map(|(older_than_ms, keep_last)| v0_2_maintenance::Expiry { older_than_ms, keep_last }),
+            orphans: request.orphans_older_than_ms.map(|older_than_ms| v0_2_maintenance::Orphans {
+                older_than_ms,
+                protected: request.protected.clone(),
+            }),
+            dry_run: request.dry_run,
+        };
+        let context = v0_2_maintenance::SinkContext {
+            job_id: ctx.job_id.clone(),
+            sink_id: ctx.sink_id.clone(),
+            incarnation: ctx.incarnation.clone(),
+            refuse_other_incarnations: ctx.refuse_other_incarnations,
+            subtask: ctx.subtask,
+            parallelism: ctx.parallelism,
+            attempt: ctx.attempt,
+        };
+        let bindings = &self.bindings;
+        let mut guest =
+            Guest { store: &mut self.store, tag: &self.tag, limits: &self.limits, dead: &mut self.dead };
+        guest.call("maintain", |s| {
+            bindings.sluice_connector_maintenance().call_maintain(s, &context, &options, &wit_request)
+        })
+    }
+}
+
+impl From<v0_2_maintenance::SinkError> for Failure {
+    fn from(e: v0_2_maintenance::SinkError) -> Self {
+        use v0_2_maintenance::SinkError;
+        let (kind, message) = match e {
+            SinkError::Config(m) => (SinkErrorKind::Config, m),
+            SinkError::InvalidData(m) => (SinkErrorKind::InvalidData, m),
+            SinkError::Retryable(m) => (SinkErrorKind::Retryable, m),
+            SinkError::Fatal(m) => (SinkErrorKind::Fatal, m),
+        };
+        Failure { kind, message }
+    }
+}
+
+/// What `maintenance.maintain` is asked to do (see the WIT's `request`).
+#[derive(Debug, Clone, Default)]
+pub struct MaintainRequest {
+    pub tables: Vec<String>,
+    /// Compaction to this target file size.
+    pub target_file_bytes: Option<u64>,
+    /// Expiry: snapshots older than (ms since the epoch), newest kept.
+    pub expiry: Option<(Option<i64>, Option<u32>)>,
+    /// Orphan cleanup of files older than (ms since the epoch) ...
+    pub orphans_older_than_ms: Option<i64>,
+    /// ... never touching what these combined commits name.
+    pub protected: Vec<Vec<u8>>,
+    pub dry_run: bool,
 }
 
 /// One plugin instance in its own store.

@@ -31,12 +31,12 @@ use thiserror::Error;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
-use crate::bindings::{self, PluginInfo, v0_1, v0_2};
+use crate::bindings::{self, PluginInfo, v0_1, v0_2, v0_2_maintenance};
 use crate::capability::limits::HostLimits;
 use crate::capability::{self, Granted};
 pub use cache::{ComponentCache, LoadedFrom};
 use host_state::HostState;
-pub use instance::{CommitterInstance, Instance, WriterInstance};
+pub use instance::{CommitterInstance, Instance, MaintainRequest, MaintainerInstance, WriterInstance};
 use sandbox::{EpochTicker, TrapCause};
 
 /// The contract version a plugin implements.
@@ -50,7 +50,7 @@ impl std::fmt::Display for ContractVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ContractVersion::V0_1 => "0.1.0",
-            ContractVersion::V0_2 => "0.2.1",
+            ContractVersion::V0_2 => "0.2.2",
         })
     }
 }
@@ -252,6 +252,8 @@ impl PluginHost {
         let incompatible = |message: String| PluginError::Incompatible { path: path.to_path_buf(), message };
         let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| incompatible(format!("{e:#}")))?;
         // Newest first, as Spin finds the world a component targets.
+        // A 0.2.2 plugin may export `maintenance` beside `sink`.
+        let maintainer = v0_2_maintenance::MaintainerPre::new(instance_pre.clone()).ok();
         let pre = match v0_2::SinkPluginPre::new(instance_pre.clone()) {
             Ok(pre) => Pre::V0_2(pre),
             Err(newest) => match v0_1::SinkPluginPre::new(instance_pre) {
@@ -274,6 +276,7 @@ impl PluginHost {
             engine: self.engine.clone(),
             component,
             pre,
+            maintainer,
             loaded_from,
         };
         let limits = Limits { call_timeout: Duration::from_secs(30), memory_mb: 256, host: HostLimits::default() };
@@ -303,6 +306,8 @@ pub struct Plugin {
     engine: Engine,
     component: Component,
     pre: Pre,
+    /// The `maintenance` export, when the plugin has one.
+    maintainer: Option<v0_2_maintenance::MaintainerPre<HostState>>,
     pub loaded_from: LoadedFrom,
 }
 

@@ -1,0 +1,752 @@
+//! Table maintenance: compaction, snapshot expiry and orphan cleanup
+//! (contract 0.2.2's `maintenance` export).
+//!
+//! Invariants:
+//! - **Compaction** rewrites small live data files of one partition (of the
+//!   default spec) into files near the target size and commits them as one
+//!   `replace` snapshot. Every attempt reloads the table, checks that every
+//!   file it replaces is still live in the head it builds on, and commits
+//!   with an `assert-ref-snapshot-id` requirement on that head, so the check
+//!   and the commit are one atomic step: a concurrent append makes it
+//!   conflict and it is rebuilt on the new head (the new data files are
+//!   kept, only manifests are written again), and a file a concurrent
+//!   compaction replaced makes it give up, deleting only what it wrote.
+//!   The rows are read back in the table's current schema, so files from
+//!   before a schema evolution read the added columns as null, before and
+//!   after. Tables with delete files are left alone (rewriting would give
+//!   the rows newer sequence numbers than their deletes).
+//! - **Expiry** uses iceberg's own `expire_snapshots` action, which changes
+//!   only the snapshot list, never the table properties, so every
+//!   `sluice.committed.*` watermark (what makes `commit` idempotent) stays.
+//!   Only files that the expired snapshots referenced and no remaining
+//!   snapshot references are deleted, after the expiry committed.
+//! - **Orphan cleanup** removes files under the table's location that no
+//!   snapshot and no metadata file of the table references, that are older
+//!   than the cutoff, and that no protected combined commit (a persisted
+//!   checkpoint not yet committed) names. When a live data file of the
+//!   table cannot be found in the listing (the listing spells locations
+//!   another way), nothing is removed.
+//!
+//! iceberg-rust 0.10 has no rewrite transaction: the `replace` snapshot is
+//! built here from its public manifest and manifest-list writers, the way
+//! its `fast_append` builds an append (`transaction::snapshot`, which is
+//! crate-private).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use iceberg::arrow::ArrowReaderBuilder;
+use iceberg::scan::FileScanTask;
+use iceberg::spec::{
+    DataContentType, DataFile, DataFileFormat, FormatVersion, MAIN_BRANCH, ManifestContentType, ManifestEntryRef,
+    ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation, PartitionKey, Snapshot,
+    SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Struct, Summary, TableMetadata,
+};
+use iceberg::table::Table;
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
+use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
+use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::{IcebergWriter as _, IcebergWriterBuilder};
+use iceberg::{TableIdent, TableRequirement, TableUpdate};
+use sluice_guest_sdk::bindings::sluice::connector::file_io as fio;
+use sluice_guest_sdk::bindings::sluice::connector::iceberg_catalog::CatalogError;
+use sluice_guest_sdk::{Expiry, MaintainRequest, Orphans, SinkContext, SinkError, TableReport, error, log};
+
+use crate::config::Config;
+use crate::host_io::{self, LoadError, PinnedCatalog, catalog_message};
+use crate::host_parquet::{HostParquetWriterBuilder, SharedHostFiles};
+use crate::runtime::{block_on, iceberg_runtime};
+use crate::writer::{iceberg_error, parquet_options};
+
+/// How many times a compaction or an expiry is rebuilt on a newer head
+/// after a conflict before it gives up (leaving the table as it was).
+const ATTEMPTS: u32 = 30;
+
+/// Snapshot summary key marking a snapshot made by maintenance.
+const SUMMARY_MAINTENANCE: &str = "sluice.maintenance";
+
+pub fn maintain(
+    ctx: SinkContext,
+    options: Vec<(String, String)>,
+    request: MaintainRequest,
+) -> Result<Vec<TableReport>, SinkError> {
+    let cfg = Config::parse(options)?;
+    let mut seen = HashSet::new();
+    let mut reports = Vec::new();
+    for name in &request.tables {
+        let ident = cfg.ident(name)?;
+        if !seen.insert(ident.to_string()) {
+            continue;
+        }
+        let mut report = TableReport {
+            target: ident.to_string(),
+            files_compacted: 0,
+            files_written: 0,
+            rows_rewritten: 0,
+            snapshots_expired: 0,
+            files_removed: Vec::new(),
+            notes: Vec::new(),
+        };
+        match block_on(host_io::load_table(&ident)) {
+            Ok(_) => {}
+            Err(LoadError::NotFound(_)) => {
+                report.notes.push("the table does not exist (yet): nothing to do".to_string());
+                reports.push(report);
+                continue;
+            }
+            Err(e) => return Err(e.into_sink_error(&ident)),
+        }
+        if let Some(compaction) = &request.compaction {
+            compact(&cfg, &ctx, &ident, compaction.target_file_bytes, request.dry_run, &mut report)?;
+        }
+        if let Some(expiry) = &request.expiry {
+            expire(&ident, expiry, request.dry_run, &mut report)?;
+        }
+        if let Some(orphans) = &request.orphans {
+            remove_orphans(&ident, orphans, request.dry_run, &mut report)?;
+        }
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+fn load(ident: &TableIdent) -> Result<Table, SinkError> {
+    block_on(host_io::load_table(ident)).map_err(|e| e.into_sink_error(ident))
+}
+
+/// A manifest of a snapshot with its entries (inherited values filled in).
+struct LoadedManifest {
+    file: ManifestFile,
+    entries: Vec<ManifestEntryRef>,
+}
+
+fn manifests_of(table: &Table, snapshot: &Arc<Snapshot>) -> Result<Vec<LoadedManifest>, SinkError> {
+    block_on(async {
+        let list = table.manifest_list_reader(snapshot).load().await?;
+        let mut out = Vec::new();
+        for file in list.consume_entries() {
+            let manifest = file.load_manifest(table.file_io()).await?;
+            let (entries, _) = manifest.into_parts();
+            out.push(LoadedManifest { file, entries });
+        }
+        Ok::<_, iceberg::Error>(out)
+    })
+    .map_err(|e| iceberg_error(&format!("reading the manifests of table {}", table.identifier()), e))
+}
+
+/// Where a location points, spelled one way (`file://` dropped).
+fn norm(location: &str) -> &str {
+    location.strip_prefix("file://").unwrap_or(location)
+}
+
+// ---------------------------------------------------------------- compaction
+
+/// A set of small files of one partition, rewritten together.
+struct Bin {
+    partition: Struct,
+    files: Vec<DataFile>,
+}
+
+/// Groups the current snapshot's small live data files by partition and
+/// packs them into bins of about `target` bytes; only bins of two or more
+/// files are worth rewriting.
+fn plan_bins(table: &Table, manifests: &[LoadedManifest], target: u64) -> (Vec<Bin>, Vec<String>) {
+    let metadata = table.metadata();
+    let spec_id = metadata.default_partition_spec_id();
+    let mut notes = Vec::new();
+    let mut by_partition: BTreeMap<String, (Struct, Vec<DataFile>)> = BTreeMap::new();
+    let mut other_specs = 0usize;
+    for m in manifests {
+        for entry in &m.entries {
+            if !entry.is_alive() || entry.content_type() != DataContentType::Data {
+                continue;
+            }
+            let file = entry.data_file();
+            if file.file_format() != DataFileFormat::Parquet || file.file_size_in_bytes() >= target {
+                continue;
+            }
+            if m.file.partition_spec_id != spec_id {
+                other_specs += 1;
+                continue;
+            }
+            let key = format!("{:?}", file.partition());
+            by_partition.entry(key).or_insert_with(|| (file.partition().clone(), Vec::new())).1.push(file.clone());
+        }
+    }
+    if other_specs > 0 {
+        notes.push(format!("{other_specs} small file(s) of an older partition spec were left as they are"));
+    }
+    let mut bins = Vec::new();
+    for (_, (partition, mut files)) in by_partition {
+        // Largest first, each into the first bin it fits (first-fit decreasing).
+        files.sort_by_key(|f| std::cmp::Reverse(f.file_size_in_bytes()));
+        let mut packed: Vec<(u64, Vec<DataFile>)> = Vec::new();
+        for file in files {
+            let size = file.file_size_in_bytes();
+            match packed.iter_mut().find(|(sum, _)| sum + size <= target) {
+                Some((sum, bin)) => {
+                    *sum += size;
+                    bin.push(file);
+                }
+                None => packed.push((size, vec![file])),
+            }
+        }
+        for (_, files) in packed {
+            if files.len() >= 2 {
+                bins.push(Bin { partition: partition.clone(), files });
+            }
+        }
+    }
+    (bins, notes)
+}
+
+fn has_deletes(manifests: &[LoadedManifest]) -> bool {
+    manifests.iter().any(|m| m.file.content == ManifestContentType::Deletes && m.entries.iter().any(|e| e.is_alive()))
+}
+
+/// Reads the rows of `bin` in the table's current schema and writes them as
+/// new data files of its partition, near `target` bytes each.
+fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u64) -> Result<Vec<DataFile>, SinkError> {
+    let metadata = table.metadata();
+    let schema = metadata.current_schema().clone();
+    let spec = metadata.default_partition_spec().clone();
+    let field_ids: Vec<i32> = schema.as_struct().fields().iter().map(|f| f.id).collect();
+    let tasks: Vec<iceberg::Result<FileScanTask>> = bin
+        .files
+        .iter()
+        .map(|file| {
+            Ok(FileScanTask::builder()
+                .with_file_size_in_bytes(file.file_size_in_bytes())
+                .with_start(0)
+                .with_length(file.file_size_in_bytes())
+                .with_record_count(Some(file.record_count()))
+                .with_data_file_path(file.file_path().to_string())
+                .with_data_file_format(DataFileFormat::Parquet)
+                .with_schema(schema.clone())
+                .with_project_field_ids(field_ids.clone())
+                .with_partition(Some(file.partition().clone()))
+                .with_partition_spec(Some(spec.clone()))
+                .with_case_sensitive(true)
+                .build())
+        })
+        .collect();
+    let prefix = format!(
+        "compact-{}.{}-{}",
+        sluice_guest_sdk::incarnation::key(ctx),
+        ctx.attempt,
+        uuid::Uuid::new_v4().simple()
+    );
+    let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
+    let locations =
+        DefaultLocationGenerator::new(metadata).map_err(|e| iceberg_error("choosing data file locations", e))?;
+    let files = SharedHostFiles::default();
+    let parquet = HostParquetWriterBuilder::new(parquet_options(cfg, 1), schema.clone(), files.clone())
+        .map_err(|e| iceberg_error("preparing the Parquet writer", e))?;
+    let rolling =
+        RollingFileWriterBuilder::new(parquet, target as usize, table.file_io().clone(), locations, names);
+    let key = (!spec.is_unpartitioned())
+        .then(|| PartitionKey::new(spec.as_ref().clone(), schema.clone(), bin.partition.clone()));
+    let budget = (cfg.buffer_bytes as u64) * 3 / 4;
+    let written = block_on(async {
+        let mut writer = DataFileWriterBuilder::new(rolling).build(key).await?;
+        let reader = ArrowReaderBuilder::new(table.file_io().clone(), iceberg_runtime())
+            .with_data_file_concurrency_limit(1)
+            .build();
+        let mut stream = reader.read(Box::pin(futures::stream::iter(tasks)))?.stream();
+        while let Some(batch) = stream.try_next().await? {
+            writer.write(batch).await?;
+            files
+                .lock()
+                .keep_within(budget)
+                .map_err(|m| iceberg::Error::new(iceberg::ErrorKind::Unexpected, m))?;
+        }
+        writer.close().await
+    })
+    .map_err(|e| iceberg_error(&format!("rewriting data files of table {}", table.identifier()), e))?;
+    let before: u64 = bin.files.iter().map(DataFile::record_count).sum();
+    let after: u64 = written.iter().map(DataFile::record_count).sum();
+    if before != after {
+        delete_all(&written);
+        return Err(error::fatal(format!(
+            "compacting table {}: read {after} row(s) back from {} file(s) that hold {before}; nothing was committed",
+            table.identifier(),
+            bin.files.len()
+        )));
+    }
+    Ok(written)
+}
+
+fn delete_all(files: &[DataFile]) {
+    for file in files {
+        // Best effort: never committed, so nobody reads them (and orphan cleanup would find them).
+        let _ = fio::delete(file.file_path());
+    }
+}
+
+fn compact(
+    cfg: &Config,
+    ctx: &SinkContext,
+    ident: &TableIdent,
+    target: u64,
+    dry_run: bool,
+    report: &mut TableReport,
+) -> Result<(), SinkError> {
+    let table = load(ident)?;
+    let Some(snapshot) = table.metadata().current_snapshot().cloned() else { return Ok(()) };
+    let manifests = manifests_of(&table, &snapshot)?;
+    if has_deletes(&manifests) {
+        report.notes.push("the table has delete files: compaction left it alone".to_string());
+        return Ok(());
+    }
+    let (bins, notes) = plan_bins(&table, &manifests, target);
+    report.notes.extend(notes);
+    if bins.is_empty() {
+        return Ok(());
+    }
+    if dry_run {
+        let files: usize = bins.iter().map(|b| b.files.len()).sum();
+        report.notes.push(format!("would compact {files} file(s) in {} group(s)", bins.len()));
+        return Ok(());
+    }
+    let mut replaced = Vec::new();
+    let mut written = Vec::new();
+    for bin in &bins {
+        match rewrite(cfg, ctx, &table, bin, target) {
+            Ok(files) => {
+                replaced.extend(bin.files.iter().cloned());
+                written.extend(files);
+            }
+            Err(e) => {
+                delete_all(&written);
+                return Err(e);
+            }
+        }
+    }
+    match commit_replace(ident, &replaced, &written) {
+        Ok(Some(())) => {
+            report.files_compacted += replaced.len() as u64;
+            report.files_written += written.len() as u64;
+            report.rows_rewritten += replaced.iter().map(DataFile::record_count).sum::<u64>();
+            log::info(&format!(
+                "table {ident}: compacted {} data file(s) into {}",
+                replaced.len(),
+                written.len()
+            ));
+            Ok(())
+        }
+        Ok(None) => {
+            delete_all(&written);
+            report.notes.push(
+                "another writer replaced some of the files meanwhile: this compaction committed nothing".to_string(),
+            );
+            Ok(())
+        }
+        Err(e) => {
+            // The outcome of an unknown commit was settled inside; any error
+            // here means the new files are not in the table.
+            delete_all(&written);
+            Err(e)
+        }
+    }
+}
+
+/// Commits `replaced` → `written` as one `replace` snapshot, rebuilt on the
+/// newest head after each conflict. `Ok(None)`: a replaced file is no
+/// longer live, nothing was committed.
+fn commit_replace(ident: &TableIdent, replaced: &[DataFile], written: &[DataFile]) -> Result<Option<()>, SinkError> {
+    let gone: HashSet<&str> = replaced.iter().map(DataFile::file_path).collect();
+    let mut last = String::new();
+    for attempt in 0..ATTEMPTS {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(50 * u64::from(attempt.min(10))));
+        }
+        let table = load(ident)?;
+        let Some(head) = table.metadata().current_snapshot().cloned() else { return Ok(None) };
+        let manifests = manifests_of(&table, &head)?;
+        let live: HashSet<&str> = manifests
+            .iter()
+            .flat_map(|m| m.entries.iter())
+            .filter(|e| e.is_alive())
+            .map(|e| e.file_path())
+            .collect();
+        if !gone.iter().all(|f| live.contains(f)) {
+            return Ok(None);
+        }
+        let (snapshot, requirements, updates) = build_replace(&table, &head, &manifests, &gone, replaced, written)?;
+        match host_io::commit_updates(ident, &requirements, &updates) {
+            Ok(()) => return Ok(Some(())),
+            Err(CatalogError::Conflict(m)) => {
+                last = m;
+            }
+            Err(CatalogError::UnknownOutcome(m)) => {
+                // Settled by the table itself: our snapshot is there or not.
+                let now = load(ident)?;
+                if now.metadata().snapshot_by_id(snapshot).is_some() {
+                    return Ok(Some(()));
+                }
+                last = m;
+            }
+            Err(e) => {
+                return Err(error::retryable(format!("committing the compaction of table {ident}: {}", catalog_message(&e))));
+            }
+        }
+    }
+    Err(error::retryable(format!(
+        "committing the compaction of table {ident}: it conflicted {ATTEMPTS} times with other writers ({last}); the table is as it was"
+    )))
+}
+
+type Built = (i64, Vec<TableRequirement>, Vec<TableUpdate>);
+
+/// The manifests, manifest list and snapshot of a replace on `head`.
+fn build_replace(
+    table: &Table,
+    head: &Arc<Snapshot>,
+    manifests: &[LoadedManifest],
+    gone: &HashSet<&str>,
+    replaced: &[DataFile],
+    written: &[DataFile],
+) -> Result<Built, SinkError> {
+    let metadata = table.metadata();
+    let snapshot_id = new_snapshot_id(metadata);
+    let commit = uuid::Uuid::new_v4();
+    let version = metadata.format_version();
+    let schema = metadata.current_schema().clone();
+    let meta_dir = format!("{}/metadata", metadata.location().trim_end_matches('/'));
+    let next_seq = metadata.next_sequence_number();
+    let fail = |e: iceberg::Error| iceberg_error(&format!("building the compaction snapshot of {}", table.identifier()), e);
+    let mut counter = 0u32;
+    let mut next_path = || {
+        counter += 1;
+        format!("{meta_dir}/{commit}-c{counter}.avro")
+    };
+    let builder = |path: String, spec: iceberg::spec::PartitionSpec| -> Result<_, SinkError> {
+        let output = table.file_io().new_output(path).map_err(fail)?;
+        let b = ManifestWriterBuilder::new(output, Some(snapshot_id), schema.clone(), spec);
+        Ok(match version {
+            FormatVersion::V1 => b.build_v1(),
+            FormatVersion::V2 => b.build_v2_data(),
+            FormatVersion::V3 => b.build_v3_data(),
+        })
+    };
+    let result: Result<Vec<ManifestFile>, SinkError> = block_on(async {
+        let mut out = Vec::new();
+        for m in manifests {
+            let touches = m.entries.iter().any(|e| e.is_alive() && gone.contains(e.file_path()));
+            if !touches {
+                out.push(m.file.clone());
+                continue;
+            }
+            let spec = metadata
+                .partition_spec_by_id(m.file.partition_spec_id)
+                .ok_or_else(|| error::fatal(format!("manifest {} names an unknown partition spec", m.file.manifest_path)))?;
+            let mut writer = builder(next_path(), spec.as_ref().clone())?;
+            for entry in &m.entries {
+                if !entry.is_alive() {
+                    // Deleted entries belong to the snapshot that deleted them.
+                    continue;
+                }
+                let seq = entry.sequence_number().unwrap_or(0);
+                let file_seq = entry.file_sequence_number.or(Some(seq));
+                let file = entry.data_file().clone();
+                if gone.contains(entry.file_path()) {
+                    writer.add_delete_file(file, seq, file_seq).map_err(fail)?;
+                } else {
+                    let added_by = entry.snapshot_id().unwrap_or(m.file.added_snapshot_id);
+                    writer.add_existing_file(file, added_by, seq, file_seq).map_err(fail)?;
+                }
+            }
+            out.push(writer.write_manifest_file().await.map_err(fail)?);
+        }
+        let spec = metadata.default_partition_spec().as_ref().clone();
+        let mut writer = builder(next_path(), spec)?;
+        for file in written {
+            writer.add_file(file.clone(), -1).map_err(fail)?;
+        }
+        out.push(writer.write_manifest_file().await.map_err(fail)?);
+        Ok(out)
+    });
+    let new_manifests = result?;
+    let list_path = format!("{meta_dir}/snap-{snapshot_id}-0-{commit}.avro");
+    let first_row_id = metadata.next_row_id();
+    let (next_row_id, list_written) = block_on(async {
+        let out = table.file_io().new_output(list_path.clone())?.writer().await?;
+        let mut list = match version {
+            FormatVersion::V1 => ManifestListWriter::v1(out, snapshot_id, Some(head.snapshot_id())),
+            FormatVersion::V2 => ManifestListWriter::v2(out, snapshot_id, Some(head.snapshot_id()), next_seq),
+            FormatVersion::V3 => {
+                ManifestListWriter::v3(out, snapshot_id, Some(head.snapshot_id()), next_seq, Some(first_row_id))
+            }
+        };
+        list.add_manifests(new_manifests.into_iter())?;
+        let next = list.next_row_id();
+        list.close().await?;
+        Ok::<_, iceberg::Error>((next, ()))
+    })
+    .map_err(fail)?;
+    let () = list_written;
+    let summary = replace_summary(metadata, head, replaced, written);
+    let snapshot = Snapshot::builder()
+        .with_manifest_list(list_path)
+        .with_snapshot_id(snapshot_id)
+        .with_parent_snapshot_id(Some(head.snapshot_id()))
+        .with_sequence_number(next_seq)
+        .with_summary(summary)
+        .with_schema_id(metadata.current_schema_id())
+        .with_timestamp_ms(now_ms().max(head.timestamp_ms() + 1));
+    let snapshot = match next_row_id {
+        Some(next) => snapshot.with_row_range(first_row_id, next - first_row_id).build(),
+        None => snapshot.build(),
+    };
+    let updates = vec![
+        TableUpdate::AddSnapshot { snapshot },
+        TableUpdate::SetSnapshotRef {
+            ref_name: MAIN_BRANCH.to_string(),
+            reference: SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+        },
+    ];
+    let requirements = vec![
+        TableRequirement::UuidMatch { uuid: metadata.uuid() },
+        TableRequirement::RefSnapshotIdMatch { r#ref: MAIN_BRANCH.to_string(), snapshot_id: Some(head.snapshot_id()) },
+    ];
+    Ok((snapshot_id, requirements, updates))
+}
+
+/// The summary of a replace: what it added and removed, and the table's
+/// totals carried on from the head.
+fn replace_summary(metadata: &TableMetadata, head: &Snapshot, replaced: &[DataFile], written: &[DataFile]) -> Summary {
+    let mut collector = SnapshotSummaryCollector::default();
+    let schema = metadata.current_schema().clone();
+    for file in written {
+        collector.add_file(file, schema.clone(), metadata.default_partition_spec().clone());
+    }
+    // Compaction replaces files of the default spec only.
+    for file in replaced {
+        collector.remove_file(file, schema.clone(), metadata.default_partition_spec().clone());
+    }
+    let mut properties: HashMap<String, String> = collector.build();
+    let previous = &head.summary().additional_properties;
+    let total = |key: &str, added: u64, removed: u64| -> Option<String> {
+        let before: u64 = previous.get(key)?.parse().ok()?;
+        Some((before + added).saturating_sub(removed).to_string())
+    };
+    let sum = |files: &[DataFile], f: fn(&DataFile) -> u64| files.iter().map(f).sum::<u64>();
+    let rows = (sum(written, DataFile::record_count), sum(replaced, DataFile::record_count));
+    let bytes = (sum(written, DataFile::file_size_in_bytes), sum(replaced, DataFile::file_size_in_bytes));
+    for (key, (added, removed)) in [
+        ("total-records", rows),
+        ("total-files-size", bytes),
+        ("total-data-files", (written.len() as u64, replaced.len() as u64)),
+    ] {
+        if let Some(value) = total(key, added, removed) {
+            properties.insert(key.to_string(), value);
+        }
+    }
+    for key in ["total-delete-files", "total-position-deletes", "total-equality-deletes"] {
+        if let Some(value) = previous.get(key) {
+            properties.insert(key.to_string(), value.clone());
+        }
+    }
+    properties.insert(SUMMARY_MAINTENANCE.to_string(), "compaction".to_string());
+    Summary { operation: Operation::Replace, additional_properties: properties }
+}
+
+fn new_snapshot_id(metadata: &TableMetadata) -> i64 {
+    loop {
+        let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
+        let id = ((a ^ b) & (i64::MAX as u64)) as i64;
+        if id != 0 && metadata.snapshot_by_id(id).is_none() {
+            return id;
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+// -------------------------------------------------------------------- expiry
+
+/// Every file a snapshot references: its manifest list, its manifests, and
+/// the files their entries name (`all`: deleted entries too).
+fn referenced_by(table: &Table, snapshot: &Arc<Snapshot>, all: bool) -> Result<HashSet<String>, SinkError> {
+    let mut out = HashSet::from([norm(snapshot.manifest_list()).to_string()]);
+    for m in manifests_of(table, snapshot)? {
+        out.insert(norm(&m.file.manifest_path).to_string());
+        for entry in &m.entries {
+            if all || entry.is_alive() {
+                out.insert(norm(entry.file_path()).to_string());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut TableReport) -> Result<(), SinkError> {
+    if dry_run {
+        report.notes.push("a dry run expires no snapshots".to_string());
+        return Ok(());
+    }
+    let mut last = String::new();
+    for attempt in 0..ATTEMPTS {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(50 * u64::from(attempt.min(10))));
+        }
+        let before = load(ident)?;
+        let tx = Transaction::new(&before);
+        let mut action = tx.expire_snapshots();
+        if let Some(older) = expiry.older_than_ms {
+            action = action.expire_older_than_ms(older);
+        }
+        if let Some(keep) = expiry.keep_last {
+            action = action.retain_last(keep.max(1) as usize);
+        }
+        let tx = action.apply(tx).map_err(|e| iceberg_error("planning the snapshot expiry", e))?;
+        let catalog = PinnedCatalog::new(before.clone());
+        let result = block_on(tx.commit(&catalog));
+        match (result, catalog.verdict()) {
+            (Ok(_), _) | (Err(_), Some(Ok(()))) => {}
+            (Err(e), None) => return Err(iceberg_error(&format!("expiring snapshots of table {ident}"), e)),
+            (Err(_), Some(Err(CatalogError::Conflict(m) | CatalogError::UnknownOutcome(m)))) => {
+                // An unknown outcome is settled below: the removed snapshots
+                // are found by comparing the table before and after.
+                last = m;
+            }
+            (Err(_), Some(Err(e))) => {
+                return Err(error::retryable(format!("expiring snapshots of table {ident}: {}", catalog_message(&e))));
+            }
+        }
+        let after = load(ident)?;
+        let remaining: HashSet<i64> = after.metadata().snapshots().map(|s| s.snapshot_id()).collect();
+        let removed: Vec<Arc<Snapshot>> =
+            before.metadata().snapshots().filter(|s| !remaining.contains(&s.snapshot_id())).cloned().collect();
+        if removed.is_empty() {
+            if !last.is_empty() && attempt + 1 < ATTEMPTS {
+                continue;
+            }
+            return Ok(());
+        }
+        let mut candidates = HashSet::new();
+        for snapshot in &removed {
+            candidates.extend(referenced_by(&before, snapshot, false)?);
+        }
+        for snapshot in after.metadata().snapshots() {
+            for kept in referenced_by(&after, snapshot, true)? {
+                candidates.remove(&kept);
+            }
+        }
+        report.snapshots_expired += removed.len() as u64;
+        let mut gone: Vec<String> = candidates.into_iter().collect();
+        gone.sort();
+        for location in gone {
+            match fio::delete(&location) {
+                Ok(()) | Err(fio::IoError::NotFound(_)) => report.files_removed.push(location),
+                Err(e) => report.notes.push(format!("could not remove {location}: {}", sluice_guest_sdk::files::describe(&e))),
+            }
+        }
+        log::info(&format!("table {ident}: expired {} snapshot(s)", removed.len()));
+        return Ok(());
+    }
+    Err(error::retryable(format!("expiring snapshots of table {ident}: it conflicted {ATTEMPTS} times ({last})")))
+}
+
+// ------------------------------------------------------------------- orphans
+
+/// The data files a combined commit of this plugin names.
+fn protected_files(combined: &[u8]) -> Vec<String> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(combined) else { return Vec::new() };
+    let mut jsons: Vec<&serde_json::Value> = Vec::new();
+    if let Some(tables) = value.get("tables").and_then(|t| t.as_array()) {
+        for table in tables {
+            jsons.extend(table.get("files").and_then(|f| f.as_array()).into_iter().flatten());
+        }
+    }
+    jsons.extend(value.get("files").and_then(|f| f.as_array()).into_iter().flatten());
+    jsons
+        .into_iter()
+        .filter_map(|j| j.as_str())
+        .filter_map(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+        .filter_map(|v| v.get("file_path").and_then(|p| p.as_str()).map(|p| norm(p).to_string()))
+        .collect()
+}
+
+fn remove_orphans(ident: &TableIdent, orphans: &Orphans, dry_run: bool, report: &mut TableReport) -> Result<(), SinkError> {
+    let table = load(ident)?;
+    let metadata = table.metadata();
+    let location = metadata.location().trim_end_matches('/').to_string();
+    // Listed first: a file written after this cannot be removed.
+    let listed = fio::list_tree(&location)
+        .map_err(|e| error::config(format!("listing the files of table {ident}: {}", sluice_guest_sdk::files::describe(&e))))?;
+    // Reloaded after the listing: a commit made meanwhile protects its files.
+    let table = load(ident)?;
+    let metadata = table.metadata();
+    let mut referenced: HashSet<String> = HashSet::new();
+    if let Some(current) = table.metadata_location() {
+        referenced.insert(norm(current).to_string());
+    }
+    for log in metadata.metadata_log() {
+        referenced.insert(norm(&log.metadata_file).to_string());
+    }
+    for stats in metadata.statistics_iter() {
+        referenced.insert(norm(&stats.statistics_path).to_string());
+    }
+    for stats in metadata.partition_statistics_iter() {
+        referenced.insert(norm(&stats.statistics_path).to_string());
+    }
+    for snapshot in metadata.snapshots() {
+        referenced.extend(referenced_by(&table, snapshot, true)?);
+    }
+    for combined in &orphans.protected {
+        referenced.extend(protected_files(combined));
+    }
+    let listed_names: HashSet<&str> = listed.iter().map(|e| norm(&e.location)).collect();
+    if let Some(current) = metadata.current_snapshot() {
+        let live = referenced_by(&table, current, false)?;
+        if let Some(missing) = live.iter().find(|f| !listed_names.contains(f.as_str())) {
+            report.notes.push(format!(
+                "orphan cleanup removed nothing: the live file {missing} is not among the files listed under {location}"
+            ));
+            return Ok(());
+        }
+    }
+    let mut candidates: Vec<&fio::TreeEntry> = listed
+        .iter()
+        .filter(|e| !referenced.contains(norm(&e.location)))
+        .filter(|e| e.modified_ms.is_some_and(|m| m < orphans.older_than_ms))
+        .collect();
+    candidates.sort_by(|a, b| a.location.cmp(&b.location));
+    for entry in candidates {
+        if dry_run {
+            report.files_removed.push(entry.location.clone());
+            continue;
+        }
+        match fio::delete(&entry.location) {
+            Ok(()) | Err(fio::IoError::NotFound(_)) => report.files_removed.push(entry.location.clone()),
+            Err(e) => report
+                .notes
+                .push(format!("could not remove {}: {}", entry.location, sluice_guest_sdk::files::describe(&e))),
+        }
+    }
+    if !report.files_removed.is_empty() && !dry_run {
+        log::info(&format!("table {ident}: removed {} file(s)", report.files_removed.len()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protected_files_come_from_both_commit_forms() {
+        let file = serde_json::json!({"file_path": "file:///wh/t/data/a.parquet"}).to_string();
+        let combined = serde_json::json!({"tables": [{"table": "t", "spec_id": 0, "files": [file.clone()]}], "files": [file]});
+        let found = protected_files(combined.to_string().as_bytes());
+        assert_eq!(found, vec!["/wh/t/data/a.parquet".to_string(), "/wh/t/data/a.parquet".to_string()]);
+        assert!(protected_files(b"not json").is_empty());
+    }
+}

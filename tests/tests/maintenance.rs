@@ -1,0 +1,186 @@
+//! `sluice maintain` on Iceberg tables (contract 0.2.2's `maintenance`
+//! export): compaction, snapshot expiry and orphan cleanup, read back by
+//! PyIceberg, DuckDB and iceberg-rust, and a job resumed after it.
+//!
+//! DuckDB reads the live data files that PyIceberg's scan plans (its
+//! `iceberg_scan` extension is downloaded at run time, which the test
+//! machines cannot do).
+
+use std::path::Path;
+
+use sluice::engine::{CrashPoint, Fault};
+use sluice_tests::{ICEBERG_PLUGIN, TestJob, assert_exactly_once, python, read_iceberg, run_cli};
+
+/// A generator → Iceberg job partitioned by day (30 days), one writer, a
+/// checkpoint every `every_rows` rows.
+fn job(id: &str, warehouse: &Path, rows: u64, every_rows: u64) -> TestJob {
+    let warehouse = warehouse.display();
+    let sink = format!(
+        r#"[sink]
+id = "lake"
+plugin = "{ICEBERG_PLUGIN}"
+[sink.options]
+table = "db.events"
+partition_by = "day(day)"
+[sink.catalog]
+database = "{warehouse}/catalog.db"
+warehouse = "{warehouse}"
+[sink.sandbox]
+memory_mb = 512
+"#
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let toml = sluice_bench::generator_job_toml(id, 1, every_rows, rows, 0, every_rows, &sink);
+    TestJob { dir, toml }
+}
+
+/// Live data files per partition, and the rows as `[id, amount]` sorted by
+/// id, read by PyIceberg; and the same rows read by DuckDB from the files.
+fn read_back(warehouse: &Path) -> (Vec<usize>, Vec<(i64, String)>, Vec<(i64, String)>) {
+    let out = python(
+        "import sys, json, collections, duckdb\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w = sys.argv[1]\n\
+         cat = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')\n\
+         t = cat.load_table('db.events')\n\
+         tasks = list(t.scan().plan_files())\n\
+         per = collections.Counter(str(task.file.partition) for task in tasks)\n\
+         a = t.scan(selected_fields=('id', 'amount')).to_arrow()\n\
+         rows = sorted(zip(a.column('id').to_pylist(), [str(x) for x in a.column('amount').to_pylist()]))\n\
+         files = [task.file.file_path.removeprefix('file://') for task in tasks]\n\
+         d = duckdb.sql(f\"select id, cast(amount as varchar) from read_parquet({files!r}) order by id\").fetchall()\n\
+         print(json.dumps({'per': sorted(per.values()), 'rows': rows, 'duck': d}))",
+        &[&warehouse.display().to_string()],
+    )
+    .unwrap_or_else(|e| panic!("PyIceberg or DuckDB failed: {e}"));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    let per: Vec<usize> = serde_json::from_value(v["per"].clone()).expect("per");
+    let rows: Vec<(i64, String)> = serde_json::from_value(v["rows"].clone()).expect("rows");
+    let duck: Vec<(i64, String)> = serde_json::from_value(v["duck"].clone()).expect("duck");
+    (per, rows, duck)
+}
+
+fn maintain(job: &TestJob, args: &[&str]) -> String {
+    let path = job.path();
+    let path = path.display().to_string();
+    let mut all = vec!["maintain", path.as_str()];
+    all.extend_from_slice(args);
+    let (code, out, err) = run_cli(&all, job.dir.path());
+    assert_eq!(code, 0, "sluice maintain failed:\n{out}\n{err}");
+    out
+}
+
+/// Data files (not metadata) under the table's location.
+fn data_files(warehouse: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = vec![warehouse.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "parquet") {
+                out.push(path.display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn compaction_after_200_checkpoints_over_30_partitions_keeps_every_row() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    // 200 checkpoints of 60 rows; each touches 30 day partitions.
+    let rows = 200 * 60;
+    let job = job("maint-200", warehouse.path(), rows, 60);
+    let summary = job.run(None).expect("runs");
+    assert_eq!(summary.checkpoints_this_run, 200, "{summary}");
+    let (per_before, rows_before, duck_before) = read_back(warehouse.path());
+    assert_eq!(per_before.len(), 30);
+    assert!(per_before.iter().all(|n| *n >= 100), "{per_before:?}");
+    assert_eq!(rows_before.len() as u64, rows);
+    assert_eq!(rows_before, duck_before);
+
+    let out = maintain(&job, &["--target-file-mb", "128"]);
+    assert!(out.contains("table db.events: compacted 6000 file(s)"), "{out}");
+    let (per_after, rows_after, duck_after) = read_back(warehouse.path());
+    assert_eq!(per_after.len(), 30);
+    assert!(per_after.iter().all(|n| *n <= 2), "live files per partition after compaction: {per_after:?}");
+    assert_eq!(rows_after, rows_before, "PyIceberg reads other rows after compaction");
+    assert_eq!(duck_after, rows_before, "DuckDB reads other rows after compaction");
+
+    // Expiry and orphan cleanup: the replaced files go, the rows stay, and
+    // the job resumed after it stays exactly once.
+    let before = data_files(warehouse.path()).len();
+    let out = maintain(&job, &["--no-compact", "--keep-last", "1", "--remove-orphans-older-than", "0s"]);
+    assert!(out.contains("expired 200 snapshot(s)"), "{out}");
+    let after = data_files(warehouse.path()).len();
+    assert!(after <= 60 && after < before, "data files on disk: {before} → {after}");
+    let (_, rows_expired, duck_expired) = read_back(warehouse.path());
+    assert_eq!(rows_expired, rows_before);
+    assert_eq!(duck_expired, rows_before);
+    job.run_with(&[&format!("source.rows={}", rows + 600)], None).expect("resumes after maintenance");
+    let table = read_iceberg(warehouse.path(), "db.events");
+    assert_exactly_once(&table.rows, rows + 600);
+}
+
+/// Orphan cleanup with a persisted, uncommitted checkpoint on disk: its
+/// files survive and the next run commits them; expiry between the crash
+/// and the recovery changes nothing of that.
+#[test]
+fn orphan_cleanup_spares_a_pending_checkpoint_and_recovery_commits_it() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rows = 20 * 60;
+    let job = job("maint-pending", warehouse.path(), rows, 60);
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 5, subtask: 0 };
+    assert!(job.run(Some(crash)).expect_err("crash").is_injected_crash());
+    let on_disk = data_files(warehouse.path());
+    let committed: std::collections::BTreeSet<String> = {
+        let table = read_iceberg(warehouse.path(), "db.events");
+        assert_eq!(table.rows.num_rows(), 4 * 60, "checkpoints 1-4 are visible");
+        let out = python(
+            "import sys, json\n\
+             from pyiceberg.catalog.sql import SqlCatalog\n\
+             w = sys.argv[1]\n\
+             t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table('db.events')\n\
+             print(json.dumps([x.file.file_path.removeprefix('file://') for x in t.scan().plan_files()]))",
+            &[&warehouse.path().display().to_string()],
+        )
+        .expect("pyiceberg");
+        serde_json::from_str::<Vec<String>>(out.trim()).expect("json").into_iter().collect()
+    };
+    let pending: Vec<&String> = on_disk.iter().filter(|f| !committed.contains(*f)).collect();
+    assert!(!pending.is_empty(), "checkpoint 5's files are on disk, not yet in the table");
+
+    let out = maintain(&job, &["--keep-last", "1", "--remove-orphans-older-than", "0s"]);
+    for file in &pending {
+        assert!(Path::new(file.as_str()).exists(), "orphan cleanup removed {file} of the pending checkpoint:\n{out}");
+    }
+    // A file no checkpoint names is removed.
+    let data_dir = Path::new(on_disk[0].as_str()).parent().expect("a data file's folder").to_path_buf();
+    let stray = data_dir.join("stray.parquet");
+    std::fs::write(&stray, b"not referenced").expect("stray file");
+    let dry = maintain(&job, &["--no-compact", "--remove-orphans-older-than", "0s", "--dry-run"]);
+    assert!(dry.contains("would remove") && dry.contains("stray.parquet"), "{dry}");
+    assert!(stray.exists(), "a dry run removes nothing");
+    maintain(&job, &["--no-compact", "--remove-orphans-older-than", "0s"]);
+    assert!(!stray.exists(), "the stray file was removed");
+
+    let summary = job.run(None).expect("recovers");
+    assert_eq!(summary.recovered.first().map(|(c, _)| *c), Some(5), "{summary}");
+    let table = read_iceberg(warehouse.path(), "db.events");
+    assert_exactly_once(&table.rows, rows);
+}
+
+/// A plugin without the export (the files sink answers that it keeps no
+/// tables) is refused with a clear message, and nothing changes.
+#[test]
+fn a_sink_without_tables_to_maintain_is_refused() {
+    let job = TestJob::files("maint-files", 100, 1, 50);
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let path = job.path().display().to_string();
+    let (code, _, err) = run_cli(&["maintain", &path], job.dir.path());
+    assert_ne!(code, 0);
+    assert!(err.contains("keeps no tables to maintain"), "{err}");
+}
