@@ -101,7 +101,7 @@ impl WriterPool for LocalPool {
         self.subtasks
             .iter()
             .map(|handle| match handle.recv() {
-                Ok(Reply::Round(report)) if report.c == c => Ok(report),
+                Ok(Reply::Round(report)) if report.c == c => Ok(*report),
                 Ok(_) => Err(EngineError::SubtaskLost(handle.subtask)),
                 Err(e) => Err(e),
             })

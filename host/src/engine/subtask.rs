@@ -65,7 +65,8 @@ pub struct RoundReport {
 
 pub(crate) enum Reply {
     Opened,
-    Round(RoundReport),
+    /// Boxed: a report is far larger than the other replies.
+    Round(Box<RoundReport>),
     Applied,
     Aborted,
     /// The writer closed; the largest linear memory its instance had, and
@@ -174,7 +175,7 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
     };
     while let Ok(cmd) = commands.recv() {
         let reply = match cmd {
-            Command::Round(c) => subtask.round(c).map(Reply::Round),
+            Command::Round(c) => subtask.round(c).map(|r| Reply::Round(Box::new(r))),
             Command::Apply(changes) => subtask.apply(&changes).map(|()| Reply::Applied),
             Command::AbortPrepare(c) => {
                 if let Err(e) = subtask.abort_prepare(c) {
