@@ -1,6 +1,7 @@
 //! The `sluice` command line. The only place where errors become `anyhow`.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -11,6 +12,7 @@ use tracing_subscriber::EnvFilter;
 use crate::bindings::PluginInfo;
 use crate::engine::{self, RunOptions};
 use crate::job::Job;
+use crate::metrics::{Metrics, MetricsServer};
 use crate::plugin::{ComponentCache, PluginHost, reserved};
 use crate::progress::{ProgressMode, log_writer};
 
@@ -51,6 +53,15 @@ enum Command {
         /// then the run ends (as `source.bounded = true`).
         #[arg(long)]
         until_end: bool,
+        /// Serve `/metrics` (Prometheus text) and `/healthz` on this address
+        /// during the run, e.g. 127.0.0.1:9464 (port 0: any free port);
+        /// overrides `job.metrics_addr`.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<SocketAddr>,
+        /// Write the address the metrics server listens on to this file
+        /// (once bound: the port chosen for port 0).
+        #[arg(long, value_name = "FILE")]
+        metrics_addr_file: Option<PathBuf>,
     },
     /// Shows a job's state directory: incarnation, last committed checkpoint
     /// and the pending checkpoints with what they will commit.
@@ -192,11 +203,12 @@ fn host(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {
 fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     let cache_dir = cli.cache_dir;
     match cli.command {
-        Command::Run { job, mut sets, progress, new_incarnation, until_end } => {
+        Command::Run { job, mut sets, progress, new_incarnation, until_end, metrics_addr, metrics_addr_file } => {
             if until_end {
                 sets.push("source.bounded=true".to_string());
             }
-            run_job(&job, &sets, cache_dir, progress_mode(cli.quiet, progress), new_incarnation)
+            let serve = Serve { addr: metrics_addr, addr_file: metrics_addr_file };
+            run_job(&job, &sets, cache_dir, progress_mode(cli.quiet, progress), new_incarnation, &serve)
         }
         Command::State { job, sets, drop_pending } => show_state(&job, &sets, cache_dir, drop_pending),
         Command::Check { job, sets } => check_job(&job, &sets, cache_dir),
@@ -250,6 +262,12 @@ fn progress_mode(quiet: bool, progress: ProgressArg) -> ProgressMode {
     }
 }
 
+/// Where `sluice run` serves its metrics, as the command line says.
+struct Serve {
+    addr: Option<SocketAddr>,
+    addr_file: Option<PathBuf>,
+}
+
 /// `sluice run`: the run's summary on stdout.
 fn run_job(
     job: &Path,
@@ -257,14 +275,43 @@ fn run_job(
     cache_dir: Option<PathBuf>,
     progress: ProgressMode,
     new_incarnation: bool,
+    serve: &Serve,
 ) -> anyhow::Result<ExitCode> {
     let job = Job::load(job, sets)?;
-    let host = host(cache_dir)?;
     let options = RunOptions::new(progress, new_incarnation);
+    // Bound before anything is written: a taken address fails the run here.
+    let _server = serve_metrics(&job, serve, &options.metrics)?;
+    let host = host(cache_dir)?;
     stop_on_signals(&options.stop, job.unbounded())?;
     let summary = engine::run(&job, &host, &options)?;
     println!("{summary}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts the metrics server when `--metrics-addr` or `job.metrics_addr`
+/// asks for one, and writes its address where `--metrics-addr-file` says.
+fn serve_metrics(job: &Job, serve: &Serve, metrics: &Metrics) -> anyhow::Result<Option<MetricsServer>> {
+    let (addr, key) = match (serve.addr, job.metrics_addr) {
+        (Some(addr), _) => (addr, "--metrics-addr"),
+        (None, Some(addr)) => (addr, "job.metrics_addr"),
+        (None, None) => {
+            if serve.addr_file.is_some() {
+                anyhow::bail!("--metrics-addr-file needs --metrics-addr or job.metrics_addr");
+            }
+            return Ok(None);
+        }
+    };
+    let server = MetricsServer::start(addr, key, metrics.clone())?;
+    let bound = server.addr();
+    tracing::info!(addr = %bound, "serving metrics on http://{bound}/metrics and health on http://{bound}/healthz");
+    if let Some(file) = &serve.addr_file {
+        // Written whole, then renamed: a reader never sees half an address.
+        let partial = file.with_extension("partial");
+        std::fs::write(&partial, format!("{bound}\n"))
+            .and_then(|()| std::fs::rename(&partial, file))
+            .with_context(|| format!("--metrics-addr-file: writing {}", file.display()))?;
+    }
+    Ok(Some(server))
 }
 
 /// SIGTERM or SIGINT stops the run cleanly: the running round ends with a

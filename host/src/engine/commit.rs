@@ -9,8 +9,15 @@
 //!   key was taken before: it is reported as [`Committed::KeyReused`], never
 //!   as delivered, and never retried;
 //! - a test may crash a commit or an evolve right after its first side
-//!   effect (the reply is lost); the crash wins over every cleanup.
+//!   effect (the reply is lost); the crash wins over every cleanup;
+//! - every retry is counted by reason (`sluice_commit_retries_total`): a
+//!   conflict or an unknown outcome when the catalog answered one during
+//!   the attempt (or, without a catalog, when the plugin's message says
+//!   so), any other `retryable` answer apart.
 
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sluice_retry::{Failed, Policy};
@@ -18,8 +25,10 @@ use sluice_retry::{Failed, Policy};
 use super::EngineError;
 use super::checkpoint::PendingCommit;
 use crate::bindings::CommitOutcome;
+use crate::capability::catalog::CatalogGrant;
 use crate::fault::{Crash, CrashPoint, Faults};
 use crate::job::Job;
+use crate::metrics::{Metrics, RetryReason};
 use crate::plugin::{CommitterInstance, PluginError, SinkErrorKind, TableChange};
 
 /// Whose checkpoint a commit is.
@@ -48,6 +57,36 @@ pub(super) struct Committer {
     instance: CommitterInstance,
     policy: Policy,
     faults: Faults,
+    metrics: Metrics,
+    /// The catalog the plugin commits through, if any: its answers tell a
+    /// retry's reason.
+    catalog: Option<Arc<CatalogGrant>>,
+}
+
+/// The catalog's conflict and unknown-outcome answers so far.
+fn catalog_answers(catalog: Option<&Arc<CatalogGrant>>) -> (u64, u64) {
+    catalog.map_or((0, 0), |c| {
+        (c.stats.conflicts.load(Ordering::Relaxed), c.stats.unknown_outcomes.load(Ordering::Relaxed))
+    })
+}
+
+/// Why an attempt that failed with `e` is retried: what the catalog
+/// answered during it (`before` → `after`), else what the message says.
+fn retry_reason(e: &EngineError, before: (u64, u64), after: (u64, u64)) -> RetryReason {
+    if after.1 > before.1 {
+        return RetryReason::UnknownOutcome;
+    }
+    if after.0 > before.0 {
+        return RetryReason::Conflict;
+    }
+    let text = e.to_string().to_ascii_lowercase();
+    if text.contains("unknown outcome") || text.contains("unknown-outcome") || text.contains("outcome is unknown") {
+        RetryReason::UnknownOutcome
+    } else if text.contains("conflict") {
+        RetryReason::Conflict
+    } else {
+        RetryReason::Retryable
+    }
 }
 
 /// Why one commit attempt did not land.
@@ -68,7 +107,14 @@ impl Committer {
             initial: Duration::from_millis(spec.initial_backoff_ms),
             max: Duration::from_millis(spec.max_backoff_ms),
         };
-        Self { instance, policy, faults }
+        Self { instance, policy, faults, metrics: Metrics::default(), catalog: None }
+    }
+
+    /// Reports retries into `metrics`, telling their reasons by `catalog`'s answers.
+    pub(super) fn reporting(mut self, metrics: Metrics, catalog: Option<Arc<CatalogGrant>>) -> Self {
+        self.metrics = metrics;
+        self.catalog = catalog;
+        self
     }
 
     /// The fan-in of checkpoint `c`'s commit infos.
@@ -89,18 +135,30 @@ impl Committer {
         let c = p.checkpoint;
         let arm = whose != Commit::Recovered;
         let policy = self.policy;
+        let (metrics, catalog) = (self.metrics.clone(), self.catalog.clone());
+        let seen = Cell::new(catalog_answers(catalog.as_ref()));
         let result = policy.run(
-            |attempt| match self.armed(CrashPoint::DuringCommit, c, arm, |i| i.commit(c, &p.combined.0)) {
-                Ok(CommitOutcome::AlreadyCommitted) if whose == Commit::Own && attempt == 1 => Err(Attempt::KeyReused),
-                other => other.map_err(Attempt::Failed),
+            |attempt| {
+                seen.set(catalog_answers(catalog.as_ref()));
+                match self.armed(CrashPoint::DuringCommit, c, arm, |i| i.commit(c, &p.combined.0)) {
+                    Ok(CommitOutcome::AlreadyCommitted) if whose == Commit::Own && attempt == 1 => {
+                        Err(Attempt::KeyReused)
+                    }
+                    other => other.map_err(Attempt::Failed),
+                }
             },
             |a| matches!(a, Attempt::Failed(e) if retryable(e)),
             |a, attempt, wait| {
                 if let Attempt::Failed(e) = a {
-                    tracing::warn!(checkpoint = c, attempt, wait_ms = wait.as_millis() as u64, error = %e, "commit failed; retrying");
+                    let reason = retry_reason(e, seen.get(), catalog_answers(catalog.as_ref()));
+                    metrics.commit_retry(reason, &e.to_string());
+                    tracing::warn!(checkpoint = c, attempt, wait_ms = wait.as_millis() as u64, reason = reason.label(), error = %e, "commit failed; retrying");
                 }
             },
         );
+        if let Err(Failed { error: Attempt::Failed(e), .. }) = &result {
+            self.metrics.commit_failed(&e.to_string());
+        }
         match result {
             Ok(outcome) => {
                 if outcome == CommitOutcome::AlreadyCommitted {
@@ -150,5 +208,21 @@ impl Committer {
             Some(injected) => Crash::after(injected, point, c).into(),
             None => e.into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_reason_comes_from_the_catalog_else_from_the_message() {
+        let e = |m: &str| EngineError::Pool { message: m.to_string() };
+        let plain = e("the stream broke");
+        assert_eq!(retry_reason(&plain, (0, 0), (1, 0)), RetryReason::Conflict);
+        assert_eq!(retry_reason(&plain, (1, 0), (1, 1)), RetryReason::UnknownOutcome);
+        assert_eq!(retry_reason(&plain, (1, 1), (1, 1)), RetryReason::Retryable);
+        assert_eq!(retry_reason(&e("commit conflict on table t"), (0, 0), (0, 0)), RetryReason::Conflict);
+        assert_eq!(retry_reason(&e("unknown-outcome: reply lost"), (0, 0), (0, 0)), RetryReason::UnknownOutcome);
     }
 }

@@ -18,8 +18,12 @@
 //!   evolve the target, the writers apply the changes, and the next round
 //!   start, so no row of a new shape is written before its table takes it.
 //!   `evolve` is idempotent: a crash after it replays the barrier, and the
-//!   target already has the change.
+//!   target already has the change;
+//! - the run's metrics are updated here (and by the committer this drives)
+//!   only: rows and bytes when their checkpoint is committed, so that they
+//!   count what landed.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -42,6 +46,7 @@ use crate::bindings::CommitOutcome;
 use crate::capability::Granted;
 use crate::fault::{CrashPoint, Faults};
 use crate::job::Job;
+use crate::metrics::{Metrics, Tally};
 use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost};
 use crate::progress::{Progress, peak_memory};
 use crate::source::Source;
@@ -118,6 +123,17 @@ struct Coordinator<'a> {
     /// The run ended on a stop request, after this checkpoint, with the
     /// source's positions then.
     stopped: Option<(u64, Vec<serde_json::Value>)>,
+    metrics: Metrics,
+    /// This run's checkpoints persisted but not committed yet: what they
+    /// land, and when their barrier was.
+    inflight: BTreeMap<u64, Inflight>,
+}
+
+/// A checkpoint of this run on its way to the target.
+struct Inflight {
+    tables: BTreeMap<String, Tally>,
+    /// The writers' cut (the barrier), as near as the coordinator can tell.
+    cut: Instant,
 }
 
 /// Runs a job to the end of its source, resuming from its last checkpoint,
@@ -138,6 +154,8 @@ pub fn run_on(
     pool: &mut dyn WriterPool,
 ) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
+    let memory_limit = job.spec.sink.sandbox.memory_mb.saturating_mul(1024 * 1024);
+    opts.metrics.start_run(&job.spec.job.id, job.max_commit_age, memory_limit);
     let progress = Progress::new(opts.progress);
     let _status = progress.start_status_line();
     let mut co = Coordinator::setup(job, host, opts, progress)?;
@@ -222,6 +240,8 @@ impl<'a> Coordinator<'a> {
         let options = plugin.options_for(job.sink_options(), &ctx);
         let instance = plugin.instantiate("committer", &grants, Limits::of(&job.spec.sink.sandbox))?;
         let committer = CommitterInstance::open(instance, &ctx, &options, &tables.source_tables()?)?;
+        let committer =
+            Committer::new(committer, job, opts.faults.clone()).reporting(opts.metrics.clone(), grants.catalog.clone());
         if who.new_incarnation {
             // The committer found no other incarnation in the target (or was told to accept one).
             store.set_incarnation(&who.incarnation)?;
@@ -232,7 +252,7 @@ impl<'a> Coordinator<'a> {
             store,
             plugin,
             grants,
-            committer: Committer::new(committer, job, opts.faults.clone()),
+            committer,
             source,
             options,
             tables,
@@ -245,6 +265,8 @@ impl<'a> Coordinator<'a> {
             faults: opts.faults.clone(),
             stop: opts.stop.clone(),
             stopped: None,
+            metrics: opts.metrics.clone(),
+            inflight: BTreeMap::new(),
         })
     }
 
@@ -294,6 +316,8 @@ impl<'a> Coordinator<'a> {
         let waited = Instant::now();
         let round = Round::of(self.gather(pool, c)?);
         let gathered = Instant::now();
+        let cut = gathered.checked_sub(round.prepare).unwrap_or(gathered);
+        self.report_writers(&round);
         let combined = match self.combine(c, &round.infos) {
             Ok(combined) => combined,
             Err(e) => {
@@ -304,6 +328,12 @@ impl<'a> Coordinator<'a> {
         let combined_at = Instant::now();
         let record = self.persist(pool, c, round.records, combined)?;
         let persisted = Instant::now();
+        if record.pending.iter().any(|p| p.checkpoint == c) {
+            self.inflight.insert(c, Inflight { tables: round.tables, cut });
+        } else if record.pending.is_empty() {
+            // Nothing to commit, and nothing behind it: the job is caught up.
+            self.metrics.caught_up(c, cut.elapsed());
+        }
         self.faults.check(CrashPoint::AfterPersist, c, None)?;
         let finished = record.finished();
         // Asked to stop: this checkpoint is the run's last; no round follows.
@@ -336,6 +366,17 @@ impl<'a> Coordinator<'a> {
             self.cross_barrier(pool, c, round.changes)?;
         }
         Ok(finished)
+    }
+
+    /// The writers' memory and the source's lag, as round reports and the
+    /// source tell them.
+    fn report_writers(&self, round: &Round) {
+        for (subtask, memory) in round.memory.iter().enumerate() {
+            self.metrics.writer_memory(subtask as u32, *memory);
+        }
+        for (topic, partition, lag) in self.source.lag() {
+            self.metrics.source_lag(&topic, partition, lag);
+        }
     }
 
     /// Commits what is pending, with round `c + 1` running meanwhile when
@@ -501,10 +542,19 @@ impl<'a> Coordinator<'a> {
             };
             // A run that lost its hold on the state directory commits nothing more.
             self.store.check_held()?;
-            let outcome = match self.committer.commit(&p, whose)? {
+            let committing = Instant::now();
+            let committed = self.committer.commit(&p, whose);
+            self.metrics.commit_duration(&self.job.spec.sink.id, committing.elapsed());
+            let outcome = match committed? {
                 Committed::Done(outcome) => outcome,
                 Committed::KeyReused => return Err(self.key_reused(p.checkpoint)),
             };
+            let landed = self.inflight.remove(&p.checkpoint);
+            let tables = landed.as_ref().map(|l| l.tables.clone()).unwrap_or_default();
+            self.metrics.committed(&self.job.spec.job.id, p.checkpoint, &tables);
+            if let Some(l) = landed {
+                self.metrics.checkpoint_duration(l.cut.elapsed());
+            }
             self.at.pending.remove(0);
             self.at.last_committed = Some(p.checkpoint);
             self.progress.committed(p.checkpoint, self.at.committed_rows());
@@ -601,12 +651,33 @@ struct Round {
     infos: Vec<Vec<u8>>,
     changes: Vec<Change>,
     refusal: Option<tables::SchemaRefusal>,
+    /// Rows and bytes per table, over every writer.
+    tables: BTreeMap<String, Tally>,
+    /// Each writer's linear memory, in subtask order.
+    memory: Vec<u64>,
+    /// The longest a writer took from its cut to its report.
+    prepare: Duration,
 }
 
 impl Round {
     fn of(reports: Vec<RoundReport>) -> Self {
-        let mut round = Round { records: Vec::new(), infos: Vec::new(), changes: Vec::new(), refusal: None };
+        let mut round = Round {
+            records: Vec::new(),
+            infos: Vec::new(),
+            changes: Vec::new(),
+            refusal: None,
+            tables: BTreeMap::new(),
+            memory: Vec::new(),
+            prepare: Duration::ZERO,
+        };
         for report in reports {
+            for (table, tally) in report.tables {
+                let sum = round.tables.entry(table).or_default();
+                sum.rows += tally.rows;
+                sum.bytes += tally.bytes;
+            }
+            round.memory.push(report.memory);
+            round.prepare = round.prepare.max(report.prepare);
             round.records.push(report.record);
             round.infos.extend(report.info);
             round.changes.extend(report.changes);

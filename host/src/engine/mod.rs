@@ -64,6 +64,9 @@ pub struct RunOptions {
     pub faults: Faults,
     /// Set to stop the run at its next checkpoint (SIGTERM, SIGINT).
     pub stop: Stop,
+    /// The registry the run reports into (a fresh one unless the caller
+    /// serves one: `sluice run --metrics-addr`).
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// A request to stop a run cleanly: the running round ends at once, its

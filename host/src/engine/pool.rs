@@ -14,7 +14,9 @@
 //!   barrier's changes) is a versioned JSON document whose binary parts are
 //!   base64, like the checkpoint record.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +29,7 @@ use crate::capability::Granted;
 use crate::fault::Faults;
 use crate::ipc;
 use crate::job::Job;
+use crate::metrics::Tally;
 use crate::plugin::{ChangeKind, PluginHost};
 use crate::progress::{Progress, ProgressMode};
 use crate::source::Source;
@@ -98,7 +101,7 @@ impl WriterPool for LocalPool {
         self.subtasks
             .iter()
             .map(|handle| match handle.recv() {
-                Ok(Reply::Round(report)) if report.c == c => Ok(report),
+                Ok(Reply::Round(report)) if report.c == c => Ok(*report),
                 Ok(_) => Err(EngineError::SubtaskLost(handle.subtask)),
                 Err(e) => Err(e),
             })
@@ -171,6 +174,13 @@ struct ReportWire {
     info: Option<Blob>,
     record: SubtaskRecord,
     rows: u64,
+    /// Rows and bytes per table (absent from an older peer: none).
+    #[serde(default)]
+    tables: BTreeMap<String, Tally>,
+    #[serde(default)]
+    memory: u64,
+    #[serde(default)]
+    prepare_secs: f64,
     changes: Vec<ChangeWire>,
     refusal: Option<SchemaRefusal>,
 }
@@ -231,6 +241,9 @@ impl RoundReport {
                 info: self.info.clone().map(Blob),
                 record: self.record.clone(),
                 rows: self.rows,
+                tables: self.tables.clone(),
+                memory: self.memory,
+                prepare_secs: self.prepare.as_secs_f64(),
                 changes: changes_to_wire(&self.changes)?,
                 refusal: self.refusal.clone(),
             },
@@ -244,6 +257,9 @@ impl RoundReport {
             info: w.info.map(|b| b.0),
             record: w.record,
             rows: w.rows,
+            tables: w.tables,
+            memory: w.memory,
+            prepare: Duration::try_from_secs_f64(w.prepare_secs).unwrap_or_default(),
             changes: changes_from_wire(w.changes)?,
             refusal: w.refusal,
         })

@@ -29,6 +29,7 @@ use super::tables::{self, Change, Fit, SchemaRefusal, TableSet};
 use super::writer::WriterEnv;
 use crate::fault::CrashPoint;
 use crate::ipc;
+use crate::metrics::Tally;
 use crate::plugin::{SinkCtx, WriterInstance};
 use crate::source::{Read, SourceReader, TableBatch};
 
@@ -49,6 +50,13 @@ pub struct RoundReport {
     pub record: SubtaskRecord,
     /// Rows written in this round.
     pub rows: u64,
+    /// Rows and bytes written in this round, per table.
+    pub tables: BTreeMap<String, Tally>,
+    /// The writer instance's linear memory at the round's end, in bytes.
+    pub memory: u64,
+    /// From the round's cut to this report: its `prepare-commit` and
+    /// `snapshot-state` (the part of the checkpoint the coordinator does not see).
+    pub prepare: Duration,
     /// The round ended at a barrier: the target must change first.
     pub changes: Vec<Change>,
     /// The round ended at a schema change that is refused.
@@ -57,7 +65,8 @@ pub struct RoundReport {
 
 pub(crate) enum Reply {
     Opened,
-    Round(RoundReport),
+    /// Boxed: a report is far larger than the other replies.
+    Round(Box<RoundReport>),
     Applied,
     Aborted,
     /// The writer closed; the largest linear memory its instance had, and
@@ -119,6 +128,8 @@ impl Drop for SubtaskHandle {
 struct Filled {
     /// Rows written in this round.
     rows: u64,
+    /// Rows and bytes per table.
+    tables: BTreeMap<String, Tally>,
     wrote: bool,
     /// The barrier's changes, when the round ends at one.
     changes: Vec<Change>,
@@ -164,7 +175,7 @@ fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<
     };
     while let Ok(cmd) = commands.recv() {
         let reply = match cmd {
-            Command::Round(c) => subtask.round(c).map(Reply::Round),
+            Command::Round(c) => subtask.round(c).map(|r| Reply::Round(Box::new(r))),
             Command::Apply(changes) => subtask.apply(&changes).map(|()| Reply::Applied),
             Command::AbortPrepare(c) => {
                 if let Err(e) = subtask.abort_prepare(c) {
@@ -308,7 +319,11 @@ impl Subtask {
             let Some(batch) = self.fit(c, next.clone(), before, &mut filled)? else { break };
             self.seen.insert(next.table.clone(), next.batch.schema());
             let n = batch.num_rows() as u64;
-            self.writer.write(&next.table, &ipc::encode_batch(&batch)?)?;
+            let bytes = ipc::encode_batch(&batch)?;
+            self.writer.write(&next.table, &bytes)?;
+            let tally = filled.tables.entry(next.table.clone()).or_default();
+            tally.rows += n;
+            tally.bytes += bytes.len() as u64;
             filled.rows += n;
             self.rows_total += n;
             self.rows_this_run += n;
@@ -403,6 +418,9 @@ impl Subtask {
             c,
             info,
             rows: filled.rows,
+            tables: filled.tables,
+            memory: self.writer.memory_peak(),
+            prepare: preparing.elapsed(),
             record: SubtaskRecord {
                 position: self.position.clone(),
                 writer_state: Blob(state),

@@ -15,6 +15,7 @@
 //!   tokens read), so the engine never checks a job key again.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -93,6 +94,24 @@ pub struct JobSection {
     pub checkpoint: CheckpointSpec,
     #[serde(default)]
     pub commit: CommitSpec,
+    /// Where `sluice run` serves `/metrics` and `/healthz`, e.g.
+    /// `"127.0.0.1:9464"` (`--metrics-addr` overrides); no server when absent.
+    #[serde(default)]
+    pub metrics_addr: Option<String>,
+    #[serde(default)]
+    pub health: HealthSpec,
+}
+
+/// `[job.health]`: when `/healthz` calls the job unhealthy.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthSpec {
+    /// The longest time without a commit that is healthy: a duration such
+    /// as `"90s"`, `"500ms"`, `"5m"` or `"1h"`, or a number of seconds.
+    /// Default: three checkpoint intervals (30 s when checkpoints are by
+    /// rows only).
+    #[serde(default)]
+    pub max_commit_age: Option<toml::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -620,6 +639,10 @@ pub struct Job {
     pub http_endpoints: BTreeMap<String, EndpointConfig>,
     /// A Kafka source, resolved (secrets read, schema decided).
     pub kafka: Option<kafka::KafkaConfig>,
+    /// `job.metrics_addr`, parsed.
+    pub metrics_addr: Option<SocketAddr>,
+    /// `job.health.max_commit_age`, or its default.
+    pub max_commit_age: Duration,
 }
 
 impl Job {
@@ -664,6 +687,8 @@ impl Job {
             endpoints: BTreeMap::new(),
             http_endpoints: BTreeMap::new(),
             kafka: None,
+            metrics_addr: None,
+            max_commit_age: Duration::ZERO,
         };
         job.validate()?;
         Ok(job)
@@ -681,6 +706,7 @@ impl Job {
     /// Checks the job in named steps, each resolving what it checks.
     fn validate(&mut self) -> Result<(), JobError> {
         self.check_job_section()?;
+        self.check_metrics()?;
         self.check_source()?;
         self.check_plugin()?;
         self.check_sandbox()?;
@@ -724,6 +750,26 @@ impl Job {
         if self.spec.job.commit.max_attempts == 0 {
             return Err(self.invalid("job.commit.max_attempts", "must be at least 1"));
         }
+        Ok(())
+    }
+
+    /// `job.metrics_addr` and `job.health.max_commit_age`.
+    fn check_metrics(&mut self) -> Result<(), JobError> {
+        const ADDR: &str = "job.metrics_addr";
+        if let Some(text) = &self.spec.job.metrics_addr {
+            let addr = text.trim().parse::<SocketAddr>().map_err(|_| {
+                self.invalid(ADDR, format!("{text:?} is not an address to listen on, such as \"127.0.0.1:9464\""))
+            })?;
+            self.metrics_addr = Some(addr);
+        }
+        const AGE: &str = "job.health.max_commit_age";
+        self.max_commit_age = match &self.spec.job.health.max_commit_age {
+            Some(value) => parse_duration(value).map_err(|m| self.invalid(AGE, m))?,
+            None => match self.checkpoint_trigger().1 {
+                Some(interval) => interval.saturating_mul(3),
+                None => Duration::from_secs_f64(DEFAULT_INTERVAL_SECS * 3.0),
+            },
+        };
         Ok(())
     }
 
@@ -1215,6 +1261,34 @@ impl Job {
     }
 }
 
+/// A duration of the job file: `"90s"`, `"1.5s"`, `"500ms"`, `"5m"`,
+/// `"1h"`, or a number of seconds; positive and at most a week.
+pub fn parse_duration(value: &toml::Value) -> Result<Duration, String> {
+    let secs = match value {
+        toml::Value::Integer(n) => *n as f64,
+        toml::Value::Float(f) => *f,
+        toml::Value::String(s) => {
+            let t = s.trim();
+            let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+            let (number, unit) = t.split_at(split);
+            let n: f64 = number.parse().map_err(|_| format!("{s:?} is not a duration such as \"90s\" or \"5m\""))?;
+            let scale = match unit.trim() {
+                "ms" => 0.001,
+                "s" | "" => 1.0,
+                "m" | "min" => 60.0,
+                "h" => 3600.0,
+                other => return Err(format!("{s:?}: unknown unit {other:?} (ms, s, m or h)")),
+            };
+            n * scale
+        }
+        other => return Err(format!("{other} is not a duration such as \"90s\" or \"5m\"")),
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs <= 7.0 * 86_400.0) {
+        return Err(format!("{value} must be a positive duration of at most a week"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
 fn check_id(id: &str) -> Result<(), String> {
     if id.is_empty() || id.len() > 64 {
         return Err("must be 1 to 64 characters long".to_string());
@@ -1467,6 +1541,36 @@ mod tests {
         assert!(job.state_dir.ends_with(".sluice/j1"));
         assert!(job.spec.sink.plugin.is_absolute());
         assert_eq!(job.checkpoint_trigger(), (None, Some(Duration::from_secs(10))));
+    }
+
+    #[test]
+    fn metrics_address_and_health_age_are_parsed_strictly() {
+        let job = load(MINIMAL, &[]).unwrap();
+        assert_eq!(job.metrics_addr, None);
+        assert_eq!(job.max_commit_age, Duration::from_secs(30), "three default intervals");
+        let job = load(MINIMAL, &["job.checkpoint.interval_secs=2"]).unwrap();
+        assert_eq!(job.max_commit_age, Duration::from_secs(6));
+        let with = MINIMAL.replace(
+            "id = \"j1\"",
+            "id = \"j1\"\nmetrics_addr = \"127.0.0.1:0\"\n[job.health]\nmax_commit_age = \"1.5m\"",
+        );
+        let job = load(&with, &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(job.metrics_addr, Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(job.max_commit_age, Duration::from_secs(90));
+        for (set, key) in [
+            ("job.metrics_addr=\"localhost\"", "job.metrics_addr"),
+            ("job.metrics_addr=\"127.0.0.1:99999\"", "job.metrics_addr"),
+            ("job.health.max_commit_age=\"10 parsecs\"", "job.health.max_commit_age"),
+            ("job.health.max_commit_age=0", "job.health.max_commit_age"),
+            ("job.health.max_age=\"1s\"", "max_age"),
+        ] {
+            let err = load(MINIMAL, &[set]).expect_err(set).to_string();
+            assert!(err.contains(key), "{set}: {err}");
+        }
+        for (text, ms) in [("500ms", 500), ("2s", 2000), ("1h", 3_600_000), ("3", 3000)] {
+            assert_eq!(parse_duration(&toml::Value::String(text.into())), Ok(Duration::from_millis(ms)), "{text}");
+        }
+        assert_eq!(parse_duration(&toml::Value::Integer(4)), Ok(Duration::from_secs(4)));
     }
 
     #[test]

@@ -292,4 +292,13 @@ impl Source {
             _ => None,
         }
     }
+
+    /// A Kafka source's lag per partition as its readers in this process
+    /// saw it last: `(topic, partition, high watermark - next offset)`.
+    pub fn lag(&self) -> Vec<(String, i32, i64)> {
+        match self {
+            Source::Kafka(k) => k.lag().per_partition(),
+            _ => Vec::new(),
+        }
+    }
 }

@@ -113,6 +113,14 @@ impl LagBoard {
         }
     }
 
+    /// Lag per partition: `(topic, partition, messages not read yet)`.
+    pub fn per_partition(&self) -> Vec<(String, i32, i64)> {
+        match self.seen.lock() {
+            Ok(seen) => seen.iter().map(|((t, p), (next, high))| (t.clone(), *p, (high - next).max(0))).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// Lag per topic: messages at the broker not read yet.
     pub fn per_topic(&self) -> BTreeMap<String, i64> {
         let mut out = BTreeMap::new();
@@ -533,5 +541,9 @@ mod tests {
         lag.set("a", 1, 3, 3);
         lag.set("b", 0, 7, 9);
         assert_eq!(lag.per_topic(), BTreeMap::from([("a".to_string(), 5), ("b".to_string(), 2)]));
+        assert_eq!(
+            lag.per_partition(),
+            vec![("a".to_string(), 0, 5), ("a".to_string(), 1, 0), ("b".to_string(), 0, 2)]
+        );
     }
 }
