@@ -40,8 +40,8 @@ use iceberg::arrow::ArrowReaderBuilder;
 use iceberg::scan::FileScanTask;
 use iceberg::spec::{
     DataContentType, DataFile, DataFileFormat, FormatVersion, MAIN_BRANCH, ManifestContentType, ManifestEntryRef,
-    ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation, PartitionKey, Snapshot,
-    SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Struct, Summary, TableMetadata,
+    ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation, PartitionKey, Snapshot, SnapshotReference,
+    SnapshotRetention, SnapshotSummaryCollector, Struct, Summary, TableMetadata,
 };
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
@@ -244,8 +244,7 @@ fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u6
     let files = SharedHostFiles::default();
     let parquet = HostParquetWriterBuilder::new(parquet_options(cfg, 1), schema.clone(), files.clone())
         .map_err(|e| iceberg_error("preparing the Parquet writer", e))?;
-    let rolling =
-        RollingFileWriterBuilder::new(parquet, target as usize, table.file_io().clone(), locations, names);
+    let rolling = RollingFileWriterBuilder::new(parquet, target as usize, table.file_io().clone(), locations, names);
     let key = (!spec.is_unpartitioned())
         .then(|| PartitionKey::new(spec.as_ref().clone(), schema.clone(), bin.partition.clone()));
     let budget = (cfg.buffer_bytes as u64) * 3 / 4;
@@ -257,10 +256,7 @@ fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u6
         let mut stream = reader.read(Box::pin(futures::stream::iter(tasks)))?.stream();
         while let Some(batch) = stream.try_next().await? {
             writer.write(batch).await?;
-            files
-                .lock()
-                .keep_within(budget)
-                .map_err(|m| iceberg::Error::new(iceberg::ErrorKind::Unexpected, m))?;
+            files.lock().keep_within(budget).map_err(|m| iceberg::Error::new(iceberg::ErrorKind::Unexpected, m))?;
         }
         writer.close().await
     })
@@ -329,11 +325,7 @@ fn compact(
             report.files_compacted += replaced.len() as u64;
             report.files_written += written.len() as u64;
             report.rows_rewritten += replaced.iter().map(DataFile::record_count).sum::<u64>();
-            log::info(&format!(
-                "table {ident}: compacted {} data file(s) into {}",
-                replaced.len(),
-                written.len()
-            ));
+            log::info(&format!("table {ident}: compacted {} data file(s) into {}", replaced.len(), written.len()));
             Ok(())
         }
         Ok(None) => {
@@ -365,12 +357,8 @@ fn commit_replace(ident: &TableIdent, replaced: &[DataFile], written: &[DataFile
         let table = load(ident)?;
         let Some(head) = table.metadata().current_snapshot().cloned() else { return Ok(None) };
         let manifests = manifests_of(&table, &head)?;
-        let live: HashSet<&str> = manifests
-            .iter()
-            .flat_map(|m| m.entries.iter())
-            .filter(|e| e.is_alive())
-            .map(|e| e.file_path())
-            .collect();
+        let live: HashSet<&str> =
+            manifests.iter().flat_map(|m| m.entries.iter()).filter(|e| e.is_alive()).map(|e| e.file_path()).collect();
         if !gone.iter().all(|f| live.contains(f)) {
             return Ok(None);
         }
@@ -389,7 +377,10 @@ fn commit_replace(ident: &TableIdent, replaced: &[DataFile], written: &[DataFile
                 last = m;
             }
             Err(e) => {
-                return Err(error::retryable(format!("committing the compaction of table {ident}: {}", catalog_message(&e))));
+                return Err(error::retryable(format!(
+                    "committing the compaction of table {ident}: {}",
+                    catalog_message(&e)
+                )));
             }
         }
     }
@@ -416,7 +407,8 @@ fn build_replace(
     let schema = metadata.current_schema().clone();
     let meta_dir = format!("{}/metadata", metadata.location().trim_end_matches('/'));
     let next_seq = metadata.next_sequence_number();
-    let fail = |e: iceberg::Error| iceberg_error(&format!("building the compaction snapshot of {}", table.identifier()), e);
+    let fail =
+        |e: iceberg::Error| iceberg_error(&format!("building the compaction snapshot of {}", table.identifier()), e);
     let mut counter = 0u32;
     let mut next_path = || {
         counter += 1;
@@ -439,9 +431,9 @@ fn build_replace(
                 out.push(m.file.clone());
                 continue;
             }
-            let spec = metadata
-                .partition_spec_by_id(m.file.partition_spec_id)
-                .ok_or_else(|| error::fatal(format!("manifest {} names an unknown partition spec", m.file.manifest_path)))?;
+            let spec = metadata.partition_spec_by_id(m.file.partition_spec_id).ok_or_else(|| {
+                error::fatal(format!("manifest {} names an unknown partition spec", m.file.manifest_path))
+            })?;
             let mut writer = builder(next_path(), spec.as_ref().clone())?;
             for entry in &m.entries {
                 if !entry.is_alive() {
@@ -645,7 +637,9 @@ fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut Table
         for location in gone {
             match fio::delete(&location) {
                 Ok(()) | Err(fio::IoError::NotFound(_)) => report.files_removed.push(location),
-                Err(e) => report.notes.push(format!("could not remove {location}: {}", sluice_guest_sdk::files::describe(&e))),
+                Err(e) => {
+                    report.notes.push(format!("could not remove {location}: {}", sluice_guest_sdk::files::describe(&e)))
+                }
             }
         }
         log::info(&format!("table {ident}: expired {} snapshot(s)", removed.len()));
@@ -674,13 +668,19 @@ fn protected_files(combined: &[u8]) -> Vec<String> {
         .collect()
 }
 
-fn remove_orphans(ident: &TableIdent, orphans: &Orphans, dry_run: bool, report: &mut TableReport) -> Result<(), SinkError> {
+fn remove_orphans(
+    ident: &TableIdent,
+    orphans: &Orphans,
+    dry_run: bool,
+    report: &mut TableReport,
+) -> Result<(), SinkError> {
     let table = load(ident)?;
     let metadata = table.metadata();
     let location = metadata.location().trim_end_matches('/').to_string();
     // Listed first: a file written after this cannot be removed.
-    let listed = fio::list_tree(&location)
-        .map_err(|e| error::config(format!("listing the files of table {ident}: {}", sluice_guest_sdk::files::describe(&e))))?;
+    let listed = fio::list_tree(&location).map_err(|e| {
+        error::config(format!("listing the files of table {ident}: {}", sluice_guest_sdk::files::describe(&e)))
+    })?;
     // Reloaded after the listing: a commit made meanwhile protects its files.
     let table = load(ident)?;
     let metadata = table.metadata();
@@ -726,9 +726,11 @@ fn remove_orphans(ident: &TableIdent, orphans: &Orphans, dry_run: bool, report: 
         }
         match fio::delete(&entry.location) {
             Ok(()) | Err(fio::IoError::NotFound(_)) => report.files_removed.push(entry.location.clone()),
-            Err(e) => report
-                .notes
-                .push(format!("could not remove {}: {}", entry.location, sluice_guest_sdk::files::describe(&e))),
+            Err(e) => report.notes.push(format!(
+                "could not remove {}: {}",
+                entry.location,
+                sluice_guest_sdk::files::describe(&e)
+            )),
         }
     }
     if !report.files_removed.is_empty() && !dry_run {
@@ -744,7 +746,8 @@ mod tests {
     #[test]
     fn protected_files_come_from_both_commit_forms() {
         let file = serde_json::json!({"file_path": "file:///wh/t/data/a.parquet"}).to_string();
-        let combined = serde_json::json!({"tables": [{"table": "t", "spec_id": 0, "files": [file.clone()]}], "files": [file]});
+        let combined =
+            serde_json::json!({"tables": [{"table": "t", "spec_id": 0, "files": [file.clone()]}], "files": [file]});
         let found = protected_files(combined.to_string().as_bytes());
         assert_eq!(found, vec!["/wh/t/data/a.parquet".to_string(), "/wh/t/data/a.parquet".to_string()]);
         assert!(protected_files(b"not json").is_empty());

@@ -54,8 +54,8 @@ impl Plugin {
         let mut store = self.store(&tag, grants, &limits);
         // Instantiation runs the component's start code: the same deadline.
         let _deadline = CallDeadline::enter(limits.call_timeout);
-        let adapter = adapter::instantiate(&self.pre, &mut store)
-            .map_err(|e| instantiation_failed(&store, &tag, &limits, &e))?;
+        let adapter =
+            adapter::instantiate(&self.pre, &mut store).map_err(|e| instantiation_failed(&store, &tag, &limits, &e))?;
         Ok(Instance { store, adapter, tag, limits, dead: None })
     }
 
@@ -76,7 +76,10 @@ impl Plugin {
             return Err(PluginError::Unsupported {
                 plugin: self.name.clone(),
                 version: self.version(),
-                what: format!("maintain tables (it was built for {}, without the `maintenance` export)", self.contract()),
+                what: format!(
+                    "maintain tables (it was built for {}, without the `maintenance` export)",
+                    self.contract()
+                ),
             });
         };
         let tag = InstanceTag { plugin: self.name.clone(), instance: Arc::from(instance) };
@@ -124,11 +127,12 @@ impl MaintainerInstance {
         let wit_request = v0_2_maintenance::Request {
             tables: request.tables.clone(),
             compaction: request.target_file_bytes.map(|b| v0_2_maintenance::Compaction { target_file_bytes: b }),
-            expiry: request.expiry.map(|(older_than_ms, keep_last)| v0_2_maintenance::Expiry { older_than_ms, keep_last }),
-            orphans: request.orphans_older_than_ms.map(|older_than_ms| v0_2_maintenance::Orphans {
-                older_than_ms,
-                protected: request.protected.clone(),
-            }),
+            expiry: request
+                .expiry
+                .map(|(older_than_ms, keep_last)| v0_2_maintenance::Expiry { older_than_ms, keep_last }),
+            orphans: request
+                .orphans_older_than_ms
+                .map(|older_than_ms| v0_2_maintenance::Orphans { older_than_ms, protected: request.protected.clone() }),
             dry_run: request.dry_run,
         };
         let context = v0_2_maintenance::SinkContext {
@@ -141,8 +145,7 @@ impl MaintainerInstance {
             attempt: ctx.attempt,
         };
         let bindings = &self.bindings;
-        let mut guest =
-            Guest { store: &mut self.store, tag: &self.tag, limits: &self.limits, dead: &mut self.dead };
+        let mut guest = Guest { store: &mut self.store, tag: &self.tag, limits: &self.limits, dead: &mut self.dead };
         guest.call("maintain", |s| {
             bindings.sluice_connector_maintenance().call_maintain(s, &context, &options, &wit_request)
         })
