@@ -564,13 +564,15 @@ fn now_ms() -> i64 {
 // -------------------------------------------------------------------- expiry
 
 /// Every file a snapshot references: its manifest list, its manifests, and
-/// the files their entries name (`all`: deleted entries too).
-fn referenced_by(table: &Table, snapshot: &Arc<Snapshot>, all: bool) -> Result<HashSet<String>, SinkError> {
+/// the data files live in it. A file a manifest marks deleted is not read
+/// through this snapshot; while it is live in a kept ancestor, that
+/// ancestor references it.
+fn referenced_by(table: &Table, snapshot: &Arc<Snapshot>) -> Result<HashSet<String>, SinkError> {
     let mut out = HashSet::from([norm(snapshot.manifest_list()).to_string()]);
     for m in manifests_of(table, snapshot)? {
         out.insert(norm(&m.file.manifest_path).to_string());
         for entry in &m.entries {
-            if all || entry.is_alive() {
+            if entry.is_alive() {
                 out.insert(norm(entry.file_path()).to_string());
             }
         }
@@ -624,10 +626,10 @@ fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut Table
         }
         let mut candidates = HashSet::new();
         for snapshot in &removed {
-            candidates.extend(referenced_by(&before, snapshot, false)?);
+            candidates.extend(referenced_by(&before, snapshot)?);
         }
         for snapshot in after.metadata().snapshots() {
-            for kept in referenced_by(&after, snapshot, true)? {
+            for kept in referenced_by(&after, snapshot)? {
                 candidates.remove(&kept);
             }
         }
@@ -698,14 +700,14 @@ fn remove_orphans(
         referenced.insert(norm(&stats.statistics_path).to_string());
     }
     for snapshot in metadata.snapshots() {
-        referenced.extend(referenced_by(&table, snapshot, true)?);
+        referenced.extend(referenced_by(&table, snapshot)?);
     }
     for combined in &orphans.protected {
         referenced.extend(protected_files(combined));
     }
     let listed_names: HashSet<&str> = listed.iter().map(|e| norm(&e.location)).collect();
     if let Some(current) = metadata.current_snapshot() {
-        let live = referenced_by(&table, current, false)?;
+        let live = referenced_by(&table, current)?;
         if let Some(missing) = live.iter().find(|f| !listed_names.contains(f.as_str())) {
             report.notes.push(format!(
                 "orphan cleanup removed nothing: the live file {missing} is not among the files listed under {location}"
