@@ -36,7 +36,10 @@ memory_mb = 512
 
 /// Live data files per partition, and the rows as `[id, amount]` sorted by
 /// id, read by PyIceberg; and the same rows read by DuckDB from the files.
-fn read_back(warehouse: &Path) -> (Vec<usize>, Vec<(i64, String)>, Vec<(i64, String)>) {
+/// Rows as `(id, amount)`, sorted by id.
+type Rows = Vec<(i64, String)>;
+
+fn read_back(warehouse: &Path) -> (Vec<usize>, Rows, Rows) {
     let out = python(
         "import sys, json, collections, duckdb\n\
          from pyiceberg.catalog.sql import SqlCatalog\n\
@@ -55,8 +58,8 @@ fn read_back(warehouse: &Path) -> (Vec<usize>, Vec<(i64, String)>, Vec<(i64, Str
     .unwrap_or_else(|e| panic!("PyIceberg or DuckDB failed: {e}"));
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
     let per: Vec<usize> = serde_json::from_value(v["per"].clone()).expect("per");
-    let rows: Vec<(i64, String)> = serde_json::from_value(v["rows"].clone()).expect("rows");
-    let duck: Vec<(i64, String)> = serde_json::from_value(v["duck"].clone()).expect("duck");
+    let rows: Rows = serde_json::from_value(v["rows"].clone()).expect("rows");
+    let duck: Rows = serde_json::from_value(v["duck"].clone()).expect("duck");
     (per, rows, duck)
 }
 
