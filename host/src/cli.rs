@@ -237,6 +237,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 protect,
                 dry_run,
                 timeout,
+                faults: Default::default(),
             };
             let host = host(cache_dir)?;
             let report = engine::maintain::maintain(&job, &host, &opts)?;

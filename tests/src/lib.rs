@@ -698,7 +698,7 @@ pub struct IcebergTable {
     /// Every visible row, conformed to the generator's schema, sorted by id.
     pub rows: RecordBatch,
     /// `(job, checkpoint)` of every snapshot in the current ancestry (as far
-    /// as it was not expired), oldest first.
+    /// as it was not expired), oldest first; maintenance's snapshots left out.
     pub commits: Vec<(String, u64)>,
     pub table: iceberg::table::Table,
 }
@@ -777,10 +777,14 @@ pub fn read_iceberg_as(
         // The history ends where snapshot expiry removed the older ancestors.
         let Some(snapshot) = metadata.snapshot_by_id(id) else { break };
         let props = &snapshot.summary().additional_properties;
+        next = snapshot.parent_snapshot_id();
+        // Maintenance's snapshots (a compaction's replace) commit no checkpoint.
+        if props.contains_key("sluice.maintenance") {
+            continue;
+        }
         let job = props.get("sluice.job-id").cloned().unwrap_or_default();
         let checkpoint = props.get("sluice.checkpoint-id").and_then(|c| c.parse().ok()).unwrap_or(u64::MAX);
         commits.push((job, checkpoint));
-        next = snapshot.parent_snapshot_id();
     }
     commits.reverse();
     IcebergTable { rows: sort_by_id(&all), commits, table }

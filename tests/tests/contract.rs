@@ -165,3 +165,53 @@ mod v0_2_0 {
         assert_eq!(summary.recovered.len(), 1, "{summary}");
     }
 }
+
+/// The files sink as built for 0.2.1, before the optional `maintenance`
+/// export (0.2.2) existed.
+mod v0_2_1 {
+    use super::*;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/sluice_sink_files_0.2.1.wasm")
+    }
+
+    fn fixture_str() -> String {
+        fixture().to_str().expect("utf-8 path").to_string()
+    }
+
+    fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+        let job = TestJob::files_with(&fixture_str(), &format!("v021-{point}-{checkpoint}"), ROWS, PARALLELISM, EVERY);
+        sluice_tests::crash_and_recover(&job, ROWS, point, checkpoint);
+    }
+
+    sluice_tests::crash_tests! {
+        v021_after_prepare_commit: CrashPoint::AfterPrepareCommit, 3;
+        v021_after_persist: CrashPoint::AfterPersist, 3;
+        v021_during_commit: CrashPoint::DuringCommit, 3;
+    }
+
+    #[test]
+    fn the_fixture_is_a_0_2_1_plugin_without_maintenance() {
+        let plugin = host().load(&fixture()).expect("the 0.2.1 fixture loads on the 0.2.2 host");
+        assert_eq!(plugin.contract(), "0.2.1");
+        assert!(plugin.imports().iter().any(|i| i == "sluice:connector/columnar@0.2.1"), "{:?}", plugin.imports());
+        assert!(!plugin.maintains(), "a 0.2.1 plugin has no `maintenance` export");
+    }
+
+    /// `sluice maintain` and `[sink.maintenance]` refuse it by name, and the
+    /// job with `[sink.maintenance]` writes nothing.
+    #[test]
+    fn maintenance_is_refused_naming_the_contract() {
+        let job = TestJob::files_with(&fixture_str(), "v021-maintain", 100, 1, 50);
+        std::fs::write(job.path(), &job.toml).expect("job file");
+        let path = job.path().display().to_string();
+        let (code, _, err) = run_cli(&["maintain", &path], job.dir.path());
+        assert_ne!(code, 0);
+        assert!(err.contains("cannot maintain tables (it was built for 0.2.1"), "{err}");
+        let job = TestJob { toml: job.toml + "[sink.maintenance]\ncompact_every = \"1m\"\n", dir: job.dir };
+        let e = job.run(None).expect_err("refused");
+        assert!(e.to_string().contains("which cannot maintain tables"), "{e}");
+        assert!(!job.state().exists(), "the refused job wrote its state directory");
+        assert!(!job.out().exists(), "the refused job wrote output");
+    }
+}

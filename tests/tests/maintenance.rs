@@ -7,8 +7,11 @@
 //! machines cannot do).
 
 use std::path::Path;
+use std::time::Duration;
 
+use sluice::engine::maintain::{MaintainOptions, MaintainReport};
 use sluice::engine::{CrashPoint, Fault};
+use sluice::fault::{CatalogFaults, CommitFault, Faults};
 use sluice_tests::{ICEBERG_PLUGIN, TestJob, assert_exactly_once, python, read_iceberg, run_cli};
 
 /// A generator → Iceberg job partitioned by day (30 days), one writer, a
@@ -189,4 +192,183 @@ fn a_sink_without_tables_to_maintain_is_refused() {
     let (code, _, err) = run_cli(&["maintain", &path], job.dir.path());
     assert_ne!(code, 0);
     assert!(err.contains("keeps no tables to maintain"), "{err}");
+}
+
+/// `sluice maintain` in this process, with `faults` injected.
+fn maintain_with(job: &TestJob, faults: Faults) -> Result<MaintainReport, sluice::engine::EngineError> {
+    let loaded = job.load(&[]).expect("the job loads");
+    let opts = MaintainOptions {
+        compact: true,
+        target_file_bytes: 128 * 1024 * 1024,
+        timeout: Duration::from_secs(600),
+        faults,
+        ..MaintainOptions::default()
+    };
+    sluice::engine::maintain::maintain(&loaded, sluice_tests::host(), &opts)
+}
+
+fn catalog_faults(faults: Vec<(u64, CommitFault)>) -> Faults {
+    Faults { catalog: CatalogFaults { faults, ..CatalogFaults::default() }, ..Faults::default() }
+}
+
+/// The operations of the table's snapshots, oldest first, by PyIceberg.
+fn operations(warehouse: &Path, table: &str) -> Vec<String> {
+    let out = python(
+        "import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w, name = sys.argv[1], sys.argv[2]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table(name)\n\
+         print(json.dumps([s.summary.operation.value for s in t.snapshots()]))",
+        &[&warehouse.display().to_string(), table],
+    )
+    .expect("pyiceberg");
+    serde_json::from_str(out.trim()).expect("json")
+}
+
+/// A crash right after the replace snapshot reached the catalog, a lost
+/// reply and a conflict with another writer, each inside compaction's
+/// commit: the rows stay as they were, the replace lands at most once, and
+/// the next `maintain` (the recovery) finds the table compacted, or
+/// compacts it.
+#[test]
+fn faults_inside_compactions_commit_then_recovery() {
+    for (name, fault) in
+        [("crash", CommitFault::CrashAfterApply), ("lost", CommitFault::LoseReply), ("conflict", CommitFault::Conflict)]
+    {
+        let warehouse = tempfile::tempdir().expect("warehouse");
+        let rows = 30 * 60;
+        let job = job(&format!("maint-fault-{name}"), warehouse.path(), rows, 60);
+        job.run(None).expect("runs");
+        let (per_before, rows_before, _) = read_back(warehouse.path());
+        assert!(per_before.iter().all(|n| *n >= 15), "{per_before:?}");
+
+        let first = maintain_with(&job, catalog_faults(vec![(1, fault)]));
+        match fault {
+            CommitFault::CrashAfterApply => {
+                let e = first.expect_err("the injected crash stops maintain");
+                assert!(e.is_injected_crash(), "{e}");
+            }
+            _ => {
+                let report = first.unwrap_or_else(|e| panic!("{name}: maintain settles the fault itself: {e}"));
+                assert_eq!(report.tables[0].files_compacted, 900, "{name}: {report}");
+            }
+        }
+        // The crash applied the replace: what is live is compacted, once.
+        let (per_mid, rows_mid, duck_mid) = read_back(warehouse.path());
+        assert_eq!(rows_mid, rows_before, "{name}: the rows changed");
+        assert_eq!(duck_mid, rows_before, "{name}: DuckDB reads other rows");
+        assert!(per_mid.iter().all(|n| *n <= 2), "{name}: {per_mid:?}");
+        let ops = operations(warehouse.path(), "db.events");
+        assert_eq!(ops.iter().filter(|o| *o == "replace").count(), 1, "{name}: one replace snapshot: {ops:?}");
+
+        // Recovery: maintain again has nothing left to compact.
+        let again = maintain_with(&job, Faults::default()).expect("maintain again");
+        assert_eq!(again.tables[0].files_compacted, 0, "{name}: {again}");
+        let (_, rows_after, _) = read_back(warehouse.path());
+        assert_eq!(rows_after, rows_before, "{name}");
+        let rerun = job.run(None).expect("reruns");
+        assert_eq!(rerun.rows_this_run, 0, "{rerun}");
+        assert_exactly_once(&read_iceberg(warehouse.path(), "db.events").rows, rows);
+    }
+}
+
+/// Compaction across a schema evolution (`qty` widened, `tag` added
+/// halfway, a table created late): old files read the added column as null
+/// before and after, every row and value is unchanged, by PyIceberg and
+/// iceberg-rust.
+#[test]
+fn compaction_across_a_schema_evolution_keeps_rows_and_nulls() {
+    use sluice::source::generator::Generator;
+    use sluice_tests::tables::{TABLES, assert_table, sets};
+    const ROWS: u64 = 6000;
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let job = TestJob::iceberg("maint-evolved", warehouse.path(), "lake.{table}", ROWS, 0, 3, 250);
+    let sets = sets(ROWS);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    job.run_with(&sets, None).expect("runs");
+    let read = || {
+        python(
+            "import sys, json\n\
+             from pyiceberg.catalog.sql import SqlCatalog\n\
+             w = sys.argv[1]\n\
+             cat = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')\n\
+             out = {}\n\
+             for name in ['orders', 'users', 'events']:\n\
+             \x20   t = cat.load_table(f'lake.{name}')\n\
+             \x20   a = t.scan().to_arrow().sort_by('id')\n\
+             \x20   out[name] = {'files': len(list(t.scan().plan_files())),\n\
+             \x20                'schema': [f'{f.field_id}:{f.name}:{f.field_type}' for f in t.schema().fields],\n\
+             \x20                'rows': [[r['id'], r['qty'], r['tag']] for r in a.select(['id', 'qty', 'tag']).to_pylist()]}\n\
+             print(json.dumps(out))",
+            &[&warehouse.path().display().to_string()],
+        )
+        .map(|out| serde_json::from_str::<serde_json::Value>(out.trim()).expect("json"))
+        .unwrap_or_else(|e| panic!("PyIceberg failed: {e}"))
+    };
+    let before = read();
+    let report = maintain_with(&job, Faults::default()).expect("maintain");
+    assert_eq!(report.tables.len(), 3, "{report}");
+    let after = read();
+    for table in TABLES {
+        let (b, a) = (&before[table], &after[table]);
+        assert!(b["files"].as_u64().expect("files") > 5, "{table}: {b}");
+        assert!(a["files"].as_u64().expect("files") <= 1, "{table}: {} files after compaction", a["files"]);
+        assert_eq!(a["schema"], b["schema"], "{table}: the schema changed");
+        assert_eq!(a["rows"], b["rows"], "{table}: rows or values changed");
+        let rows = a["rows"].as_array().expect("rows");
+        let old_tags = rows.iter().filter(|r| r[0].as_u64() < Some(ROWS / 2) && !r[2].is_null()).count();
+        assert_eq!(old_tags, 0, "{table}: rows from before the change read null in `tag`");
+    }
+    let catalog = sluice_tests::catalog(warehouse.path());
+    let target = Generator::evolved_schema();
+    for (t, table) in TABLES.iter().enumerate() {
+        let read = sluice_tests::read_iceberg_as(&catalog, &format!("lake.{table}"), &target);
+        assert_table(&read.rows, ROWS, t);
+    }
+}
+
+/// `[sink.maintenance]` in a running job: passes compact the table while
+/// checkpoints keep committing, every row lands once, and a plugin that
+/// cannot maintain is refused before anything is written.
+#[test]
+fn a_running_job_compacts_between_its_checkpoints() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rows = 120 * 60;
+    let mut job = job("maint-running", warehouse.path(), rows, 60);
+    // About 4 s of rows; a pass every 300 ms.
+    job.toml = job.toml.replace("batch_rows = 60", "batch_rows = 60\nrate = 1800.0")
+        + "[sink.maintenance]\ncompact_every = \"300ms\"\nexpire_older_than = \"1s\"\nkeep_last = 5\n";
+    let summary = job.run(None).expect("runs");
+    assert_eq!(summary.last_committed, Some(120), "{summary}");
+    let ops = operations(warehouse.path(), "db.events");
+    assert!(ops.iter().any(|o| o == "replace"), "no pass compacted: {ops:?}");
+    assert!(ops.len() < 121, "no pass expired snapshots: {} snapshots", ops.len());
+    let table = read_iceberg(warehouse.path(), "db.events");
+    assert_exactly_once(&table.rows, rows);
+    let (per, rows_read, duck) = read_back(warehouse.path());
+    assert_eq!(rows_read.len() as u64, rows);
+    assert_eq!(duck, rows_read);
+    assert!(per.iter().all(|n| *n < 120), "{per:?}");
+
+    let files = TestJob::files("maint-running-files", 100, 1, 50);
+    let files = TestJob { toml: files.toml + "[sink.maintenance]\ncompact_every = \"1m\"\n", dir: files.dir };
+    let e = files.run(None).expect_err("refused");
+    assert!(e.to_string().contains("keeps no tables to maintain"), "{e}");
+    assert!(!files.state().exists(), "the refused job wrote its state directory");
+}
+
+/// `[sink.maintenance]` refuses an orphan retention a running job's own
+/// writers could fall under.
+#[test]
+fn a_running_job_refuses_a_short_orphan_retention() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let mut job = job("maint-short", warehouse.path(), 100, 50);
+    job.toml += "[sink.maintenance]\ncompact_every = \"10m\"\nremove_orphans_older_than = \"5m\"\n";
+    let e = job.load(&[]).expect_err("refused");
+    let message = e.to_string();
+    assert!(
+        message.contains("sink.maintenance.remove_orphans_older_than") && message.contains("at least 1h"),
+        "{message}"
+    );
+    assert!(!job.state().exists());
 }

@@ -4,7 +4,9 @@
 //! back and compared, id and value, with the source: exactly once.
 //!
 //! - Iceberg: two jobs write one table at the same time, each killed
-//!   `SLUICE_SOAK_KILLS` times (default 20);
+//!   `SLUICE_SOAK_KILLS` times (default 20); and again with table
+//!   maintenance beside them (one job's `[sink.maintenance]`, and `sluice
+//!   maintain` in a loop), killed at random as well;
 //! - files: one job, killed as often;
 //! - BigQuery (the Storage Write API double): one job, killed as often, the
 //!   double answering repeated flushes a different way after every kill.
@@ -13,7 +15,9 @@
 //! runs the long soak the README reports; `SLUICE_SOAK_SEED` repeats a
 //! sequence of kill times.
 
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -21,7 +25,7 @@ use rand::{Rng, SeedableRng};
 use sluice_bigquery_double::{BigQueryDouble, Reflush, generator_schema};
 use sluice_tests::{
     BIGQUERY_PLUGIN, FILES_PLUGIN, ICEBERG_PLUGIN, TestJob, assert_exactly_once, assert_exactly_once_range,
-    bigquery_rows, read_iceberg, read_visible, rerun_to_end, run_cli, run_then_kill,
+    bigquery_rows, cache_dir, read_iceberg, read_visible, rerun_to_end, run_cli, run_then_kill, sluice_bin,
 };
 
 /// Longest a run lives before its kill.
@@ -75,6 +79,8 @@ struct Soak {
     /// Restarts that found a persisted checkpoint not yet known committed.
     recoveries_with_pending: u32,
     checkpoints_committed_before_kills: u32,
+    /// Passes of `[sink.maintenance]` that ended before a kill.
+    maintenance_passes: u32,
     took: Duration,
 }
 
@@ -88,6 +94,7 @@ fn soak(job: &TestJob, salt: u64, between: impl Fn(u32)) -> Soak {
         stopped: 0,
         recoveries_with_pending: 0,
         checkpoints_committed_before_kills: 0,
+        maintenance_passes: 0,
         took: Duration::ZERO,
     };
     while soak.kills < kills() {
@@ -102,6 +109,7 @@ fn soak(job: &TestJob, salt: u64, between: impl Fn(u32)) -> Soak {
         soak.kills += 1;
         soak.recoveries_with_pending += u32::from(run.stderr.contains("re-committed pending checkpoint on restore"));
         soak.checkpoints_committed_before_kills += run.stderr.matches("checkpoint committed").count() as u32;
+        soak.maintenance_passes += run.stderr.matches("maintenance pass done").count() as u32;
         between(soak.kills);
     }
     let out = rerun_to_end(job, &["source.rate=100000000.0".to_string()]);
@@ -151,6 +159,93 @@ fn soak_two_iceberg_jobs_on_one_table() {
     for ((id, _), s) in jobs.iter().zip(&soaks) {
         report(id, s);
     }
+    let table = read_iceberg(warehouse.path(), "db.soak");
+    table.assert_no_checkpoint_twice();
+    assert_exactly_once_range(&table.rows, 0, 2 * rows);
+}
+
+/// `sluice maintain` (compaction, expiry, orphan cleanup with a retention)
+/// started again and again on `job`'s table, each run SIGKILLed at a random
+/// moment, until `done`; returns how many ran to their end.
+fn maintain_loop(job: &TestJob, others: &[&TestJob], done: &AtomicBool, salt: u64) -> u32 {
+    let mut rng = StdRng::seed_from_u64(seed() ^ salt);
+    let mut finished = 0;
+    while !done.load(Ordering::Relaxed) {
+        let mut cmd = Command::new(sluice_bin());
+        cmd.arg("maintain")
+            .arg(job.path())
+            .args(["--target-file-mb", "1", "--keep-last", "10", "--remove-orphans-older-than", "1h"])
+            .env("SLUICE_CACHE_DIR", cache_dir())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for other in others {
+            cmd.arg("--protect").arg(other.path());
+        }
+        let mut child = cmd.spawn().expect("starting sluice maintain");
+        let deadline = Instant::now() + Duration::from_millis(rng.random_range(0..2500));
+        while Instant::now() < deadline && child.try_wait().ok().flatten().is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let ended = child.try_wait().ok().flatten().is_some();
+        if !ended {
+            child.kill().expect("SIGKILL");
+        }
+        let out = child.wait_with_output().expect("reaping sluice maintain");
+        if ended {
+            let err = String::from_utf8_lossy(&out.stderr);
+            // A maintain run may give up after many conflicts: it then left the table as it was.
+            assert!(
+                out.status.success() || err.contains("conflicted") || err.contains("does not exist"),
+                "sluice maintain failed:\n{err}"
+            );
+            finished += u32::from(out.status.success());
+        }
+    }
+    finished
+}
+
+/// Two Iceberg jobs on one table, both SIGKILLed at random, the second
+/// compacting and expiring as it runs (`[sink.maintenance]`), while `sluice
+/// maintain` runs in a loop beside them, SIGKILLed at random too: every
+/// row exactly once, no checkpoint twice.
+#[test]
+fn soak_two_iceberg_jobs_with_maintenance_beside() {
+    warm(ICEBERG_PLUGIN);
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rate = 20_000;
+    let rows = rows_for(rate);
+    let jobs: Vec<(String, TestJob)> = (0..2u64)
+        .map(|k| {
+            let id = format!("soak-maint-{k}");
+            let mut job = TestJob::iceberg(&id, warehouse.path(), "db.soak", rows, k * rows, 2, 1000);
+            if k == 1 {
+                job.toml += "[sink.maintenance]\ncompact_every = \"100ms\"\nkeep_last = 20\n";
+            }
+            (id, throttled(job, rate))
+        })
+        .collect();
+    let done = AtomicBool::new(false);
+    let (soaks, maintained) = std::thread::scope(|scope| {
+        let looping = scope.spawn(|| maintain_loop(&jobs[0].1, &[&jobs[1].1], &done, 99));
+        let handles: Vec<_> = jobs
+            .iter()
+            .enumerate()
+            .map(|(k, (_, job))| scope.spawn(move || soak(job, 40 + k as u64, |_| {})))
+            .collect();
+        let soaks: Vec<Soak> = handles.into_iter().map(|h| h.join().expect("soak thread")).collect();
+        done.store(true, Ordering::Relaxed);
+        (soaks, looping.join().expect("maintain loop"))
+    });
+    for ((id, _), s) in jobs.iter().zip(&soaks) {
+        report(id, s);
+    }
+    eprintln!("soak maintain: {maintained} runs of sluice maintain ended on their own");
+    assert!(soaks[1].maintenance_passes > 0, "no [sink.maintenance] pass ended before a kill");
+    // A last maintain, not killed, compacts what the final runs appended.
+    let path = jobs[0].1.path().display().to_string();
+    let (code, out, err) = run_cli(&["maintain", &path, "--target-file-mb", "1"], jobs[0].1.dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("compacted 0 file(s)"), "{out}");
     let table = read_iceberg(warehouse.path(), "db.soak");
     table.assert_no_checkpoint_twice();
     assert_exactly_once_range(&table.rows, 0, 2 * rows);

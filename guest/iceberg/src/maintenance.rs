@@ -563,21 +563,39 @@ fn now_ms() -> i64 {
 
 // -------------------------------------------------------------------- expiry
 
-/// Every file a snapshot references: its manifest list, its manifests, and
-/// the data files live in it. A file a manifest marks deleted is not read
-/// through this snapshot; while it is live in a kept ancestor, that
-/// ancestor references it.
-fn referenced_by(table: &Table, snapshot: &Arc<Snapshot>) -> Result<HashSet<String>, SinkError> {
-    let mut out = HashSet::from([norm(snapshot.manifest_list()).to_string()]);
-    for m in manifests_of(table, snapshot)? {
-        out.insert(norm(&m.file.manifest_path).to_string());
-        for entry in &m.entries {
-            if entry.is_alive() {
-                out.insert(norm(entry.file_path()).to_string());
+/// The files snapshots reference, read once per manifest: a manifest is
+/// never changed once written, so its live data files are cached by its
+/// location (a table of N snapshots shares most manifests between them).
+#[derive(Default)]
+struct References {
+    live_in: HashMap<String, Vec<String>>,
+}
+
+impl References {
+    /// Every file `snapshot` references: its manifest list, its manifests,
+    /// and the data files live in it. A file a manifest marks deleted is
+    /// not read through this snapshot; while it is live in a kept
+    /// ancestor, that ancestor references it.
+    fn of(&mut self, table: &Table, snapshot: &Arc<Snapshot>) -> Result<HashSet<String>, SinkError> {
+        let mut out = HashSet::from([norm(snapshot.manifest_list()).to_string()]);
+        let context = || format!("reading the manifests of table {}", table.identifier());
+        let list = block_on(table.manifest_list_reader(snapshot).load()).map_err(|e| iceberg_error(&context(), e))?;
+        for file in list.consume_entries() {
+            let path = norm(&file.manifest_path).to_string();
+            if !self.live_in.contains_key(&path) {
+                let manifest =
+                    block_on(file.load_manifest(table.file_io())).map_err(|e| iceberg_error(&context(), e))?;
+                let (entries, _) = manifest.into_parts();
+                let live = entries.iter().filter(|e| e.is_alive()).map(|e| norm(e.file_path()).to_string()).collect();
+                self.live_in.insert(path.clone(), live);
             }
+            if let Some(live) = self.live_in.get(&path) {
+                out.extend(live.iter().cloned());
+            }
+            out.insert(path);
         }
+        Ok(out)
     }
-    Ok(out)
 }
 
 fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut TableReport) -> Result<(), SinkError> {
@@ -624,12 +642,13 @@ fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut Table
             }
             return Ok(());
         }
+        let mut refs = References::default();
         let mut candidates = HashSet::new();
         for snapshot in &removed {
-            candidates.extend(referenced_by(&before, snapshot)?);
+            candidates.extend(refs.of(&before, snapshot)?);
         }
         for snapshot in after.metadata().snapshots() {
-            for kept in referenced_by(&after, snapshot)? {
+            for kept in refs.of(&after, snapshot)? {
                 candidates.remove(&kept);
             }
         }
@@ -699,15 +718,16 @@ fn remove_orphans(
     for stats in metadata.partition_statistics_iter() {
         referenced.insert(norm(&stats.statistics_path).to_string());
     }
+    let mut refs = References::default();
     for snapshot in metadata.snapshots() {
-        referenced.extend(referenced_by(&table, snapshot)?);
+        referenced.extend(refs.of(&table, snapshot)?);
     }
     for combined in &orphans.protected {
         referenced.extend(protected_files(combined));
     }
     let listed_names: HashSet<&str> = listed.iter().map(|e| norm(&e.location)).collect();
     if let Some(current) = metadata.current_snapshot() {
-        let live = referenced_by(&table, current)?;
+        let live = refs.of(&table, current)?;
         if let Some(missing) = live.iter().find(|f| !listed_names.contains(f.as_str())) {
             report.notes.push(format!(
                 "orphan cleanup removed nothing: the live file {missing} is not among the files listed under {location}"

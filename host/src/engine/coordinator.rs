@@ -19,6 +19,10 @@
 //!   start, so no row of a new shape is written before its table takes it.
 //!   `evolve` is idempotent: a crash after it replays the barrier, and the
 //!   target already has the change;
+//! - `[sink.maintenance]` runs beside the checkpoints in an instance and on
+//!   a thread of its own (`maintain::Background`), never between a
+//!   checkpoint and its commit; the run waits for a pass under way when it
+//!   ends;
 //! - the run's metrics are updated here (and by the committer this drives)
 //!   only: rows and bytes when their checkpoint is committed, so that they
 //!   count what landed.
@@ -32,6 +36,7 @@ use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, DroppedCommit, Incarnation, PendingCommit, SubtaskRecord, now_ms,
 };
 use super::commit::{Commit, Committed, Committer};
+use super::maintain::{self, Background};
 use super::pool::{LocalPool, WriterPool};
 use super::setup::{
     check_restored, check_tables, load_plugin, open_unhalted, settle_incarnation, sink_ctx,
@@ -169,6 +174,9 @@ pub fn run_on(
         co.settle_last_record()?;
         return Ok(co.summary(started, recovered, co.at.first, true));
     }
+    // `[sink.maintenance]`: passes beside the checkpoints, until the run ends.
+    let ctx = sink_ctx(job, &co.who.incarnation, false, 0, co.who.attempt);
+    let _maintenance = Background::start(job, &co.plugin, &co.grants, ctx, co.metrics.clone())?;
     co.open_writers(pool)?;
     co.progress.data_started();
     let mut c = co.at.first;
@@ -220,6 +228,9 @@ impl<'a> Coordinator<'a> {
         // The plugin and the source first: a job that cannot start leaves
         // the state directory as it was (not created, no attempt counted).
         let plugin = load_plugin(job, host)?;
+        if job.maintenance.is_some() {
+            maintain::probe(job, &plugin)?;
+        }
         let source = Arc::new(Source::of_job(job)?);
         let store = open_unhalted(job)?;
         let restored = store.latest()?;

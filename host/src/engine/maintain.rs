@@ -11,15 +11,23 @@
 //!   loaded and right before the call, so no file a persisted but not yet
 //!   committed checkpoint names is ever removed;
 //! - the state directories are only read, never locked or changed, so a
-//!   running job is not disturbed.
+//!   running job is not disturbed;
+//! - a running job's passes ([`Background`]) run beside its checkpoints,
+//!   never in their way: a failed pass is logged and counted, and the job
+//!   goes on; a crash in one leaves the table as the last commit left it
+//!   (a compaction is one replace snapshot, all or nothing).
 
 use std::fmt;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use super::EngineError;
 use super::checkpoint::{CheckpointError, CheckpointStore, now_ms};
+use crate::capability::Granted;
+use crate::fault::Faults;
 use crate::job::Job;
-use crate::plugin::{MaintainRequest, PluginError, PluginHost, SinkCtx};
+use crate::metrics::Metrics;
+use crate::plugin::{Limits, MaintainRequest, MaintainerInstance, Plugin, PluginError, PluginHost, SinkCtx};
 
 /// What to do (see `sluice maintain --help`).
 #[derive(Debug, Clone, Default)]
@@ -37,6 +45,8 @@ pub struct MaintainOptions {
     pub dry_run: bool,
     /// How long the plugin's call may take.
     pub timeout: Duration,
+    /// Faults a test injects (catalog commits; none in a released build).
+    pub faults: Faults,
 }
 
 /// What was done to one table.
@@ -93,39 +103,143 @@ fn pending_of(job: &Job) -> Result<Vec<Vec<u8>>, CheckpointError> {
     Ok(store.latest()?.map(|r| r.pending.into_iter().map(|p| p.combined.0).collect()).unwrap_or_default())
 }
 
+/// The tables of `job`'s newest checkpoint record (none before its first).
+fn known_tables(store: &CheckpointStore) -> Result<Vec<String>, CheckpointError> {
+    let latest = store.latest()?;
+    Ok(latest.iter().flat_map(|r| r.tables.iter().map(|t| t.name.clone())).collect())
+}
+
+/// `asked`, else the `known` tables, else the source's single table.
+fn tables_to_maintain(asked: &[String], known: Vec<String>) -> Vec<String> {
+    if !asked.is_empty() {
+        asked.to_vec()
+    } else if !known.is_empty() {
+        known
+    } else {
+        vec![String::new()]
+    }
+}
+
 fn cutoff(age: Duration) -> i64 {
     let now = i64::try_from(now_ms()).unwrap_or(i64::MAX);
     now.saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// Refuses a plugin without the `maintenance` export, before anything runs.
+pub(super) fn require_maintenance(plugin: &Plugin) -> Result<(), EngineError> {
+    if plugin.maintains() {
+        return Ok(());
+    }
+    Err(PluginError::Unsupported {
+        plugin: plugin.name.clone(),
+        version: plugin.version(),
+        what: format!("maintain tables (it was built for {}, without the `maintenance` export)", plugin.contract()),
+    }
+    .into())
+}
+
+/// Refuses, before a run writes anything, a job whose `[sink.maintenance]`
+/// its plugin cannot serve: one without the export, or one that answers an
+/// empty request with an error (a plugin that keeps no tables).
+pub(super) fn probe(job: &Job, plugin: &Plugin) -> Result<(), EngineError> {
+    require_maintenance(plugin)?;
+    let grants = Granted::for_job(job, &Faults::default())?;
+    let ctx = SinkCtx {
+        job_id: job.spec.job.id.clone(),
+        sink_id: job.spec.sink.id.clone(),
+        incarnation: "probe".to_string(),
+        refuse_other_incarnations: false,
+        beside: false,
+        subtask: 0,
+        parallelism: 1,
+        attempt: 0,
+    };
+    let mut maintainer = Maintainer::open(plugin, &grants, Limits::of(&job.spec.sink.sandbox), ctx, job)?;
+    maintainer.pass(&MaintainRequest::default()).map(drop)
+}
+
+/// What one pass does, before its cutoffs are taken (at the pass's start).
+#[derive(Debug, Clone)]
+struct Plan {
+    target_file_bytes: Option<u64>,
+    expire_older_than: Option<Duration>,
+    keep_last: Option<u32>,
+    remove_orphans_older_than: Option<Duration>,
+    dry_run: bool,
+}
+
+impl Plan {
+    /// The request for `tables` now, protecting `protected` (read right
+    /// before, when orphan cleanup is asked).
+    fn request(
+        &self,
+        tables: Vec<String>,
+        protected: impl FnOnce() -> Result<Vec<Vec<u8>>, EngineError>,
+    ) -> Result<MaintainRequest, EngineError> {
+        let mut request = MaintainRequest {
+            tables,
+            target_file_bytes: self.target_file_bytes,
+            expiry: (self.expire_older_than.is_some() || self.keep_last.is_some()).then(|| {
+                // `keep_last` alone keeps the newest N whatever their age.
+                let older = self.expire_older_than.map_or_else(|| cutoff(Duration::ZERO), cutoff);
+                (Some(older), self.keep_last)
+            }),
+            orphans_older_than_ms: self.remove_orphans_older_than.map(cutoff),
+            protected: Vec::new(),
+            dry_run: self.dry_run,
+        };
+        if request.orphans_older_than_ms.is_some() {
+            request.protected = protected()?;
+        }
+        Ok(request)
+    }
+}
+
+/// A plugin instance's `maintenance` export, opened for one job.
+struct Maintainer {
+    instance: MaintainerInstance,
+    ctx: SinkCtx,
+    options: Vec<(String, String)>,
+}
+
+impl Maintainer {
+    fn open(plugin: &Plugin, grants: &Granted, limits: Limits, ctx: SinkCtx, job: &Job) -> Result<Self, EngineError> {
+        let options = plugin.options_for(job.sink_options(), &ctx);
+        let instance = plugin.instantiate_maintainer("maintainer", grants, limits)?;
+        Ok(Self { instance, ctx, options })
+    }
+
+    fn pass(&mut self, request: &MaintainRequest) -> Result<MaintainReport, EngineError> {
+        let reports = self.instance.maintain(&self.ctx, &self.options, request)?;
+        Ok(MaintainReport {
+            dry_run: request.dry_run,
+            tables: reports
+                .into_iter()
+                .map(|r| TableMaintained {
+                    target: r.target,
+                    files_compacted: r.files_compacted,
+                    files_written: r.files_written,
+                    rows_rewritten: r.rows_rewritten,
+                    snapshots_expired: r.snapshots_expired,
+                    files_removed: r.files_removed,
+                    notes: r.notes,
+                })
+                .collect(),
+        })
+    }
+}
+
 /// Runs the maintenance `opts` asks for on `job`'s sink tables.
 pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<MaintainReport, EngineError> {
     let plugin = super::setup::load_plugin(job, host)?;
-    if !plugin.maintains() {
-        return Err(PluginError::Unsupported {
-            plugin: plugin.name.clone(),
-            version: plugin.version(),
-            what: format!("maintain tables (it was built for {}, without the `maintenance` export)", plugin.contract()),
-        }
-        .into());
-    }
+    require_maintenance(&plugin)?;
     let store = CheckpointStore::inspect_at(&job.state, &job.spec.job.id, &job.state_stores)?;
     let (incarnation, attempt, known) = match &store {
-        Some(store) => {
-            let latest = store.latest()?;
-            let tables: Vec<String> = latest.iter().flat_map(|r| r.tables.iter().map(|t| t.name.clone())).collect();
-            (store.incarnation()?.map(|i| i.id), store.attempts()?, tables)
-        }
+        Some(store) => (store.incarnation()?.map(|i| i.id), store.attempts()?, known_tables(store)?),
         None => (None, 0, Vec::new()),
     };
-    let tables = if !opts.tables.is_empty() {
-        opts.tables.clone()
-    } else if !known.is_empty() {
-        known
-    } else {
-        vec![String::new()]
-    };
-    let (grants, mut limits) = super::setup::grants_and_limits(job)?;
+    let grants = Granted::for_job(job, &opts.faults)?;
+    let mut limits = Limits::of(&job.spec.sink.sandbox);
     limits.call_timeout = opts.timeout;
     let ctx = SinkCtx {
         job_id: job.spec.job.id.clone(),
@@ -137,40 +251,118 @@ pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<
         parallelism: 1,
         attempt: attempt.saturating_add(1),
     };
-    let options = plugin.options_for(job.sink_options(), &ctx);
-    let mut instance = plugin.instantiate_maintainer("maintainer", &grants, limits)?;
-    let mut request = MaintainRequest {
-        tables,
+    let mut maintainer = Maintainer::open(&plugin, &grants, limits, ctx, job)?;
+    let plan = Plan {
         target_file_bytes: opts.compact.then_some(opts.target_file_bytes),
-        expiry: (opts.expire_older_than.is_some() || opts.keep_last.is_some()).then(|| {
-            // `--keep-last` alone keeps the newest N whatever their age.
-            let older = opts.expire_older_than.map_or_else(|| cutoff(Duration::ZERO), cutoff);
-            (Some(older), opts.keep_last)
-        }),
-        orphans_older_than_ms: opts.remove_orphans_older_than.map(cutoff),
-        protected: Vec::new(),
+        expire_older_than: opts.expire_older_than,
+        keep_last: opts.keep_last,
+        remove_orphans_older_than: opts.remove_orphans_older_than,
         dry_run: opts.dry_run,
     };
-    if request.orphans_older_than_ms.is_some() {
-        request.protected = pending_of(job)?;
+    let request = plan.request(tables_to_maintain(&opts.tables, known), || {
+        let mut protected = pending_of(job)?;
         for other in &opts.protect {
-            request.protected.extend(pending_of(other)?);
+            protected.extend(pending_of(other)?);
+        }
+        Ok(protected)
+    })?;
+    maintainer.pass(&request)
+}
+
+/// A running job's maintenance (`[sink.maintenance]`): a pass every
+/// `every` on a thread of its own, in a plugin instance of its own, so that
+/// no checkpoint's commit ever waits for it. The target's own concurrency
+/// control orders the two: a compaction commit asserts the head it read
+/// and that every file it replaces is still live, and a checkpoint's
+/// append that meets the replace retries as after any conflict.
+pub(super) struct Background {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Starts the passes, the first one `every` from now. The instance is
+    /// opened here, so that a plugin that cannot maintain is refused before
+    /// the run writes anything.
+    pub(super) fn start(
+        job: &Job,
+        plugin: &Plugin,
+        grants: &Granted,
+        ctx: SinkCtx,
+        metrics: Metrics,
+    ) -> Result<Option<Self>, EngineError> {
+        let Some(m) = job.maintenance.clone() else { return Ok(None) };
+        require_maintenance(plugin)?;
+        let mut limits = Limits::of(&job.spec.sink.sandbox);
+        limits.call_timeout = m.timeout;
+        let opened = Maintainer::open(plugin, grants, limits, ctx.clone(), job)?;
+        let plan = Plan {
+            target_file_bytes: Some(m.target_file_bytes),
+            expire_older_than: m.expire_older_than,
+            keep_last: m.keep_last,
+            remove_orphans_older_than: m.remove_orphans_older_than,
+            dry_run: false,
+        };
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (job, plugin, grants) = (job.clone(), plugin.clone(), grants.clone());
+        let thread = std::thread::Builder::new()
+            .name("sluice-maintenance".to_string())
+            .spawn(move || {
+                let mut maintainer = Some(opened);
+                // A stop request, or the run gone: no further pass.
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(m.every) {
+                    let instance = match maintainer.take() {
+                        Some(open) => Ok(open),
+                        None => Maintainer::open(&plugin, &grants, limits, ctx.clone(), &job),
+                    };
+                    let result = instance.and_then(|mut open| {
+                        let done = background_pass(&job, &plan, &mut open);
+                        // A failed instance may be dead (a trap): the next pass opens a new one.
+                        if done.is_ok() {
+                            maintainer = Some(open);
+                        }
+                        done
+                    });
+                    let job_id = &job.spec.job.id;
+                    match result {
+                        Ok(report) => {
+                            let compacted: u64 = report.tables.iter().map(|t| t.files_compacted).sum();
+                            metrics.maintained(job_id, Some(compacted));
+                            tracing::info!(job = %job_id, report = %report.to_string().trim_end(), "maintenance pass done");
+                        }
+                        Err(e) => {
+                            metrics.maintained(job_id, None);
+                            tracing::warn!(job = %job_id, error = %e, "maintenance pass failed; the job goes on, and the next pass tries again");
+                        }
+                    }
+                }
+            })
+            .map_err(EngineError::MaintenanceThread)?;
+        Ok(Some(Self { stop: Some(stop), thread: Some(thread) }))
+    }
+}
+
+/// One pass of a running job: its current tables, and (for orphan cleanup)
+/// its pending checkpoints read right before.
+fn background_pass(job: &Job, plan: &Plan, maintainer: &mut Maintainer) -> Result<MaintainReport, EngineError> {
+    let store = CheckpointStore::inspect_at(&job.state, &job.spec.job.id, &job.state_stores)?;
+    let known = match &store {
+        Some(store) => known_tables(store)?,
+        None => Vec::new(),
+    };
+    let request = plan.request(tables_to_maintain(&[], known), || Ok(pending_of(job)?))?;
+    maintainer.pass(&request)
+}
+
+impl Drop for Background {
+    /// Asks for no further pass and waits for the one under way (bounded
+    /// by its timeout): the run ends with maintenance settled.
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the maintenance thread panicked");
         }
     }
-    let reports = instance.maintain(&ctx, &options, &request)?;
-    Ok(MaintainReport {
-        dry_run: opts.dry_run,
-        tables: reports
-            .into_iter()
-            .map(|r| TableMaintained {
-                target: r.target,
-                files_compacted: r.files_compacted,
-                files_written: r.files_written,
-                rows_rewritten: r.rows_rewritten,
-                snapshots_expired: r.snapshots_expired,
-                files_removed: r.files_removed,
-                notes: r.notes,
-            })
-            .collect(),
-    })
 }

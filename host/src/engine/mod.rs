@@ -160,6 +160,8 @@ pub enum EngineError {
     NotPending { job: String, checkpoint: u64, pending: String },
     #[error("subtask {0} stopped unexpectedly")]
     SubtaskLost(u32),
+    #[error("could not start the job's maintenance thread: {0}")]
+    MaintenanceThread(std::io::Error),
     #[error("writer {subtask} was lost: {message}")]
     WriterLost { subtask: u32, message: String },
     /// Writers of a pool were lost, not one named writer.

@@ -262,6 +262,74 @@ pub struct SinkSpec {
     pub s3: S3Spec,
     #[serde(default)]
     pub gcs: GcsSpec,
+    /// `[sink.maintenance]`: table maintenance the running job does beside
+    /// its checkpoints.
+    #[serde(default)]
+    pub maintenance: Option<MaintenanceSpec>,
+}
+
+/// `[sink.maintenance]`: a running job compacts its sink tables every
+/// `compact_every`, and, when asked, expires snapshots and removes orphan
+/// files in the same pass (as `sluice maintain` does). Durations are
+/// strings such as `"10m"`, `"1h"`, `"7days"`, or a number of seconds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceSpec {
+    /// How often a maintenance pass starts (required).
+    pub compact_every: toml::Value,
+    /// Compaction's target file size.
+    #[serde(default = "default_target_file_mb")]
+    pub target_file_mb: u64,
+    /// Expire snapshots older than this ...
+    #[serde(default)]
+    pub expire_older_than: Option<toml::Value>,
+    /// ... keeping at least the newest this many.
+    #[serde(default)]
+    pub keep_last: Option<u32>,
+    /// Remove files no snapshot or pending checkpoint names, older than
+    /// this (at least an hour in a running job, whose writers are writing
+    /// files no checkpoint names yet).
+    #[serde(default)]
+    pub remove_orphans_older_than: Option<toml::Value>,
+    /// The longest one pass may take [default: 1h].
+    #[serde(default)]
+    pub timeout: Option<toml::Value>,
+}
+
+fn default_target_file_mb() -> u64 {
+    128
+}
+
+/// `[sink.maintenance]`, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContinuousMaintenance {
+    pub every: Duration,
+    pub target_file_bytes: u64,
+    pub expire_older_than: Option<Duration>,
+    pub keep_last: Option<u32>,
+    pub remove_orphans_older_than: Option<Duration>,
+    pub timeout: Duration,
+}
+
+/// The shortest orphan retention a running job may use: its writers'
+/// files of the round under way are named by no checkpoint yet, and only
+/// their age keeps them from being taken for orphans.
+pub const MIN_RUNNING_ORPHAN_AGE: Duration = Duration::from_secs(3600);
+
+/// A maintenance duration: a humantime string (`"90s"`, `"10m"`, `"7days"`)
+/// or a number of seconds; positive.
+pub fn parse_long_duration(value: &toml::Value) -> Result<Duration, String> {
+    let d = match value {
+        toml::Value::Integer(n) if *n > 0 => Duration::from_secs(*n as u64),
+        toml::Value::Float(f) if f.is_finite() && *f > 0.0 => Duration::from_secs_f64(*f),
+        toml::Value::String(s) => humantime::parse_duration(s.trim())
+            .map_err(|e| format!("{s:?} is not a duration such as \"10m\", \"1h\" or \"7days\" ({e})"))?,
+        other => return Err(format!("{other} is not a positive duration such as \"10m\", \"1h\" or \"7days\"")),
+    };
+    if d.is_zero() {
+        return Err(format!("{value} must be a positive duration"));
+    }
+    Ok(d)
 }
 
 /// How one part of a job (`[job.s3]`: its state directory; `[source.s3]`:
@@ -643,6 +711,8 @@ pub struct Job {
     pub metrics_addr: Option<SocketAddr>,
     /// `job.health.max_commit_age`, or its default.
     pub max_commit_age: Duration,
+    /// `[sink.maintenance]`, resolved.
+    pub maintenance: Option<ContinuousMaintenance>,
 }
 
 impl Job {
@@ -689,6 +759,7 @@ impl Job {
             kafka: None,
             metrics_addr: None,
             max_commit_age: Duration::ZERO,
+            maintenance: None,
         };
         job.validate()?;
         Ok(job)
@@ -710,6 +781,7 @@ impl Job {
         self.check_source()?;
         self.check_plugin()?;
         self.check_sandbox()?;
+        self.check_maintenance()?;
         self.check_sink_options()?;
         self.check_grants()?;
         self.resolve_state_dir()?;
@@ -896,6 +968,48 @@ impl Job {
                 return Err(self.invalid(key, "must be at least 1"));
             }
         }
+        Ok(())
+    }
+
+    /// `[sink.maintenance]`: every duration parses, and orphan cleanup
+    /// beside running writers keeps at least [`MIN_RUNNING_ORPHAN_AGE`].
+    fn check_maintenance(&mut self) -> Result<(), JobError> {
+        let Some(spec) = &self.spec.sink.maintenance else { return Ok(()) };
+        let key = |k: &str| format!("sink.maintenance.{k}");
+        let duration = |k: &str, v: &toml::Value| parse_long_duration(v).map_err(|m| self.invalid(&key(k), m));
+        let every = duration("compact_every", &spec.compact_every)?;
+        if spec.target_file_mb == 0 || spec.target_file_mb > 16 * 1024 {
+            return Err(self.invalid(&key("target_file_mb"), "must be between 1 and 16384"));
+        }
+        let expire_older_than =
+            spec.expire_older_than.as_ref().map(|v| duration("expire_older_than", v)).transpose()?;
+        if spec.keep_last == Some(0) {
+            return Err(self.invalid(&key("keep_last"), "must be at least 1 (the current snapshot is always kept)"));
+        }
+        let orphans =
+            spec.remove_orphans_older_than.as_ref().map(|v| duration("remove_orphans_older_than", v)).transpose()?;
+        if let Some(age) = orphans
+            && age < MIN_RUNNING_ORPHAN_AGE
+        {
+            return Err(self.invalid(
+                &key("remove_orphans_older_than"),
+                format!(
+                    "{} is too short beside running writers: the files of the round under way are named by no \
+                     checkpoint yet, so only their age protects them; use at least 1h (or `sluice maintain \
+                     --remove-orphans-older-than` while no job writes)",
+                    humantime::format_duration(age)
+                ),
+            ));
+        }
+        let timeout = spec.timeout.as_ref().map(|v| duration("timeout", v)).transpose()?;
+        self.maintenance = Some(ContinuousMaintenance {
+            every,
+            target_file_bytes: spec.target_file_mb * 1024 * 1024,
+            expire_older_than,
+            keep_last: spec.keep_last,
+            remove_orphans_older_than: orphans,
+            timeout: timeout.unwrap_or(Duration::from_secs(3600)),
+        });
         Ok(())
     }
 

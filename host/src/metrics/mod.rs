@@ -48,6 +48,12 @@ struct JobLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobResult {
+    job: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SinkLabel {
     sink: String,
 }
@@ -111,6 +117,8 @@ struct Families {
     writer_memory: Family<SubtaskLabel, Gauge>,
     writer_memory_limit: Gauge,
     source_lag: Family<PartitionLabel, Gauge>,
+    maintenance_passes: Family<JobResult, Counter>,
+    files_compacted: Family<JobLabel, Counter>,
 }
 
 fn seconds_buckets() -> Histogram {
@@ -162,6 +170,8 @@ impl Metrics {
             writer_memory: Family::default(),
             writer_memory_limit: Gauge::default(),
             source_lag: Family::default(),
+            maintenance_passes: Family::default(),
+            files_compacted: Family::default(),
         };
         let f = &families;
         registry.register("sluice_rows", "Rows landed: in checkpoints committed by this run", f.rows.clone());
@@ -214,6 +224,16 @@ impl Metrics {
             "Kafka messages not read yet: high watermark minus the next offset",
             f.source_lag.clone(),
         );
+        registry.register(
+            "sluice_maintenance_passes",
+            "Maintenance passes of a running job ([sink.maintenance]), by result (ok, failed)",
+            f.maintenance_passes.clone(),
+        );
+        registry.register(
+            "sluice_maintenance_files_compacted",
+            "Data files a running job's maintenance replaced by compacted ones",
+            f.files_compacted.clone(),
+        );
         let health = HealthState {
             job: None,
             max_commit_age: DEFAULT_MAX_COMMIT_AGE,
@@ -231,6 +251,18 @@ impl Metrics {
 
     fn f(&self) -> &Families {
         &self.0.families
+    }
+
+    /// A maintenance pass of `job` ended: `compacted` files replaced, or failed.
+    pub fn maintained(&self, job: &str, compacted: Option<u64>) {
+        let result = if compacted.is_some() { "ok" } else { "failed" };
+        self.f()
+            .maintenance_passes
+            .get_or_create(&JobResult { job: job.to_string(), result: result.to_string() })
+            .inc();
+        if let Some(n) = compacted {
+            self.f().files_compacted.get_or_create(&JobLabel { job: job.to_string() }).inc_by(n);
+        }
     }
 
     /// A run of `job` starts: health counts from now, against `max_commit_age`.
