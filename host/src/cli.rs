@@ -90,7 +90,7 @@ enum Command {
         #[arg(long)]
         no_compact: bool,
         /// Compaction rewrites files below this size into files near it.
-        #[arg(long, value_name = "MB", default_value_t = 128)]
+        #[arg(long, value_name = "MB", default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=4095))]
         target_file_mb: u64,
         /// Expire snapshots older than this (e.g. 7d, 12h, 30m).
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]

@@ -207,7 +207,7 @@ mod v0_2_1 {
         let path = job.path().display().to_string();
         let (code, _, err) = run_cli(&["maintain", &path], job.dir.path());
         assert_ne!(code, 0);
-        assert!(err.contains("cannot maintain tables (it was built for 0.2.1"), "{err}");
+        assert!(err.contains("implements contract 0.2.1, which cannot maintain tables"), "{err}");
         let job = TestJob { toml: job.toml + "[sink.maintenance]\ncompact_every = \"1m\"\n", dir: job.dir };
         let e = job.run(None).expect_err("refused");
         assert!(e.to_string().contains("which cannot maintain tables"), "{e}");

@@ -173,6 +173,17 @@ fn orphan_cleanup_spares_a_pending_checkpoint_and_recovery_commits_it() {
     let dry = maintain(&job, &["--no-compact", "--remove-orphans-older-than", "0s", "--dry-run"]);
     assert!(dry.contains("would remove") && dry.contains("stray.parquet"), "{dry}");
     assert!(stray.exists(), "a dry run removes nothing");
+    // While a run holds the state directory, a short retention is refused.
+    {
+        let _held = sluice::engine::checkpoint::CheckpointStore::open(&job.state(), "maint-orphans", 10)
+            .expect("the state directory locks");
+        let path = job.path().display().to_string();
+        let (code, _, err) =
+            run_cli(&["maintain", &path, "--no-compact", "--remove-orphans-older-than", "0s"], job.dir.path());
+        assert_ne!(code, 0);
+        assert!(err.contains("is too short while job") && err.contains("use at least 1h"), "{err}");
+        assert!(stray.exists(), "the refused cleanup removed nothing");
+    }
     maintain(&job, &["--no-compact", "--remove-orphans-older-than", "0s"]);
     assert!(!stray.exists(), "the stray file was removed");
 
@@ -337,7 +348,7 @@ fn a_running_job_compacts_between_its_checkpoints() {
     let mut job = job("maint-running", warehouse.path(), rows, 60);
     // About 4 s of rows; a pass every 300 ms.
     job.toml = job.toml.replace("batch_rows = 60", "batch_rows = 60\nrate = 1800.0")
-        + "[sink.maintenance]\ncompact_every = \"300ms\"\nexpire_older_than = \"1s\"\nkeep_last = 5\n";
+        + "[sink.maintenance]\ncompact_every = \"300ms\"\nexpire_older_than = \"1ms\"\nkeep_last = 5\n";
     let summary = job.run(None).expect("runs");
     assert_eq!(summary.last_committed, Some(120), "{summary}");
     let ops = operations(warehouse.path(), "db.events");
@@ -364,11 +375,29 @@ fn a_running_job_refuses_a_short_orphan_retention() {
     let warehouse = tempfile::tempdir().expect("warehouse");
     let mut job = job("maint-short", warehouse.path(), 100, 50);
     job.toml += "[sink.maintenance]\ncompact_every = \"10m\"\nremove_orphans_older_than = \"5m\"\n";
+    // Rows alone bound no round's length: no retention is safe.
     let e = job.load(&[]).expect_err("refused");
     let message = e.to_string();
     assert!(
-        message.contains("sink.maintenance.remove_orphans_older_than") && message.contains("at least 1h"),
+        message.contains("sink.maintenance.remove_orphans_older_than")
+            && message.contains("needs job.checkpoint.interval_secs"),
         "{message}"
     );
+    let e = job.load(&["job.checkpoint.interval_secs=60"]).expect_err("refused");
+    let message = e.to_string();
+    assert!(message.contains("5m is too short") && message.contains("at least 1h"), "{message}");
+    // Three intervals of 30 minutes, or a pass's timeout of 2h, ask for more.
+    let e = job.load(&["job.checkpoint.interval_secs=1800"]).expect_err("refused");
+    assert!(e.to_string().contains("at least 1h 30m"), "{e}");
+    let e = job
+        .load(&[
+            "job.checkpoint.interval_secs=60",
+            "sink.maintenance.timeout=\"2h\"",
+            "sink.maintenance.remove_orphans_older_than=\"1h\"",
+        ])
+        .expect_err("refused");
+    assert!(e.to_string().contains("at least 2h"), "{e}");
+    job.load(&["job.checkpoint.interval_secs=60", "sink.maintenance.remove_orphans_older_than=\"1h\""])
+        .expect("1h is enough");
     assert!(!job.state().exists());
 }

@@ -75,6 +75,10 @@ pub fn maintain(
     let cfg = Config::parse(options)?;
     let mut seen = HashSet::new();
     let mut reports = Vec::new();
+    // A step that fails stops neither the table's other steps nor the
+    // other tables (each step leaves its table valid); the first failure
+    // is the call's answer, with what the other steps did.
+    let mut failed: Option<SinkError> = None;
     for name in &request.tables {
         let ident = cfg.ident(name)?;
         if !seen.insert(ident.to_string()) {
@@ -96,20 +100,49 @@ pub fn maintain(
                 reports.push(report);
                 continue;
             }
-            Err(e) => return Err(e.into_sink_error(&ident)),
+            Err(e) => {
+                failed.get_or_insert(e.into_sink_error(&ident));
+                continue;
+            }
         }
-        if let Some(compaction) = &request.compaction {
-            compact(&cfg, &ctx, &ident, compaction.target_file_bytes, request.dry_run, &mut report)?;
+        if let Some(compaction) = &request.compaction
+            && let Err(e) = compact(&cfg, &ctx, &ident, compaction.target_file_bytes, request.dry_run, &mut report)
+        {
+            failed.get_or_insert(e);
         }
-        if let Some(expiry) = &request.expiry {
-            expire(&ident, expiry, request.dry_run, &mut report)?;
+        if let Some(expiry) = &request.expiry
+            && let Err(e) = expire(&ident, expiry, request.dry_run, &mut report)
+        {
+            failed.get_or_insert(e);
         }
-        if let Some(orphans) = &request.orphans {
-            remove_orphans(&ident, orphans, request.dry_run, &mut report)?;
+        if let Some(orphans) = &request.orphans
+            && let Err(e) = remove_orphans(&ctx, &ident, orphans, request.dry_run, &mut report)
+        {
+            failed.get_or_insert(e);
         }
         reports.push(report);
     }
-    Ok(reports)
+    match failed {
+        None => Ok(reports),
+        Some(e) => Err(with_done(e, &reports)),
+    }
+}
+
+/// `e` with what the call's other steps did (they stay done).
+fn with_done(e: SinkError, reports: &[TableReport]) -> SinkError {
+    let sum = |f: fn(&TableReport) -> u64| reports.iter().map(f).sum::<u64>();
+    let done = format!(
+        " (the other steps ran: {} file(s) compacted, {} snapshot(s) expired, {} file(s) removed)",
+        sum(|r| r.files_compacted),
+        sum(|r| r.snapshots_expired),
+        sum(|r| r.files_removed.len() as u64)
+    );
+    match e {
+        SinkError::Config(m) => SinkError::Config(m + &done),
+        SinkError::InvalidData(m) => SinkError::InvalidData(m + &done),
+        SinkError::Retryable(m) => SinkError::Retryable(m + &done),
+        SinkError::Fatal(m) => SinkError::Fatal(m + &done),
+    }
 }
 
 fn load(ident: &TableIdent) -> Result<Table, SinkError> {
@@ -244,7 +277,10 @@ fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u6
     let files = SharedHostFiles::default();
     let parquet = HostParquetWriterBuilder::new(parquet_options(cfg, 1), schema.clone(), files.clone())
         .map_err(|e| iceberg_error("preparing the Parquet writer", e))?;
-    let rolling = RollingFileWriterBuilder::new(parquet, target as usize, table.file_io().clone(), locations, names);
+    // The guest is 32-bit: a target past `usize` is refused, never cut short.
+    let target_bytes = usize::try_from(target)
+        .map_err(|_| error::config(format!("a target file size of {target} bytes is too large (at most 4095 MiB)")))?;
+    let rolling = RollingFileWriterBuilder::new(parquet, target_bytes, table.file_io().clone(), locations, names);
     let key = (!spec.is_unpartitioned())
         .then(|| PartitionKey::new(spec.as_ref().clone(), schema.clone(), bin.partition.clone()));
     let budget = (cfg.buffer_bytes as u64) * 3 / 4;
@@ -320,7 +356,13 @@ fn compact(
             }
         }
     }
-    match commit_replace(ident, &replaced, &written) {
+    // Set once a commit attempt was sent whose outcome could not be
+    // settled: the new files may then be in the table (a reply lost, a
+    // REST commit that lands late), so they are never deleted here; orphan
+    // cleanup removes them once no snapshot names them.
+    let mut uncertain = false;
+    let spec_id = table.metadata().default_partition_spec_id();
+    match commit_replace(ident, &replaced, &written, spec_id, &mut uncertain) {
         Ok(Some(())) => {
             report.files_compacted += replaced.len() as u64;
             report.files_written += written.len() as u64;
@@ -329,54 +371,98 @@ fn compact(
             Ok(())
         }
         Ok(None) => {
-            delete_all(&written);
+            keep_or_delete(ident, &written, uncertain);
             report.notes.push(
-                "another writer replaced some of the files meanwhile: this compaction committed nothing".to_string(),
+                "another writer replaced some of the files, added delete files or changed the partition spec \
+                 meanwhile: this compaction committed nothing"
+                    .to_string(),
             );
             Ok(())
         }
         Err(e) => {
-            // The outcome of an unknown commit was settled inside; any error
-            // here means the new files are not in the table.
-            delete_all(&written);
+            keep_or_delete(ident, &written, uncertain);
             Err(e)
         }
     }
 }
 
+/// Deletes the files of a compaction that did not commit, unless an
+/// attempt's outcome stayed unknown (then they are left to orphan cleanup,
+/// which removes them only once no snapshot names them).
+fn keep_or_delete(ident: &TableIdent, written: &[DataFile], uncertain: bool) {
+    if uncertain {
+        log::warn(&format!(
+            "table {ident}: a compaction commit's outcome stayed unknown; its {} new file(s) are kept \
+             (orphan cleanup removes them if no snapshot names them)",
+            written.len()
+        ));
+    } else {
+        delete_all(written);
+    }
+}
+
 /// Commits `replaced` → `written` as one `replace` snapshot, rebuilt on the
-/// newest head after each conflict. `Ok(None)`: a replaced file is no
-/// longer live, nothing was committed.
-fn commit_replace(ident: &TableIdent, replaced: &[DataFile], written: &[DataFile]) -> Result<Option<()>, SinkError> {
+/// newest head after each conflict. `Ok(None)`: nothing was committed,
+/// because a replaced file is no longer live, the table has gained delete
+/// files (a rewrite would bring deleted rows back) or its default partition
+/// spec is no longer `spec_id` (the one `written` is partitioned by).
+/// `uncertain` is set once an attempt was sent whose outcome is unknown:
+/// only a snapshot of ours seen in the table settles it (as committed).
+fn commit_replace(
+    ident: &TableIdent,
+    replaced: &[DataFile],
+    written: &[DataFile],
+    spec_id: i32,
+    uncertain: &mut bool,
+) -> Result<Option<()>, SinkError> {
     let gone: HashSet<&str> = replaced.iter().map(DataFile::file_path).collect();
+    // Snapshots sent whose outcome is unknown: one of them may land late.
+    let mut sent: Vec<i64> = Vec::new();
     let mut last = String::new();
     for attempt in 0..ATTEMPTS {
         if attempt > 0 {
             std::thread::sleep(std::time::Duration::from_millis(50 * u64::from(attempt.min(10))));
         }
         let table = load(ident)?;
+        if sent.iter().any(|id| table.metadata().snapshot_by_id(*id).is_some()) {
+            return Ok(Some(()));
+        }
+        if table.metadata().default_partition_spec_id() != spec_id {
+            return Ok(None);
+        }
         let Some(head) = table.metadata().current_snapshot().cloned() else { return Ok(None) };
         let manifests = manifests_of(&table, &head)?;
+        if has_deletes(&manifests) {
+            return Ok(None);
+        }
         let live: HashSet<&str> =
             manifests.iter().flat_map(|m| m.entries.iter()).filter(|e| e.is_alive()).map(|e| e.file_path()).collect();
         if !gone.iter().all(|f| live.contains(f)) {
             return Ok(None);
         }
-        let (snapshot, requirements, updates) = build_replace(&table, &head, &manifests, &gone, replaced, written)?;
+        let (snapshot, mut requirements, updates) = build_replace(&table, &head, &manifests, &gone, replaced, written)?;
+        // The partition spec the new files were written for, checked by the
+        // catalog in the same atomic step as the head.
+        requirements.push(TableRequirement::DefaultSpecIdMatch { default_spec_id: spec_id });
         match host_io::commit_updates(ident, &requirements, &updates) {
             Ok(()) => return Ok(Some(())),
             Err(CatalogError::Conflict(m)) => {
                 last = m;
             }
             Err(CatalogError::UnknownOutcome(m)) => {
-                // Settled by the table itself: our snapshot is there or not.
-                let now = load(ident)?;
-                if now.metadata().snapshot_by_id(snapshot).is_some() {
+                *uncertain = true;
+                sent.push(snapshot);
+                // Settled by the table itself if our snapshot is there; if
+                // not (or the table cannot be read now), the next attempt
+                // looks again before it builds anew.
+                if load(ident).is_ok_and(|now| now.metadata().snapshot_by_id(snapshot).is_some()) {
                     return Ok(Some(()));
                 }
                 last = m;
             }
             Err(e) => {
+                // Not a conflict: the catalog may have applied it anyway.
+                *uncertain = true;
                 return Err(error::retryable(format!(
                     "committing the compaction of table {ident}: {}",
                     catalog_message(&e)
@@ -384,8 +470,13 @@ fn commit_replace(ident: &TableIdent, replaced: &[DataFile], written: &[DataFile
             }
         }
     }
+    let outcome = if *uncertain {
+        "an attempt's outcome is unknown, so its new files are kept for orphan cleanup"
+    } else {
+        "the table is as it was"
+    };
     Err(error::retryable(format!(
-        "committing the compaction of table {ident}: it conflicted {ATTEMPTS} times with other writers ({last}); the table is as it was"
+        "committing the compaction of table {ident}: it conflicted {ATTEMPTS} times with other writers ({last}); {outcome}"
     )))
 }
 
@@ -671,9 +762,20 @@ fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut Table
 
 // ------------------------------------------------------------------- orphans
 
-/// The data files a combined commit of this plugin names.
-fn protected_files(combined: &[u8]) -> Vec<String> {
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(combined) else { return Vec::new() };
+/// The data files a combined commit of this plugin names. One this plugin
+/// cannot read is an error, never "no files": orphan cleanup fails closed.
+fn protected_files(combined: &[u8]) -> Result<Vec<String>, String> {
+    let unreadable = || {
+        format!(
+            "a pending checkpoint's commit data ({} byte(s)) is not one this plugin writes, so the files it names \
+             are unknown; orphan cleanup removed nothing (protect only jobs that write with the Iceberg plugin)",
+            combined.len()
+        )
+    };
+    let value = serde_json::from_slice::<serde_json::Value>(combined).map_err(|_| unreadable())?;
+    if value.get("tables").is_none() && value.get("files").is_none() {
+        return Err(unreadable());
+    }
     let mut jsons: Vec<&serde_json::Value> = Vec::new();
     if let Some(tables) = value.get("tables").and_then(|t| t.as_array()) {
         for table in tables {
@@ -683,13 +785,32 @@ fn protected_files(combined: &[u8]) -> Vec<String> {
     jsons.extend(value.get("files").and_then(|f| f.as_array()).into_iter().flatten());
     jsons
         .into_iter()
-        .filter_map(|j| j.as_str())
-        .filter_map(|s| serde_json::from_str::<serde_json::Value>(s).ok())
-        .filter_map(|v| v.get("file_path").and_then(|p| p.as_str()).map(|p| norm(p).to_string()))
+        .map(|j| {
+            j.as_str()
+                .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+                .and_then(|v| v.get("file_path").and_then(|p| p.as_str()).map(|p| norm(p).to_string()))
+                .ok_or_else(unreadable)
+        })
         .collect()
 }
 
+/// The `<job>.<sink>` of every other job whose watermark the table holds.
+fn other_writers(ctx: &SinkContext, metadata: &TableMetadata) -> Vec<String> {
+    let own = format!("{}.{}", ctx.job_id, ctx.sink_id);
+    let mut others: Vec<String> = metadata
+        .properties()
+        .keys()
+        .filter_map(|k| k.strip_prefix("sluice.committed."))
+        .filter_map(|rest| rest.rsplit_once('.').map(|(writer, _incarnation)| writer.to_string()))
+        .filter(|writer| *writer != own)
+        .collect();
+    others.sort();
+    others.dedup();
+    others
+}
+
 fn remove_orphans(
+    ctx: &SinkContext,
     ident: &TableIdent,
     orphans: &Orphans,
     dry_run: bool,
@@ -723,7 +844,15 @@ fn remove_orphans(
         referenced.extend(refs.of(&table, snapshot)?);
     }
     for combined in &orphans.protected {
-        referenced.extend(protected_files(combined));
+        referenced.extend(protected_files(combined).map_err(|m| error::config(format!("table {ident}: {m}")))?);
+    }
+    let others = other_writers(ctx, metadata);
+    if !others.is_empty() {
+        report.notes.push(format!(
+            "the table also holds commits of {} (job.sink): a pending checkpoint of theirs is protected only if \
+             their job file is given (--protect, or `protect` in [sink.maintenance])",
+            others.join(", ")
+        ));
     }
     let listed_names: HashSet<&str> = listed.iter().map(|e| norm(&e.location)).collect();
     if let Some(current) = metadata.current_snapshot() {
@@ -770,8 +899,13 @@ mod tests {
         let file = serde_json::json!({"file_path": "file:///wh/t/data/a.parquet"}).to_string();
         let combined =
             serde_json::json!({"tables": [{"table": "t", "spec_id": 0, "files": [file.clone()]}], "files": [file]});
-        let found = protected_files(combined.to_string().as_bytes());
+        let found = protected_files(combined.to_string().as_bytes()).unwrap();
         assert_eq!(found, vec!["/wh/t/data/a.parquet".to_string(), "/wh/t/data/a.parquet".to_string()]);
-        assert!(protected_files(b"not json").is_empty());
+        let empty = serde_json::json!({"tables": []}).to_string();
+        assert!(protected_files(empty.as_bytes()).unwrap().is_empty());
+        // What this plugin cannot read protects nothing it knows of: refused.
+        for bad in [&b"not json"[..], br#"{"offsets": [1]}"#, br#"{"files": [7]}"#] {
+            assert!(protected_files(bad).unwrap_err().contains("orphan cleanup removed nothing"));
+        }
     }
 }

@@ -463,6 +463,15 @@ impl Backend {
 }
 
 impl CheckpointStore {
+    /// Whether a run holds the local state directory at `location` now
+    /// (its lock taken). `None` where that cannot be told this way (an
+    /// object-store state directory, whose runs hold a lease instead).
+    pub fn run_holds(location: &Location) -> Option<bool> {
+        let Location::Local(dir) = location else { return None };
+        let Ok(lock) = OpenOptions::new().write(true).open(dir.join("lock")) else { return Some(false) };
+        Some(matches!(lock.try_lock(), Err(fs::TryLockError::WouldBlock)))
+    }
+
     /// Opens (creating) and locks a job's local state directory.
     pub fn open(dir: &Path, job_id: &str, retain: usize) -> Result<Self, CheckpointError> {
         let checkpoints = dir.join("checkpoints");

@@ -25,9 +25,9 @@ use super::EngineError;
 use super::checkpoint::{CheckpointError, CheckpointStore, now_ms};
 use crate::capability::Granted;
 use crate::fault::Faults;
-use crate::job::Job;
+use crate::job::{Job, MIN_RUNNING_ORPHAN_AGE};
 use crate::metrics::Metrics;
-use crate::plugin::{Limits, MaintainRequest, MaintainerInstance, Plugin, PluginError, PluginHost, SinkCtx};
+use crate::plugin::{Limits, MaintainRequest, MaintainerInstance, Plugin, PluginHost, SinkCtx};
 
 /// What to do (see `sluice maintain --help`).
 #[derive(Debug, Clone, Default)]
@@ -130,12 +130,7 @@ pub(super) fn require_maintenance(plugin: &Plugin) -> Result<(), EngineError> {
     if plugin.maintains() {
         return Ok(());
     }
-    Err(PluginError::Unsupported {
-        plugin: plugin.name.clone(),
-        version: plugin.version(),
-        what: format!("maintain tables (it was built for {}, without the `maintenance` export)", plugin.contract()),
-    }
-    .into())
+    Err(plugin.no_maintenance().into())
 }
 
 /// Refuses, before a run writes anything, a job whose `[sink.maintenance]`
@@ -233,6 +228,23 @@ impl Maintainer {
 pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<MaintainReport, EngineError> {
     let plugin = super::setup::load_plugin(job, host)?;
     require_maintenance(&plugin)?;
+    if let Some(age) = opts.remove_orphans_older_than
+        && age < MIN_RUNNING_ORPHAN_AGE
+    {
+        // Beside a running writer only age protects the files of its round
+        // under way: a short retention is for tables no job writes now.
+        for running in std::iter::once(job).chain(&opts.protect) {
+            if CheckpointStore::run_holds(&running.state) == Some(true) {
+                return Err(EngineError::Maintain(format!(
+                    "--remove-orphans-older-than {} is too short while job {:?} runs (its state directory is \
+                     locked): the files of its round under way are named by no checkpoint yet, so only their \
+                     age protects them; use at least 1h, or run it while no job writes",
+                    humantime::format_duration(age),
+                    running.spec.job.id
+                )));
+            }
+        }
+    }
     let store = CheckpointStore::inspect_at(&job.state, &job.spec.job.id, &job.state_stores)?;
     let (incarnation, attempt, known) = match &store {
         Some(store) => (store.incarnation()?.map(|i| i.id), store.attempts()?, known_tables(store)?),
@@ -277,8 +289,15 @@ pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<
 /// append that meets the replace retries as after any conflict.
 pub(super) struct Background {
     stop: Option<mpsc::Sender<()>>,
+    /// Disconnected once the thread has ended (its sender dropped).
+    ended: mpsc::Receiver<()>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// How long the end of a run waits for a pass under way before it lets the
+/// pass go on alone (a pass commits whole or not at all, so a run, or a
+/// process, that ends under it loses nothing).
+const SETTLE: Duration = Duration::from_secs(30);
 
 impl Background {
     /// Starts the passes, the first one `every` from now. The instance is
@@ -295,6 +314,9 @@ impl Background {
         require_maintenance(plugin)?;
         let mut limits = Limits::of(&job.spec.sink.sandbox);
         limits.call_timeout = m.timeout;
+        // The jobs to protect load now, so that a wrong path is refused
+        // before the run writes anything; each pass reads their state anew.
+        let protect = m.protect.iter().map(|p| Job::load(p, &[])).collect::<Result<Vec<_>, _>>()?;
         let opened = Maintainer::open(plugin, grants, limits, ctx.clone(), job)?;
         let plan = Plan {
             target_file_bytes: Some(m.target_file_bytes),
@@ -304,10 +326,12 @@ impl Background {
             dry_run: false,
         };
         let (stop, stopped) = mpsc::channel::<()>();
+        let (alive, ended) = mpsc::channel::<()>();
         let (job, plugin, grants) = (job.clone(), plugin.clone(), grants.clone());
         let thread = std::thread::Builder::new()
             .name("sluice-maintenance".to_string())
             .spawn(move || {
+                let _alive = alive;
                 let mut maintainer = Some(opened);
                 // A stop request, or the run gone: no further pass.
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(m.every) {
@@ -316,7 +340,7 @@ impl Background {
                         None => Maintainer::open(&plugin, &grants, limits, ctx.clone(), &job),
                     };
                     let result = instance.and_then(|mut open| {
-                        let done = background_pass(&job, &plan, &mut open);
+                        let done = background_pass(&job, &protect, &plan, &mut open);
                         // A failed instance may be dead (a trap): the next pass opens a new one.
                         if done.is_ok() {
                             maintainer = Some(open);
@@ -338,30 +362,47 @@ impl Background {
                 }
             })
             .map_err(EngineError::MaintenanceThread)?;
-        Ok(Some(Self { stop: Some(stop), thread: Some(thread) }))
+        Ok(Some(Self { stop: Some(stop), ended, thread: Some(thread) }))
     }
 }
 
 /// One pass of a running job: its current tables, and (for orphan cleanup)
-/// its pending checkpoints read right before.
-fn background_pass(job: &Job, plan: &Plan, maintainer: &mut Maintainer) -> Result<MaintainReport, EngineError> {
+/// its and the `protect`ed jobs' pending checkpoints read right before.
+fn background_pass(
+    job: &Job,
+    protect: &[Job],
+    plan: &Plan,
+    maintainer: &mut Maintainer,
+) -> Result<MaintainReport, EngineError> {
     let store = CheckpointStore::inspect_at(&job.state, &job.spec.job.id, &job.state_stores)?;
     let known = match &store {
         Some(store) => known_tables(store)?,
         None => Vec::new(),
     };
-    let request = plan.request(tables_to_maintain(&[], known), || Ok(pending_of(job)?))?;
+    let request = plan.request(tables_to_maintain(&[], known), || {
+        let mut protected = pending_of(job)?;
+        for other in protect {
+            protected.extend(pending_of(other)?);
+        }
+        Ok(protected)
+    })?;
     maintainer.pass(&request)
 }
 
 impl Drop for Background {
-    /// Asks for no further pass and waits for the one under way (bounded
-    /// by its timeout): the run ends with maintenance settled.
+    /// Asks for no further pass and waits up to [`SETTLE`] for the one under
+    /// way; a longer one goes on alone (and ends with the process).
     fn drop(&mut self) {
         drop(self.stop.take());
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
+        let Some(thread) = self.thread.take() else { return };
+        if let Err(mpsc::RecvTimeoutError::Timeout) = self.ended.recv_timeout(SETTLE) {
+            tracing::warn!(
+                "a maintenance pass is still running; the run ends without waiting for it \
+                 (a pass commits whole or not at all)"
+            );
+            return;
+        }
+        if thread.join().is_err() {
             tracing::error!("the maintenance thread panicked");
         }
     }

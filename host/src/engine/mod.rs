@@ -162,6 +162,9 @@ pub enum EngineError {
     SubtaskLost(u32),
     #[error("could not start the job's maintenance thread: {0}")]
     MaintenanceThread(std::io::Error),
+    /// Maintenance refused before it ran (the message says why).
+    #[error("{0}")]
+    Maintain(String),
     #[error("writer {subtask} was lost: {message}")]
     WriterLost { subtask: u32, message: String },
     /// Writers of a pool were lost, not one named writer.

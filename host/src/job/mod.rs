@@ -294,6 +294,10 @@ pub struct MaintenanceSpec {
     /// The longest one pass may take [default: 1h].
     #[serde(default)]
     pub timeout: Option<toml::Value>,
+    /// Other jobs writing the same tables (their job files, relative to
+    /// this one): orphan cleanup spares their pending checkpoints' files too.
+    #[serde(default)]
+    pub protect: Vec<PathBuf>,
 }
 
 fn default_target_file_mb() -> u64 {
@@ -309,6 +313,8 @@ pub struct ContinuousMaintenance {
     pub keep_last: Option<u32>,
     pub remove_orphans_older_than: Option<Duration>,
     pub timeout: Duration,
+    /// Job files whose pending checkpoints orphan cleanup spares (resolved).
+    pub protect: Vec<PathBuf>,
 }
 
 /// The shortest orphan retention a running job may use: its writers'
@@ -321,7 +327,9 @@ pub const MIN_RUNNING_ORPHAN_AGE: Duration = Duration::from_secs(3600);
 pub fn parse_long_duration(value: &toml::Value) -> Result<Duration, String> {
     let d = match value {
         toml::Value::Integer(n) if *n > 0 => Duration::from_secs(*n as u64),
-        toml::Value::Float(f) if f.is_finite() && *f > 0.0 => Duration::from_secs_f64(*f),
+        toml::Value::Float(f) if f.is_finite() && *f > 0.0 => {
+            Duration::try_from_secs_f64(*f).map_err(|_| format!("{f} seconds is too long a duration"))?
+        }
         toml::Value::String(s) => humantime::parse_duration(s.trim())
             .map_err(|e| format!("{s:?} is not a duration such as \"10m\", \"1h\" or \"7days\" ({e})"))?,
         other => return Err(format!("{other} is not a positive duration such as \"10m\", \"1h\" or \"7days\"")),
@@ -978,8 +986,9 @@ impl Job {
         let key = |k: &str| format!("sink.maintenance.{k}");
         let duration = |k: &str, v: &toml::Value| parse_long_duration(v).map_err(|m| self.invalid(&key(k), m));
         let every = duration("compact_every", &spec.compact_every)?;
-        if spec.target_file_mb == 0 || spec.target_file_mb > 16 * 1024 {
-            return Err(self.invalid(&key("target_file_mb"), "must be between 1 and 16384"));
+        // The plugin is 32-bit: its rolling writer counts bytes in a `usize`.
+        if spec.target_file_mb == 0 || spec.target_file_mb > 4095 {
+            return Err(self.invalid(&key("target_file_mb"), "must be between 1 and 4095"));
         }
         let expire_older_than =
             spec.expire_older_than.as_ref().map(|v| duration("expire_older_than", v)).transpose()?;
@@ -988,20 +997,36 @@ impl Job {
         }
         let orphans =
             spec.remove_orphans_older_than.as_ref().map(|v| duration("remove_orphans_older_than", v)).transpose()?;
-        if let Some(age) = orphans
-            && age < MIN_RUNNING_ORPHAN_AGE
-        {
-            return Err(self.invalid(
-                &key("remove_orphans_older_than"),
-                format!(
-                    "{} is too short beside running writers: the files of the round under way are named by no \
-                     checkpoint yet, so only their age protects them; use at least 1h (or `sluice maintain \
-                     --remove-orphans-older-than` while no job writes)",
-                    humantime::format_duration(age)
-                ),
-            ));
-        }
         let timeout = spec.timeout.as_ref().map(|v| duration("timeout", v)).transpose()?;
+        if let Some(age) = orphans {
+            // Unnamed files live as long as a checkpoint round (its files
+            // are named once it is persisted) or a compaction pass (until
+            // its replace commits): the retention must outlast both.
+            let (_, interval) = self.checkpoint_trigger();
+            let Some(interval) = interval else {
+                return Err(self.invalid(
+                    &key("remove_orphans_older_than"),
+                    "needs job.checkpoint.interval_secs: with rows alone a checkpoint round may last any time, \
+                     and the files of the round under way are named by no checkpoint yet, so only their age \
+                     protects them",
+                ));
+            };
+            let pass = timeout.unwrap_or(Duration::from_secs(3600));
+            let least = MIN_RUNNING_ORPHAN_AGE.max(interval.saturating_mul(3)).max(pass);
+            if age < least {
+                return Err(self.invalid(
+                    &key("remove_orphans_older_than"),
+                    format!(
+                        "{} is too short beside running writers: the files of the round under way, and of a \
+                         compaction not yet committed, are named by no checkpoint or snapshot yet, so only their \
+                         age protects them; use at least {} (1h, 3 checkpoint intervals and the maintenance \
+                         timeout), or `sluice maintain --remove-orphans-older-than` while no job writes",
+                        humantime::format_duration(age),
+                        humantime::format_duration(least)
+                    ),
+                ));
+            }
+        }
         self.maintenance = Some(ContinuousMaintenance {
             every,
             target_file_bytes: spec.target_file_mb * 1024 * 1024,
@@ -1009,6 +1034,7 @@ impl Job {
             keep_last: spec.keep_last,
             remove_orphans_older_than: orphans,
             timeout: timeout.unwrap_or(Duration::from_secs(3600)),
+            protect: spec.protect.iter().map(|p| self.resolve(p)).collect(),
         });
         Ok(())
     }

@@ -73,14 +73,7 @@ impl Plugin {
         limits: Limits,
     ) -> Result<MaintainerInstance, PluginError> {
         let Some(pre) = &self.maintainer else {
-            return Err(PluginError::Unsupported {
-                plugin: self.name.clone(),
-                version: self.version(),
-                what: format!(
-                    "maintain tables (it was built for {}, without the `maintenance` export)",
-                    self.contract()
-                ),
-            });
+            return Err(self.no_maintenance());
         };
         let tag = InstanceTag { plugin: self.name.clone(), instance: Arc::from(instance) };
         let mut store = self.store(&tag, grants, &limits);

@@ -111,6 +111,13 @@ pub enum PluginError {
         newest = bindings::SUPPORTED[0]
     )]
     Unsupported { plugin: Arc<str>, version: ContractVersion, what: String },
+    /// Maintenance asked of a plugin built before its `maintenance` export
+    /// (contract 0.2.2): the message names the plugin's exact contract.
+    #[error(
+        "plugin '{plugin}' implements contract {contract}, which cannot maintain tables (it has no `maintenance` export); rebuild it for contract {newest}",
+        newest = bindings::SUPPORTED[0]
+    )]
+    NoMaintenance { plugin: Arc<str>, contract: String },
 }
 
 /// `0.2.1, 0.2.0, 0.1.0`.
@@ -337,6 +344,11 @@ impl Plugin {
             .iter()
             .find_map(|name| name.strip_prefix("sluice:connector/sink@").map(str::to_string))
             .unwrap_or_else(|| self.version().to_string())
+    }
+
+    /// The refusal for maintenance asked of a plugin without the export.
+    pub fn no_maintenance(&self) -> PluginError {
+        PluginError::NoMaintenance { plugin: self.name.clone(), contract: self.contract() }
     }
 
     /// Names of the component's imports (the capabilities it links against).
