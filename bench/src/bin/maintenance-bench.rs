@@ -71,7 +71,7 @@ const SCAN: &str = r#"
 import sys, time, statistics, duckdb
 from pyiceberg.catalog.sql import SqlCatalog
 w, scans = sys.argv[1], int(sys.argv[2])
-cat = SqlCatalog('bench', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')
+cat = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')
 plan, full, duck = [], [], []
 rows = files = None
 for _ in range(scans):
@@ -84,9 +84,11 @@ for _ in range(scans):
     full.append(time.perf_counter() - s)
     paths = [task.file.file_path.removeprefix('file://') for task in tasks]
     s = time.perf_counter()
-    n = duckdb.sql(f"select count(*), sum(id) from read_parquet({paths!r}, union_by_name=true)").fetchone()
+    con = duckdb.connect()
+    n = con.execute(f"select count(*), sum(id) from read_parquet({paths!r}, union_by_name=true)").fetchone()
     # Every column is read, as in a full scan.
-    duckdb.sql(f"select * from read_parquet({paths!r}, union_by_name=true)").arrow()
+    con.execute(f"select * from read_parquet({paths!r}, union_by_name=true)").to_arrow_table()
+    con.close()
     duck.append(time.perf_counter() - s)
     if n[0] != a.num_rows:
         sys.exit(f"DuckDB counts {n[0]} rows, PyIceberg {a.num_rows}")
