@@ -38,6 +38,16 @@
 //! would round) is refused naming the file, the line, the field and the
 //! value. A UTF-8 byte order mark at the start of a JSON lines file is
 //! skipped. Error line numbers are the file's own (1 is its first line).
+//!
+//! Later files of a table (CSV and JSON lines) are read with the table's
+//! known schema ([`Known`]): a column an earlier file of the table (in
+//! reading order, over every subtask's files) already has keeps that
+//! file's type, and only new columns are inferred. So one bad value in a
+//! later file is an error naming the file, the line, the column, the value
+//! and the type, never a column silently turned into strings and then
+//! reported as a schema change. The known schema is a pure function of the
+//! table's file list, which a resume proves unchanged, so every run and
+//! every subtask reads a file with the same schema.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -65,6 +75,126 @@ type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>> + Send
 /// file is read in full to infer its schema, so each file is inferred once
 /// per run.
 type SchemaCache = Arc<Mutex<HashMap<String, SchemaRef>>>;
+
+/// The schema each file of a table is read with (see the module's doc):
+/// file `j` is read with its own columns, in its order, a column the
+/// table's files before `j` have typed as they typed it; the table's known
+/// schema after `j` is the one before with `j`'s new columns added.
+#[derive(Clone, Default)]
+struct Known {
+    /// Every file of each table, in reading order: (name, where).
+    tables: Arc<HashMap<String, Vec<(String, At)>>>,
+    /// Reading schemas, by file (as [`At::shown`] names it).
+    reading: SchemaCache,
+    /// Each table's known schema after its files `0..=j`, as far as computed.
+    after: Arc<Mutex<HashMap<String, Vec<SchemaRef>>>>,
+}
+
+impl Known {
+    fn new(tables: &[TableFiles]) -> Self {
+        let tables = tables
+            .iter()
+            .map(|t| (t.name.clone(), t.files.iter().map(|f| (f.name.clone(), f.at.clone())).collect()))
+            .collect();
+        Self { tables: Arc::new(tables), ..Self::default() }
+    }
+
+    /// The schema file `name` of `table` is read with.
+    fn schema_of(
+        &self,
+        table: &str,
+        name: &str,
+        format: FileFormat,
+        csv_header: bool,
+    ) -> Result<SchemaRef, SourceError> {
+        let files = self.tables.get(table).map(Vec::as_slice).unwrap_or_default();
+        let Some(idx) = files.iter().position(|(n, _)| n == name) else {
+            return Err(SourceError::File {
+                path: name.to_string(),
+                message: format!("is not a file of table {table:?}"),
+            });
+        };
+        if format == FileFormat::Parquet {
+            // Parquet files carry their types: a different one is a real schema change.
+            return cached_schema(&self.reading, &files[idx].1, format, csv_header, None);
+        }
+        let before = match idx.checked_sub(1) {
+            Some(prev) => Some(self.known_after(table, files, prev, format, csv_header)?),
+            None => None,
+        };
+        cached_schema(&self.reading, &files[idx].1, format, csv_header, before.as_deref())
+    }
+
+    /// The table's known schema after its files `0..=idx`.
+    fn known_after(
+        &self,
+        table: &str,
+        files: &[(String, At)],
+        idx: usize,
+        format: FileFormat,
+        csv_header: bool,
+    ) -> Result<SchemaRef, SourceError> {
+        let done = |this: &Self| -> Vec<SchemaRef> {
+            this.after.lock().ok().and_then(|a| a.get(table).cloned()).unwrap_or_default()
+        };
+        let mut known = done(self);
+        while known.len() <= idx {
+            let j = known.len();
+            let before = known.last().cloned();
+            let reading = cached_schema(&self.reading, &files[j].1, format, csv_header, before.as_deref())?;
+            let next = match before {
+                None => reading,
+                Some(before) => {
+                    // A column the earlier files held no value in (Arrow's
+                    // `Null` type) takes its type from the first file that does.
+                    let mut fields: Vec<arrow_schema::FieldRef> = before
+                        .fields()
+                        .iter()
+                        .map(|f| match reading.field_with_name(f.name()) {
+                            Ok(r) if f.data_type() == &arrow_schema::DataType::Null => Arc::new(r.clone()),
+                            _ => f.clone(),
+                        })
+                        .collect();
+                    fields
+                        .extend(reading.fields().iter().filter(|f| before.field_with_name(f.name()).is_err()).cloned());
+                    Arc::new(arrow_schema::Schema::new(fields))
+                }
+            };
+            known.push(next);
+        }
+        let out = known[idx].clone();
+        if let Ok(mut after) = self.after.lock() {
+            let kept = after.entry(table.to_string()).or_default();
+            if kept.len() < known.len() {
+                *kept = known;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `inferred` (a file's own schema) with each column that `known` already
+/// has typed as `known` types it, where that is a type of one value (a
+/// nested column keeps the file's type: the table's schema evolution
+/// decides about added nested fields; a column no earlier file held a value
+/// in keeps the file's type too).
+fn with_known_types(inferred: &SchemaRef, known: &arrow_schema::Schema) -> SchemaRef {
+    let fields: Vec<arrow_schema::FieldRef> = inferred
+        .fields()
+        .iter()
+        .map(|f| match known.field_with_name(f.name()) {
+            Ok(k)
+                if k.data_type() != f.data_type()
+                    && !k.data_type().is_nested()
+                    && k.data_type() != &arrow_schema::DataType::Null =>
+            {
+                Arc::new(f.as_ref().clone().with_data_type(k.data_type().clone()))
+            }
+            _ => f.clone(),
+        })
+        .collect();
+    Arc::new(arrow_schema::Schema::new_with_metadata(fields, inferred.metadata().clone()))
+}
 
 /// Where a data file is.
 #[derive(Debug, Clone)]
@@ -264,7 +394,7 @@ pub struct FileSource {
     csv_header: bool,
     parallelism: u32,
     rate: Option<f64>,
-    schemas: SchemaCache,
+    known: Known,
 }
 
 fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
@@ -342,18 +472,9 @@ impl FileSource {
         {
             return Err(odd.at.err("has a different format than the other files; keep one format per source"));
         }
-        let tables = layout.into_iter().map(|(name, files)| TableFiles { name, files }).collect();
-        Ok(Self {
-            root,
-            tables,
-            tree,
-            format,
-            batch_rows,
-            csv_header,
-            parallelism,
-            rate: None,
-            schemas: SchemaCache::default(),
-        })
+        let tables: Vec<TableFiles> = layout.into_iter().map(|(name, files)| TableFiles { name, files }).collect();
+        let known = Known::new(&tables);
+        Ok(Self { root, tables, tree, format, batch_rows, csv_header, parallelism, rate: None, known })
     }
 
     /// Lists a local file or directory.
@@ -427,7 +548,9 @@ impl FileSource {
     pub fn tables(&self) -> Result<Vec<(String, SchemaRef)>, SourceError> {
         self.tables
             .iter()
-            .map(|t| Ok((t.name.clone(), cached_schema(&self.schemas, &t.files[0].at, self.format, self.csv_header)?)))
+            .map(|t| {
+                Ok((t.name.clone(), self.known.schema_of(&t.name, &t.files[0].name, self.format, self.csv_header)?))
+            })
             .collect()
     }
 
@@ -611,7 +734,7 @@ impl FileSource {
             format: self.format,
             batch_rows: self.batch_rows,
             csv_header: self.csv_header,
-            schemas: self.schemas.clone(),
+            known: self.known.clone(),
             file_idx,
             row_in_file: row,
             current: None,
@@ -620,20 +743,32 @@ impl FileSource {
     }
 }
 
-/// `at`'s schema, inferred once per run.
-fn cached_schema(cache: &SchemaCache, at: &At, format: FileFormat, csv_header: bool) -> Result<SchemaRef, SourceError> {
+/// The schema `at` is read with, given the table's known schema before it
+/// (none for a table's first file), inferred once per run.
+fn cached_schema(
+    cache: &SchemaCache,
+    at: &At,
+    format: FileFormat,
+    csv_header: bool,
+    known: Option<&arrow_schema::Schema>,
+) -> Result<SchemaRef, SourceError> {
     let key = at.shown();
     if let Some(schema) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok(schema);
     }
-    let schema = infer_schema(at, format, csv_header)?;
+    let schema = infer_schema(at, format, csv_header, known)?;
     if let Ok(mut c) = cache.lock() {
         c.insert(key, schema.clone());
     }
     Ok(schema)
 }
 
-fn infer_schema(at: &At, format: FileFormat, csv_header: bool) -> Result<SchemaRef, SourceError> {
+fn infer_schema(
+    at: &At,
+    format: FileFormat,
+    csv_header: bool,
+    known: Option<&arrow_schema::Schema>,
+) -> Result<SchemaRef, SourceError> {
     match format {
         FileFormat::Parquet => {
             let builder = match at {
@@ -652,20 +787,54 @@ fn infer_schema(at: &At, format: FileFormat, csv_header: bool) -> Result<SchemaR
                 .with_header(csv_header)
                 .infer_schema(at.open()?, Some(INFER_RECORDS))
                 .map_err(|e| at.err(e))?;
-            Ok(Arc::new(schema))
+            let schema = Arc::new(schema);
+            Ok(match known {
+                Some(known) => with_known_types(&schema, known),
+                None => schema,
+            })
         }
-        FileFormat::Json => json::infer(&at.shown(), at.open()?),
+        FileFormat::Json => {
+            let schema = json::infer(&at.shown(), at.open()?, known)?;
+            Ok(match known {
+                Some(known) => with_known_types(&schema, known),
+                None => schema,
+            })
+        }
     }
 }
 
 /// CSV errors with the file's own line numbers: arrow-csv counts lines
-/// from 0, so its "at line N" names the line before the one meant.
-fn csv_error(e: ArrowError) -> ArrowError {
+/// from 0, so its "at line N" names the line before the one meant. A value
+/// that does not parse as its column's type is told with the column's name
+/// (arrow-csv gives its index) and the value cut short.
+fn csv_error(e: ArrowError, schema: &SchemaRef) -> ArrowError {
     match e {
-        ArrowError::ParseError(m) => ArrowError::ParseError(one_based_line(&m)),
+        ArrowError::ParseError(m) => {
+            ArrowError::ParseError(bad_csv_value(&m, schema).unwrap_or_else(|| one_based_line(&m)))
+        }
         ArrowError::CsvError(m) => ArrowError::CsvError(one_based_line(&m)),
         other => other,
     }
+}
+
+/// arrow-csv 58's "Error while parsing value 'x7' as type 'Int64' for
+/// column 2 at line 499. Row data: '[..]'" told as "line 500: column `qty`
+/// holds "x7", which is not a valid Int64 ...", or `None` for any other
+/// message (shown as arrow-csv gave it).
+fn bad_csv_value(message: &str, schema: &arrow_schema::Schema) -> Option<String> {
+    let rest = message.strip_prefix("Error while parsing value '")?;
+    let (head, _row) = rest.split_once(". Row data: '")?;
+    let (head, line) = head.rsplit_once(" at line ")?;
+    let line: u64 = line.parse().ok()?;
+    let (head, column) = head.rsplit_once("' for column ")?;
+    let column = schema.fields().get(column.parse::<usize>().ok()?)?.name();
+    let (value, ty) = head.rsplit_once("' as type '")?;
+    let shown = if value.chars().count() <= 60 {
+        format!("{value:?}")
+    } else {
+        format!("{:?}...", value.chars().take(60).collect::<String>())
+    };
+    Some(format!("line {}: column `{column}` holds {shown}, which is not a valid {ty}, the column's type", line + 1))
 }
 
 fn one_based_line(message: &str) -> String {
@@ -686,7 +855,7 @@ pub struct FileReader {
     format: FileFormat,
     batch_rows: usize,
     csv_header: bool,
-    schemas: SchemaCache,
+    known: Known,
     file_idx: usize,
     /// Rows of the current file already returned.
     row_in_file: u64,
@@ -698,8 +867,9 @@ pub struct FileReader {
 impl FileReader {
     /// Opens file `file_idx`, positioned after `skip` rows.
     fn open_current(&self, skip: u64) -> Result<BatchIter, SourceError> {
-        let at = &self.files[self.file_idx].1.at;
-        let schema = cached_schema(&self.schemas, at, self.format, self.csv_header)?;
+        let (table, file) = &self.files[self.file_idx];
+        let at = &file.at;
+        let schema = self.known.schema_of(table, &file.name, self.format, self.csv_header)?;
         let iter: BatchIter = match self.format {
             FileFormat::Parquet => {
                 return match at {
@@ -711,13 +881,14 @@ impl FileReader {
                 };
             }
             FileFormat::Csv => {
-                // Each file with its own schema: schemas may evolve file to file.
-                let reader = arrow_csv::ReaderBuilder::new(schema)
+                // Each file with its reading schema: its own columns, those
+                // the table knows with their known types.
+                let reader = arrow_csv::ReaderBuilder::new(schema.clone())
                     .with_header(self.csv_header)
                     .with_batch_size(self.batch_rows)
                     .build_buffered(at.open()?)
                     .map_err(|e| at.err(e))?;
-                Box::new(reader.map(|r| r.map_err(csv_error)))
+                Box::new(reader.map(move |r| r.map_err(|e| csv_error(e, &schema))))
             }
             FileFormat::Json => {
                 Box::new(json::Batches::open(at.open()?, schema, self.batch_rows).map_err(|e| at.err(e))?)
@@ -909,6 +1080,44 @@ mod json {
         line: u64,
         /// An integer a double would round, and its line.
         inexact: Option<(u64, String)>,
+        /// `kind` is the table's, from its earlier files: it does not widen.
+        known: bool,
+    }
+
+    impl Seen {
+        /// Where `kind` comes from, for messages.
+        fn origin(&self) -> String {
+            if self.known {
+                "the table's earlier files".to_string()
+            } else {
+                format!("line {} and the records after it", self.line)
+            }
+        }
+    }
+
+    /// Seeds `fields` with the table's known column `name` of type `ty`
+    /// (nested ones by their path, as [`check_value`] names them). A type
+    /// no JSON value maps to is left out: the file's values decide it.
+    fn seed(fields: &mut HashMap<String, Seen>, name: &str, ty: &arrow_schema::DataType) {
+        use arrow_schema::DataType as D;
+        let kind = match ty {
+            D::Boolean => Kind::Bool,
+            D::Int8 | D::Int16 | D::Int32 | D::Int64 | D::UInt8 | D::UInt16 | D::UInt32 | D::UInt64 => Kind::Int,
+            D::Float16 | D::Float32 | D::Float64 => Kind::Float,
+            D::Utf8 | D::LargeUtf8 | D::Utf8View => Kind::Str,
+            D::List(item) | D::LargeList(item) => {
+                seed(fields, &format!("{name}[]"), item.data_type());
+                Kind::List
+            }
+            D::Struct(children) => {
+                for child in children {
+                    seed(fields, &format!("{name}.{}", child.name()), child.data_type());
+                }
+                Kind::Object
+            }
+            _ => return,
+        };
+        fields.insert(name.to_string(), Seen { kind, line: 0, inexact: None, known: true });
     }
 
     fn shown(v: &Value) -> String {
@@ -959,7 +1168,7 @@ mod json {
             _ => None,
         };
         let Some(seen) = fields.get_mut(name) else {
-            fields.insert(name.to_string(), Seen { kind, line, inexact: big });
+            fields.insert(name.to_string(), Seen { kind, line, inexact: big, known: false });
             return Ok(());
         };
         if seen.inexact.is_none() {
@@ -967,16 +1176,16 @@ mod json {
         }
         match (seen.kind, kind) {
             (a, b) if a == b => {}
-            (Kind::Int, Kind::Float) => {
+            (Kind::Int, Kind::Float) if !seen.known => {
                 seen.kind = Kind::Float;
                 seen.line = line;
             }
             (Kind::Float, Kind::Int) => {}
             (was, _) => {
                 return Err(format!(
-                    "line {line}: field `{name}` = {} does not fit its column: line {} and the records after it hold {} there",
+                    "line {line}: field `{name}` = {} does not fit its column: {} hold {} there",
                     shown(value),
-                    seen.line,
+                    seen.origin(),
                     was.name()
                 ));
             }
@@ -984,10 +1193,13 @@ mod json {
         if seen.kind == Kind::Float
             && let Some((at, digits)) = &seen.inexact
         {
+            let why = if seen.known {
+                "the table's earlier files make the column a double".to_string()
+            } else {
+                format!("line {} holds a number with a fraction, so the column is a double", seen.line)
+            };
             return Err(format!(
-                "line {at}: field `{name}` = {digits} would lose digits: line {} holds a number with a fraction, \
-                 so the column is a double, and a double cannot hold this integer exactly",
-                seen.line
+                "line {at}: field `{name}` = {digits} would lose digits: {why}, and a double cannot hold this integer exactly"
             ));
         }
         Ok(())
@@ -1058,10 +1270,19 @@ mod json {
     }
 
     /// The schema of every record of the file: a field any record has is a
-    /// (nullable) column, integers mixed with fractions make a double.
-    pub(super) fn infer(path: &str, input: Input) -> Result<SchemaRef, SourceError> {
+    /// (nullable) column, integers mixed with fractions make a double. A
+    /// field the table already `known`s keeps its kind: a value of another
+    /// kind is refused, naming its line.
+    pub(super) fn infer(
+        path: &str,
+        input: Input,
+        known: Option<&arrow_schema::Schema>,
+    ) -> Result<SchemaRef, SourceError> {
         let mut lines = Lines::new(input);
         let mut fields: HashMap<String, Seen> = HashMap::new();
+        for field in known.map(|k| k.fields().iter()).into_iter().flatten() {
+            seed(&mut fields, field.name(), field.data_type());
+        }
         let mut failure: Option<String> = None;
         let mut last_line = 0;
         let records = std::iter::from_fn(|| {
@@ -1490,7 +1711,112 @@ mod tests {
             }
         };
         // Line 1 is the header, the record with id 1500 is line 1502.
-        assert!(err.contains("'1500.5'") && err.contains("at line 1502"), "{err}");
+        assert!(
+            err.contains("a.csv") && err.contains("line 1502: column `v` holds \"1500.5\", which is not a valid Int64"),
+            "{err}"
+        );
+    }
+
+    /// Reads every batch of subtask 0, to the end or the first error.
+    fn read_to_error(src: &FileSource) -> (Vec<RecordBatch>, Option<String>) {
+        let mut r = src.reader(0, None).unwrap();
+        let mut batches = Vec::new();
+        loop {
+            match r.next_batch(100) {
+                Ok(Some(b)) => batches.push(b.batch),
+                Ok(None) => return (batches, None),
+                Err(e) => return (batches, Some(e.to_string())),
+            }
+        }
+    }
+
+    /// A later file of a table is read with the types its earlier files
+    /// gave the table: one bad value is an error naming the file, the line,
+    /// the column, the value and the type, not a column of strings; a new
+    /// column is still inferred.
+    #[test]
+    fn later_csv_files_are_read_with_the_tables_types() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = dir.path().join("orders");
+        std::fs::create_dir_all(&table).unwrap();
+        let rows = |n: usize, bad: Option<usize>, note: bool| -> String {
+            let head = if note { "id,qty,note\n" } else { "id,qty\n" };
+            std::iter::once(head.to_string())
+                .chain((0..n).map(|i| {
+                    // Line 1 is the header: record i is line i + 2.
+                    let qty = if Some(i + 2) == bad { "x7".to_string() } else { (i % 9).to_string() };
+                    if note { format!("{i},{qty},n{i}\n") } else { format!("{i},{qty}\n") }
+                }))
+                .collect()
+        };
+        std::fs::write(table.join("orders-2024-01.csv"), rows(20, None, false)).unwrap();
+        std::fs::write(table.join("orders-2024-02.csv"), rows(700, Some(500), true)).unwrap();
+        let src = open_local(dir.path(), 100, 1).unwrap();
+        let known = src.tables().unwrap()[0].1.clone();
+        assert_eq!(known.field_with_name("qty").unwrap().data_type(), &arrow_schema::DataType::Int64);
+        let (batches, err) = read_to_error(&src);
+        let err = err.expect("the bad value is refused");
+        assert!(
+            err.contains("orders-2024-02.csv")
+                && err.contains("line 500: column `qty` holds \"x7\", which is not a valid Int64"),
+            "{err}"
+        );
+        // Nothing of the bad file's batch holding line 500 was handed out.
+        let good: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        assert!(good <= 20 + 498, "{good} rows handed out before the error");
+        assert!(
+            batches
+                .iter()
+                .all(|b| b.schema().field_with_name("qty").unwrap().data_type() == &arrow_schema::DataType::Int64)
+        );
+
+        // Without the bad value the later file keeps `qty` an integer and adds `note`.
+        std::fs::write(table.join("orders-2024-02.csv"), rows(700, None, true)).unwrap();
+        let src = open_local(dir.path(), 100, 1).unwrap();
+        let (batches, err) = read_to_error(&src);
+        assert_eq!(err, None);
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 720);
+        let last = batches.last().unwrap().schema();
+        assert_eq!(last.field_with_name("qty").unwrap().data_type(), &arrow_schema::DataType::Int64);
+        assert_eq!(last.field_with_name("note").unwrap().data_type(), &arrow_schema::DataType::Utf8);
+    }
+
+    /// The same for JSON lines: a later file's value of another kind than
+    /// the table's column is refused naming its line, and a table's integer
+    /// column does not widen to a double in a later file (a fraction would
+    /// otherwise be cut off by the integer column).
+    #[test]
+    fn later_json_files_are_read_with_the_tables_types() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.jsonl"), "{\"id\": 1, \"v\": 1}\n{\"id\": 2, \"v\": 2}\n").unwrap();
+        let later = |bad: &str| -> String {
+            (0..1200)
+                .map(|i| {
+                    if i == 1099 {
+                        format!("{{\"id\": {i}, \"v\": {bad}}}\n")
+                    } else {
+                        format!("{{\"id\": {i}, \"v\": {i}}}\n")
+                    }
+                })
+                .collect()
+        };
+        for (bad, expected) in [("\"abc\"", "integers"), ("1.5", "integers")] {
+            std::fs::write(dir.path().join("b.jsonl"), later(bad)).unwrap();
+            let src = open_local(dir.path(), 100, 1).unwrap();
+            let (_, err) = read_to_error(&src);
+            let err = err.expect("the value is refused");
+            assert!(
+                err.contains("b.jsonl")
+                    && err.contains(&format!("line 1100: field `v` = {bad} does not fit its column"))
+                    && err.contains(&format!("the table's earlier files hold {expected} there")),
+                "{err}"
+            );
+        }
+        std::fs::write(dir.path().join("b.jsonl"), later("7")).unwrap();
+        let src = open_local(dir.path(), 100, 1).unwrap();
+        let (batches, err) = read_to_error(&src);
+        assert_eq!(err, None);
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 1202);
     }
 
     fn ids_n(reader: &mut FileReader, max: usize, batches: usize) -> Vec<i64> {
