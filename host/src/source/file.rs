@@ -39,15 +39,15 @@
 //! value. A UTF-8 byte order mark at the start of a JSON lines file is
 //! skipped. Error line numbers are the file's own (1 is its first line).
 //!
-//! Later files of a table (CSV and JSON lines) are read with the table's
-//! known schema ([`Known`]): a column an earlier file of the table (in
-//! reading order, over every subtask's files) already has keeps that
-//! file's type, and only new columns are inferred. So one bad value in a
-//! later file is an error naming the file, the line, the column, the value
-//! and the type, never a column silently turned into strings and then
-//! reported as a schema change. The known schema is a pure function of the
-//! table's file list, which a resume proves unchanged, so every run and
-//! every subtask reads a file with the same schema.
+//! Later files of a table (CSV and JSON lines) are read with the types its
+//! first file gave it ([`Known`]): a column the first file has keeps that
+//! type where reading the file's values as it loses nothing, and other
+//! columns are inferred. So one bad value in a later file is an error
+//! naming the file, the line, the column, the value and the type, never a
+//! column silently turned into strings and then reported as a schema
+//! change. A file's reading schema depends on itself and the table's first
+//! file only, so it is the same in every run and every subtask, and files
+//! appended later change no other file's.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -76,118 +76,81 @@ type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>> + Send
 /// per run.
 type SchemaCache = Arc<Mutex<HashMap<String, SchemaRef>>>;
 
-/// The schema each file of a table is read with (see the module's doc):
-/// file `j` is read with its own columns, in its order, a column the
-/// table's files before `j` have typed as they typed it; the table's known
-/// schema after `j` is the one before with `j`'s new columns added.
+/// The schema each file of a table is read with (see the module's doc): a
+/// table's first file with its own inferred schema; every later one with
+/// its own columns, in its order, each column the first file has typed as
+/// the first file types it (where that loses nothing: [`with_known_types`]).
+/// Only the first file matters, so a file's reading schema is the same in
+/// every run and every subtask, files appended later change no earlier
+/// file's, and no file but the first and itself is ever inferred for it.
 #[derive(Clone, Default)]
 struct Known {
-    /// Every file of each table, in reading order: (name, where).
-    tables: Arc<HashMap<String, Vec<(String, At)>>>,
+    /// Each table's first file, in reading order: (name, where).
+    first: Arc<HashMap<String, (String, At)>>,
     /// Reading schemas, by file (as [`At::shown`] names it).
     reading: SchemaCache,
-    /// Each table's known schema after its files `0..=j`, as far as computed.
-    after: Arc<Mutex<HashMap<String, Vec<SchemaRef>>>>,
 }
 
 impl Known {
     fn new(tables: &[TableFiles]) -> Self {
-        let tables = tables
+        let first = tables
             .iter()
-            .map(|t| (t.name.clone(), t.files.iter().map(|f| (f.name.clone(), f.at.clone())).collect()))
+            .filter_map(|t| t.files.first().map(|f| (t.name.clone(), (f.name.clone(), f.at.clone()))))
             .collect();
-        Self { tables: Arc::new(tables), ..Self::default() }
+        Self { first: Arc::new(first), ..Self::default() }
     }
 
-    /// The schema file `name` of `table` is read with.
+    /// The schema file `name` (at `at`) of `table` is read with.
     fn schema_of(
         &self,
         table: &str,
         name: &str,
+        at: &At,
         format: FileFormat,
         csv_header: bool,
     ) -> Result<SchemaRef, SourceError> {
-        let files = self.tables.get(table).map(Vec::as_slice).unwrap_or_default();
-        let Some(idx) = files.iter().position(|(n, _)| n == name) else {
-            return Err(SourceError::File {
-                path: name.to_string(),
-                message: format!("is not a file of table {table:?}"),
-            });
-        };
-        if format == FileFormat::Parquet {
+        let known = match self.first.get(table) {
             // Parquet files carry their types: a different one is a real schema change.
-            return cached_schema(&self.reading, &files[idx].1, format, csv_header, None);
-        }
-        let before = match idx.checked_sub(1) {
-            Some(prev) => Some(self.known_after(table, files, prev, format, csv_header)?),
-            None => None,
-        };
-        cached_schema(&self.reading, &files[idx].1, format, csv_header, before.as_deref())
-    }
-
-    /// The table's known schema after its files `0..=idx`.
-    fn known_after(
-        &self,
-        table: &str,
-        files: &[(String, At)],
-        idx: usize,
-        format: FileFormat,
-        csv_header: bool,
-    ) -> Result<SchemaRef, SourceError> {
-        let done = |this: &Self| -> Vec<SchemaRef> {
-            this.after.lock().ok().and_then(|a| a.get(table).cloned()).unwrap_or_default()
-        };
-        let mut known = done(self);
-        while known.len() <= idx {
-            let j = known.len();
-            let before = known.last().cloned();
-            let reading = cached_schema(&self.reading, &files[j].1, format, csv_header, before.as_deref())?;
-            let next = match before {
-                None => reading,
-                Some(before) => {
-                    // A column the earlier files held no value in (Arrow's
-                    // `Null` type) takes its type from the first file that does.
-                    let mut fields: Vec<arrow_schema::FieldRef> = before
-                        .fields()
-                        .iter()
-                        .map(|f| match reading.field_with_name(f.name()) {
-                            Ok(r) if f.data_type() == &arrow_schema::DataType::Null => Arc::new(r.clone()),
-                            _ => f.clone(),
-                        })
-                        .collect();
-                    fields
-                        .extend(reading.fields().iter().filter(|f| before.field_with_name(f.name()).is_err()).cloned());
-                    Arc::new(arrow_schema::Schema::new(fields))
-                }
-            };
-            known.push(next);
-        }
-        let out = known[idx].clone();
-        if let Ok(mut after) = self.after.lock() {
-            let kept = after.entry(table.to_string()).or_default();
-            if kept.len() < known.len() {
-                *kept = known;
+            _ if format == FileFormat::Parquet => None,
+            Some((first, first_at)) if first != name => {
+                Some(cached_schema(&self.reading, first_at, format, csv_header, None)?)
             }
-        }
-        Ok(out)
+            _ => None,
+        };
+        cached_schema(&self.reading, at, format, csv_header, known.as_deref())
     }
 }
 
-/// `inferred` (a file's own schema) with each column that `known` already
-/// has typed as `known` types it, where that is a type of one value (a
-/// nested column keeps the file's type: the table's schema evolution
-/// decides about added nested fields; a column no earlier file held a value
-/// in keeps the file's type too).
-fn with_known_types(inferred: &SchemaRef, known: &arrow_schema::Schema) -> SchemaRef {
+/// `inferred` (a later file's own schema) with each column the table's
+/// `known` schema has typed as `known` types it, where reading the file's
+/// values as that type loses nothing: text as text always; for CSV, a
+/// known integer or boolean column (whose parsers refuse what does not fit:
+/// `1.5` or `x7` as an integer, `yes` as a boolean) over text, a double or
+/// an integer; for JSON lines any type of one value, since inference has
+/// already refused a value of another kind ([`json::infer`]). Otherwise
+/// (a date read from timestamps, an integer past 2^53 into a double, a
+/// nested column, a column the first file held no value in) the file keeps
+/// its own type and the table's schema rules decide.
+fn with_known_types(inferred: &SchemaRef, known: &arrow_schema::Schema, format: FileFormat) -> SchemaRef {
+    use arrow_schema::DataType as D;
+    let lossless = |k: &D, f: &D| -> bool {
+        if k == f || k.is_nested() || k == &D::Null {
+            return false;
+        }
+        match (format, k) {
+            (_, D::Utf8 | D::LargeUtf8) => true,
+            (FileFormat::Csv, D::Int8 | D::Int16 | D::Int32 | D::Int64 | D::Boolean) => {
+                matches!(f, D::Utf8 | D::LargeUtf8 | D::Null | D::Float64 | D::Int64)
+            }
+            (FileFormat::Json, _) => true,
+            _ => false,
+        }
+    };
     let fields: Vec<arrow_schema::FieldRef> = inferred
         .fields()
         .iter()
         .map(|f| match known.field_with_name(f.name()) {
-            Ok(k)
-                if k.data_type() != f.data_type()
-                    && !k.data_type().is_nested()
-                    && k.data_type() != &arrow_schema::DataType::Null =>
-            {
+            Ok(k) if lossless(k.data_type(), f.data_type()) => {
                 Arc::new(f.as_ref().clone().with_data_type(k.data_type().clone()))
             }
             _ => f.clone(),
@@ -549,7 +512,10 @@ impl FileSource {
         self.tables
             .iter()
             .map(|t| {
-                Ok((t.name.clone(), self.known.schema_of(&t.name, &t.files[0].name, self.format, self.csv_header)?))
+                Ok((
+                    t.name.clone(),
+                    self.known.schema_of(&t.name, &t.files[0].name, &t.files[0].at, self.format, self.csv_header)?,
+                ))
             })
             .collect()
     }
@@ -789,14 +755,14 @@ fn infer_schema(
                 .map_err(|e| at.err(e))?;
             let schema = Arc::new(schema);
             Ok(match known {
-                Some(known) => with_known_types(&schema, known),
+                Some(known) => with_known_types(&schema, known, format),
                 None => schema,
             })
         }
         FileFormat::Json => {
             let schema = json::infer(&at.shown(), at.open()?, known)?;
             Ok(match known {
-                Some(known) => with_known_types(&schema, known),
+                Some(known) => with_known_types(&schema, known, format),
                 None => schema,
             })
         }
@@ -869,7 +835,7 @@ impl FileReader {
     fn open_current(&self, skip: u64) -> Result<BatchIter, SourceError> {
         let (table, file) = &self.files[self.file_idx];
         let at = &file.at;
-        let schema = self.known.schema_of(table, &file.name, self.format, self.csv_header)?;
+        let schema = self.known.schema_of(table, &file.name, at, self.format, self.csv_header)?;
         let iter: BatchIter = match self.format {
             FileFormat::Parquet => {
                 return match at {
@@ -1779,6 +1745,24 @@ mod tests {
         let last = batches.last().unwrap().schema();
         assert_eq!(last.field_with_name("qty").unwrap().data_type(), &arrow_schema::DataType::Int64);
         assert_eq!(last.field_with_name("note").unwrap().data_type(), &arrow_schema::DataType::Utf8);
+    }
+
+    /// A known type is forced on a later file only where that loses
+    /// nothing: a date column does not turn a later file's timestamps into
+    /// dates, and a text column reads a later file's numbers as text.
+    #[test]
+    fn later_csv_files_keep_their_own_type_where_the_known_one_would_lose_values() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.csv"), "id,d,t\n1,2024-02-01,x\n").unwrap();
+        std::fs::write(dir.path().join("b.csv"), "id,d,t\n2,2024-02-01T13:45:00,7\n").unwrap();
+        let src = open_local(dir.path(), 100, 1).unwrap();
+        let (batches, err) = read_to_error(&src);
+        assert_eq!(err, None);
+        let first = batches[0].schema();
+        let later = batches[1].schema();
+        assert_eq!(first.field_with_name("d").unwrap().data_type(), &arrow_schema::DataType::Date32);
+        assert_ne!(later.field_with_name("d").unwrap().data_type(), &arrow_schema::DataType::Date32);
+        assert_eq!(later.field_with_name("t").unwrap().data_type(), &arrow_schema::DataType::Utf8);
     }
 
     /// The same for JSON lines: a later file's value of another kind than
