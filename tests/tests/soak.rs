@@ -48,8 +48,18 @@ fn seed() -> u64 {
 
 /// Rows a job of `rate` rows/s cannot finish before its last kill.
 fn rows_for(rate: u64) -> u64 {
-    rate * u64::from(kills()) * MAX_LIFE.as_millis() as u64 / 1000
+    rows_for_lives(rate, MAX_LIFE)
 }
+
+/// Rows enough for every kill of runs living up to `max_life` at `rate`.
+fn rows_for_lives(rate: u64, max_life: Duration) -> u64 {
+    rate * u64::from(kills()) * max_life.as_millis() as u64 / 1000
+}
+
+/// Runs of the maintenance soak live longer: a debug build of a run beside
+/// three other soaks on two cores takes most of [`MAX_LIFE`] to start, and
+/// a `[sink.maintenance]` pass must be able to end before its kill.
+const MAINTAINED_MAX_LIFE: Duration = Duration::from_millis(3500);
 
 /// A source that moves `rate` rows per second over two writers, with a
 /// checkpoint about every 0.2 s.
@@ -87,6 +97,11 @@ struct Soak {
 /// Kills `job` `kills()` times at random moments, calling `between(k)`
 /// after kill `k`; then runs it to the end at full speed.
 fn soak(job: &TestJob, salt: u64, between: impl Fn(u32)) -> Soak {
+    soak_lives(job, salt, MAX_LIFE, between)
+}
+
+/// [`soak`] with runs living up to `max_life`.
+fn soak_lives(job: &TestJob, salt: u64, max_life: Duration, between: impl Fn(u32)) -> Soak {
     let mut rng = StdRng::seed_from_u64(seed() ^ salt);
     let started = Instant::now();
     let mut soak = Soak {
@@ -98,7 +113,7 @@ fn soak(job: &TestJob, salt: u64, between: impl Fn(u32)) -> Soak {
         took: Duration::ZERO,
     };
     while soak.kills < kills() {
-        let life = Duration::from_millis(rng.random_range(0..MAX_LIFE.as_millis() as u64));
+        let life = Duration::from_millis(rng.random_range(0..max_life.as_millis() as u64));
         let run = run_then_kill(job, &[], life);
         if run.failed {
             assert!(run.stderr.contains("stays pending"), "a run failed, and not resumably:\n{}", run.stderr);
@@ -212,8 +227,8 @@ fn maintain_loop(job: &TestJob, others: &[&TestJob], done: &AtomicBool, salt: u6
 fn soak_two_iceberg_jobs_with_maintenance_beside() {
     warm(ICEBERG_PLUGIN);
     let warehouse = tempfile::tempdir().expect("warehouse");
-    let rate = 20_000;
-    let rows = rows_for(rate);
+    let rate = 10_000;
+    let rows = rows_for_lives(rate, MAINTAINED_MAX_LIFE);
     let jobs: Vec<(String, TestJob)> = (0..2u64)
         .map(|k| {
             let id = format!("soak-maint-{k}");
@@ -230,7 +245,7 @@ fn soak_two_iceberg_jobs_with_maintenance_beside() {
         let handles: Vec<_> = jobs
             .iter()
             .enumerate()
-            .map(|(k, (_, job))| scope.spawn(move || soak(job, 40 + k as u64, |_| {})))
+            .map(|(k, (_, job))| scope.spawn(move || soak_lives(job, 40 + k as u64, MAINTAINED_MAX_LIFE, |_| {})))
             .collect();
         let soaks: Vec<Soak> = handles.into_iter().map(|h| h.join().expect("soak thread")).collect();
         done.store(true, Ordering::Relaxed);

@@ -156,12 +156,29 @@ struct LoadedManifest {
 }
 
 fn manifests_of(table: &Table, snapshot: &Arc<Snapshot>) -> Result<Vec<LoadedManifest>, SinkError> {
+    manifests_cached(table, snapshot, &mut HashMap::new())
+}
+
+/// Manifests are immutable: `cache` keeps the entries of those read
+/// before, by path, so that a retry on a newer head reads only the
+/// manifests appended since.
+fn manifests_cached(
+    table: &Table,
+    snapshot: &Arc<Snapshot>,
+    cache: &mut HashMap<String, Vec<ManifestEntryRef>>,
+) -> Result<Vec<LoadedManifest>, SinkError> {
     block_on(async {
         let list = table.manifest_list_reader(snapshot).load().await?;
         let mut out = Vec::new();
         for file in list.consume_entries() {
-            let manifest = file.load_manifest(table.file_io()).await?;
-            let (entries, _) = manifest.into_parts();
+            let entries = match cache.get(&file.manifest_path) {
+                Some(entries) => entries.clone(),
+                None => {
+                    let (entries, _) = file.load_manifest(table.file_io()).await?.into_parts();
+                    cache.insert(file.manifest_path.clone(), entries.clone());
+                    entries
+                }
+            };
             out.push(LoadedManifest { file, entries });
         }
         Ok::<_, iceberg::Error>(out)
@@ -418,6 +435,7 @@ fn commit_replace(
     let gone: HashSet<&str> = replaced.iter().map(DataFile::file_path).collect();
     // Snapshots sent whose outcome is unknown: one of them may land late.
     let mut sent: Vec<i64> = Vec::new();
+    let mut cache = HashMap::new();
     let mut last = String::new();
     for attempt in 0..ATTEMPTS {
         if attempt > 0 {
@@ -431,7 +449,7 @@ fn commit_replace(
             return Ok(None);
         }
         let Some(head) = table.metadata().current_snapshot().cloned() else { return Ok(None) };
-        let manifests = manifests_of(&table, &head)?;
+        let manifests = manifests_cached(&table, &head, &mut cache)?;
         if has_deletes(&manifests) {
             return Ok(None);
         }
@@ -516,16 +534,27 @@ fn build_replace(
     };
     let result: Result<Vec<ManifestFile>, SinkError> = block_on(async {
         let mut out = Vec::new();
+        // The live entries of every manifest that names a replaced file go
+        // into one new manifest per partition spec (entries keep the
+        // snapshot and sequence numbers that added them), so an attempt
+        // writes a few manifests however many small ones it replaces.
+        let mut merged: BTreeMap<i32, _> = BTreeMap::new();
         for m in manifests {
             let touches = m.entries.iter().any(|e| e.is_alive() && gone.contains(e.file_path()));
             if !touches {
                 out.push(m.file.clone());
                 continue;
             }
-            let spec = metadata.partition_spec_by_id(m.file.partition_spec_id).ok_or_else(|| {
-                error::fatal(format!("manifest {} names an unknown partition spec", m.file.manifest_path))
-            })?;
-            let mut writer = builder(next_path(), spec.as_ref().clone())?;
+            let spec_id = m.file.partition_spec_id;
+            let writer = match merged.entry(spec_id) {
+                std::collections::btree_map::Entry::Occupied(w) => w.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    let spec = metadata.partition_spec_by_id(spec_id).ok_or_else(|| {
+                        error::fatal(format!("manifest {} names an unknown partition spec", m.file.manifest_path))
+                    })?;
+                    v.insert(builder(next_path(), spec.as_ref().clone())?)
+                }
+            };
             for entry in &m.entries {
                 if !entry.is_alive() {
                     // Deleted entries belong to the snapshot that deleted them.
@@ -541,6 +570,8 @@ fn build_replace(
                     writer.add_existing_file(file, added_by, seq, file_seq).map_err(fail)?;
                 }
             }
+        }
+        for (_, writer) in merged {
             out.push(writer.write_manifest_file().await.map_err(fail)?);
         }
         let spec = metadata.default_partition_spec().as_ref().clone();
