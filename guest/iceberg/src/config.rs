@@ -11,7 +11,7 @@ pub fn option_specs() -> Vec<OptionSpec> {
     vec![
         option_spec(
             "table",
-            "the table, as `namespace.name` (nested namespaces: `a.b.name`); for a source of several tables, a pattern with `{table}`, e.g. `lake.{table}`",
+            "the table, as `namespace.name` (nested namespaces: `a.b.name`); for a source of several tables, a pattern with `{table}`, e.g. `lake.{table}`. With a plain name, a source table named `ns.name` itself (such as the job's dead-letter table) lands there",
             true,
             None,
         ),
@@ -107,6 +107,9 @@ impl Config {
         match (self.table.contains("{table}"), table.is_empty()) {
             (true, false) => parse_table(&self.table.replace("{table}", table)),
             (false, true) => parse_table(&self.table),
+            // A named table beside a single one, named in full (the job's
+            // dead letters, `[job.dead_letter] table = "ns.bad_orders"`).
+            (false, false) if table.contains('.') => parse_table(table),
             (true, true) => Err(error::config(format!(
                 "option `table` = {:?} is a pattern for several tables, but the source has one unnamed table; \
                  name the table, e.g. `ns.events`",

@@ -130,6 +130,14 @@ pub struct SubtaskRecord {
     /// table's own). A later narrower shape is refused against it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub seen: BTreeMap<String, Option<Blob>>,
+    /// Records of this subtask's source that did not convert (dead
+    /// letters), up to this checkpoint, over all runs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bad_rows: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A combined commit persisted but not known to be committed.
@@ -240,6 +248,11 @@ pub struct TableRecord {
 impl CheckpointRecord {
     pub fn total_rows(&self) -> u64 {
         self.subtasks.iter().map(|s| s.rows).sum()
+    }
+
+    /// Dead letters up to this checkpoint, over all runs.
+    pub fn bad_rows(&self) -> u64 {
+        self.subtasks.iter().map(|s| s.bad_rows).sum()
     }
 
     pub fn finished(&self) -> bool {
@@ -738,6 +751,7 @@ mod tests {
                 rows: 5,
                 finished: false,
                 seen: BTreeMap::from([("orders".to_string(), None)]),
+                bad_rows: 1,
             }],
             pending: vec![PendingCommit { checkpoint: c, combined: Blob(b"files".to_vec()), rows: 5 }],
             last_committed: None,

@@ -36,6 +36,7 @@ use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, DroppedCommit, Incarnation, PendingCommit, SubtaskRecord, now_ms,
 };
 use super::commit::{Commit, Committed, Committer};
+use super::dead_letter;
 use super::maintain::{self, Background};
 use super::pool::{LocalPool, WriterPool};
 use super::setup::{
@@ -50,7 +51,7 @@ use super::{EngineError, RunOptions, Stop};
 use crate::bindings::CommitOutcome;
 use crate::capability::Granted;
 use crate::fault::{CrashPoint, Faults};
-use crate::job::Job;
+use crate::job::{Job, MaxBadRows};
 use crate::metrics::{Metrics, Tally};
 use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost};
 use crate::progress::{Progress, peak_memory};
@@ -241,9 +242,22 @@ impl<'a> Coordinator<'a> {
         log_start(job, &who, restored.as_ref());
         warn_about_incarnation_support(job, &plugin, &who.incarnation, who.refuse_others);
         // The tables as the last checkpoint left them, else as the source starts.
+        let known = source.tables()?;
+        if let Some(dl) = &job.dead_letters
+            && known.iter().any(|(t, _)| *t == dl.table)
+        {
+            return Err(EngineError::Job(job.invalid(
+                "job.dead_letter.table",
+                format!("{:?} is a table of the source; give dead letters a table of their own", dl.table),
+            )));
+        }
+        // A run that turns dead letters on later meets their table as a new
+        // one, at a barrier, like any table the source starts to deliver.
         let tables = match restored.as_ref().filter(|r| !r.tables.is_empty()) {
             Some(r) => TableSet::from_records(&r.tables)?,
-            None => TableSet::new(source.tables()?),
+            None => TableSet::new(
+                known.into_iter().chain(job.dead_letters.iter().map(|dl| (dl.table.clone(), dead_letter::schema()))),
+            ),
         };
         check_tables(&plugin, &source, &tables)?;
         let grants = Granted::for_job(job, &opts.faults)?;
@@ -326,6 +340,10 @@ impl<'a> Coordinator<'a> {
     fn checkpoint(&mut self, pool: &mut dyn WriterPool, c: u64) -> Result<bool, EngineError> {
         let waited = Instant::now();
         let round = Round::of(self.gather(pool, c)?);
+        if let Err(e) = self.check_bad_rows(c, &round) {
+            abort_prepare(pool, c);
+            return Err(e);
+        }
         let gathered = Instant::now();
         let cut = gathered.checked_sub(round.prepare).unwrap_or(gathered);
         self.report_writers(&round);
@@ -377,6 +395,37 @@ impl<'a> Coordinator<'a> {
             self.cross_barrier(pool, c, round.changes)?;
         }
         Ok(finished)
+    }
+
+    /// Stops the job before checkpoint `c` when its dead letters pass
+    /// `job.max_bad_rows`.
+    fn check_bad_rows(&self, c: u64, round: &Round) -> Result<(), EngineError> {
+        let Some(dl) = &self.job.dead_letters else { return Ok(()) };
+        let Some(max) = dl.max else { return Ok(()) };
+        let bad: u64 = round.tables.values().map(|t| t.bad).sum();
+        if bad == 0 {
+            return Ok(());
+        }
+        let total: u64 = round.records.iter().map(|r| r.bad_rows).sum();
+        // Rows the source read in this round: the good ones of its tables and the bad.
+        let read: u64 = round.tables.iter().filter(|(t, _)| **t != dl.table).map(|(_, t)| t.rows).sum::<u64>() + bad;
+        let over = match max {
+            MaxBadRows::Count(n) => total > n,
+            MaxBadRows::Fraction(f) => bad as f64 > f * read as f64,
+        };
+        if !over {
+            return Ok(());
+        }
+        Err(EngineError::TooManyBadRows {
+            job: self.job.spec.job.id.clone(),
+            checkpoint: c,
+            bad,
+            of: format!(" of {read} read"),
+            total,
+            max: max.to_string(),
+            table: dl.table.clone(),
+            sample: dead_letter::sample(&round.bad_sample),
+        })
     }
 
     /// The writers' memory and the source's lag, as round reports and the
@@ -652,6 +701,10 @@ impl<'a> Coordinator<'a> {
                 (*c, at)
             }),
             source_note: self.source.status(),
+            dead_letters: self.job.dead_letters.as_ref().map(|dl| {
+                let bad = self.store.latest().ok().flatten().map_or(0, |r| r.bad_rows());
+                (dl.table.clone(), bad)
+            }),
         }
     }
 }
@@ -668,6 +721,8 @@ struct Round {
     memory: Vec<u64>,
     /// The longest a writer took from its cut to its report.
     prepare: Duration,
+    /// The first dead letters of the round.
+    bad_sample: Vec<(String, crate::source::BadRow)>,
 }
 
 impl Round {
@@ -680,13 +735,16 @@ impl Round {
             tables: BTreeMap::new(),
             memory: Vec::new(),
             prepare: Duration::ZERO,
+            bad_sample: Vec::new(),
         };
         for report in reports {
             for (table, tally) in report.tables {
                 let sum = round.tables.entry(table).or_default();
                 sum.rows += tally.rows;
                 sum.bytes += tally.bytes;
+                sum.bad += tally.bad;
             }
+            round.bad_sample.extend(report.bad_sample);
             round.memory.push(report.memory);
             round.prepare = round.prepare.max(report.prepare);
             round.records.push(report.record);

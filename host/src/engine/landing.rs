@@ -225,6 +225,7 @@ impl Landing {
                     rows: p.rows,
                     finished: true,
                     seen: Default::default(),
+                    bad_rows: 0,
                 })
                 .collect(),
             pending: vec![PendingCommit { checkpoint: CHECKPOINT, combined: Blob(combined), rows }],

@@ -183,6 +183,8 @@ struct ReportWire {
     prepare_secs: f64,
     changes: Vec<ChangeWire>,
     refusal: Option<SchemaRefusal>,
+    #[serde(default)]
+    bad_sample: Vec<(String, crate::source::BadRow)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -246,6 +248,7 @@ impl RoundReport {
                 prepare_secs: self.prepare.as_secs_f64(),
                 changes: changes_to_wire(&self.changes)?,
                 refusal: self.refusal.clone(),
+                bad_sample: self.bad_sample.clone(),
             },
         )
     }
@@ -262,6 +265,7 @@ impl RoundReport {
             prepare: Duration::try_from_secs_f64(w.prepare_secs).unwrap_or_default(),
             changes: changes_from_wire(w.changes)?,
             refusal: w.refusal,
+            bad_sample: w.bad_sample,
         })
     }
 }

@@ -169,6 +169,14 @@ impl std::fmt::Display for StateReport {
             r.total_rows(),
             if r.finished() { "source finished" } else { "source not finished" }
         )?;
+        if r.bad_rows() > 0 {
+            writeln!(
+                f,
+                "bad rows:     {} records that did not convert, landed as dead letters up to checkpoint {}",
+                r.bad_rows(),
+                r.checkpoint
+            )?;
+        }
         match r.last_committed {
             Some(c) => writeln!(f, "committed:    up to checkpoint {c} (known when the record was written)")?,
             None => writeln!(f, "committed:    none known when the record was written")?,

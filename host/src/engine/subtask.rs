@@ -25,13 +25,14 @@ use arrow_schema::SchemaRef;
 
 use super::EngineError;
 use super::checkpoint::{Blob, SubtaskRecord};
+use super::dead_letter;
 use super::tables::{self, Change, Fit, SchemaRefusal, TableSet};
 use super::writer::WriterEnv;
 use crate::fault::CrashPoint;
 use crate::ipc;
 use crate::metrics::Tally;
 use crate::plugin::{SinkCtx, WriterInstance};
-use crate::source::{Read, SourceReader, TableBatch};
+use crate::source::{BadRow, Read, SourceReader, TableBatch};
 
 pub(crate) enum Command {
     Round(u64),
@@ -50,8 +51,11 @@ pub struct RoundReport {
     pub record: SubtaskRecord,
     /// Rows written in this round.
     pub rows: u64,
-    /// Rows and bytes written in this round, per table.
+    /// Rows and bytes written in this round, per table, and the records of
+    /// each that became dead letters.
     pub tables: BTreeMap<String, Tally>,
+    /// The first few dead letters of this round, with their tables.
+    pub bad_sample: Vec<(String, BadRow)>,
     /// The writer instance's linear memory at the round's end, in bytes.
     pub memory: u64,
     /// From the round's cut to this report: its `prepare-commit` and
@@ -123,6 +127,17 @@ impl Drop for SubtaskHandle {
     }
 }
 
+/// How many dead letters a round report shows.
+const BAD_SAMPLE: usize = 3;
+
+/// What one table of a source batch writes.
+struct Part {
+    table: String,
+    batch: arrow_array::RecordBatch,
+    /// Dead letters (not rows of the source's tables).
+    letters: bool,
+}
+
 /// What a round wrote before its cut.
 #[derive(Default)]
 struct Filled {
@@ -130,6 +145,8 @@ struct Filled {
     rows: u64,
     /// Rows and bytes per table.
     tables: BTreeMap<String, Tally>,
+    /// The first few dead letters.
+    bad_sample: Vec<(String, BadRow)>,
     wrote: bool,
     /// The barrier's changes, when the round ends at one.
     changes: Vec<Change>,
@@ -152,6 +169,8 @@ pub(crate) struct Subtask {
     writer: WriterInstance,
     reader: Box<dyn SourceReader>,
     rows_total: u64,
+    /// Dead letters over all runs.
+    bad_total: u64,
     finished: bool,
     run_start: Instant,
     rows_this_run: u64,
@@ -226,6 +245,7 @@ impl Subtask {
         let position = setup.restored.as_ref().map(|r| r.position.clone());
         let reader = setup.env.source.reader(setup.subtask, position.as_ref())?;
         let rows_total = setup.restored.as_ref().map_or(0, |r| r.rows);
+        let bad_total = setup.restored.as_ref().map_or(0, |r| r.bad_rows);
         // A subtask that had read all it had asks its reader again: a file
         // source may have gained files after its position since.
         let finished = false;
@@ -245,6 +265,7 @@ impl Subtask {
             writer,
             reader,
             rows_total,
+            bad_total,
             finished,
             run_start: Instant::now(),
             rows_this_run: 0,
@@ -316,18 +337,30 @@ impl Subtask {
                     break;
                 }
             };
-            let Some(batch) = self.fit(c, next.clone(), before, &mut filled)? else { break };
-            self.seen.insert(next.table.clone(), next.batch.schema());
-            let n = batch.num_rows() as u64;
-            let bytes = ipc::encode_batch(&batch)?;
-            self.writer.write(&next.table, &bytes)?;
-            let tally = filled.tables.entry(next.table.clone()).or_default();
-            tally.rows += n;
-            tally.bytes += bytes.len() as u64;
-            filled.rows += n;
-            self.rows_total += n;
-            self.rows_this_run += n;
-            self.setup.env.progress.add_rows(n);
+            let Some(parts) = self.fit(c, next.clone(), before, &mut filled)? else { break };
+            for part in parts {
+                self.seen.insert(part.table.clone(), part.batch.schema());
+                let n = part.batch.num_rows() as u64;
+                let bytes = ipc::encode_batch(&part.batch)?;
+                self.writer.write(&part.table, &bytes)?;
+                let tally = filled.tables.entry(part.table.clone()).or_default();
+                tally.rows += n;
+                tally.bytes += bytes.len() as u64;
+                if part.letters {
+                    continue;
+                }
+                filled.rows += n;
+                self.rows_total += n;
+                self.rows_this_run += n;
+                self.setup.env.progress.add_rows(n);
+            }
+            if !next.bad.is_empty() {
+                let bad = next.bad.len() as u64;
+                filled.tables.entry(next.table.clone()).or_default().bad += bad;
+                self.bad_total += bad;
+                let room = BAD_SAMPLE.saturating_sub(filled.bad_sample.len());
+                filled.bad_sample.extend(next.bad.iter().take(room).map(|b| (next.table.clone(), b.clone())));
+            }
             if !filled.wrote {
                 filled.wrote = true;
                 self.setup.env.faults.check(CrashPoint::AfterWrite, c, Some(self.setup.subtask))?;
@@ -362,41 +395,76 @@ impl Subtask {
         })
     }
 
-    /// `next` as its table takes it now; `None` when it must wait for a
-    /// barrier or is refused, in which case it is held and the round ends
-    /// just before it.
+    /// What `next` writes: its dead letters (first) and its rows, as their
+    /// tables take them now. Bad rows that are not to be dead letters are
+    /// an error (a source gives them only when asked to).
+    fn parts(&self, c: u64, next: &TableBatch) -> Result<Vec<Part>, EngineError> {
+        let mut parts = Vec::with_capacity(2);
+        if let Some(first) = next.bad.first() {
+            let Some(table) = &self.setup.env.dead_letters else {
+                return Err(EngineError::Source(crate::source::SourceError::Other(format!(
+                    "{}: {}",
+                    first.position, first.reason
+                ))));
+            };
+            let from = dead_letter::Letterhead {
+                job: self.setup.ctx.job_id.clone(),
+                incarnation: self.setup.ctx.incarnation.clone(),
+            };
+            let batch = dead_letter::batch(&next.bad, &next.table, &from, c)?;
+            parts.push(Part { table: table.clone(), batch, letters: true });
+        }
+        if next.batch.num_rows() > 0 || next.bad.is_empty() {
+            parts.push(Part { table: next.table.clone(), batch: next.batch.clone(), letters: false });
+        }
+        Ok(parts)
+    }
+
+    /// `next`'s parts as their tables take them now; `None` when one must
+    /// wait for a barrier or is refused, in which case `next` is held whole
+    /// (its dead letters and its rows stay in one checkpoint) and the round
+    /// ends just before it.
     fn fit(
         &mut self,
         c: u64,
         next: TableBatch,
         before: serde_json::Value,
         filled: &mut Filled,
-    ) -> Result<Option<arrow_array::RecordBatch>, EngineError> {
-        let schema = next.batch.schema();
-        let fitted = tables::fit(&next.table, self.setup.tables.get(&next.table), self.seen.get(&next.table), &schema);
-        match fitted {
-            Ok(Fit::AsIs) => Ok(Some(next.batch)),
-            Ok(Fit::Conform(target)) => Ok(Some(tables::conform(&next.batch, &target)?)),
-            Ok(Fit::Barrier(change)) => {
-                tracing::info!(
-                    subtask = self.setup.subtask,
-                    table = %next.table,
-                    change = ?change.kind,
-                    "the source changed a table: checkpoint {c} ends here, and the sink evolves the target before the rows of the new shape"
-                );
-                filled.changes.push(change);
-                self.held.push_front((next, before.clone()));
-                filled.cut = Some(before);
-                self.read_ahead(&mut filled.changes)?;
-                Ok(None)
-            }
-            Err(refused) => {
-                filled.refusal = Some(refused);
-                self.held.push_front((next, before.clone()));
-                filled.cut = Some(before);
-                Ok(None)
+    ) -> Result<Option<Vec<Part>>, EngineError> {
+        let mut fitted = Vec::new();
+        let mut changes = Vec::new();
+        for part in self.parts(c, &next)? {
+            let schema = part.batch.schema();
+            match tables::fit(&part.table, self.setup.tables.get(&part.table), self.seen.get(&part.table), &schema) {
+                Ok(Fit::AsIs) => fitted.push(part),
+                Ok(Fit::Conform(target)) => {
+                    fitted.push(Part { batch: tables::conform(&part.batch, &target)?, ..part });
+                }
+                Ok(Fit::Barrier(change)) => {
+                    tracing::info!(
+                        subtask = self.setup.subtask,
+                        table = %part.table,
+                        change = ?change.kind,
+                        "the source changed a table: checkpoint {c} ends here, and the sink evolves the target before the rows of the new shape"
+                    );
+                    changes.push(change);
+                }
+                Err(refused) => {
+                    filled.refusal = Some(refused);
+                    self.held.push_front((next, before.clone()));
+                    filled.cut = Some(before);
+                    return Ok(None);
+                }
             }
         }
+        if changes.is_empty() {
+            return Ok(Some(fitted));
+        }
+        filled.changes.extend(changes);
+        self.held.push_front((next, before.clone()));
+        filled.cut = Some(before);
+        self.read_ahead(&mut filled.changes)?;
+        Ok(None)
     }
 
     /// `prepare-commit(c)` and `snapshot-state(c)` at the cut, and the report.
@@ -419,6 +487,7 @@ impl Subtask {
             info,
             rows: filled.rows,
             tables: filled.tables,
+            bad_sample: filled.bad_sample,
             memory: self.writer.memory_peak(),
             prepare: preparing.elapsed(),
             record: SubtaskRecord {
@@ -427,6 +496,7 @@ impl Subtask {
                 rows: self.rows_total,
                 finished: self.finished && self.held.is_empty(),
                 seen: self.seen_record()?,
+                bad_rows: self.bad_total,
             },
             changes: filled.changes,
             refusal: filled.refusal,
@@ -449,20 +519,22 @@ impl Subtask {
         while rows < budget {
             let before = self.reader.position();
             let Read::Batch(next) = self.reader.read(budget - rows)? else { break };
-            let schema = next.batch.schema();
-            let fitted = tables::fit(&next.table, tables.get(&next.table), seen.get(&next.table), &schema);
-            rows += next.batch.num_rows();
-            self.held.push_back((next, before));
-            match fitted {
-                Ok(Fit::Barrier(change)) => {
-                    tables.apply(std::slice::from_ref(&change));
-                    changes.push(change);
-                }
-                Ok(_) => {}
-                Err(_) => break,
+            let mut shapes = vec![(next.table.clone(), next.batch.schema())];
+            if let (false, Some(table)) = (next.bad.is_empty(), &self.setup.env.dead_letters) {
+                shapes.insert(0, (table.clone(), dead_letter::schema()));
             }
-            if let Some((b, _)) = self.held.back() {
-                seen.insert(b.table.clone(), schema);
+            rows += next.batch.num_rows() + next.bad.len();
+            self.held.push_back((next, before));
+            for (table, schema) in shapes {
+                match tables::fit(&table, tables.get(&table), seen.get(&table), &schema) {
+                    Ok(Fit::Barrier(change)) => {
+                        tables.apply(std::slice::from_ref(&change));
+                        changes.push(change);
+                    }
+                    Ok(_) => {}
+                    Err(_) => return Ok(()),
+                }
+                seen.insert(table, schema);
             }
         }
         Ok(())

@@ -50,6 +50,9 @@ pub struct RunSummary {
     pub stopped: Option<(u64, Option<String>)>,
     /// What the source said of itself at the end (a Kafka source's lag).
     pub source_note: Option<String>,
+    /// With dead letters: their table, and how many records landed there
+    /// over the job, up to the run's last checkpoint.
+    pub dead_letters: Option<(String, u64)>,
 }
 
 impl std::fmt::Display for RunSummary {
@@ -98,6 +101,9 @@ impl std::fmt::Display for RunSummary {
         }
         if let Some(note) = &self.source_note {
             write!(f, ", source {note}")?;
+        }
+        if let Some((table, bad)) = &self.dead_letters {
+            write!(f, ", {bad} bad rows as dead letters in table {table:?}")?;
         }
         Ok(())
     }

@@ -36,6 +36,8 @@ pub struct WriterEnv {
     pub progress: Arc<Progress>,
     /// The run was asked to stop: rounds end at once, with a checkpoint.
     pub stop: super::Stop,
+    /// The dead-letter table, when bad rows are dead letters.
+    pub dead_letters: Option<String>,
 }
 
 impl WriterEnv {
@@ -62,6 +64,7 @@ impl WriterEnv {
             faults,
             progress,
             stop: super::Stop::default(),
+            dead_letters: job.dead_letters.as_ref().map(|d| d.table.clone()),
         }
     }
 }

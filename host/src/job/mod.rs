@@ -100,6 +100,53 @@ pub struct JobSection {
     pub metrics_addr: Option<String>,
     #[serde(default)]
     pub health: HealthSpec,
+    /// What a source record that does not convert to its table's types
+    /// does: `"fail"` (the default) stops the job, naming it;
+    /// `"dead-letter"` lands it in `[job.dead_letter]`'s table instead.
+    #[serde(default)]
+    pub bad_rows: crate::source::BadRows,
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterSpec>,
+    /// With dead letters: the most bad rows the job takes, a count over
+    /// the job (every run), such as `100`, or a fraction of each
+    /// checkpoint's rows, such as `0.01`. Past it the job stops before
+    /// the checkpoint that went past is committed. Default: no limit.
+    #[serde(default)]
+    pub max_bad_rows: Option<toml::Value>,
+}
+
+/// `[job.dead_letter]`: where rows that do not convert land.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSpec {
+    /// The table, written by the job's sink beside the others (named as
+    /// the sink names a source table of that name).
+    pub table: String,
+}
+
+/// Dead letters, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetters {
+    pub table: String,
+    pub max: Option<MaxBadRows>,
+}
+
+/// `job.max_bad_rows`, parsed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MaxBadRows {
+    /// Bad rows over the whole job.
+    Count(u64),
+    /// Bad rows per row read in one checkpoint (bad ones included).
+    Fraction(f64),
+}
+
+impl std::fmt::Display for MaxBadRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MaxBadRows::Count(n) => write!(f, "{n} over the job"),
+            MaxBadRows::Fraction(x) => write!(f, "{x} of a checkpoint's rows"),
+        }
+    }
 }
 
 /// `[job.health]`: when `/healthz` calls the job unhealthy.
@@ -721,6 +768,8 @@ pub struct Job {
     pub max_commit_age: Duration,
     /// `[sink.maintenance]`, resolved.
     pub maintenance: Option<ContinuousMaintenance>,
+    /// `job.bad_rows = "dead-letter"` with its table and limit.
+    pub dead_letters: Option<DeadLetters>,
 }
 
 impl Job {
@@ -768,6 +817,7 @@ impl Job {
             metrics_addr: None,
             max_commit_age: Duration::ZERO,
             maintenance: None,
+            dead_letters: None,
         };
         job.validate()?;
         Ok(job)
@@ -787,6 +837,7 @@ impl Job {
         self.check_job_section()?;
         self.check_metrics()?;
         self.check_source()?;
+        self.check_dead_letters()?;
         self.check_plugin()?;
         self.check_sandbox()?;
         self.check_maintenance()?;
@@ -830,6 +881,83 @@ impl Job {
         if self.spec.job.commit.max_attempts == 0 {
             return Err(self.invalid("job.commit.max_attempts", "must be at least 1"));
         }
+        Ok(())
+    }
+
+    /// `job.bad_rows`, `[job.dead_letter]` and `job.max_bad_rows`: dead
+    /// letters are refused where no record can turn into one (every source
+    /// but CSV and JSON lines files), so that nobody counts on them there.
+    fn check_dead_letters(&mut self) -> Result<(), JobError> {
+        use crate::source::BadRows;
+        let job = &self.spec.job;
+        match (job.bad_rows, &job.dead_letter) {
+            (BadRows::Fail, None) => {
+                if job.max_bad_rows.is_some() {
+                    return Err(self.invalid(
+                        "job.max_bad_rows",
+                        "limits dead letters; with job.bad_rows = \"fail\" (the default) the first bad row stops the job",
+                    ));
+                }
+                return Ok(());
+            }
+            (BadRows::Fail, Some(_)) => {
+                return Err(self.invalid(
+                    "job.dead_letter",
+                    "is used only with job.bad_rows = \"dead-letter\"; set that too, or remove [job.dead_letter]",
+                ));
+            }
+            (BadRows::DeadLetter, None) => {
+                return Err(self.invalid(
+                    "job.bad_rows",
+                    "\"dead-letter\" needs a table: add [job.dead_letter] with table = \"...\"",
+                ));
+            }
+            (BadRows::DeadLetter, Some(_)) => {}
+        }
+        let table = job.dead_letter.as_ref().map(|d| d.table.clone()).unwrap_or_default();
+        if table.trim().is_empty() || table.trim() != table {
+            return Err(self.invalid("job.dead_letter.table", format!("{table:?} is not a table name")));
+        }
+        match &self.spec.source {
+            SourceSpec::File { format, path, .. } => {
+                let format = format.or_else(|| FileFormat::from_path(path));
+                if format == Some(FileFormat::Parquet) {
+                    return Err(self.invalid(
+                        "job.bad_rows",
+                        "Parquet values carry their types, so no Parquet record turns into a dead letter; use \"fail\"",
+                    ));
+                }
+            }
+            SourceSpec::Generator { tables, .. } => {
+                if tables.contains(&table) {
+                    return Err(self.invalid(
+                        "job.dead_letter.table",
+                        format!("{table:?} is a table of the source; give dead letters a table of their own"),
+                    ));
+                }
+            }
+            SourceSpec::Kafka(_) => {
+                return Err(self.invalid(
+                    "job.bad_rows",
+                    "\"dead-letter\" is served for CSV and JSON lines files; a Kafka message that does not decode \
+                     still stops the job",
+                ));
+            }
+        }
+        let max = match &job.max_bad_rows {
+            None => None,
+            Some(toml::Value::Integer(n)) if *n >= 0 => Some(MaxBadRows::Count(*n as u64)),
+            Some(toml::Value::Float(x)) if x.is_finite() && *x > 0.0 && *x < 1.0 => Some(MaxBadRows::Fraction(*x)),
+            Some(other) => {
+                return Err(self.invalid(
+                    "job.max_bad_rows",
+                    format!(
+                        "{other} is neither a count of rows (an integer, 0 or more) nor a fraction of a checkpoint's rows (between 0 and 1, such as 0.01)"
+                    ),
+                ));
+            }
+        };
+        self.dead_letters = Some(DeadLetters { table, max });
         Ok(())
     }
 

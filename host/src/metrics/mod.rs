@@ -101,6 +101,9 @@ impl RetryReason {
 pub struct Tally {
     pub rows: u64,
     pub bytes: u64,
+    /// Records of the table that did not convert (dead letters).
+    #[serde(default)]
+    pub bad: u64,
 }
 
 /// The families of the registry.
@@ -180,7 +183,7 @@ impl Metrics {
             "Bytes landed (Arrow IPC as handed to the plugin), in checkpoints committed by this run",
             f.bytes.clone(),
         );
-        registry.register("sluice_bad_rows", "Rows refused as bad", f.bad_rows.clone());
+        registry.register("sluice_bad_rows", "Records of the table that did not convert and landed as dead letters, counted when their checkpoint committed", f.bad_rows.clone());
         registry.register(
             "sluice_checkpoint_duration_seconds",
             "From a checkpoint's barrier (the writers' cut) until it is committed",
@@ -284,7 +287,7 @@ impl Metrics {
             let labels = JobTable { job: job.to_string(), table: table.clone() };
             f.rows.get_or_create(&labels).inc_by(tally.rows);
             f.bytes.get_or_create(&labels).inc_by(tally.bytes);
-            drop(f.bad_rows.get_or_create(&labels));
+            f.bad_rows.get_or_create(&labels).inc_by(tally.bad);
         }
         let labels = JobLabel { job: job.to_string() };
         f.last_committed.get_or_create(&labels).set(i64::try_from(checkpoint).unwrap_or(i64::MAX));
@@ -309,11 +312,6 @@ impl Metrics {
         let mut h = self.health();
         h.since = Instant::now();
         h.last_error = None;
-    }
-
-    /// Rows of `table` refused as bad (to be counted by the bad-row handling).
-    pub fn bad_rows(&self, job: &str, table: &str, rows: u64) {
-        self.f().bad_rows.get_or_create(&JobTable { job: job.to_string(), table: table.to_string() }).inc_by(rows);
     }
 
     /// Makes `sluice_bad_rows_total{job,table}` show (at 0) before any bad row.
@@ -438,13 +436,14 @@ mod tests {
     fn counters_are_named_with_their_total_in_the_prometheus_text() {
         let m = Metrics::new();
         let mut landed = BTreeMap::new();
-        landed.insert("orders".to_string(), Tally { rows: 5, bytes: 100 });
+        landed.insert("orders".to_string(), Tally { rows: 5, bytes: 100, bad: 2 });
         m.committed("j", 3, &landed);
         m.commit_retry(RetryReason::Conflict, "another writer committed first");
         let text = m.prometheus_text();
         assert!(text.contains("# TYPE sluice_rows_total counter\n"), "{text}");
         assert!(text.contains("# HELP sluice_rows_total Rows landed"), "{text}");
         assert!(text.contains("sluice_rows_total{job=\"j\",table=\"orders\"} 5\n"), "{text}");
+        assert!(text.contains("sluice_bad_rows_total{job=\"j\",table=\"orders\"} 2\n"), "{text}");
         assert!(text.contains("sluice_commit_retries_total{reason=\"conflict\"} 1\n"), "{text}");
         assert!(text.contains("sluice_commit_retries_total{reason=\"unknown_outcome\"} 0\n"), "{text}");
         assert!(text.contains("sluice_last_committed_checkpoint{job=\"j\"} 3\n"), "{text}");

@@ -62,7 +62,7 @@ use parquet::file::reader::ChunkReader;
 use serde_json::{Value, json};
 
 use super::object::{Bucket, ObjectFile};
-use super::{FileIdentity, SourceChange, SourceError, SourceReader, TableBatch};
+use super::{BadRow, BadRows, FileIdentity, SourceChange, SourceError, SourceReader, TableBatch};
 use crate::capability::file_io::{StoreConfig, open_store};
 use crate::job::FileFormat;
 use crate::location::{Location, Scheme, Served};
@@ -358,6 +358,7 @@ pub struct FileSource {
     parallelism: u32,
     rate: Option<f64>,
     known: Known,
+    bad_rows: BadRows,
 }
 
 fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
@@ -437,7 +438,18 @@ impl FileSource {
         }
         let tables: Vec<TableFiles> = layout.into_iter().map(|(name, files)| TableFiles { name, files }).collect();
         let known = Known::new(&tables);
-        Ok(Self { root, tables, tree, format, batch_rows, csv_header, parallelism, rate: None, known })
+        Ok(Self {
+            root,
+            tables,
+            tree,
+            format,
+            batch_rows,
+            csv_header,
+            parallelism,
+            rate: None,
+            known,
+            bad_rows: BadRows::Fail,
+        })
     }
 
     /// Lists a local file or directory.
@@ -498,6 +510,12 @@ impl FileSource {
     }
 
     /// Limits the rows per second over all subtasks.
+    /// What a record that does not convert does (`job.bad_rows`).
+    pub fn with_bad_rows(mut self, bad_rows: BadRows) -> Self {
+        self.bad_rows = bad_rows;
+        self
+    }
+
     pub fn with_rate(mut self, rate: Option<f64>) -> Self {
         self.rate = rate;
         self
@@ -521,6 +539,10 @@ impl FileSource {
     }
 
     /// One folder per table.
+    pub fn format(&self) -> FileFormat {
+        self.format
+    }
+
     pub fn is_tree(&self) -> bool {
         self.tree
     }
@@ -701,9 +723,11 @@ impl FileSource {
             batch_rows: self.batch_rows,
             csv_header: self.csv_header,
             known: self.known.clone(),
+            bad_rows: self.bad_rows,
             file_idx,
             row_in_file: row,
             current: None,
+            text: false,
             pending: None,
         })
     }
@@ -822,11 +846,16 @@ pub struct FileReader {
     batch_rows: usize,
     csv_header: bool,
     known: Known,
+    bad_rows: BadRows,
     file_idx: usize,
-    /// Rows of the current file already returned.
+    /// Rows of the current file already returned (bad ones included).
     row_in_file: u64,
     current: Option<BatchIter>,
-    /// Rows read but not yet returned.
+    /// `current` reads the file's values as text, each slice converted
+    /// row by row where it must be ([`salvage_csv`]): a CSV file with a bad
+    /// value, from the batch that held it on, when bad rows are dead letters.
+    text: bool,
+    /// Rows read but not yet returned (as text when `text`).
     pending: Option<RecordBatch>,
 }
 
@@ -862,6 +891,115 @@ impl FileReader {
         };
         Ok(Box::new(SkipRows { inner: iter, skip }))
     }
+
+    /// Opens CSV file `file_idx` with every column read as text, after
+    /// `skip` records: values that do not parse are left to [`salvage_csv`].
+    fn open_text(&self, skip: u64) -> Result<BatchIter, SourceError> {
+        let (_, file) = &self.files[self.file_idx];
+        let at = &file.at;
+        let schema = text_schema(&*self.reading_schema()?);
+        let reader = arrow_csv::ReaderBuilder::new(schema.clone())
+            .with_header(self.csv_header)
+            .with_batch_size(self.batch_rows)
+            .build_buffered(at.open()?)
+            .map_err(|e| at.err(e))?;
+        let iter: BatchIter = Box::new(reader.map(move |r| r.map_err(|e| csv_error(e, &schema))));
+        Ok(Box::new(SkipRows { inner: iter, skip }))
+    }
+
+    fn reading_schema(&self) -> Result<SchemaRef, SourceError> {
+        let (table, file) = &self.files[self.file_idx];
+        self.known.schema_of(table, &file.name, &file.at, self.format, self.csv_header)
+    }
+
+    /// The text rows `raw` (the current file's from row `first_row` on)
+    /// converted to the file's reading schema: the rows that parse, and
+    /// the others as bad rows.
+    fn convert_text(&self, raw: &RecordBatch, first_row: u64) -> Result<(RecordBatch, Vec<BadRow>), SourceError> {
+        let (_, file) = &self.files[self.file_idx];
+        let schema = self.reading_schema()?;
+        let (good, bad) = salvage_csv(raw, &schema).map_err(|e| file.at.err(format!("after row {first_row}: {e}")))?;
+        // A record's line as errors in `fail` mode name it (the header is line 1).
+        let first_line = first_row + 1 + u64::from(self.csv_header);
+        let bad = bad
+            .into_iter()
+            .map(|(i, raw, reason)| BadRow {
+                raw,
+                position: format!("{} line {}", file.name, first_line + i as u64),
+                reason,
+            })
+            .collect();
+        Ok((good, bad))
+    }
+}
+
+/// `schema` with every column text: how a CSV file with bad values is read
+/// before its values are parsed.
+fn text_schema(schema: &arrow_schema::Schema) -> SchemaRef {
+    use arrow_schema::{DataType, Field};
+    let fields: Vec<Field> = schema.fields().iter().map(|f| Field::new(f.name(), DataType::Utf8, true)).collect();
+    Arc::new(arrow_schema::Schema::new(fields))
+}
+
+/// A stretch of text rows parsed: the rows that parse, and for each that
+/// does not its index, its record as one CSV line and the reason.
+type Salvaged = (RecordBatch, Vec<(usize, String, String)>);
+
+/// Text rows (`raw`, every column Utf8, as [`text_schema`] reads them)
+/// parsed as `schema`. The values are parsed by arrow-csv itself, from the
+/// rows written back as CSV, so a value reads exactly as in a file without
+/// bad rows; a failing stretch is halved until the bad records stand alone
+/// (a slice with k bad rows costs about k·log(n) small parses beside one
+/// of the whole slice).
+fn salvage_csv(raw: &RecordBatch, schema: &SchemaRef) -> Result<Salvaged, ArrowError> {
+    fn to_csv(rows: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
+        let mut out = Vec::new();
+        arrow_csv::WriterBuilder::new().with_header(false).build(&mut out).write(rows)?;
+        Ok(out)
+    }
+    fn parse(text: &[u8], schema: &SchemaRef, rows: usize) -> Result<Vec<RecordBatch>, ArrowError> {
+        arrow_csv::ReaderBuilder::new(schema.clone())
+            .with_header(false)
+            .with_batch_size(rows.max(1))
+            .build(std::io::Cursor::new(text))?
+            .collect()
+    }
+    fn split(
+        raw: &RecordBatch,
+        offset: usize,
+        schema: &SchemaRef,
+        good: &mut Vec<RecordBatch>,
+        bad: &mut Vec<(usize, String, String)>,
+    ) -> Result<(), ArrowError> {
+        let n = raw.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let text = to_csv(raw)?;
+        match parse(&text, schema, n) {
+            Ok(batches) => good.extend(batches),
+            Err(e) if n == 1 => {
+                let reason = match csv_error(e, schema) {
+                    ArrowError::ParseError(m) | ArrowError::CsvError(m) => {
+                        m.strip_prefix("line 1: ").map(str::to_string).unwrap_or(m)
+                    }
+                    other => other.to_string(),
+                };
+                let record = String::from_utf8_lossy(&text).trim_end_matches(['\r', '\n']).to_string();
+                bad.push((offset, record, reason));
+            }
+            Err(_) => {
+                let half = n / 2;
+                split(&raw.slice(0, half), offset, schema, good, bad)?;
+                split(&raw.slice(half, n - half), offset + half, schema, good, bad)?;
+            }
+        }
+        Ok(())
+    }
+    let (mut good, mut bad) = (Vec::new(), Vec::new());
+    split(raw, 0, schema, &mut good, &mut bad)?;
+    let good = arrow_select::concat::concat_batches(schema, &good)?;
+    Ok((good, bad))
 }
 
 /// Drops the first `skip` rows of a batch stream (CSV and JSON cannot seek by row).
@@ -903,9 +1041,14 @@ impl SourceReader for FileReader {
                 } else {
                     batch
                 };
+                let first_row = self.row_in_file;
                 self.row_in_file += out.num_rows() as u64;
                 let table = self.files[self.file_idx].0.clone();
-                return Ok(Some(TableBatch { table, batch: out }));
+                if self.text {
+                    let (batch, bad) = self.convert_text(&out, first_row)?;
+                    return Ok(Some(TableBatch { table, batch, bad }));
+                }
+                return Ok(Some(TableBatch::new(table, out)));
             }
             if max_rows == 0 || self.file_idx >= self.files.len() {
                 return Ok(None);
@@ -917,12 +1060,21 @@ impl SourceReader for FileReader {
             match next {
                 Some(Ok(batch)) if batch.num_rows() == 0 => {}
                 Some(Ok(batch)) => self.pending = Some(batch),
+                Some(Err(ArrowError::ParseError(_)))
+                    if self.bad_rows == BadRows::DeadLetter && self.format == FileFormat::Csv && !self.text =>
+                {
+                    // A value did not parse: the rest of the file is read as
+                    // text and parsed row by row where it must be.
+                    self.text = true;
+                    self.current = Some(self.open_text(self.row_in_file)?);
+                }
                 Some(Err(e)) => {
                     let at = &self.files[self.file_idx].1.at;
                     return Err(at.err(format!("after row {}: {e}", self.row_in_file)));
                 }
                 None => {
                     self.current = None;
+                    self.text = false;
                     self.file_idx += 1;
                     self.row_in_file = 0;
                 }
@@ -1745,6 +1897,69 @@ mod tests {
         let last = batches.last().unwrap().schema();
         assert_eq!(last.field_with_name("qty").unwrap().data_type(), &arrow_schema::DataType::Int64);
         assert_eq!(last.field_with_name("note").unwrap().data_type(), &arrow_schema::DataType::Utf8);
+    }
+
+    /// With dead letters, a value that does not parse leaves its record
+    /// beside the batch (its text, its file and line, the reason) and every
+    /// other record of the file is read as in a file without it, empty
+    /// fields as nulls and quoted text as text; a resume from any position
+    /// reads each record, good or bad, exactly once.
+    #[test]
+    fn dead_letter_csv_records_stand_beside_the_rows_and_resume_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = dir.path().join("orders");
+        std::fs::create_dir_all(&table).unwrap();
+        std::fs::write(table.join("a.csv"), "id,qty,note\n0,1,x\n1,2,y\n").unwrap();
+        let mut text = String::from("id,qty,note\n");
+        for i in 0..700 {
+            // Line 1 is the header: record i is line i + 2.
+            let qty = match i + 2 {
+                500 => "x7".to_string(),
+                650 => "1.5".to_string(),
+                600 => String::new(),
+                _ => (i % 9).to_string(),
+            };
+            text.push_str(&format!("{i},{qty},\"n, {i}\"\n"));
+        }
+        std::fs::write(table.join("b.csv"), text).unwrap();
+        let src = open_local(dir.path(), 100, 1).unwrap().with_bad_rows(BadRows::DeadLetter);
+        let read = |position: Option<&Value>, max: usize| {
+            let mut r = src.reader(0, position).unwrap();
+            let (mut good, mut bad, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+            while let Some(b) = r.next_batch(max).unwrap() {
+                let ids = b.batch.column_by_name("id").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+                let qty = b.batch.column_by_name("qty").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+                for i in 0..ids.len() {
+                    good.push((ids.value(i), qty.is_null(i)));
+                }
+                bad.extend(b.bad);
+                positions.push(r.position());
+            }
+            (good, bad, positions)
+        };
+        let (good, bad, positions) = read(None, 100);
+        assert_eq!(good.len(), 2 + 698, "every good record once");
+        assert_eq!(good.iter().filter(|(_, null)| *null).count(), 1, "the empty qty of line 600 is a null");
+        let shown: Vec<(&str, &str)> = bad.iter().map(|b| (b.position.as_str(), b.raw.as_str())).collect();
+        assert_eq!(
+            shown,
+            vec![("orders/b.csv line 500", "498,x7,\"n, 498\""), ("orders/b.csv line 650", "648,1.5,\"n, 648\"")]
+        );
+        assert!(bad[0].reason.contains("column `qty` holds \"x7\", which is not a valid Int64"), "{}", bad[0].reason);
+        // A resume from every position reads the rest, good and bad, once.
+        let mut read_before = (0, 0);
+        let mut r = src.reader(0, None).unwrap();
+        for at in &positions {
+            let (rest, rest_bad, _) = read(Some(at), 37);
+            assert_eq!(&good[good.len() - rest.len()..], rest.as_slice(), "rows after position {at}");
+            assert_eq!(&bad[bad.len() - rest_bad.len()..], rest_bad.as_slice(), "bad rows after position {at}");
+            let b = r.next_batch(100).unwrap().unwrap();
+            read_before = (read_before.0 + b.batch.num_rows(), read_before.1 + b.bad.len());
+            assert_eq!((read_before.0 + rest.len(), read_before.1 + rest_bad.len()), (good.len(), bad.len()));
+        }
+        // Without dead letters the same file stops at line 500.
+        let (_, err) = read_to_error(&open_local(dir.path(), 100, 1).unwrap());
+        assert!(err.is_some_and(|e| e.contains("line 500")));
     }
 
     /// A known type is forced on a later file only where that loses

@@ -349,9 +349,11 @@ impl GeneratorReader {
     fn open_chunk(&mut self, stop: u64) {
         let tables = self.shape.tables.len().max(1);
         let batches: VecDeque<TableBatch> = (0..tables)
-            .map(|t| TableBatch {
-                table: self.shape.table_name(t).to_string(),
-                batch: Generator::rows_for(&self.shape, self.next, stop, t),
+            .map(|t| {
+                TableBatch::new(
+                    self.shape.table_name(t).to_string(),
+                    Generator::rows_for(&self.shape, self.next, stop, t),
+                )
             })
             .filter(|b| b.batch.num_rows() > 0)
             .collect();

@@ -80,7 +80,42 @@ pub struct SourceChange(pub String);
 pub struct TableBatch {
     /// The table's name; `""` for a single-table source.
     pub table: String,
+    /// The rows that converted (possibly none).
     pub batch: RecordBatch,
+    /// Records of the same stretch of the source that did not convert to
+    /// the table's types, in source order. Only a source asked to keep them
+    /// ([`BadRows::DeadLetter`]) gives any; otherwise such a record is an
+    /// error. A position after the batch is after these records too.
+    pub bad: Vec<BadRow>,
+}
+
+impl TableBatch {
+    pub fn new(table: String, batch: RecordBatch) -> Self {
+        Self { table, batch, bad: Vec::new() }
+    }
+}
+
+/// What a source does with a record that does not convert to its table's
+/// types (`job.bad_rows`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BadRows {
+    /// The read fails, naming the file, the line, the column and the value.
+    #[default]
+    Fail,
+    /// The record is handed on as a [`BadRow`] beside the batch.
+    DeadLetter,
+}
+
+/// A record that did not convert, as the source read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadRow {
+    /// The record's text: a CSV record as one line, a JSON lines line.
+    pub raw: String,
+    /// Where it is: the file and its line.
+    pub position: String,
+    /// Why it did not convert (the column, the value, the type).
+    pub reason: String,
 }
 
 /// What a read gave.
@@ -132,7 +167,22 @@ impl Source {
                 };
                 Ok(Source::Kafka(kafka::KafkaSource::open(config, job.spec.job.parallelism)?))
             }
-            None => Self::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores),
+            None => {
+                let source = Self::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores)?;
+                match (source, &job.dead_letters) {
+                    (Source::File(f), Some(_)) => {
+                        if f.format() == crate::job::FileFormat::Parquet {
+                            return Err(SourceError::Other(format!(
+                                "{} holds Parquet files, whose values carry their types, so no record turns into a \
+                                 dead letter: set job.bad_rows = \"fail\"",
+                                f.describe()
+                            )));
+                        }
+                        Ok(Source::File(f.with_bad_rows(BadRows::DeadLetter)))
+                    }
+                    (source, _) => Ok(source),
+                }
+            }
         }
     }
 

@@ -403,7 +403,7 @@ impl KafkaReader {
             self.next.insert((topic.clone(), m.partition), m.offset + 1);
         }
         let table = if self.single_table { String::new() } else { topic };
-        Ok(Some(TableBatch { table, batch }))
+        Ok(Some(TableBatch::new(table, batch)))
     }
 }
 
