@@ -460,4 +460,68 @@ mod lakehouse {
         );
         assert!(!err.contains("changes column qty"), "{err}");
     }
+
+    /// The same input with `job.bad_rows = "dead-letter"`: every good row
+    /// lands once, compared by value with the CSV files, and the bad record
+    /// is in `lake.dead_letters` with its position, its text and the reason.
+    #[test]
+    fn a_bad_csv_value_goes_to_the_dead_letter_table() {
+        let dir = tempfile::tempdir().expect("dir");
+        let data = lakehouse_with_a_bad_qty(dir.path());
+        let wh = dir.path().join("warehouse");
+        let sets = [
+            format!("sink.plugin={ICEBERG_PLUGIN}"),
+            format!("job.state_dir={}", dir.path().join("state").display()),
+            format!("sink.catalog.database={}", wh.join("catalog.db").display()),
+            format!("sink.catalog.warehouse={}", wh.display()),
+            format!("source.path={}", data.display()),
+            "job.bad_rows=dead-letter".to_string(),
+            "job.dead_letter.table=dead_letters".to_string(),
+        ];
+        let (code, stdout, err) = run_example("lakehouse.toml", &sets, dir.path());
+        assert_eq!(code, 0, "{err}");
+        assert!(stdout.contains("4999 rows in total") && stdout.contains("1 bad rows as dead letters"), "{stdout}");
+        // What the CSV files hold: order id -> qty, and the bad record's text.
+        let mut want = std::collections::BTreeMap::new();
+        let mut bad_line = String::new();
+        for file in ["orders-2024-01.csv", "orders-2024-02.csv", "orders-2024-03.csv"] {
+            let text = std::fs::read_to_string(data.join("orders").join(file)).expect("orders");
+            for (i, line) in text.lines().enumerate().skip(1) {
+                let f: Vec<&str> = line.split(',').collect();
+                match f[2].parse::<i64>() {
+                    Ok(qty) => drop(want.insert(f[0].parse::<i64>().expect("id"), qty)),
+                    Err(_) => {
+                        assert_eq!((file, i + 1), ("orders-2024-02.csv", 500));
+                        bad_line = line.to_string();
+                    }
+                }
+            }
+        }
+        let out = python(
+            "import sys, json\n\
+             from pyiceberg.catalog.sql import SqlCatalog\n\
+             w = sys.argv[1]\n\
+             cat = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')\n\
+             o = cat.load_table('lake.orders').scan().to_arrow()\n\
+             d = cat.load_table('lake.dead_letters').scan().to_arrow()\n\
+             print(json.dumps({'orders': list(zip(o.column('order_id').to_pylist(), o.column('qty').to_pylist())),\n\
+             \x20                 'letters': d.to_pylist()}))",
+            &[&wh.display().to_string()],
+        )
+        .unwrap_or_else(|e| panic!("PyIceberg failed (CI installs it in its venv): {e}"));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+        let mut orders: Vec<(i64, i64)> = serde_json::from_value(v["orders"].clone()).expect("orders");
+        orders.sort_unstable();
+        assert_eq!(orders, want.into_iter().collect::<Vec<_>>(), "every good order once, by value");
+        let letters = v["letters"].as_array().expect("letters");
+        assert_eq!(letters.len(), 1, "{letters:?}");
+        let l = &letters[0];
+        assert_eq!(l["raw"], bad_line.as_str(), "{l}");
+        assert_eq!(l["source_position"], "orders/orders-2024-02.csv line 500", "{l}");
+        assert_eq!(l["target_table"], "orders", "{l}");
+        assert_eq!(l["job"], "lakehouse-demo", "{l}");
+        let reason = l["reason"].as_str().expect("reason");
+        assert!(reason.contains("column `qty` holds \"x7\", which is not a valid Int64"), "{reason}");
+        assert!(l["checkpoint"].as_i64().is_some_and(|c| c >= 1) && l["incarnation"].is_string(), "{l}");
+    }
 }
