@@ -105,9 +105,12 @@ fn texts(b: &RecordBatch, name: &str) -> Vec<String> {
     (0..a.len()).map(|i| a.value(i).to_string()).collect()
 }
 
+/// A dead letter as read back: its position, its record and the reason.
+type Letter = (String, String, String);
+
 /// The good rows are every good record once, by id and value, and the dead
 /// letters every bad record once, by position and text.
-fn assert_landed(rows: &[(i64, i64)], letters: &[(String, String, String)], bad: &BTreeMap<u64, String>) {
+fn assert_landed(rows: &[(i64, i64)], letters: &[Letter], bad: &BTreeMap<u64, String>) {
     let expected: Vec<(i64, i64)> =
         (0..FILES * PER_FILE).filter(|id| !is_bad(*id)).map(|id| (id as i64, (id % 7) as i64)).collect();
     let mut got = rows.to_vec();
@@ -126,7 +129,7 @@ fn assert_landed(rows: &[(i64, i64)], letters: &[(String, String, String)], bad:
 }
 
 /// What a files job landed: (id, qty) rows and (position, raw, reason) letters.
-fn files_landed(job: &TestJob) -> (Vec<(i64, i64)>, Vec<(String, String, String)>) {
+fn files_landed(job: &TestJob) -> (Vec<(i64, i64)>, Vec<Letter>) {
     let out = job.dir.path().join("out/files");
     let rows = read_parquet_tree(&out);
     let rows = ints(&rows, "id").into_iter().zip(ints(&rows, "qty")).collect();
@@ -220,7 +223,7 @@ memory_mb = 512
         let letters: Vec<(String, String, String, String)> =
             serde_json::from_value(v["letters"].clone()).expect("letters");
         assert!(letters.iter().all(|l| l.3 == "orders"), "{point}: the table they were meant for");
-        let letters: Vec<(String, String, String)> = letters.into_iter().map(|(p, r, why, _)| (p, r, why)).collect();
+        let letters: Vec<Letter> = letters.into_iter().map(|(p, r, why, _)| (p, r, why)).collect();
         assert_landed(&rows, &letters, &bad);
     }
 }

@@ -192,4 +192,19 @@ mod tests {
         assert!(parse_table("events").is_err());
         assert!(parse_table("a..b").is_err());
     }
+
+    /// A plain `table` takes the source's unnamed table and a named one
+    /// given in full (the dead letters), and refuses any other named table.
+    #[test]
+    fn a_plain_table_takes_a_dotted_table_beside_it() {
+        let cfg = |table: &str| Config::parse(vec![("table".to_string(), table.to_string())]).unwrap();
+        let plain = cfg("lake.orders");
+        assert_eq!(plain.ident("").unwrap().name(), "orders");
+        let beside = plain.ident("lake.orders_dead").unwrap();
+        assert_eq!((beside.namespace().clone().inner(), beside.name()), (vec!["lake".to_string()], "orders_dead"));
+        assert!(plain.ident("customers").is_err());
+        let pattern = cfg("lake.{table}");
+        assert_eq!(pattern.ident("customers").unwrap().name(), "customers");
+        assert!(pattern.ident("").is_err());
+    }
 }

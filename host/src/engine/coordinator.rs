@@ -416,16 +416,14 @@ impl<'a> Coordinator<'a> {
         if !over {
             return Ok(());
         }
-        Err(EngineError::TooManyBadRows {
-            job: self.job.spec.job.id.clone(),
-            checkpoint: c,
-            bad,
-            of: format!(" of {read} read"),
-            total,
-            max: max.to_string(),
-            table: dl.table.clone(),
-            sample: dead_letter::sample(&round.bad_sample),
-        })
+        Err(EngineError::TooManyBadRows(format!(
+            "job {job}: {bad} bad rows of {read} read in checkpoint {c} ({total} over the job), more than \
+             job.max_bad_rows allows ({max}); nothing of checkpoint {c} was committed (earlier checkpoints stay \
+             committed, and their dead letters are in table {table:?}). First bad rows: {sample}",
+            job = self.job.spec.job.id,
+            table = dl.table,
+            sample = dead_letter::sample(&round.bad_sample),
+        )))
     }
 
     /// The writers' memory and the source's lag, as round reports and the
