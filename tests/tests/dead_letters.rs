@@ -228,6 +228,45 @@ memory_mb = 512
     }
 }
 
+/// JSON lines: a record that does not fit lands as a dead letter, once,
+/// through a crash during the commit of checkpoint 2.
+#[test]
+fn json_lines_dead_letters_land_once_through_a_crash() {
+    let (job, _) = files_job("dl-json", "");
+    let input = job.dir.path().join("in");
+    std::fs::remove_dir_all(&input).expect("csv input");
+    std::fs::create_dir_all(&input).expect("input");
+    let mut want = BTreeMap::new();
+    for f in 0..FILES {
+        let mut text = String::new();
+        for j in 0..PER_FILE {
+            let id = f * PER_FILE + j;
+            if is_bad(id) {
+                text.push_str(&format!("{{\"id\": {id}, \"qty\": \"q{id}\"}}\n"));
+                want.insert(format!("part-{f}.jsonl line {}", j + 1), format!("{{\"id\": {id}, \"qty\": \"q{id}\"}}"));
+            } else {
+                text.push_str(&format!("{{\"id\": {id}, \"qty\": {}}}\n", id % 7));
+            }
+        }
+        std::fs::write(input.join(format!("part-{f}.jsonl")), text).expect("input file");
+    }
+    let fault = Fault { point: CrashPoint::DuringCommit, checkpoint: 2, subtask: 0 };
+    assert!(job.run(Some(fault)).expect_err("crash").is_injected_crash());
+    let summary = job.run(None).expect("recovers");
+    assert_eq!(summary.dead_letters, Some(("dead_letters".to_string(), want.len() as u64)), "{summary}");
+    let out = job.dir.path().join("out/files");
+    let rows = read_parquet_tree(&out);
+    let mut ids = ints(&rows, "id");
+    ids.sort_unstable();
+    let expected: Vec<i64> = (0..FILES * PER_FILE).filter(|id| !is_bad(*id)).map(|id| id as i64).collect();
+    assert_eq!(ids, expected, "every good record once");
+    let letters = read_parquet_tree(&out.join("dead_letters"));
+    let got: BTreeMap<String, String> =
+        texts(&letters, "source_position").into_iter().zip(texts(&letters, "raw")).collect();
+    assert_eq!(letters.num_rows(), want.len(), "each dead letter once");
+    assert_eq!(got, want);
+}
+
 /// A count over the job: the checkpoint that passes it is not committed,
 /// the error says how many and shows a sample; earlier ones stay.
 #[test]

@@ -927,13 +927,6 @@ impl Job {
                         "Parquet values carry their types, so no Parquet record turns into a dead letter; use \"fail\"",
                     ));
                 }
-                if format == Some(FileFormat::Json) {
-                    return Err(self.invalid(
-                        "job.bad_rows",
-                        "\"dead-letter\" is served for CSV files so far; a JSON lines record that does not fit stops \
-                         the job, naming its file, line and field: use \"fail\"",
-                    ));
-                }
             }
             SourceSpec::Generator { tables, .. } => {
                 if tables.contains(&table) {

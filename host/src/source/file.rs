@@ -69,12 +69,23 @@ use crate::location::{Location, Scheme, Served};
 
 const INFER_RECORDS: usize = 1000;
 
-type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>> + Send>;
+/// What a file's reader hands out, in file order: rows, or one record that
+/// did not convert (only when bad rows are dead letters).
+enum Piece {
+    Rows(RecordBatch),
+    Bad(BadRow),
+}
+
+type BatchIter = Box<dyn Iterator<Item = Result<Piece, ArrowError>> + Send>;
+
+/// The lines of a JSON lines file that do not fit its reading schema, with
+/// the reason (kept only when bad rows are dead letters).
+type BadLines = Arc<BTreeMap<u64, String>>;
 
 /// Schemas inferred so far, by file (as [`At::shown`] names it): a JSON
 /// file is read in full to infer its schema, so each file is inferred once
 /// per run.
-type SchemaCache = Arc<Mutex<HashMap<String, SchemaRef>>>;
+type SchemaCache = Arc<Mutex<HashMap<String, (SchemaRef, BadLines)>>>;
 
 /// The schema each file of a table is read with (see the module's doc): a
 /// table's first file with its own inferred schema; every later one with
@@ -89,6 +100,9 @@ struct Known {
     first: Arc<HashMap<String, (String, At)>>,
     /// Reading schemas, by file (as [`At::shown`] names it).
     reading: SchemaCache,
+    /// Bad rows are dead letters: a JSON lines record that does not fit is
+    /// left out of inference and kept aside ([`json::infer`]).
+    keep_bad: bool,
 }
 
 impl Known {
@@ -109,15 +123,27 @@ impl Known {
         format: FileFormat,
         csv_header: bool,
     ) -> Result<SchemaRef, SourceError> {
+        Ok(self.reading_of(table, name, at, format, csv_header)?.0)
+    }
+
+    /// [`Known::schema_of`], with the file's bad JSON lines.
+    fn reading_of(
+        &self,
+        table: &str,
+        name: &str,
+        at: &At,
+        format: FileFormat,
+        csv_header: bool,
+    ) -> Result<(SchemaRef, BadLines), SourceError> {
         let known = match self.first.get(table) {
             // Parquet files carry their types: a different one is a real schema change.
             _ if format == FileFormat::Parquet => None,
             Some((first, first_at)) if first != name => {
-                Some(cached_schema(&self.reading, first_at, format, csv_header, None)?)
+                Some(cached_schema(&self.reading, first_at, format, csv_header, None, self.keep_bad)?.0)
             }
             _ => None,
         };
-        cached_schema(&self.reading, at, format, csv_header, known.as_deref())
+        cached_schema(&self.reading, at, format, csv_header, known.as_deref(), self.keep_bad)
     }
 }
 
@@ -314,13 +340,33 @@ fn parquet_batches<R: ChunkReader + 'static>(
     batch_rows: usize,
     skip: u64,
 ) -> Result<BatchIter, SourceError> {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(reader)
-        .map_err(|e| at.err(e))?
+    let builder = ParquetRecordBatchReaderBuilder::try_new(reader).map_err(|e| at.err(e))?;
+    // Each row group's first row, so that an error names the row group and the row.
+    let mut starts = Vec::new();
+    let mut first = 0u64;
+    for group in builder.metadata().row_groups() {
+        starts.push(first);
+        first += u64::try_from(group.num_rows()).unwrap_or(0);
+    }
+    let reader = builder
         .with_batch_size(batch_rows)
         .with_offset(usize::try_from(skip).map_err(|e| at.err(e))?)
         .build()
         .map_err(|e| at.err(e))?;
-    Ok(Box::new(reader))
+    let mut row = skip;
+    Ok(Box::new(reader.map(move |r| match r {
+        Ok(batch) => {
+            row += batch.num_rows() as u64;
+            Ok(Piece::Rows(batch))
+        }
+        Err(e) => {
+            let group = starts.iter().rposition(|s| *s <= row).unwrap_or(0);
+            let within = row - starts.get(group).copied().unwrap_or(0);
+            Err(ArrowError::ParquetError(format!(
+                "row group {group}, from its row {within} (row {row} of the file): {e}"
+            )))
+        }
+    })))
 }
 
 /// Reading order of two names: by path component, as the folders are listed.
@@ -513,6 +559,7 @@ impl FileSource {
     /// What a record that does not convert does (`job.bad_rows`).
     pub fn with_bad_rows(mut self, bad_rows: BadRows) -> Self {
         self.bad_rows = bad_rows;
+        self.known.keep_bad = bad_rows == BadRows::DeadLetter;
         self
     }
 
@@ -729,6 +776,8 @@ impl FileSource {
             current: None,
             text: false,
             pending: None,
+            pending_bad: Vec::new(),
+            ended: false,
         })
     }
 }
@@ -741,16 +790,17 @@ fn cached_schema(
     format: FileFormat,
     csv_header: bool,
     known: Option<&arrow_schema::Schema>,
-) -> Result<SchemaRef, SourceError> {
+    keep_bad: bool,
+) -> Result<(SchemaRef, BadLines), SourceError> {
     let key = at.shown();
-    if let Some(schema) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
-        return Ok(schema);
+    if let Some(read) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(read);
     }
-    let schema = infer_schema(at, format, csv_header, known)?;
+    let read = infer_schema(at, format, csv_header, known, keep_bad)?;
     if let Ok(mut c) = cache.lock() {
-        c.insert(key, schema.clone());
+        c.insert(key, read.clone());
     }
-    Ok(schema)
+    Ok(read)
 }
 
 fn infer_schema(
@@ -758,7 +808,9 @@ fn infer_schema(
     format: FileFormat,
     csv_header: bool,
     known: Option<&arrow_schema::Schema>,
-) -> Result<SchemaRef, SourceError> {
+    keep_bad: bool,
+) -> Result<(SchemaRef, BadLines), SourceError> {
+    let none = BadLines::default;
     match format {
         FileFormat::Parquet => {
             let builder = match at {
@@ -770,7 +822,7 @@ fn infer_schema(
                     ParquetRecordBatchReaderBuilder::try_new(object.clone()).map(|b| b.schema().clone())
                 }
             };
-            builder.map_err(|e| at.err(e))
+            builder.map(|schema| (schema, none())).map_err(|e| at.err(e))
         }
         FileFormat::Csv => {
             let (schema, _) = arrow_csv::reader::Format::default()
@@ -778,17 +830,19 @@ fn infer_schema(
                 .infer_schema(at.open()?, Some(INFER_RECORDS))
                 .map_err(|e| at.err(e))?;
             let schema = Arc::new(schema);
-            Ok(match known {
+            let schema = match known {
                 Some(known) => with_known_types(&schema, known, format),
                 None => schema,
-            })
+            };
+            Ok((schema, none()))
         }
         FileFormat::Json => {
-            let schema = json::infer(&at.shown(), at.open()?, known)?;
-            Ok(match known {
+            let (schema, bad) = json::infer(&at.shown(), at.open()?, known, keep_bad)?;
+            let schema = match known {
                 Some(known) => with_known_types(&schema, known, format),
                 None => schema,
-            })
+            };
+            Ok((schema, Arc::new(bad)))
         }
     }
 }
@@ -857,6 +911,10 @@ pub struct FileReader {
     text: bool,
     /// Rows read but not yet returned (as text when `text`).
     pending: Option<RecordBatch>,
+    /// Bad records read but not yet returned, all before `pending`.
+    pending_bad: Vec<BadRow>,
+    /// The current file has handed out everything.
+    ended: bool,
 }
 
 impl FileReader {
@@ -883,10 +941,13 @@ impl FileReader {
                     .with_batch_size(self.batch_rows)
                     .build_buffered(at.open()?)
                     .map_err(|e| at.err(e))?;
-                Box::new(reader.map(move |r| r.map_err(|e| csv_error(e, &schema))))
+                Box::new(reader.map(move |r| r.map(Piece::Rows).map_err(|e| csv_error(e, &schema))))
             }
             FileFormat::Json => {
-                Box::new(json::Batches::open(at.open()?, schema, self.batch_rows).map_err(|e| at.err(e))?)
+                let (_, bad) = self.known.reading_of(table, &file.name, at, self.format, self.csv_header)?;
+                Box::new(
+                    json::Batches::open(at.open()?, schema, self.batch_rows, &file.name, bad).map_err(|e| at.err(e))?,
+                )
             }
         };
         Ok(Box::new(SkipRows { inner: iter, skip }))
@@ -903,8 +964,16 @@ impl FileReader {
             .with_batch_size(self.batch_rows)
             .build_buffered(at.open()?)
             .map_err(|e| at.err(e))?;
-        let iter: BatchIter = Box::new(reader.map(move |r| r.map_err(|e| csv_error(e, &schema))));
+        let iter: BatchIter = Box::new(reader.map(move |r| r.map(Piece::Rows).map_err(|e| csv_error(e, &schema))));
         Ok(Box::new(SkipRows { inner: iter, skip }))
+    }
+
+    /// The bad records read, alone (no rows of the current file between them).
+    fn bad_only(&mut self) -> Result<TableBatch, SourceError> {
+        let bad = std::mem::take(&mut self.pending_bad);
+        self.row_in_file += bad.len() as u64;
+        let batch = RecordBatch::new_empty(self.reading_schema()?);
+        Ok(TableBatch { table: self.files[self.file_idx].0.clone(), batch, bad })
     }
 
     fn reading_schema(&self) -> Result<SchemaRef, SourceError> {
@@ -1009,15 +1078,20 @@ struct SkipRows {
 }
 
 impl Iterator for SkipRows {
-    type Item = Result<RecordBatch, ArrowError>;
+    type Item = Result<Piece, ArrowError>;
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             let batch = match self.inner.next()? {
-                Ok(b) => b,
-                Err(e) => return Some(Err(e)),
+                Ok(Piece::Rows(b)) => b,
+                // A bad record counts as one of the file's records.
+                Ok(Piece::Bad(_)) if self.skip > 0 => {
+                    self.skip -= 1;
+                    continue;
+                }
+                other => return Some(other),
             };
             if self.skip == 0 {
-                return Some(Ok(batch));
+                return Some(Ok(Piece::Rows(batch)));
             }
             let n = batch.num_rows() as u64;
             if n <= self.skip {
@@ -1026,7 +1100,7 @@ impl Iterator for SkipRows {
             }
             let s = self.skip as usize;
             self.skip = 0;
-            return Some(Ok(batch.slice(s, batch.num_rows() - s)));
+            return Some(Ok(Piece::Rows(batch.slice(s, batch.num_rows() - s))));
         }
     }
 }
@@ -1041,14 +1115,22 @@ impl SourceReader for FileReader {
                 } else {
                     batch
                 };
-                let first_row = self.row_in_file;
-                self.row_in_file += out.num_rows() as u64;
+                let bad = std::mem::take(&mut self.pending_bad);
+                let first_row = self.row_in_file + bad.len() as u64;
+                self.row_in_file = first_row + out.num_rows() as u64;
                 let table = self.files[self.file_idx].0.clone();
                 if self.text {
-                    let (batch, bad) = self.convert_text(&out, first_row)?;
-                    return Ok(Some(TableBatch { table, batch, bad }));
+                    let (batch, more) = self.convert_text(&out, first_row)?;
+                    return Ok(Some(TableBatch { table, batch, bad: bad.into_iter().chain(more).collect() }));
                 }
-                return Ok(Some(TableBatch::new(table, out)));
+                return Ok(Some(TableBatch { table, batch: out, bad }));
+            }
+            if self.ended {
+                self.ended = false;
+                self.current = None;
+                self.text = false;
+                self.file_idx += 1;
+                self.row_in_file = 0;
             }
             if max_rows == 0 || self.file_idx >= self.files.len() {
                 return Ok(None);
@@ -1058,8 +1140,14 @@ impl SourceReader for FileReader {
             }
             let next = self.current.as_mut().and_then(|it| it.next());
             match next {
-                Some(Ok(batch)) if batch.num_rows() == 0 => {}
-                Some(Ok(batch)) => self.pending = Some(batch),
+                Some(Ok(Piece::Rows(batch))) if batch.num_rows() == 0 => {}
+                Some(Ok(Piece::Rows(batch))) => self.pending = Some(batch),
+                Some(Ok(Piece::Bad(bad))) => {
+                    self.pending_bad.push(bad);
+                    if self.pending_bad.len() >= max_rows {
+                        return self.bad_only().map(Some);
+                    }
+                }
                 Some(Err(ArrowError::ParseError(_)))
                     if self.bad_rows == BadRows::DeadLetter && self.format == FileFormat::Csv && !self.text =>
                 {
@@ -1072,12 +1160,12 @@ impl SourceReader for FileReader {
                     let at = &self.files[self.file_idx].1.at;
                     return Err(at.err(format!("after row {}: {e}", self.row_in_file)));
                 }
-                None => {
-                    self.current = None;
-                    self.text = false;
-                    self.file_idx += 1;
-                    self.row_in_file = 0;
+                // The file's last bad records go out before the file is left.
+                None if !self.pending_bad.is_empty() => {
+                    self.ended = true;
+                    return self.bad_only().map(Some);
                 }
+                None => self.ended = true,
             }
         }
     }
@@ -1108,7 +1196,7 @@ mod json {
     use arrow_schema::{ArrowError, SchemaRef};
     use serde_json::Value;
 
-    use super::SourceError;
+    use super::{BTreeMap, SourceError};
 
     /// A sequential reader of one file (local or an object).
     pub(super) type Input = Box<dyn BufRead + Send>;
@@ -1192,6 +1280,7 @@ mod json {
     }
 
     /// What the records so far hold in one field.
+    #[derive(Clone)]
     struct Seen {
         kind: Kind,
         /// The line that set `kind`.
@@ -1246,28 +1335,48 @@ mod json {
     /// Checks one record's fields against what earlier records held, nested
     /// ones by their path (`o.x`, `l[]`): one kind per path, integers
     /// widening to doubles only while every integer stays exact.
+    ///
+    /// A record that fails changes nothing of `fields` (what its fields
+    /// before the failing one changed is undone), so that with dead letters
+    /// a bad record leaves no trace in the schema.
     fn check(
         fields: &mut HashMap<String, Seen>,
         line: u64,
         record: &serde_json::Map<String, Value>,
     ) -> Result<(), String> {
-        for (name, value) in record {
-            check_value(fields, line, name, value)?;
+        let mut undo = Vec::new();
+        let checked = record.iter().try_for_each(|(name, value)| check_value(fields, &mut undo, line, name, value));
+        if checked.is_err() {
+            for (name, before) in undo.into_iter().rev() {
+                match before {
+                    Some(seen) => drop(fields.insert(name, seen)),
+                    None => drop(fields.remove(&name)),
+                }
+            }
         }
-        Ok(())
+        checked
     }
 
-    fn check_value(fields: &mut HashMap<String, Seen>, line: u64, name: &str, value: &Value) -> Result<(), String> {
+    /// What a field was before a record changed it.
+    type Undo = Vec<(String, Option<Seen>)>;
+
+    fn check_value(
+        fields: &mut HashMap<String, Seen>,
+        undo: &mut Undo,
+        line: u64,
+        name: &str,
+        value: &Value,
+    ) -> Result<(), String> {
         match value {
             Value::Object(inner) => {
                 for (field, v) in inner {
-                    check_value(fields, line, &format!("{name}.{field}"), v)?;
+                    check_value(fields, undo, line, &format!("{name}.{field}"), v)?;
                 }
             }
             Value::Array(items) => {
                 let item = format!("{name}[]");
                 for v in items {
-                    check_value(fields, line, &item, v)?;
+                    check_value(fields, undo, line, &item, v)?;
                 }
             }
             _ => {}
@@ -1286,9 +1395,14 @@ mod json {
             _ => None,
         };
         let Some(seen) = fields.get_mut(name) else {
+            undo.push((name.to_string(), None));
             fields.insert(name.to_string(), Seen { kind, line, inexact: big, known: false });
             return Ok(());
         };
+        let changes = (seen.inexact.is_none() && big.is_some()) || (seen.kind == Kind::Int && kind == Kind::Float);
+        if changes {
+            undo.push((name.to_string(), Some(seen.clone())));
+        }
         if seen.inexact.is_none() {
             seen.inexact = big;
         }
@@ -1391,11 +1505,16 @@ mod json {
     /// (nullable) column, integers mixed with fractions make a double. A
     /// field the table already `known`s keeps its kind: a value of another
     /// kind is refused, naming its line.
+    ///
+    /// With `keep_bad` (dead letters), a record that would be refused is
+    /// left out instead, and returned by its line with the reason: the first
+    /// record that gives a field a value decides its kind.
     pub(super) fn infer(
         path: &str,
         input: Input,
         known: Option<&arrow_schema::Schema>,
-    ) -> Result<SchemaRef, SourceError> {
+        keep_bad: bool,
+    ) -> Result<(SchemaRef, BTreeMap<u64, String>), SourceError> {
         let mut lines = Lines::new(input);
         let mut fields: HashMap<String, Seen> = HashMap::new();
         for field in known.map(|k| k.fields().iter()).into_iter().flatten() {
@@ -1403,45 +1522,52 @@ mod json {
         }
         let mut failure: Option<String> = None;
         let mut last_line = 0;
+        let mut bad = BTreeMap::new();
         let records = std::iter::from_fn(|| {
-            let (line, bytes) = match lines.next_record() {
-                Ok(Some(next)) => next,
-                Ok(None) => return None,
-                Err(e) => {
-                    failure = Some(e.to_string());
-                    return None;
+            loop {
+                let (line, bytes) = match lines.next_record() {
+                    Ok(Some(next)) => next,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        failure = Some(e.to_string());
+                        return None;
+                    }
+                };
+                last_line = line;
+                let judged = judge(&mut fields, line, bytes);
+                match judged {
+                    Ok(value) => return Some(Ok::<_, ArrowError>(value)),
+                    Err(reason) if keep_bad => drop(bad.insert(line, reason)),
+                    Err(reason) => {
+                        failure = Some(format!("line {line}: {reason}"));
+                        return None;
+                    }
                 }
-            };
-            last_line = line;
-            let value: Value = match serde_json::from_slice(bytes) {
-                Ok(v) => v,
-                Err(e) => {
-                    failure = Some(format!("line {line}: not valid JSON: {e}"));
-                    return None;
-                }
-            };
-            let Value::Object(record) = &value else {
-                failure = Some(format!("line {line}: expected one JSON object per line, found {}", shown(&value)));
-                return None;
-            };
-            if let Some(number) = oversized_integer(bytes) {
-                failure = Some(format!(
-                    "line {line}: the integer {number} does not fit a 64-bit integer column, and a double would round it"
-                ));
-                return None;
             }
-            if let Err(m) = check(&mut fields, line, record) {
-                failure = Some(m);
-                return None;
-            }
-            Some(Ok::<_, ArrowError>(value))
         });
         let inferred = infer_json_schema_from_iterator(records);
         if let Some(message) = failure {
             return Err(file_err(path, message));
         }
         let schema = inferred.map_err(|e| file_err(path, format!("line {last_line}: {e}")))?;
-        Ok(Arc::new(arrow_schema::Schema::new(without_null_fields(schema.fields()))))
+        Ok((Arc::new(arrow_schema::Schema::new(without_null_fields(schema.fields()))), bad))
+    }
+
+    /// One record, parsed and checked against what the records before it
+    /// held; why it does not fit otherwise (without its line).
+    fn judge(fields: &mut HashMap<String, Seen>, line: u64, bytes: &[u8]) -> Result<Value, String> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+        let Value::Object(record) = &value else {
+            return Err(format!("expected one JSON object per line, found {}", shown(&value)));
+        };
+        if let Some(number) = oversized_integer(bytes) {
+            return Err(format!(
+                "the integer {number} does not fit a 64-bit integer column, and a double would round it"
+            ));
+        }
+        check(fields, line, record)
+            .map_err(|m| m.strip_prefix(&format!("line {line}: ")).map_or(m.clone(), str::to_string))?;
+        Ok(value)
     }
 
     /// Batches of a JSON lines file decoded with its inferred schema.
@@ -1453,10 +1579,22 @@ mod json {
         first: u64,
         last: u64,
         done: bool,
+        /// The file as dead letters name it.
+        name: String,
+        /// Lines inference left out ([`infer`] with `keep_bad`).
+        bad: super::BadLines,
+        /// A bad record met while the decoder held rows: handed out next.
+        stashed: Option<super::BadRow>,
     }
 
     impl Batches {
-        pub(super) fn open(input: Input, schema: SchemaRef, batch_rows: usize) -> Result<Self, ArrowError> {
+        pub(super) fn open(
+            input: Input,
+            schema: SchemaRef,
+            batch_rows: usize,
+            name: &str,
+            bad: super::BadLines,
+        ) -> Result<Self, ArrowError> {
             let decoder = ReaderBuilder::new(schema)
                 .with_batch_size(batch_rows.max(1))
                 // Inference saw every field; the schema lacks only those no record gave a value
@@ -1470,7 +1608,17 @@ mod json {
                 first: 0,
                 last: 0,
                 done: false,
+                name: name.to_string(),
+                bad,
+                stashed: None,
             })
+        }
+
+        fn flush_rows(&mut self) -> Option<Result<super::Piece, ArrowError>> {
+            match self.flush() {
+                Some(rows) => Some(rows.map(super::Piece::Rows)),
+                None => self.stashed.take().map(|b| Ok(super::Piece::Bad(b))),
+            }
         }
 
         fn at(&self, e: ArrowError) -> ArrowError {
@@ -1495,27 +1643,43 @@ mod json {
     }
 
     impl Iterator for Batches {
-        type Item = Result<RecordBatch, ArrowError>;
+        type Item = Result<super::Piece, ArrowError>;
 
         fn next(&mut self) -> Option<Self::Item> {
+            if let Some(bad) = self.stashed.take() {
+                return Some(Ok(super::Piece::Bad(bad)));
+            }
             if self.done {
                 return None;
             }
             loop {
                 if self.decoder.len() >= self.batch_rows {
-                    return self.flush();
+                    return self.flush_rows();
                 }
                 let (line, bytes) = match self.lines.next_record() {
                     Ok(Some((line, bytes))) => (line, bytes.to_vec()),
                     Ok(None) => {
                         self.done = true;
-                        return self.flush();
+                        return self.flush_rows();
                     }
                     Err(e) => {
                         self.done = true;
                         return Some(Err(ArrowError::JsonError(format!("after line {}: {e}", self.last))));
                     }
                 };
+                if let Some(reason) = self.bad.get(&line) {
+                    // Left out of the schema: handed out as it is, after the rows before it.
+                    let bad = super::BadRow {
+                        raw: String::from_utf8_lossy(&bytes).trim_end().to_string(),
+                        position: format!("{} line {line}", self.name),
+                        reason: reason.clone(),
+                    };
+                    if self.decoder.is_empty() {
+                        return Some(Ok(super::Piece::Bad(bad)));
+                    }
+                    self.stashed = Some(bad);
+                    return self.flush_rows();
+                }
                 if self.decoder.is_empty() {
                     self.first = line;
                 }
@@ -1533,7 +1697,7 @@ mod json {
                                         batch.num_rows()
                                     ))));
                                 }
-                                other => return other,
+                                other => return other.map(|r| r.map(super::Piece::Rows)),
                             }
                         }
                         Ok(n) => rest = &rest[n..],
@@ -1960,6 +2124,109 @@ mod tests {
         // Without dead letters the same file stops at line 500.
         let (_, err) = read_to_error(&open_local(dir.path(), 100, 1).unwrap());
         assert!(err.is_some_and(|e| e.contains("line 500")));
+    }
+
+    /// JSON lines with dead letters: a record that does not fit (a string
+    /// among integers, a line that is no JSON, a fraction in a later file's
+    /// integer column) is left out of the schema and handed out as it is,
+    /// with its line; a resume from any position reads each record once.
+    #[test]
+    fn dead_letter_json_lines_stand_beside_the_rows_and_resume_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = dir.path().join("events");
+        std::fs::create_dir_all(&table).unwrap();
+        let mut first = String::new();
+        for i in 0..300 {
+            let line = match i {
+                // Line i + 1.
+                4 => format!("{{\"id\": {i}, \"v\": \"abc\"}}"),
+                8 => "{not json".to_string(),
+                // Its new field must not enter the schema: the record is bad.
+                120 => format!("{{\"id\": {i}, \"w\": 1, \"v\": [1]}}"),
+                _ => format!("{{\"id\": {i}, \"v\": {}}}", i % 5),
+            };
+            first.push_str(&line);
+            first.push('\n');
+        }
+        std::fs::write(table.join("a.jsonl"), first).unwrap();
+        let later: String = (300..400)
+            .map(|i| {
+                if i == 350 { format!("{{\"id\": {i}, \"v\": 1.5}}\n") } else { format!("{{\"id\": {i}, \"v\": 2}}\n") }
+            })
+            .collect();
+        std::fs::write(table.join("b.jsonl"), later).unwrap();
+        let src = open_local(dir.path(), 64, 1).unwrap().with_bad_rows(BadRows::DeadLetter);
+        let schema = src.tables().unwrap()[0].1.clone();
+        assert!(schema.field_with_name("w").is_err(), "a bad record adds no column: {schema:?}");
+        assert_eq!(schema.field_with_name("v").unwrap().data_type(), &arrow_schema::DataType::Int64);
+        let read = |position: Option<&Value>, max: usize| {
+            let mut r = src.reader(0, position).unwrap();
+            let (mut good, mut bad, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+            while let Some(b) = r.next_batch(max).unwrap() {
+                let ids = b.batch.column_by_name("id").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+                good.extend((0..ids.len()).map(|i| ids.value(i)));
+                bad.extend(b.bad);
+                positions.push(r.position());
+            }
+            (good, bad, positions)
+        };
+        let (good, bad, positions) = read(None, 50);
+        assert_eq!(good.len(), 400 - 4, "every good record once");
+        let shown: Vec<&str> = bad.iter().map(|b| b.position.as_str()).collect();
+        assert_eq!(
+            shown,
+            vec!["events/a.jsonl line 5", "events/a.jsonl line 9", "events/a.jsonl line 121", "events/b.jsonl line 51"]
+        );
+        assert_eq!(bad[1].raw, "{not json");
+        assert!(bad[0].reason.contains("field `v` = \"abc\" does not fit its column"), "{}", bad[0].reason);
+        assert!(bad[3].reason.contains("earlier files"), "{}", bad[3].reason);
+        for at in &positions {
+            let (rest, rest_bad, _) = read(Some(at), 7);
+            assert_eq!(&good[good.len() - rest.len()..], rest.as_slice(), "rows after {at}");
+            assert_eq!(&bad[bad.len() - rest_bad.len()..], rest_bad.as_slice(), "bad rows after {at}");
+        }
+        let (_, err) = read_to_error(&open_local(dir.path(), 64, 1).unwrap());
+        assert!(err.is_some_and(|e| e.contains("line 5")));
+    }
+
+    /// A Parquet file that fails to decode names the row group and the row.
+    #[test]
+    fn a_broken_parquet_row_group_is_named() {
+        use parquet::arrow::ArrowWriter;
+        use parquet::file::properties::WriterProperties;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.parquet");
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "id",
+            arrow_schema::DataType::Int64,
+            false,
+        )]));
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1000))
+            .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+            .set_dictionary_enabled(false)
+            .build();
+        let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), schema.clone(), Some(props)).unwrap();
+        let ids: Vec<i64> = (0..2000).map(|i| i * 7919 % 100_003).collect();
+        w.write(&RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(ids))]).unwrap()).unwrap();
+        let meta = w.close().unwrap();
+        assert_eq!(meta.num_row_groups(), 2);
+        // Garbles the middle of row group 1's compressed data page.
+        let chunk = meta.row_group(1).column(0);
+        let (start, len) = (chunk.data_page_offset() as usize, chunk.compressed_size() as usize);
+        let mut bytes = std::fs::read(&path).unwrap();
+        for b in &mut bytes[start + len / 3..start + len / 2] {
+            *b = 0xA5;
+        }
+        std::fs::write(&path, bytes).unwrap();
+        let src = open_local(&path, 250, 1).unwrap();
+        let (batches, err) = read_to_error(&src);
+        let err = err.expect("the broken row group fails");
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 1000, "row group 0 reads: {err}");
+        assert!(
+            err.contains("a.parquet") && err.contains("row group 1, from its row 0 (row 1000 of the file)"),
+            "{err}"
+        );
     }
 
     /// A known type is forced on a later file only where that loses

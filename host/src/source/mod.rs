@@ -171,17 +171,12 @@ impl Source {
                 let source = Self::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores)?;
                 match (source, &job.dead_letters) {
                     (Source::File(f), Some(_)) => match f.format() {
-                        crate::job::FileFormat::Csv => Ok(Source::File(f.with_bad_rows(BadRows::DeadLetter))),
+                        crate::job::FileFormat::Csv | crate::job::FileFormat::Json => {
+                            Ok(Source::File(f.with_bad_rows(BadRows::DeadLetter)))
+                        }
                         crate::job::FileFormat::Parquet => Err(SourceError::Other(format!(
                             "{} holds Parquet files, whose values carry their types, so no record turns into a \
                              dead letter: set job.bad_rows = \"fail\"",
-                            f.describe()
-                        ))),
-                        // Refused rather than served as `fail`: nobody may count on dead letters that never come.
-                        crate::job::FileFormat::Json => Err(SourceError::Other(format!(
-                            "{} holds JSON lines files: job.bad_rows = \"dead-letter\" is served for CSV files so \
-                             far (a JSON record that does not fit stops the job, naming its file, line and field); \
-                             set job.bad_rows = \"fail\"",
                             f.describe()
                         ))),
                     },
