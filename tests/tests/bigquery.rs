@@ -241,8 +241,68 @@ fn a_row_the_api_rejects_fails_the_job_naming_the_row_and_reason() {
     d.create_table(TABLE, schema);
     let job = TestJob::bigquery("bq-rowerr", &d.address(), TABLE, 2000, 1, 1000);
     let err = job.run(None).expect_err("row errors stop the job").to_string();
-    assert!(err.contains("rejected row") && err.contains("max_length 9"), "{err}");
+    assert!(err.contains("BigQuery rejected") && err.contains("max_length 9"), "{err}");
+    assert!(err.contains("of this writer's input for table \"\" (in the source: row "), "mapped to the source: {err}");
     assert_eq!(d.visible_count(TABLE), 0, "nothing of the rejected request is visible");
+}
+
+/// A row the API rejects, read from a CSV file, is named by the sink's
+/// count (`row N of this writer's input`) and by its file and line.
+#[test]
+fn a_rejected_row_is_named_by_its_file_and_line() {
+    let d = BigQueryDouble::start().expect("double");
+    let field = |name: &str, ty: Type, max_length: i64| TableFieldSchema {
+        name: name.into(),
+        r#type: ty as i32,
+        mode: Mode::Nullable as i32,
+        max_length,
+        ..Default::default()
+    };
+    d.create_table(TABLE, TableSchema { fields: vec![field("id", Type::Int64, 0), field("name", Type::String, 9)] });
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("in")).expect("input");
+    std::fs::write(dir.path().join("in/a.csv"), "id,name\n1,short\n").expect("a.csv");
+    // Record k of b.csv is line k + 2; line 302's name is past max_length 9.
+    let text: String = std::iter::once("id,name\n".to_string())
+        .chain((0..500).map(|k| format!("{},{}\n", 100 + k, if k + 2 == 302 { "far-too-long-a-name" } else { "ok" })))
+        .collect();
+    std::fs::write(dir.path().join("in/b.csv"), text).expect("b.csv");
+    let toml = format!(
+        r#"[job]
+id = "bq-rejected-line"
+parallelism = 1
+state_dir = "state"
+[job.checkpoint]
+every_rows = 10000
+[source]
+kind = "file"
+path = "in"
+batch_rows = 128
+[sink]
+id = "bq"
+plugin = "{plugin}"
+[sink.options]
+table = "{TABLE}"
+rpc_timeout_ms = 10000
+backoff_ms = 10
+[sink.grpc.bigquery]
+address = "{address}"
+[sink.sandbox]
+memory_mb = 512
+"#,
+        plugin = sluice_tests::BIGQUERY_PLUGIN,
+        address = d.address()
+    );
+    let job = TestJob { dir, toml };
+    let err = job.run(None).expect_err("the rejected row stops the job").to_string();
+    // a.csv gave 1 row, so b.csv's record 300 is the writer's row 301.
+    assert!(
+        err.contains("row 301 of this writer's input for table \"\"")
+            && err.contains("(in the source: b.csv line 302)"),
+        "{err}"
+    );
+    assert!(err.contains("max_length 9"), "the service's reason: {err}");
+    assert_eq!(d.visible_count(TABLE), 0, "nothing of the job is visible");
 }
 
 #[test]

@@ -306,16 +306,30 @@ impl StreamWriter {
                 Ok(true)
             }
             Some(Response::Error(status)) => {
-                if let Some(first) = reply.row_errors.first() {
-                    let more = reply.row_errors.len() - 1;
+                if !reply.row_errors.is_empty() {
+                    // Each row in the contract's phrase, which the host follows with its place in the source.
+                    const SHOWN: usize = 5;
+                    let rows: Vec<String> = reply
+                        .row_errors
+                        .iter()
+                        .take(SHOWN)
+                        .map(|e| {
+                            format!(
+                                "row {} of this writer's input for table {:?} (row {} of the request): {}",
+                                front.first_row + e.index as u64,
+                                self.table,
+                                e.index,
+                                e.message
+                            )
+                        })
+                        .collect();
+                    let more = reply.row_errors.len().saturating_sub(SHOWN);
                     return Err(Trouble::RowErrors(format!(
-                        "BigQuery rejected row {} of the request at offset {} (row {} of this writer's input for table {:?}): {}{}",
-                        first.index,
+                        "BigQuery rejected {} row(s) of the request at offset {}, and with them the request: {}{}",
+                        reply.row_errors.len(),
                         front.offset,
-                        front.first_row + first.index as u64,
-                        self.table,
-                        first.message,
-                        if more > 0 { format!(" (and {more} more rows)") } else { String::new() }
+                        rows.join("; "),
+                        if more > 0 { format!("; and {more} more rows") } else { String::new() }
                     )));
                 }
                 Err(Trouble::Failure(rpc::from_rpc_status(status)))

@@ -26,6 +26,7 @@ pub mod landing;
 pub mod maintain;
 mod object_state;
 pub mod pool;
+mod rejected;
 mod setup;
 pub mod state;
 mod subtask;

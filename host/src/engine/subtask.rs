@@ -26,6 +26,7 @@ use arrow_schema::SchemaRef;
 use super::EngineError;
 use super::checkpoint::{Blob, SubtaskRecord};
 use super::dead_letter;
+use super::rejected;
 use super::tables::{self, Change, Fit, SchemaRefusal, TableSet};
 use super::writer::WriterEnv;
 use crate::fault::CrashPoint;
@@ -179,6 +180,21 @@ pub(crate) struct Subtask {
     seen: BTreeMap<String, SchemaRef>,
     /// Batches read but held at a barrier, each with the position before it.
     held: VecDeque<(TableBatch, serde_json::Value)>,
+    /// Rows the writer was given per table since it opened or the table
+    /// last changed: how a sink counts the rows it names when it rejects
+    /// them (the contract's `invalid-data`).
+    input_rows: BTreeMap<String, u64>,
+    /// The writes since the last `prepare-commit`, per table, to map such
+    /// a row back to the source.
+    spans: BTreeMap<String, Vec<Span>>,
+}
+
+/// One write call's rows, as the sink counts them and as the source has them.
+struct Span {
+    first: u64,
+    rows: u64,
+    origin: Option<crate::source::Origin>,
+    before: serde_json::Value,
 }
 
 fn run(setup: SubtaskSetup, commands: Receiver<Command>, replies: Sender<Result<Reply, EngineError>>) {
@@ -272,6 +288,8 @@ impl Subtask {
             position,
             seen,
             held: VecDeque::new(),
+            input_rows: BTreeMap::new(),
+            spans: BTreeMap::new(),
         })
     }
 
@@ -280,6 +298,10 @@ impl Subtask {
     pub(crate) fn apply(&mut self, changes: &[Change]) -> Result<(), EngineError> {
         self.writer.apply_changes(&tables::contract_changes(changes)?)?;
         self.setup.tables.apply(changes);
+        for change in changes {
+            self.input_rows.remove(&change.table);
+            self.spans.remove(&change.table);
+        }
         Ok(())
     }
 
@@ -337,12 +359,21 @@ impl Subtask {
                     break;
                 }
             };
-            let Some(parts) = self.fit(c, next.clone(), before, &mut filled)? else { break };
+            let Some(parts) = self.fit(c, next.clone(), before.clone(), &mut filled)? else { break };
             for part in parts {
                 self.seen.insert(part.table.clone(), part.batch.schema());
                 let n = part.batch.num_rows() as u64;
                 let bytes = ipc::encode_batch(&part.batch)?;
-                self.writer.write(&part.table, &bytes)?;
+                let first = self.input_rows.get(&part.table).copied().unwrap_or(0);
+                let origin = if part.letters { None } else { next.origin.clone() };
+                self.spans.entry(part.table.clone()).or_default().push(Span {
+                    first,
+                    rows: n,
+                    origin,
+                    before: before.clone(),
+                });
+                self.input_rows.insert(part.table.clone(), first + n);
+                self.writer.write(&part.table, &bytes).map_err(|e| self.name_rejected(e))?;
                 let tally = filled.tables.entry(part.table.clone()).or_default();
                 tally.rows += n;
                 tally.bytes += bytes.len() as u64;
@@ -471,7 +502,9 @@ impl Subtask {
     fn end_round(&mut self, c: u64, filled: Filled) -> Result<RoundReport, EngineError> {
         let subtask = self.setup.subtask;
         let preparing = Instant::now();
-        let info = self.writer.prepare_commit(c)?;
+        let info = self.writer.prepare_commit(c).map_err(|e| self.name_rejected(e))?;
+        // Every row written so far is in the target: none can be rejected later.
+        self.spans.clear();
         self.setup.env.faults.check(CrashPoint::AfterPrepareCommit, c, Some(subtask))?;
         let state = self.writer.snapshot_state(c)?;
         tracing::debug!(
@@ -538,6 +571,29 @@ impl Subtask {
             }
         }
         Ok(())
+    }
+
+    /// A sink's `invalid-data` answer with each row it names followed by
+    /// where that row is in the source.
+    fn name_rejected(&self, e: crate::plugin::PluginError) -> crate::plugin::PluginError {
+        use crate::plugin::{PluginError, SinkErrorKind};
+        match e {
+            PluginError::Sink { plugin, instance, call, kind: SinkErrorKind::InvalidData, message } => {
+                let message = rejected::name_rows(&message, |table, row| self.locate(table, row));
+                PluginError::Sink { plugin, instance, call, kind: SinkErrorKind::InvalidData, message }
+            }
+            other => other,
+        }
+    }
+
+    /// Where row `row` of the writer's input for `table` is in the source.
+    fn locate(&self, table: &str, row: u64) -> Option<String> {
+        let span = self.spans.get(table)?.iter().find(|s| s.first <= row && row < s.first + s.rows)?;
+        let k = row - span.first;
+        Some(match &span.origin {
+            Some(origin) => origin.describe(k),
+            None => format!("row {k} of the batch read after source position {}", span.before),
+        })
     }
 
     /// Sleeps as long as the rate limit demands, never past the round's end.

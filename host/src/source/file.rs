@@ -62,7 +62,7 @@ use parquet::file::reader::ChunkReader;
 use serde_json::{Value, json};
 
 use super::object::{Bucket, ObjectFile};
-use super::{BadRow, BadRows, FileIdentity, SourceChange, SourceError, SourceReader, TableBatch};
+use super::{BadRow, BadRows, FileIdentity, Origin, SourceChange, SourceError, SourceReader, TableBatch};
 use crate::capability::file_io::{StoreConfig, open_store};
 use crate::job::FileFormat;
 use crate::location::{Location, Scheme, Served};
@@ -973,7 +973,7 @@ impl FileReader {
         let bad = std::mem::take(&mut self.pending_bad);
         self.row_in_file += bad.len() as u64;
         let batch = RecordBatch::new_empty(self.reading_schema()?);
-        Ok(TableBatch { table: self.files[self.file_idx].0.clone(), batch, bad })
+        Ok(TableBatch { table: self.files[self.file_idx].0.clone(), batch, bad, origin: None })
     }
 
     fn reading_schema(&self) -> Result<SchemaRef, SourceError> {
@@ -984,12 +984,18 @@ impl FileReader {
     /// The text rows `raw` (the current file's from row `first_row` on)
     /// converted to the file's reading schema: the rows that parse, and
     /// the others as bad rows.
-    fn convert_text(&self, raw: &RecordBatch, first_row: u64) -> Result<(RecordBatch, Vec<BadRow>), SourceError> {
+    /// Also the offsets in `raw` of the bad rows.
+    fn convert_text(
+        &self,
+        raw: &RecordBatch,
+        first_row: u64,
+    ) -> Result<(RecordBatch, Vec<BadRow>, Vec<u64>), SourceError> {
         let (_, file) = &self.files[self.file_idx];
         let schema = self.reading_schema()?;
         let (good, bad) = salvage_csv(raw, &schema).map_err(|e| file.at.err(format!("after row {first_row}: {e}")))?;
         // A record's line as errors in `fail` mode name it (the header is line 1).
         let first_line = first_row + 1 + u64::from(self.csv_header);
+        let at = bad.iter().map(|(i, _, _)| *i as u64).collect();
         let bad = bad
             .into_iter()
             .map(|(i, raw, reason)| BadRow {
@@ -998,7 +1004,7 @@ impl FileReader {
                 reason,
             })
             .collect();
-        Ok((good, bad))
+        Ok((good, bad, at))
     }
 }
 
@@ -1116,14 +1122,27 @@ impl SourceReader for FileReader {
                     batch
                 };
                 let bad = std::mem::take(&mut self.pending_bad);
-                let first_row = self.row_in_file + bad.len() as u64;
+                let start = self.row_in_file;
+                let first_row = start + bad.len() as u64;
                 self.row_in_file = first_row + out.num_rows() as u64;
-                let table = self.files[self.file_idx].0.clone();
+                let (table, file) = &self.files[self.file_idx];
+                let mut origin = Origin {
+                    file: file.name.clone(),
+                    first: start,
+                    skipped: (0..bad.len() as u64).collect(),
+                    line_offset: match self.format {
+                        FileFormat::Csv => Some(1 + u64::from(self.csv_header)),
+                        _ => None,
+                    },
+                };
+                let table = table.clone();
                 if self.text {
-                    let (batch, more) = self.convert_text(&out, first_row)?;
-                    return Ok(Some(TableBatch { table, batch, bad: bad.into_iter().chain(more).collect() }));
+                    let (batch, more, at) = self.convert_text(&out, first_row)?;
+                    origin.skipped.extend(at.into_iter().map(|i| bad.len() as u64 + i));
+                    let bad = bad.into_iter().chain(more).collect();
+                    return Ok(Some(TableBatch { table, batch, bad, origin: Some(origin) }));
                 }
-                return Ok(Some(TableBatch { table, batch: out, bad }));
+                return Ok(Some(TableBatch { table, batch: out, bad, origin: Some(origin) }));
             }
             if self.ended {
                 self.ended = false;

@@ -87,11 +87,46 @@ pub struct TableBatch {
     /// ([`BadRows::DeadLetter`]) gives any; otherwise such a record is an
     /// error. A position after the batch is after these records too.
     pub bad: Vec<BadRow>,
+    /// Where the rows are in the source (files only), so that a row a sink
+    /// rejects can be named by its file and line.
+    pub origin: Option<Origin>,
 }
 
 impl TableBatch {
     pub fn new(table: String, batch: RecordBatch) -> Self {
-        Self { table, batch, bad: Vec::new() }
+        Self { table, batch, bad: Vec::new(), origin: None }
+    }
+}
+
+/// Where a batch's rows are in a file: a stretch of its records, some of
+/// which (bad ones) are not rows of the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The file, as positions and dead letters name it.
+    pub file: String,
+    /// The stretch's first record, counted from 0 over the file's records.
+    pub first: u64,
+    /// Offsets in the stretch of the records that are not rows, ascending.
+    pub skipped: Vec<u64>,
+    /// How a record is shown: a CSV record by its line (`record + n`, the
+    /// header counted; a record spanning lines shifts the ones after it),
+    /// others by their 1-based number.
+    pub line_offset: Option<u64>,
+}
+
+impl Origin {
+    /// Row `row` of the batch, as `orders.csv line 502`.
+    pub fn describe(&self, row: u64) -> String {
+        let mut record = self.first + row;
+        for s in &self.skipped {
+            if self.first + s <= record {
+                record += 1;
+            }
+        }
+        match self.line_offset {
+            Some(n) => format!("{} line {}", self.file, record + n),
+            None => format!("{} record {}", self.file, record + 1),
+        }
     }
 }
 
