@@ -305,6 +305,112 @@ memory_mb = 512
     assert_eq!(d.visible_count(TABLE), 0, "nothing of the job is visible");
 }
 
+/// With dead letters, the rows the API rejects land in the dead-letter
+/// table instead, each once, and every other row lands once: the run goes
+/// on from its last checkpoint with the rejected records read as dead
+/// letters (nothing of the rejected round was flushed).
+#[test]
+fn rejected_rows_become_dead_letters_with_dead_letters_on() {
+    let d = BigQueryDouble::start().expect("double");
+    let field = |name: &str, ty: Type, max_length: i64| TableFieldSchema {
+        name: name.into(),
+        r#type: ty as i32,
+        mode: Mode::Nullable as i32,
+        max_length,
+        ..Default::default()
+    };
+    let orders = "projects/p/datasets/d/tables/orders";
+    let letters = "projects/p/datasets/d/tables/dead_letters";
+    d.create_table(orders, TableSchema { fields: vec![field("id", Type::Int64, 0), field("name", Type::String, 9)] });
+    let text = |n: &str| field(n, Type::String, 0);
+    d.create_table(
+        letters,
+        TableSchema {
+            fields: vec![
+                text("raw"),
+                text("source_position"),
+                text("reason"),
+                text("target_table"),
+                text("job"),
+                text("incarnation"),
+                field("checkpoint", Type::Int64, 0),
+            ],
+        },
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let input = dir.path().join("in/orders");
+    std::fs::create_dir_all(&input).expect("input");
+    let too_long = |id: u64| id % 150 == 7;
+    for f in 0..3u64 {
+        let text: String = std::iter::once("id,name\n".to_string())
+            .chain((0..400).map(|k| {
+                let id = f * 400 + k;
+                format!("{id},{}\n", if too_long(id) { "far-too-long-a-name" } else { "ok" })
+            }))
+            .collect();
+        std::fs::write(input.join(format!("part-{f}.csv")), text).expect("csv");
+    }
+    let toml = format!(
+        r#"[job]
+id = "bq-rejected-dl"
+parallelism = 1
+state_dir = "state"
+bad_rows = "dead-letter"
+[job.checkpoint]
+every_rows = 250
+[job.dead_letter]
+table = "dead_letters"
+[source]
+kind = "file"
+path = "in"
+batch_rows = 100
+[sink]
+id = "bq"
+plugin = "{plugin}"
+[sink.options]
+table = "projects/p/datasets/d/tables/{{table}}"
+rpc_timeout_ms = 10000
+backoff_ms = 10
+[sink.grpc.bigquery]
+address = "{address}"
+[sink.sandbox]
+memory_mb = 512
+"#,
+        plugin = sluice_tests::BIGQUERY_PLUGIN,
+        address = d.address()
+    );
+    let job = TestJob { dir, toml };
+    let summary = job.run(None).expect("the rejected rows become dead letters");
+    let bad: Vec<u64> = (0..1200).filter(|id| too_long(*id)).collect();
+    assert_eq!(summary.dead_letters, Some(("dead_letters".to_string(), bad.len() as u64)), "{summary}");
+    let text_of = |r: &serde_json::Map<String, serde_json::Value>, k: &str| {
+        r.get(k).and_then(|v| v.as_str()).map(str::to_string).unwrap_or_else(|| panic!("{k} in {r:?}"))
+    };
+    let mut ids: Vec<i64> = d
+        .visible_rows(orders)
+        .iter()
+        .map(|r| r.get("id").and_then(|v| v.as_i64().or_else(|| v.as_str()?.parse().ok())).expect("id"))
+        .collect();
+    ids.sort_unstable();
+    let want: Vec<i64> = (0..1200).filter(|id| !too_long(*id)).map(|id| id as i64).collect();
+    assert_eq!(ids, want, "every accepted row once");
+    let dead = d.visible_rows(letters);
+    let mut got: Vec<(String, String)> =
+        dead.iter().map(|r| (text_of(r, "source_position"), text_of(r, "raw"))).collect();
+    got.sort();
+    let mut expected: Vec<(String, String)> = bad
+        .iter()
+        .map(|id| (format!("orders/part-{}.csv line {}", id / 400, id % 400 + 2), format!("{id},far-too-long-a-name")))
+        .collect();
+    expected.sort();
+    assert_eq!(got, expected, "each rejected record once, by position and text");
+    let reasons: Vec<String> = dead.iter().map(|r| text_of(r, "reason")).collect();
+    assert!(
+        reasons.iter().all(|r| r.starts_with("the sink rejected it: ") && r.contains("max_length 9")),
+        "{reasons:?}"
+    );
+}
+
 #[test]
 fn schema_mismatch_is_a_config_error_before_any_row() {
     let d = BigQueryDouble::start().expect("double");

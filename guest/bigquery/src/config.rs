@@ -176,6 +176,9 @@ impl Config {
                 Ok(self.table.replace("{table}", table))
             }
             (false, true) => Ok(self.table.clone()),
+            // A named table beside a single one, named in full (the job's
+            // dead letters: `[job.dead_letter] table = "projects/p/datasets/d/tables/bad"`).
+            (false, false) if table.starts_with("projects/") && table.contains("/tables/") => Ok(table.to_string()),
             (true, true) => Err(error::config(format!(
                 "option `table` = {:?} is a pattern for several tables, but the source has one unnamed table",
                 self.table

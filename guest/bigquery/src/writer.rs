@@ -307,12 +307,11 @@ impl StreamWriter {
             }
             Some(Response::Error(status)) => {
                 if !reply.row_errors.is_empty() {
-                    // Each row in the contract's phrase, which the host follows with its place in the source.
-                    const SHOWN: usize = 5;
+                    // Each row in the contract's phrase, which the host follows with its place in the
+                    // source (showing the first few; with dead letters, it takes every one).
                     let rows: Vec<String> = reply
                         .row_errors
                         .iter()
-                        .take(SHOWN)
                         .map(|e| {
                             format!(
                                 "row {} of this writer's input for table {:?} (row {} of the request): {}",
@@ -323,13 +322,11 @@ impl StreamWriter {
                             )
                         })
                         .collect();
-                    let more = reply.row_errors.len().saturating_sub(SHOWN);
                     return Err(Trouble::RowErrors(format!(
-                        "BigQuery rejected {} row(s) of the request at offset {}, and with them the request: {}{}",
+                        "BigQuery rejected {} row(s) of the request at offset {}, and with them the request: {}",
                         reply.row_errors.len(),
                         front.offset,
                         rows.join("; "),
-                        if more > 0 { format!("; and {more} more rows") } else { String::new() }
                     )));
                 }
                 Err(Trouble::Failure(rpc::from_rpc_status(status)))

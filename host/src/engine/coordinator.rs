@@ -55,7 +55,7 @@ use crate::job::{Job, MaxBadRows};
 use crate::metrics::{Metrics, Tally};
 use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost};
 use crate::progress::{Progress, peak_memory};
-use crate::source::Source;
+use crate::source::{Rejected, Source};
 
 /// `"orders"`, or `the source's table` for the unnamed one.
 fn table_label(table: &str) -> String {
@@ -144,8 +144,38 @@ struct Inflight {
 
 /// Runs a job to the end of its source, resuming from its last checkpoint,
 /// with its writers on threads of this process.
+///
+/// With dead letters, rows the sink rejects as invalid data that are all
+/// records of the file source make the run start again from its last
+/// checkpoint (as after a crash: nothing of the failed round was
+/// persisted), with those records read as dead letters. A record is
+/// rejected this way at most once per run, so this ends.
 pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary, EngineError> {
-    run_on(job, host, opts, &mut LocalPool::default())
+    let mut rejected: std::collections::BTreeMap<(String, u64), String> = Default::default();
+    let mut opts = opts.clone();
+    loop {
+        let excluded: Rejected = Arc::new(rejected.clone());
+        let ran = run_attempt(job, host, &opts, &mut LocalPool::default(), &excluded);
+        // The first attempt settled the incarnation; the next ones resume in it.
+        opts.new_incarnation = false;
+        match ran {
+            Err(EngineError::SinkRejected(r)) if job.dead_letters.is_some() => {
+                let before = rejected.len();
+                let count = r.rows.len();
+                rejected.extend(r.rows.clone());
+                if rejected.len() == before {
+                    // The sink rejected again what is already read as dead letters: no progress.
+                    return Err(EngineError::SinkRejected(r));
+                }
+                tracing::warn!(
+                    rows = count,
+                    "the sink rejected rows as invalid data; going on from the last checkpoint with them as dead letters: {}",
+                    r.message
+                );
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Like [`run`], with the writers in `pool` (for example Ray actors on
@@ -159,12 +189,23 @@ pub fn run_on(
     opts: &RunOptions,
     pool: &mut dyn WriterPool,
 ) -> Result<RunSummary, EngineError> {
+    run_attempt(job, host, opts, pool, &Rejected::default())
+}
+
+/// One run, with `rejected` records read as dead letters.
+fn run_attempt(
+    job: &Job,
+    host: &PluginHost,
+    opts: &RunOptions,
+    pool: &mut dyn WriterPool,
+    rejected: &Rejected,
+) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
     let memory_limit = job.spec.sink.sandbox.memory_mb.saturating_mul(1024 * 1024);
     opts.metrics.start_run(&job.spec.job.id, job.max_commit_age, memory_limit);
     let progress = Progress::new(opts.progress);
     let _status = progress.start_status_line();
-    let mut co = Coordinator::setup(job, host, opts, progress)?;
+    let mut co = Coordinator::setup(job, host, opts, progress, rejected)?;
     let recovered = co.commit_pending(false)?;
     for (c, outcome) in &recovered {
         tracing::info!(checkpoint = c, outcome = ?outcome, "re-committed pending checkpoint on restore");
@@ -225,14 +266,20 @@ impl<'a> Coordinator<'a> {
     /// source identity, sink), settles the incarnation and opens the
     /// committer. Nothing is written to the target before the committer has
     /// accepted the incarnation.
-    fn setup(job: &'a Job, host: &PluginHost, opts: &RunOptions, progress: Arc<Progress>) -> Result<Self, EngineError> {
+    fn setup(
+        job: &'a Job,
+        host: &PluginHost,
+        opts: &RunOptions,
+        progress: Arc<Progress>,
+        rejected: &Rejected,
+    ) -> Result<Self, EngineError> {
         // The plugin and the source first: a job that cannot start leaves
         // the state directory as it was (not created, no attempt counted).
         let plugin = load_plugin(job, host)?;
         if job.maintenance.is_some() {
             maintain::probe(job, &plugin)?;
         }
-        let source = Arc::new(Source::of_job(job)?);
+        let source = Arc::new(Source::of_job_rejecting(job, rejected)?);
         let store = open_unhalted(job)?;
         let restored = store.latest()?;
         if let Some(r) = &restored {

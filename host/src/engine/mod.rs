@@ -188,6 +188,19 @@ pub enum EngineError {
     /// committed (the message says how many, and shows a sample).
     #[error("{0}")]
     TooManyBadRows(String),
+    /// The sink rejected rows as invalid data, every one found in the
+    /// source: with dead letters, the run starts again from its last
+    /// checkpoint with them read as dead letters.
+    #[error("{}", .0.message)]
+    SinkRejected(Box<SinkRejected>),
+}
+
+/// Rows a sink rejected, by file and record, with its reasons.
+#[derive(Debug)]
+pub struct SinkRejected {
+    /// The sink's message, each row followed by its place in the source.
+    pub message: String,
+    pub rows: std::collections::BTreeMap<(String, u64), String>,
 }
 
 impl EngineError {

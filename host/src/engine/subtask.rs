@@ -574,16 +574,42 @@ impl Subtask {
     }
 
     /// A sink's `invalid-data` answer with each row it names followed by
-    /// where that row is in the source.
-    fn name_rejected(&self, e: crate::plugin::PluginError) -> crate::plugin::PluginError {
+    /// where that row is in the source. With dead letters, when every row
+    /// it names is a record of a file, [`EngineError::SinkRejected`]: the
+    /// run goes on from its last checkpoint with them as dead letters.
+    fn name_rejected(&self, e: crate::plugin::PluginError) -> EngineError {
         use crate::plugin::{PluginError, SinkErrorKind};
         match e {
             PluginError::Sink { plugin, instance, call, kind: SinkErrorKind::InvalidData, message } => {
+                let rows = self.rejected_records(&message);
                 let message = rejected::name_rows(&message, |table, row| self.locate(table, row));
-                PluginError::Sink { plugin, instance, call, kind: SinkErrorKind::InvalidData, message }
+                let e = PluginError::Sink { plugin, instance, call, kind: SinkErrorKind::InvalidData, message };
+                match rows {
+                    Some(rows) => {
+                        EngineError::SinkRejected(Box::new(super::SinkRejected { message: e.to_string(), rows }))
+                    }
+                    None => e.into(),
+                }
             }
-            other => other,
+            other => other.into(),
         }
+    }
+
+    /// The file records of every row `message` names, when dead letters
+    /// are on and each is one (not a dead letter itself, nor a generator's).
+    fn rejected_records(&self, message: &str) -> Option<BTreeMap<(String, u64), String>> {
+        self.setup.env.dead_letters.as_ref()?;
+        let named = rejected::named_rows(message);
+        if named.is_empty() {
+            return None;
+        }
+        let mut out = BTreeMap::new();
+        for n in named {
+            let span = self.spans.get(&n.table)?.iter().find(|s| s.first <= n.row && n.row < s.first + s.rows)?;
+            let origin = span.origin.as_ref()?;
+            out.insert((origin.file.clone(), origin.record(n.row - span.first)), n.reason);
+        }
+        Some(out)
     }
 
     /// Where row `row` of the writer's input for `table` is in the source.

@@ -62,7 +62,7 @@ use parquet::file::reader::ChunkReader;
 use serde_json::{Value, json};
 
 use super::object::{Bucket, ObjectFile};
-use super::{BadRow, BadRows, FileIdentity, Origin, SourceChange, SourceError, SourceReader, TableBatch};
+use super::{BadRow, BadRows, FileIdentity, Origin, Rejected, SourceChange, SourceError, SourceReader, TableBatch};
 use crate::capability::file_io::{StoreConfig, open_store};
 use crate::job::FileFormat;
 use crate::location::{Location, Scheme, Served};
@@ -405,6 +405,7 @@ pub struct FileSource {
     rate: Option<f64>,
     known: Known,
     bad_rows: BadRows,
+    rejected: Rejected,
 }
 
 fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
@@ -495,6 +496,7 @@ impl FileSource {
             rate: None,
             known,
             bad_rows: BadRows::Fail,
+            rejected: Rejected::default(),
         })
     }
 
@@ -560,6 +562,12 @@ impl FileSource {
     pub fn with_bad_rows(mut self, bad_rows: BadRows) -> Self {
         self.bad_rows = bad_rows;
         self.known.keep_bad = bad_rows == BadRows::DeadLetter;
+        self
+    }
+
+    /// Records a sink rejected: read again, they are dead letters.
+    pub fn with_rejected(mut self, rejected: Rejected) -> Self {
+        self.rejected = rejected;
         self
     }
 
@@ -771,6 +779,7 @@ impl FileSource {
             csv_header: self.csv_header,
             known: self.known.clone(),
             bad_rows: self.bad_rows,
+            rejected: self.rejected.clone(),
             file_idx,
             row_in_file: row,
             current: None,
@@ -901,6 +910,8 @@ pub struct FileReader {
     csv_header: bool,
     known: Known,
     bad_rows: BadRows,
+    /// Records a sink rejected, handed out as bad rows.
+    rejected: Rejected,
     file_idx: usize,
     /// Rows of the current file already returned (bad ones included).
     row_in_file: u64,
@@ -968,6 +979,43 @@ impl FileReader {
         Ok(Box::new(SkipRows { inner: iter, skip }))
     }
 
+    /// `read` without the rows a sink rejected, which join its bad rows.
+    fn drop_rejected(&self, mut read: TableBatch) -> Result<TableBatch, SourceError> {
+        let Some(origin) = read.origin.as_mut() else { return Ok(read) };
+        if self.rejected.is_empty() || read.batch.num_rows() == 0 {
+            return Ok(read);
+        }
+        let at = &self.files[self.file_idx].1.at;
+        let mut keep = Vec::with_capacity(read.batch.num_rows());
+        let mut gone = Vec::new();
+        let mut skipped = Vec::new();
+        for k in 0..read.batch.num_rows() as u64 {
+            // Mapped with the origin as read: a row dropped here shifts none before it.
+            let record = origin.record(k);
+            match self.rejected.get(&(origin.file.clone(), record)) {
+                Some(reason) => {
+                    keep.push(false);
+                    gone.push(BadRow {
+                        raw: render_row(&read.batch, k as usize, self.format).map_err(|e| at.err(e))?,
+                        position: origin.describe(k),
+                        reason: format!("the sink rejected it: {reason}"),
+                    });
+                    skipped.push(record - origin.first);
+                }
+                None => keep.push(true),
+            }
+        }
+        origin.skipped.extend(skipped);
+        if gone.is_empty() {
+            return Ok(read);
+        }
+        origin.skipped.sort_unstable();
+        read.batch = arrow_select::filter::filter_record_batch(&read.batch, &arrow_array::BooleanArray::from(keep))
+            .map_err(|e| at.err(e))?;
+        read.bad.extend(gone);
+        Ok(read)
+    }
+
     /// The bad records read, alone (no rows of the current file between them).
     fn bad_only(&mut self) -> Result<TableBatch, SourceError> {
         let bad = std::mem::take(&mut self.pending_bad);
@@ -1006,6 +1054,22 @@ impl FileReader {
             .collect();
         Ok((good, bad, at))
     }
+}
+
+/// Row `k` of `batch` as its file's format writes a record: a CSV line, or
+/// a JSON object (JSON lines and Parquet).
+fn render_row(batch: &RecordBatch, k: usize, format: FileFormat) -> Result<String, ArrowError> {
+    let row = batch.slice(k, 1);
+    let mut out = Vec::new();
+    match format {
+        FileFormat::Csv => arrow_csv::WriterBuilder::new().with_header(false).build(&mut out).write(&row)?,
+        _ => {
+            let mut w = arrow_json::LineDelimitedWriter::new(&mut out);
+            w.write(&row)?;
+            w.finish()?;
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).trim_end().to_string())
 }
 
 /// `schema` with every column text: how a CSV file with bad values is read
@@ -1136,13 +1200,15 @@ impl SourceReader for FileReader {
                     },
                 };
                 let table = table.clone();
-                if self.text {
+                let (batch, bad) = if self.text {
                     let (batch, more, at) = self.convert_text(&out, first_row)?;
                     origin.skipped.extend(at.into_iter().map(|i| bad.len() as u64 + i));
-                    let bad = bad.into_iter().chain(more).collect();
-                    return Ok(Some(TableBatch { table, batch, bad, origin: Some(origin) }));
-                }
-                return Ok(Some(TableBatch { table, batch: out, bad, origin: Some(origin) }));
+                    (batch, bad.into_iter().chain(more).collect())
+                } else {
+                    (out, bad)
+                };
+                let batch = TableBatch { table, batch, bad, origin: Some(origin) };
+                return self.drop_rejected(batch).map(Some);
             }
             if self.ended {
                 self.ended = false;

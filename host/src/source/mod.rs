@@ -115,20 +115,30 @@ pub struct Origin {
 }
 
 impl Origin {
-    /// Row `row` of the batch, as `orders.csv line 502`.
-    pub fn describe(&self, row: u64) -> String {
+    /// The record (counted from 0 over the file's) of row `row` of the batch.
+    pub fn record(&self, row: u64) -> u64 {
         let mut record = self.first + row;
         for s in &self.skipped {
             if self.first + s <= record {
                 record += 1;
             }
         }
+        record
+    }
+
+    /// Row `row` of the batch, as `orders.csv line 502`.
+    pub fn describe(&self, row: u64) -> String {
+        let record = self.record(row);
         match self.line_offset {
             Some(n) => format!("{} line {}", self.file, record + n),
             None => format!("{} record {}", self.file, record + 1),
         }
     }
 }
+
+/// Records a sink rejected as invalid data, by file and record (counted
+/// from 0), with the sink's reason: read again, each is a dead letter.
+pub type Rejected = std::sync::Arc<std::collections::BTreeMap<(String, u64), String>>;
 
 /// What a source does with a record that does not convert to its table's
 /// types (`job.bad_rows`).
@@ -190,6 +200,12 @@ pub enum Source {
 impl Source {
     /// The source of a loaded job.
     pub fn of_job(job: &crate::job::Job) -> Result<Self, SourceError> {
+        Self::of_job_rejecting(job, &Rejected::default())
+    }
+
+    /// [`Source::of_job`], with the records a sink rejected read as dead
+    /// letters (a file source with dead letters only).
+    pub fn of_job_rejecting(job: &crate::job::Job, rejected: &Rejected) -> Result<Self, SourceError> {
         match &job.kafka {
             Some(config) => {
                 let of_table;
@@ -207,7 +223,7 @@ impl Source {
                 match (source, &job.dead_letters) {
                     (Source::File(f), Some(_)) => match f.format() {
                         crate::job::FileFormat::Csv | crate::job::FileFormat::Json => {
-                            Ok(Source::File(f.with_bad_rows(BadRows::DeadLetter)))
+                            Ok(Source::File(f.with_bad_rows(BadRows::DeadLetter).with_rejected(rejected.clone())))
                         }
                         crate::job::FileFormat::Parquet => Err(SourceError::Other(format!(
                             "{} holds Parquet files, whose values carry their types, so no record turns into a \
