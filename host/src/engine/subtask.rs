@@ -135,6 +135,9 @@ const BAD_SAMPLE: usize = 3;
 struct Part {
     table: String,
     batch: arrow_array::RecordBatch,
+    /// The shape the source sent, before any conforming to the table: what
+    /// `seen` records, so that a later batch of the same shape is no change.
+    sent: SchemaRef,
     /// Dead letters (not rows of the source's tables).
     letters: bool,
 }
@@ -361,7 +364,7 @@ impl Subtask {
             };
             let Some(parts) = self.fit(c, next.clone(), before.clone(), &mut filled)? else { break };
             for part in parts {
-                self.seen.insert(part.table.clone(), part.batch.schema());
+                self.seen.insert(part.table.clone(), part.sent.clone());
                 let n = part.batch.num_rows() as u64;
                 let bytes = ipc::encode_batch(&part.batch)?;
                 let first = self.input_rows.get(&part.table).copied().unwrap_or(0);
@@ -443,10 +446,15 @@ impl Subtask {
                 incarnation: self.setup.ctx.incarnation.clone(),
             };
             let batch = dead_letter::batch(&next.bad, &next.table, &from, c)?;
-            parts.push(Part { table: table.clone(), batch, letters: true });
+            parts.push(Part { table: table.clone(), sent: batch.schema(), batch, letters: true });
         }
         if next.batch.num_rows() > 0 || next.bad.is_empty() {
-            parts.push(Part { table: next.table.clone(), batch: next.batch.clone(), letters: false });
+            parts.push(Part {
+                table: next.table.clone(),
+                batch: next.batch.clone(),
+                sent: next.batch.schema(),
+                letters: false,
+            });
         }
         Ok(parts)
     }
