@@ -1,14 +1,17 @@
 //! `job.bad_rows = "dead-letter"`: a CSV record that does not convert lands
 //! in the dead-letter table with its checkpoint, exactly once, through every
 //! crash of the protocol; `job.max_bad_rows` stops a job before the
-//! checkpoint that passed it.
+//! checkpoint that passed it. The real process is SIGKILLed with dead
+//! letters on, too.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
 use sluice::engine::{CrashPoint, Fault};
-use sluice_tests::{FILES_PLUGIN, ICEBERG_PLUGIN, TestJob, python, read_parquet_tree};
+use sluice_tests::{
+    FILES_PLUGIN, ICEBERG_PLUGIN, TestJob, python, read_parquet_tree, rerun_to_end, run_and_kill, run_cli,
+};
 
 /// Every step of a checkpoint's protocol.
 const POINTS: [CrashPoint; 6] = [
@@ -178,16 +181,10 @@ fn crash_matrix_with_dead_letters_files_sink() {
     }
 }
 
-/// The same matrix into Iceberg tables (a tree source, `lake.{table}`),
-/// read back by PyIceberg.
-#[test]
-fn crash_matrix_with_dead_letters_iceberg_sink() {
-    for point in POINTS {
-        let dir = tempfile::tempdir().expect("dir");
-        let bad = write_input(dir.path(), Some("orders"));
-        let wh = dir.path().join("warehouse");
-        let sink = format!(
-            r#"[sink]
+/// The Iceberg sink's section: `lake.{table}` in a SQLite catalog at `wh`.
+fn iceberg_sink(wh: &Path) -> String {
+    format!(
+        r#"[sink]
 id = "lake"
 plugin = "{ICEBERG_PLUGIN}"
 [sink.options]
@@ -198,34 +195,133 @@ warehouse = "{wh}"
 [sink.sandbox]
 memory_mb = 512
 "#,
-            wh = wh.display()
-        );
-        let job = TestJob { dir, toml: job_toml(&format!("dl-ice-{point}"), &sink, "") };
+        wh = wh.display()
+    )
+}
+
+/// What an Iceberg job landed in `lake.orders` and `lake.dead_letters`,
+/// read back by PyIceberg: (id, qty) rows and (position, raw, reason)
+/// letters. Asserts that every letter names the table it was meant for,
+/// and that no table holds a snapshot of one checkpoint twice.
+fn iceberg_landed(wh: &Path) -> (Vec<(i64, i64)>, Vec<Letter>) {
+    let out = python(
+        "import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w = sys.argv[1]\n\
+         cat = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')\n\
+         ot, dt = cat.load_table('lake.orders'), cat.load_table('lake.dead_letters')\n\
+         o, d = ot.scan().to_arrow(), dt.scan().to_arrow()\n\
+         commits = lambda t: [[s.summary['sluice.job-id'], s.summary['sluice.checkpoint-id']] for s in t.snapshots()]\n\
+         print(json.dumps({'rows': list(zip(o.column('id').to_pylist(), o.column('qty').to_pylist())),\n\
+         \x20                 'letters': [list(t) for t in zip(*[d.column(c).to_pylist() for c in\n\
+         \x20                     ['source_position', 'raw', 'reason', 'target_table']])],\n\
+         \x20                 'commits': [commits(ot), commits(dt)]}))",
+        &[&wh.display().to_string()],
+    )
+    .unwrap_or_else(|e| panic!("PyIceberg failed (CI installs it in its venv): {e}"));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    let rows: Vec<(i64, i64)> = serde_json::from_value(v["rows"].clone()).expect("rows");
+    let letters: Vec<(String, String, String, String)> = serde_json::from_value(v["letters"].clone()).expect("letters");
+    assert!(letters.iter().all(|l| l.3 == "orders"), "the table they were meant for: {letters:?}");
+    let commits: Vec<Vec<(String, String)>> = serde_json::from_value(v["commits"].clone()).expect("commits");
+    for table in commits {
+        let mut seen = std::collections::BTreeSet::new();
+        assert!(table.iter().all(|c| seen.insert(c.clone())), "a checkpoint committed twice: {table:?}");
+    }
+    (rows, letters.into_iter().map(|(p, r, why, _)| (p, r, why)).collect())
+}
+
+/// The same matrix into Iceberg tables (a tree source, `lake.{table}`),
+/// read back by PyIceberg.
+#[test]
+fn crash_matrix_with_dead_letters_iceberg_sink() {
+    for point in POINTS {
+        let dir = tempfile::tempdir().expect("dir");
+        let bad = write_input(dir.path(), Some("orders"));
+        let wh = dir.path().join("warehouse");
+        let job = TestJob { dir, toml: job_toml(&format!("dl-ice-{point}"), &iceberg_sink(&wh), "") };
         let fault = Fault { point, checkpoint: 2, subtask: 0 };
         let err = job.run(Some(fault)).expect_err("the injected crash");
         assert!(err.is_injected_crash(), "{point}: {err}");
         job.run(None).unwrap_or_else(|e| panic!("{point}: recovery: {e}"));
-        let out = python(
-            "import sys, json\n\
-             from pyiceberg.catalog.sql import SqlCatalog\n\
-             w = sys.argv[1]\n\
-             cat = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')\n\
-             o = cat.load_table('lake.orders').scan().to_arrow()\n\
-             d = cat.load_table('lake.dead_letters').scan().to_arrow()\n\
-             print(json.dumps({'rows': list(zip(o.column('id').to_pylist(), o.column('qty').to_pylist())),\n\
-             \x20                 'letters': [list(t) for t in zip(*[d.column(c).to_pylist() for c in\n\
-             \x20                     ['source_position', 'raw', 'reason', 'target_table']])]}))",
-            &[&wh.display().to_string()],
-        )
-        .unwrap_or_else(|e| panic!("PyIceberg failed (CI installs it in its venv): {e}"));
-        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
-        let rows: Vec<(i64, i64)> = serde_json::from_value(v["rows"].clone()).expect("rows");
-        let letters: Vec<(String, String, String, String)> =
-            serde_json::from_value(v["letters"].clone()).expect("letters");
-        assert!(letters.iter().all(|l| l.3 == "orders"), "{point}: the table they were meant for");
-        let letters: Vec<Letter> = letters.into_iter().map(|(p, r, why, _)| (p, r, why)).collect();
+        let (rows, letters) = iceberg_landed(&wh);
         assert_landed(&rows, &letters, &bad);
     }
+}
+
+/// Slows `job` so that a real process can be killed mid-way: about 300
+/// records a second over both writers, a checkpoint about every batch.
+fn slowed(mut job: TestJob) -> TestJob {
+    job.toml = job
+        .toml
+        .replace("every_rows = 200", "every_rows = 64")
+        .replace("batch_rows = 64", "batch_rows = 64\nrate = 300.0");
+    job.load(&[]).expect("valid job");
+    job
+}
+
+/// Checkpoints of the single table the files sink has made visible (the
+/// dead letters are in a folder of their own).
+fn visible_checkpoints(job: &TestJob) -> u64 {
+    std::fs::read_dir(job.out())
+        .map(|d| d.flatten().filter(|e| e.path().is_dir() && e.file_name() != "dead_letters").count() as u64)
+        .unwrap_or(0)
+}
+
+/// After the last run: the summary and `sluice state` count every bad
+/// record once, over all the runs.
+fn assert_counted(job: &TestJob, stdout: &str, bad: usize) {
+    assert!(stdout.contains(&format!("{bad} bad rows as dead letters")), "{stdout}");
+    let (code, state, err) = run_cli(&["state", "job.toml"], job.dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(state.contains(&format!("bad rows:     {bad} records that did not convert")), "{state}");
+}
+
+/// The real `sluice run` is SIGKILLed twice while it writes good rows and
+/// dead letters, then run to its end: every good record once, every bad
+/// one once as a dead letter, counted once.
+#[test]
+fn sigkill_twice_with_dead_letters_files_sink() {
+    let (job, bad) = files_job("dl-kill-files", "");
+    let job = slowed(job);
+    run_and_kill(&job, || visible_checkpoints(&job), 2);
+    let first = visible_checkpoints(&job);
+    let mut seen = ints(&read_parquet_tree(&job.out()), "id");
+    seen.sort_unstable();
+    let before = seen.len();
+    seen.dedup();
+    assert_eq!(seen.len(), before, "a good row twice after a SIGKILL");
+    run_and_kill(&job, || visible_checkpoints(&job), first + 2);
+    let stdout = rerun_to_end(&job, &[]);
+    assert!(stdout.contains("attempt 3"), "{stdout}");
+    let (rows, letters) = files_landed(&job);
+    assert_landed(&rows, &letters, &bad);
+    assert_counted(&job, &stdout, bad.len());
+}
+
+/// Snapshots of `lake.orders` so far: its metadata files, one per commit
+/// and one for its creation.
+fn orders_versions(wh: &Path) -> u64 {
+    std::fs::read_dir(wh.join("lake/orders/metadata"))
+        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".metadata.json")).count() as u64)
+        .unwrap_or(0)
+}
+
+/// The same kills into Iceberg tables, read back by PyIceberg.
+#[test]
+fn sigkill_twice_with_dead_letters_iceberg_sink() {
+    let dir = tempfile::tempdir().expect("dir");
+    let bad = write_input(dir.path(), Some("orders"));
+    let wh = dir.path().join("warehouse");
+    let job = slowed(TestJob { dir, toml: job_toml("dl-kill-ice", &iceberg_sink(&wh), "") });
+    run_and_kill(&job, || orders_versions(&wh), 3);
+    let first = orders_versions(&wh);
+    run_and_kill(&job, || orders_versions(&wh), first + 2);
+    let stdout = rerun_to_end(&job, &[]);
+    assert!(stdout.contains("attempt 3"), "{stdout}");
+    let (rows, letters) = iceberg_landed(&wh);
+    assert_landed(&rows, &letters, &bad);
+    assert_counted(&job, &stdout, bad.len());
 }
 
 /// JSON lines: a record that does not fit lands as a dead letter, once,
@@ -285,7 +381,7 @@ fn max_bad_rows_stops_the_job_before_the_checkpoint_that_passed_it() {
     // A fraction of each checkpoint's rows: 1 in 97 is over 0.5%.
     let (job, _) = files_job("dl-fraction", "max_bad_rows = 0.005");
     let err = job.run(None).expect_err("too large a share").to_string();
-    assert!(err.contains("of a checkpoint's rows"), "{err}");
+    assert!(err.contains("a share of 0.005 of the records read over the job"), "{err}");
 }
 
 /// What a user can cause is refused before anything runs, naming the key.

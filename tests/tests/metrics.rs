@@ -4,7 +4,8 @@
 //! counters checked against the rows read back from the table; `/healthz`
 //! turning to 503 while the catalog refuses commits, and back; and the
 //! command line's `--metrics-addr` (port 0, the address file, a bad or
-//! taken address failing before anything is written).
+//! taken address failing before anything is written); bad rows counted
+//! once each with dead letters on.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,7 +16,9 @@ use std::time::{Duration, Instant};
 use sluice::engine::RunOptions;
 use sluice::fault::{CatalogFaults, CommitFault, Faults};
 use sluice::metrics::{Metrics, MetricsServer};
-use sluice_tests::{TestJob, assert_exactly_once_range, python, read_iceberg, run_cli, sluice_run};
+use sluice_tests::{
+    FILES_PLUGIN, TestJob, assert_exactly_once_range, python, read_iceberg, read_parquet_tree, run_cli, sluice_run,
+};
 
 const TABLE: &str = "demo.events";
 
@@ -317,4 +320,69 @@ fn a_bad_or_taken_metrics_address_fails_before_anything_is_written() {
     assert!(err.contains(&format!("cannot listen for metrics on {addr} (--metrics-addr)")), "{err}");
     assert!(!job.dir.path().join("state").exists(), "the state directory was made");
     assert!(!job.out().exists(), "output was written");
+}
+
+/// With `job.bad_rows = "dead-letter"`: `sluice_bad_rows_total` counts each
+/// record that did not convert once, when its checkpoint commits, and
+/// `sluice_rows_total` the good rows; both agree with what the files sink
+/// made visible, read back.
+#[test]
+fn bad_rows_are_counted_once_when_their_checkpoint_commits() {
+    const FILES: u64 = 3;
+    const PER_FILE: u64 = 400;
+    let dir = tempfile::tempdir().expect("dir");
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).expect("input folder");
+    // The first file gives `qty` its type; the later ones hold bad values.
+    let is_bad = |id: u64| id >= PER_FILE && id % 61 == 3;
+    for f in 0..FILES {
+        let mut text = String::from("id,qty\n");
+        for id in f * PER_FILE..(f + 1) * PER_FILE {
+            let qty = if is_bad(id) { format!("x{id}") } else { (id % 9).to_string() };
+            text.push_str(&format!("{id},{qty}\n"));
+        }
+        std::fs::write(input.join(format!("part-{f}.csv")), text).expect("input file");
+    }
+    let bad = (0..FILES * PER_FILE).filter(|id| is_bad(*id)).count() as f64;
+    let good = (FILES * PER_FILE) as f64 - bad;
+    let job = TestJob {
+        dir,
+        toml: format!(
+            r#"[job]
+id = "metrics-bad"
+parallelism = 2
+state_dir = "state"
+bad_rows = "dead-letter"
+[job.checkpoint]
+every_rows = 150
+[job.dead_letter]
+table = "dead_letters"
+[source]
+kind = "file"
+path = "in"
+batch_rows = 50
+[sink]
+id = "out"
+plugin = "{FILES_PLUGIN}"
+[sink.options]
+path = "out/files"
+[sink.grants]
+locations = ["out"]
+"#
+        ),
+    };
+    let metrics = Metrics::new();
+    let server = MetricsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), "test", metrics.clone()).expect("serve");
+    let summary = job
+        .run_opts(&[], RunOptions { metrics: metrics.clone(), ..RunOptions::default() })
+        .unwrap_or_else(|e| panic!("the run failed: {e}"));
+    let (status, text) = get(server.addr(), "/metrics").expect("scrape");
+    assert_eq!(status, 200);
+    let scrape = parse_all(&[text]).pop().expect("one scrape");
+    let landed = read_parquet_tree(&job.out()).num_rows() as f64;
+    let letters = read_parquet_tree(&job.out().join("dead_letters")).num_rows() as f64;
+    assert_eq!((landed, letters), (good, bad), "what the files sink made visible");
+    assert_eq!(scrape.value("sluice_bad_rows_total{job=metrics-bad,table=}"), bad, "{scrape:#?}");
+    assert_eq!(scrape.value("sluice_rows_total{job=metrics-bad,table=}"), good);
+    assert_eq!(summary.dead_letters, Some(("dead_letters".to_string(), bad as u64)), "{summary}");
 }

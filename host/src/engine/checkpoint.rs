@@ -148,6 +148,19 @@ pub struct PendingCommit {
     /// Rows the checkpoint covers (0 in records of versions before it was kept).
     #[serde(default)]
     pub rows: u64,
+    /// Its rows, bytes and dead letters per table, as the writers handed
+    /// them over (none in records of versions before they were kept), so
+    /// that a run that commits it counts it, and a drop takes its dead
+    /// letters out of the job's count.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tables: BTreeMap<String, crate::metrics::Tally>,
+}
+
+impl PendingCommit {
+    /// Records of the checkpoint that are dead letters.
+    pub fn bad_rows(&self) -> u64 {
+        self.tables.values().map(|t| t.bad).sum()
+    }
 }
 
 /// A pending checkpoint an operator dropped (`sluice state --drop-pending`).
@@ -155,6 +168,10 @@ pub struct PendingCommit {
 pub struct DroppedCommit {
     pub checkpoint: u64,
     pub rows: u64,
+    /// Its dead letters, given up with it (0 in records of versions before
+    /// they were kept).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bad: u64,
     /// Milliseconds since the Unix epoch.
     pub dropped_at_ms: u64,
 }
@@ -233,6 +250,13 @@ pub struct CheckpointRecord {
     /// refused. `None` in records written before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<crate::source::SourceIdentity>,
+    /// The dead-letter table (`job.dead_letter.table`) when the job set bad
+    /// records aside: a resume without dead letters (which would read those
+    /// records again and stop on them) or into another table (which would
+    /// split them and their counts) is refused. `None` in records written
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letters: Option<String>,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
 }
@@ -250,9 +274,17 @@ impl CheckpointRecord {
         self.subtasks.iter().map(|s| s.rows).sum()
     }
 
-    /// Dead letters up to this checkpoint, over all runs.
+    /// Dead letters up to this checkpoint, over all runs, less those of the
+    /// checkpoints an operator dropped (their positions are passed, so they
+    /// are never read again).
     pub fn bad_rows(&self) -> u64 {
-        self.subtasks.iter().map(|s| s.bad_rows).sum()
+        let dropped: u64 = self.dropped.iter().map(|d| d.bad).sum();
+        self.subtasks.iter().map(|s| s.bad_rows).sum::<u64>().saturating_sub(dropped)
+    }
+
+    /// Dead letters of the pending checkpoints.
+    pub fn pending_bad_rows(&self) -> u64 {
+        self.pending.iter().map(PendingCommit::bad_rows).sum()
     }
 
     pub fn finished(&self) -> bool {
@@ -753,11 +785,17 @@ mod tests {
                 seen: BTreeMap::from([("orders".to_string(), None)]),
                 bad_rows: 1,
             }],
-            pending: vec![PendingCommit { checkpoint: c, combined: Blob(b"files".to_vec()), rows: 5 }],
+            pending: vec![PendingCommit {
+                checkpoint: c,
+                combined: Blob(b"files".to_vec()),
+                rows: 5,
+                tables: BTreeMap::from([("orders".to_string(), crate::metrics::Tally { rows: 5, bytes: 80, bad: 1 })]),
+            }],
             last_committed: None,
             dropped: Vec::new(),
             tables: vec![TableRecord { name: "orders".into(), schema: Blob(vec![1, 2]) }],
             source: None,
+            dead_letters: Some("dead_letters".into()),
             created_at_ms: 0,
         }
     }

@@ -130,17 +130,20 @@ struct Coordinator<'a> {
     /// source's positions then.
     stopped: Option<(u64, Vec<serde_json::Value>)>,
     metrics: Metrics,
-    /// This run's checkpoints persisted but not committed yet: what they
-    /// land, and when their barrier was.
+    /// This run's checkpoints persisted but not committed yet: when their
+    /// barrier was (what they land is in their pending commit).
     inflight: BTreeMap<u64, Inflight>,
 }
 
 /// A checkpoint of this run on its way to the target.
 struct Inflight {
-    tables: BTreeMap<String, Tally>,
     /// The writers' cut (the barrier), as near as the coordinator can tell.
     cut: Instant,
 }
+
+/// Records a job reads before `job.max_bad_rows` as a fraction is judged
+/// (unless its source ends first).
+pub const MIN_RECORDS_FOR_A_SHARE: u64 = 1000;
 
 /// Runs a job to the end of its source, resuming from its last checkpoint,
 /// with its writers on threads of this process.
@@ -153,15 +156,18 @@ struct Inflight {
 pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary, EngineError> {
     let mut rejected: std::collections::BTreeMap<(String, u64), String> = Default::default();
     let mut opts = opts.clone();
+    // The records the last attempt's sink rejected that no attempt had before.
+    let mut fresh: Vec<(String, u64)> = Vec::new();
     loop {
         let excluded: Rejected = Arc::new(rejected.clone());
-        let ran = run_attempt(job, host, &opts, &mut LocalPool::default(), &excluded);
+        let ran = run_attempt(job, host, &opts, &mut LocalPool::default(), &excluded, &fresh);
         // The first attempt settled the incarnation; the next ones resume in it.
         opts.new_incarnation = false;
         match ran {
             Err(EngineError::SinkRejected(r)) if job.dead_letters.is_some() => {
                 let before = rejected.len();
                 let count = r.rows.len();
+                fresh = r.rows.keys().filter(|k| !rejected.contains_key(*k)).cloned().collect();
                 rejected.extend(r.rows.clone());
                 if rejected.len() == before {
                     // The sink rejected again what is already read as dead letters: no progress.
@@ -189,7 +195,7 @@ pub fn run_on(
     opts: &RunOptions,
     pool: &mut dyn WriterPool,
 ) -> Result<RunSummary, EngineError> {
-    run_attempt(job, host, opts, pool, &Rejected::default())
+    run_attempt(job, host, opts, pool, &Rejected::default(), &[])
 }
 
 /// One run, with `rejected` records read as dead letters.
@@ -199,6 +205,7 @@ fn run_attempt(
     opts: &RunOptions,
     pool: &mut dyn WriterPool,
     rejected: &Rejected,
+    fresh: &[(String, u64)],
 ) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
     let memory_limit = job.spec.sink.sandbox.memory_mb.saturating_mul(1024 * 1024);
@@ -210,6 +217,7 @@ fn run_attempt(
     for (c, outcome) in &recovered {
         tracing::info!(checkpoint = c, outcome = ?outcome, "re-committed pending checkpoint on restore");
     }
+    co.check_rejected(fresh)?;
     // A finished job is complete, but a stream has no end: a Kafka job that
     // read to its end offsets reads on from there.
     if !co.source.streaming() && co.restored.as_ref().is_some_and(CheckpointRecord::finished) {
@@ -402,10 +410,10 @@ impl<'a> Coordinator<'a> {
             }
         };
         let combined_at = Instant::now();
-        let record = self.persist(pool, c, round.records, combined)?;
+        let record = self.persist(pool, c, round.records, combined, &round.tables)?;
         let persisted = Instant::now();
         if record.pending.iter().any(|p| p.checkpoint == c) {
-            self.inflight.insert(c, Inflight { tables: round.tables, cut });
+            self.inflight.insert(c, Inflight { cut });
         } else if record.pending.is_empty() {
             // Nothing to commit, and nothing behind it: the job is caught up.
             self.metrics.caught_up(c, cut.elapsed());
@@ -444,32 +452,66 @@ impl<'a> Coordinator<'a> {
         Ok(finished)
     }
 
+    /// Stops a run started again after the sink rejected rows, before it
+    /// writes anything, when those rows (`fresh`: records past the last
+    /// checkpoint, so none of them is counted in it yet) would take the
+    /// job's dead letters past a `job.max_bad_rows` count: rather than
+    /// reading on until the checkpoint that holds them.
+    fn check_rejected(&self, fresh: &[(String, u64)]) -> Result<(), EngineError> {
+        let Some(dl) = &self.job.dead_letters else { return Ok(()) };
+        let Some(max @ MaxBadRows::Count(n)) = dl.max else { return Ok(()) };
+        let before = self.restored.as_ref().map_or(0, CheckpointRecord::bad_rows);
+        let more = fresh.len() as u64;
+        if more == 0 || before + more <= n {
+            return Ok(());
+        }
+        let after =
+            self.restored.as_ref().map_or_else(|| "the start".to_string(), |r| format!("checkpoint {}", r.checkpoint));
+        let sample: Vec<String> =
+            fresh.iter().take(3).map(|(file, record)| format!("{file} record {}", record + 1)).collect();
+        Err(EngineError::TooManyBadRows(format!(
+            "job {job}: the sink rejected {more} rows as invalid data after {after}; as dead letters, with the \
+             {before} before them, they would be more than job.max_bad_rows allows ({max}); nothing after {after} \
+             was committed (earlier checkpoints stay committed, and their dead letters are in table {table:?}). \
+             Rejected: {sample}",
+            job = self.job.spec.job.id,
+            table = dl.table,
+            sample = sample.join(", "),
+        )))
+    }
+
     /// Stops the job before checkpoint `c` when its dead letters pass
-    /// `job.max_bad_rows`.
+    /// `job.max_bad_rows`: a count of them over the job, or their share of
+    /// the records read over the job. A share is judged only once the job
+    /// has read [`MIN_RECORDS_FOR_A_SHARE`] records, or at the source's
+    /// end: one bad record in a short checkpoint (the last, or one cut short
+    /// by a barrier) is no share of anything, and a share of the job does
+    /// not depend on where the checkpoints happened to fall.
     fn check_bad_rows(&self, c: u64, round: &Round) -> Result<(), EngineError> {
         let Some(dl) = &self.job.dead_letters else { return Ok(()) };
         let Some(max) = dl.max else { return Ok(()) };
         let bad: u64 = round.tables.values().map(|t| t.bad).sum();
-        if bad == 0 {
-            return Ok(());
-        }
-        let total: u64 = round.records.iter().map(|r| r.bad_rows).sum();
-        // Rows the source read in this round: the good ones of its tables and the bad.
-        let read: u64 = round.tables.iter().filter(|(t, _)| **t != dl.table).map(|(_, t)| t.rows).sum::<u64>() + bad;
+        let dropped: u64 = self.at.dropped.iter().map(|d| d.bad).sum();
+        let total = round.records.iter().map(|r| r.bad_rows).sum::<u64>().saturating_sub(dropped);
+        // Records read over the job: the good ones delivered and the bad.
+        let read: u64 = round.records.iter().map(|r| r.rows + r.bad_rows).sum();
+        let finished = round.records.iter().all(|r| r.finished);
         let over = match max {
-            MaxBadRows::Count(n) => total > n,
-            MaxBadRows::Fraction(f) => bad as f64 > f * read as f64,
+            // Only a checkpoint that adds dead letters passes a count.
+            MaxBadRows::Count(n) => bad > 0 && total > n,
+            MaxBadRows::Fraction(f) => (read >= MIN_RECORDS_FOR_A_SHARE || finished) && total as f64 > f * read as f64,
         };
         if !over {
             return Ok(());
         }
         Err(EngineError::TooManyBadRows(format!(
-            "job {job}: {bad} bad rows of {read} read in checkpoint {c} ({total} over the job), more than \
+            "job {job}: {total} bad rows of {read} records read over the job ({bad} in checkpoint {c}), more than \
              job.max_bad_rows allows ({max}); nothing of checkpoint {c} was committed (earlier checkpoints stay \
-             committed, and their dead letters are in table {table:?}). First bad rows: {sample}",
+             committed, and their dead letters are in table {table:?}). First bad rows of checkpoint {c}: {sample}",
             job = self.job.spec.job.id,
             table = dl.table,
-            sample = dead_letter::sample(&round.bad_sample),
+            sample =
+                if round.bad_sample.is_empty() { "none".to_string() } else { dead_letter::sample(&round.bad_sample) },
         )))
     }
 
@@ -556,9 +598,10 @@ impl<'a> Coordinator<'a> {
         c: u64,
         subtask_records: Vec<SubtaskRecord>,
         combined: Option<Vec<u8>>,
+        tables: &BTreeMap<String, Tally>,
     ) -> Result<CheckpointRecord, EngineError> {
         let rows: u64 = subtask_records.iter().map(|s| s.rows).sum();
-        let record = self.record(c, subtask_records, combined.as_deref(), rows)?;
+        let record = self.record(c, subtask_records, combined.as_deref(), rows, tables)?;
         if let Err(e) = self.store.persist(&record) {
             if let Some(bytes) = &combined {
                 self.committer.abort(c, bytes);
@@ -580,11 +623,12 @@ impl<'a> Coordinator<'a> {
         subtasks: Vec<SubtaskRecord>,
         combined: Option<&[u8]>,
         rows: u64,
+        tables: &BTreeMap<String, Tally>,
     ) -> Result<CheckpointRecord, EngineError> {
         let mut pending = self.at.pending.clone();
         if let Some(bytes) = combined {
             let rows = rows.saturating_sub(self.at.rows_total);
-            pending.push(PendingCommit { checkpoint: c, combined: Blob(bytes.to_vec()), rows });
+            pending.push(PendingCommit { checkpoint: c, combined: Blob(bytes.to_vec()), rows, tables: tables.clone() });
         }
         let spec = &self.job.spec;
         let source = self.source.identity(&subtasks.iter().map(|r| &r.position).collect::<Vec<_>>());
@@ -600,6 +644,7 @@ impl<'a> Coordinator<'a> {
             dropped: self.at.dropped.clone(),
             tables: self.tables.records()?,
             source,
+            dead_letters: self.job.dead_letters.as_ref().map(|dl| dl.table.clone()),
             created_at_ms: now_ms(),
         })
     }
@@ -655,8 +700,8 @@ impl<'a> Coordinator<'a> {
                 Committed::KeyReused => return Err(self.key_reused(p.checkpoint)),
             };
             let landed = self.inflight.remove(&p.checkpoint);
-            let tables = landed.as_ref().map(|l| l.tables.clone()).unwrap_or_default();
-            self.metrics.committed(&self.job.spec.job.id, p.checkpoint, &tables);
+            // A recovered checkpoint's tallies come from its record too.
+            self.metrics.committed(&self.job.spec.job.id, p.checkpoint, &p.tables);
             if let Some(l) = landed {
                 self.metrics.checkpoint_duration(l.cut.elapsed());
             }

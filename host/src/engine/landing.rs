@@ -228,12 +228,18 @@ impl Landing {
                     bad_rows: 0,
                 })
                 .collect(),
-            pending: vec![PendingCommit { checkpoint: CHECKPOINT, combined: Blob(combined), rows }],
+            pending: vec![PendingCommit {
+                checkpoint: CHECKPOINT,
+                combined: Blob(combined),
+                rows,
+                tables: Default::default(),
+            }],
             last_committed: None,
             dropped: Vec::new(),
             tables: vec![TableRecord { name: String::new(), schema: Blob(schema.to_vec()) }],
             // A dataset written elsewhere: no source of the job's to resume.
             source: None,
+            dead_letters: None,
             created_at_ms: now_ms(),
         }
     }

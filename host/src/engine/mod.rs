@@ -39,7 +39,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 pub use check::{CheckReport, check};
-pub use coordinator::{run, run_on};
+pub use coordinator::{MIN_RECORDS_FOR_A_SHARE, run, run_on};
 pub use setup::grants_and_limits;
 pub use subtask::RoundReport;
 pub use summary::RunSummary;

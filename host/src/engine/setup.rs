@@ -131,6 +131,37 @@ pub(super) fn check_restored(job: &Job, source: &Source, r: &CheckpointRecord) -
             now: spec.sink.id.clone(),
         });
     }
+    // Dead letters may be turned on for a job that ran without them, never
+    // off or into another table.
+    if let Some(was) = &r.dead_letters {
+        match &job.dead_letters {
+            Some(now) if now.table == *was => {}
+            Some(now) => {
+                return Err(EngineError::Job(job.invalid(
+                    "job.dead_letter.table",
+                    format!(
+                        "checkpoint {c} of this state directory set its bad records aside in table {was:?}, not \
+                         {now:?}: keep {was:?}, so that the dead letters and their counts stay in one table, or \
+                         start a new job.state_dir",
+                        c = r.checkpoint,
+                        now = now.table
+                    ),
+                )));
+            }
+            None => {
+                return Err(EngineError::Job(job.invalid(
+                    "job.bad_rows",
+                    format!(
+                        "checkpoint {c} of this state directory was taken with job.bad_rows = \"dead-letter\" (table \
+                         {was:?}): without it, the records it set aside would be read again and stop the job; keep \
+                         job.bad_rows = \"dead-letter\" with [job.dead_letter] table = {was:?}, or start a new \
+                         job.state_dir",
+                        c = r.checkpoint
+                    ),
+                )));
+            }
+        }
+    }
     Ok(())
 }
 

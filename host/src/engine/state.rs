@@ -104,7 +104,7 @@ pub fn drop_pending(job: &Job, checkpoint: u64) -> Result<DroppedCommit, EngineE
         });
     };
     let gone = record.pending.remove(index);
-    let dropped = DroppedCommit { checkpoint, rows: gone.rows, dropped_at_ms: now_ms() };
+    let dropped = DroppedCommit { checkpoint, rows: gone.rows, bad: gone.bad_rows(), dropped_at_ms: now_ms() };
     record.dropped.push(dropped.clone());
     store.persist(&record)?;
     tracing::warn!(job = %spec.job.id, checkpoint, rows = gone.rows, "dropped a pending checkpoint on the operator's command");
@@ -170,9 +170,13 @@ impl std::fmt::Display for StateReport {
             if r.finished() { "source finished" } else { "source not finished" }
         )?;
         if r.bad_rows() > 0 {
+            let pending = match r.pending_bad_rows() {
+                0 => String::new(),
+                n => format!(" ({n} of them in pending checkpoints, landed once committed)"),
+            };
             writeln!(
                 f,
-                "bad rows:     {} records that did not convert, landed as dead letters up to checkpoint {}",
+                "bad rows:     {} records that did not convert, set aside as dead letters up to checkpoint {}{pending}",
                 r.bad_rows(),
                 r.checkpoint
             )?;

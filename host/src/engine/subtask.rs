@@ -434,6 +434,15 @@ impl Subtask {
     /// an error (a source gives them only when asked to).
     fn parts(&self, c: u64, next: &TableBatch) -> Result<Vec<Part>, EngineError> {
         let mut parts = Vec::with_capacity(2);
+        // A table that appears during the run (a topic a pattern matches)
+        // may not be the dead letters'.
+        if self.setup.env.dead_letters.as_ref() == Some(&next.table) {
+            return Err(EngineError::Source(crate::source::SourceError::Other(format!(
+                "the source delivers rows of table {:?}, the dead-letter table (job.dead_letter.table): give dead \
+                 letters a table of their own",
+                next.table
+            ))));
+        }
         if let Some(first) = next.bad.first() {
             let Some(table) = &self.setup.env.dead_letters else {
                 return Err(EngineError::Source(crate::source::SourceError::Other(format!(

@@ -136,7 +136,8 @@ pub struct DeadLetters {
 pub enum MaxBadRows {
     /// Bad rows over the whole job.
     Count(u64),
-    /// Bad rows per row read in one checkpoint (bad ones included).
+    /// Bad rows per record read over the job (bad ones included), judged
+    /// once the job has read `engine::MIN_RECORDS_FOR_A_SHARE` records.
     Fraction(f64),
 }
 
@@ -144,7 +145,7 @@ impl std::fmt::Display for MaxBadRows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             MaxBadRows::Count(n) => write!(f, "{n} over the job"),
-            MaxBadRows::Fraction(x) => write!(f, "{x} of a checkpoint's rows"),
+            MaxBadRows::Fraction(x) => write!(f, "a share of {x} of the records read over the job"),
         }
     }
 }
@@ -885,8 +886,9 @@ impl Job {
     }
 
     /// `job.bad_rows`, `[job.dead_letter]` and `job.max_bad_rows`: dead
-    /// letters are refused where no record can turn into one (every source
-    /// but CSV and JSON lines files), so that nobody counts on them there.
+    /// letters are refused where no record can turn into one (Parquet
+    /// files, whose values carry their types), so that nobody counts on
+    /// them there.
     fn check_dead_letters(&mut self) -> Result<(), JobError> {
         use crate::source::BadRows;
         let job = &self.spec.job;
@@ -936,12 +938,14 @@ impl Job {
                     ));
                 }
             }
-            SourceSpec::Kafka(_) => {
-                return Err(self.invalid(
-                    "job.bad_rows",
-                    "\"dead-letter\" is served for CSV and JSON lines files; a Kafka message that does not decode \
-                     still stops the job",
-                ));
+            // A topic pattern is matched against the table when the source opens.
+            SourceSpec::Kafka(spec) => {
+                if spec.topics.contains(&table) {
+                    return Err(self.invalid(
+                        "job.dead_letter.table",
+                        format!("{table:?} is a topic the source reads; give dead letters a table of their own"),
+                    ));
+                }
             }
         }
         let max = match &job.max_bad_rows {

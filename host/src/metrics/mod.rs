@@ -280,17 +280,23 @@ impl Metrics {
     }
 
     /// Checkpoint `checkpoint` of `job` is committed; `landed` are its rows
-    /// and bytes per table (none for a checkpoint an earlier run wrote).
+    /// and bytes per table. Checkpoints commit in order, so one at or
+    /// below the last committed one this registry saw was counted already
+    /// (a run started again in this process re-commits its recovered
+    /// checkpoints): its rows are not counted twice.
     pub fn committed(&self, job: &str, checkpoint: u64, landed: &BTreeMap<String, Tally>) {
         let f = self.f();
-        for (table, tally) in landed {
-            let labels = JobTable { job: job.to_string(), table: table.clone() };
-            f.rows.get_or_create(&labels).inc_by(tally.rows);
-            f.bytes.get_or_create(&labels).inc_by(tally.bytes);
-            f.bad_rows.get_or_create(&labels).inc_by(tally.bad);
-        }
         let labels = JobLabel { job: job.to_string() };
-        f.last_committed.get_or_create(&labels).set(i64::try_from(checkpoint).unwrap_or(i64::MAX));
+        let number = i64::try_from(checkpoint).unwrap_or(i64::MAX);
+        if number > f.last_committed.get_or_create(&labels).get() {
+            for (table, tally) in landed {
+                let labels = JobTable { job: job.to_string(), table: table.clone() };
+                f.rows.get_or_create(&labels).inc_by(tally.rows);
+                f.bytes.get_or_create(&labels).inc_by(tally.bytes);
+                f.bad_rows.get_or_create(&labels).inc_by(tally.bad);
+            }
+        }
+        f.last_committed.get_or_create(&labels).set(number);
         self.health().last_committed = Some(checkpoint);
         self.settled(job);
     }

@@ -1593,7 +1593,13 @@ mod json {
     ///
     /// With `keep_bad` (dead letters), a record that would be refused is
     /// left out instead, and returned by its line with the reason: the first
-    /// record that gives a field a value decides its kind.
+    /// record that gives a field a value decides its kind. A file with more
+    /// such records than others (and at least [`MOSTLY_BAD`]) is refused:
+    /// its first records, not the rest, are likely the odd ones.
+    /// Records set aside, at least, for a file that sets aside more than it
+    /// keeps to be refused (see [`infer`]).
+    pub(super) const MOSTLY_BAD: u64 = 10;
+
     pub(super) fn infer(
         path: &str,
         input: Input,
@@ -1608,6 +1614,7 @@ mod json {
         let mut failure: Option<String> = None;
         let mut last_line = 0;
         let mut bad = BTreeMap::new();
+        let mut good = 0u64;
         let records = std::iter::from_fn(|| {
             loop {
                 let (line, bytes) = match lines.next_record() {
@@ -1621,7 +1628,10 @@ mod json {
                 last_line = line;
                 let judged = judge(&mut fields, line, bytes);
                 match judged {
-                    Ok(value) => return Some(Ok::<_, ArrowError>(value)),
+                    Ok(value) => {
+                        good += 1;
+                        return Some(Ok::<_, ArrowError>(value));
+                    }
                     Err(reason) if keep_bad => drop(bad.insert(line, reason)),
                     Err(reason) => {
                         failure = Some(format!("line {line}: {reason}"));
@@ -1635,6 +1645,25 @@ mod json {
             return Err(file_err(path, message));
         }
         let schema = inferred.map_err(|e| file_err(path, format!("line {last_line}: {e}")))?;
+        if bad.len() as u64 > good.max(MOSTLY_BAD - 1)
+            && let Some((line, reason)) = bad.first_key_value()
+        {
+            return Err(file_err(
+                path,
+                format!(
+                    "{} of its {} records do not fit the kinds {} gave the fields (the first, line {line}: {reason}); \
+                     a file whose records mostly do not fit is refused rather than set aside as dead letters: \
+                     the records that set the kinds may be the odd ones out",
+                    bad.len(),
+                    bad.len() as u64 + good,
+                    if known.is_some() {
+                        "the table's earlier files or its first records"
+                    } else {
+                        "its first records"
+                    },
+                ),
+            ));
+        }
         Ok((Arc::new(arrow_schema::Schema::new(without_null_fields(schema.fields()))), bad))
     }
 

@@ -39,6 +39,10 @@ pub enum SourceError {
     Position { position: String, message: String },
     #[error("source: {0}")]
     Other(String),
+    /// A Kafka message that does not fit its table (no fault of the
+    /// brokers or the registry): with dead letters, it becomes one.
+    #[error("source: kafka: {position}: the message does not fit the table: {reason}")]
+    Message { position: String, reason: String },
 }
 
 /// What a checkpoint was taken from: the rows a resume relies on being the
@@ -216,7 +220,19 @@ impl Source {
                     }
                     _ => config,
                 };
-                Ok(Source::Kafka(kafka::KafkaSource::open(config, job.spec.job.parallelism)?))
+                let source = kafka::KafkaSource::open(config, job.spec.job.parallelism)?;
+                Ok(Source::Kafka(match &job.dead_letters {
+                    Some(dl) if config.topics.matches(&dl.table) => {
+                        return Err(SourceError::Other(format!(
+                            "kafka: topics {} include {:?}, the dead-letter table (job.dead_letter.table): give \
+                             dead letters a table of their own",
+                            config.topics.describe(),
+                            dl.table
+                        )));
+                    }
+                    Some(_) => source.with_bad_rows(BadRows::DeadLetter),
+                    None => source,
+                }))
             }
             None => {
                 let source = Self::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores)?;

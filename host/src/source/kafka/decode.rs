@@ -9,7 +9,9 @@
 //!   its topic, partition and offset, and arrow's reason, which names the
 //!   column;
 //! - a batch is decoded whole; only when that fails is it decoded again
-//!   message by message, to name the one at fault.
+//!   message by message, to name the one at fault or, with dead letters,
+//!   to keep the others' rows and hand the ones at fault on as dead
+//!   letters (named `topic "t" partition p offset o`).
 
 use std::sync::Arc;
 
@@ -20,7 +22,7 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_json::reader::ReaderBuilder;
 use arrow_schema::{DataType, Field, Fields, SchemaRef};
 
-use super::super::SourceError;
+use super::super::{BadRow, SourceError};
 use super::avro::AvroCodec;
 use crate::job::kafka::{Decoding, KafkaConfig, raw_schema};
 
@@ -43,12 +45,27 @@ pub enum Codec {
     Raw(SchemaRef),
 }
 
-/// Why message `m` of `topic` is refused.
+/// Where message `m` of `topic` is, as errors and dead letters name it.
+fn position(topic: &str, m: &Message) -> String {
+    format!("topic {topic:?} partition {} offset {}", m.partition, m.offset)
+}
+
+/// Why message `m` of `topic` is refused: the message's own fault, so with
+/// dead letters it becomes one ([`Codec::decode_keeping_bad`]).
 pub(super) fn refused(topic: &str, m: &Message, why: impl std::fmt::Display) -> SourceError {
-    SourceError::Other(format!(
-        "kafka: topic {topic:?} partition {} offset {}: the message does not fit the table: {why}",
-        m.partition, m.offset
-    ))
+    SourceError::Message { position: position(topic, m), reason: why.to_string() }
+}
+
+/// A message's value as a dead letter's `raw` text: as it is when it is
+/// UTF-8 (JSON), else `base64:` and its bytes in base64 (Avro); `""` for a
+/// tombstone.
+fn raw_text(m: &Message) -> String {
+    use base64::Engine as _;
+    let value = m.value.as_deref().unwrap_or_default();
+    match std::str::from_utf8(value) {
+        Ok(text) => text.to_string(),
+        Err(_) => format!("base64:{}", base64::engine::general_purpose::STANDARD.encode(value)),
+    }
 }
 
 impl Codec {
@@ -90,6 +107,47 @@ impl Codec {
             Codec::Avro(avro) => avro.decode(topic, messages),
             Codec::Raw(schema) => raw_batch(schema, messages).map_err(|e| SourceError::Other(format!("kafka: {e}"))),
         }
+    }
+}
+
+impl Codec {
+    /// [`Codec::decode`], keeping the messages that do not fit (when
+    /// `keep_bad`) as dead letters, in order, instead of failing: the rows
+    /// are then the other messages'. Only a message's own fault makes a
+    /// dead letter; any other failure (a registry that cannot be reached)
+    /// is an error still. The batch is decoded whole first; only when that
+    /// fails is it decoded again message by message.
+    pub fn decode_keeping_bad(
+        &self,
+        topic: &str,
+        messages: &[Message],
+        keep_bad: bool,
+    ) -> Result<(RecordBatch, Vec<BadRow>), SourceError> {
+        match self.decode(topic, messages) {
+            Ok(batch) => Ok((batch, Vec::new())),
+            Err(SourceError::Message { .. }) if keep_bad => self.sort_out(topic, messages),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Each message decoded alone: the rows of those that fit, and the
+    /// others as dead letters.
+    fn sort_out(&self, topic: &str, messages: &[Message]) -> Result<(RecordBatch, Vec<BadRow>), SourceError> {
+        let mut rows = Vec::new();
+        let mut bad = Vec::new();
+        for m in messages {
+            match self.decode(topic, std::slice::from_ref(m)) {
+                Ok(row) => rows.push(row),
+                Err(SourceError::Message { position, reason }) => {
+                    bad.push(BadRow { raw: raw_text(m), position, reason });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let schema = self.table_schema();
+        let batch = arrow_select::concat::concat_batches(&schema, &rows)
+            .map_err(|e| SourceError::Other(format!("kafka: topic {topic:?}: the rows around a bad message: {e}")))?;
+        Ok((batch, bad))
     }
 }
 
@@ -264,6 +322,39 @@ mod tests {
         tombstone.value = None;
         let e = error(&codec, &[tombstone]);
         assert!(e.contains("offset 9") && e.contains("tombstone"), "{e}");
+    }
+
+    #[test]
+    fn with_dead_letters_the_messages_that_do_not_fit_are_kept_apart() {
+        let codec = Codec::Json(schema());
+        let mut binary = msg(11, "");
+        binary.value = Some(vec![0xff, 0x00]);
+        let messages = [
+            msg(7, r#"{"id":1}"#),
+            msg(8, r#"{"id":2,"amount":"lots"}"#),
+            msg(9, "not json"),
+            binary,
+            msg(10, r#"{"id":3,"name":"c"}"#),
+        ];
+        let (batch, bad) = codec.decode_keeping_bad("orders", &messages, true).unwrap_or_else(|e| panic!("{e}"));
+        let ids = batch.column(0).as_any().downcast_ref::<arrow_array::Int64Array>().expect("ids");
+        assert_eq!(ids.values().to_vec(), vec![1, 3], "the others' rows, in order");
+        let shown: Vec<(&str, &str)> = bad.iter().map(|b| (b.position.as_str(), b.raw.as_str())).collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("topic \"orders\" partition 2 offset 8", r#"{"id":2,"amount":"lots"}"#),
+                ("topic \"orders\" partition 2 offset 9", "not json"),
+                ("topic \"orders\" partition 2 offset 11", "base64:/wA="),
+            ]
+        );
+        assert!(bad[0].reason.contains("amount") || bad[0].reason.contains("lots"), "{}", bad[0].reason);
+        // Without dead letters, the first one is the error.
+        let e = codec.decode_keeping_bad("orders", &messages, false).expect_err("refused").to_string();
+        assert!(e.contains("partition 2 offset 8"), "{e}");
+        // Nothing fits: no rows, the table's columns.
+        let (batch, bad) = codec.decode_keeping_bad("orders", &messages[2..3], true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((batch.num_rows(), batch.schema(), bad.len()), (0, schema(), 1));
     }
 
     #[test]

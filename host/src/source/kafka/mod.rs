@@ -21,6 +21,10 @@
 //!   at its beginning otherwise (it appeared after the job started);
 //! - each topic is a table named after it, except that a source of one
 //!   listed topic has one unnamed table;
+//! - a message that does not fit its table fails the read, naming its
+//!   topic, partition and offset, or with dead letters is handed on as one
+//!   beside the batch of the others; either way the position moves past it
+//!   only with the batch it came in;
 //! - offsets committed to `group_id` follow committed checkpoints only; the
 //!   checkpoint stays the truth, and a failed group commit is logged;
 //! - the checkpoint records the cluster id the brokers report: offsets are
@@ -41,7 +45,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
-use super::{SourceChange, SourceError};
+use super::{BadRows, SourceChange, SourceError};
 use crate::job::kafka::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt, raw_schema};
 
 pub use reader::KafkaReader;
@@ -146,6 +150,8 @@ pub struct KafkaSource {
     lag: Arc<LagBoard>,
     /// The cluster id the brokers reported at open, if they report one.
     cluster: Option<String>,
+    /// What a message that does not fit its table does (`job.bad_rows`).
+    bad_rows: BadRows,
 }
 
 /// The base client settings every consumer of the source shares.
@@ -251,8 +257,17 @@ impl KafkaSource {
             None => None,
         };
         let cluster = meta.client().fetch_cluster_id(REQUEST_TIMEOUT);
-        let source =
-            Self { config, parallelism, schema, decoder, meta: Mutex::new(meta), group, lag: Arc::default(), cluster };
+        let source = Self {
+            config,
+            parallelism,
+            schema,
+            decoder,
+            meta: Mutex::new(meta),
+            group,
+            lag: Arc::default(),
+            cluster,
+            bad_rows: BadRows::Fail,
+        };
         // The brokers must answer, and a listed topic must exist, before the
         // run writes anything.
         let topics = source.partitions()?;
@@ -273,6 +288,13 @@ impl KafkaSource {
     pub fn partitions(&self) -> Result<BTreeMap<String, Vec<i32>>, SourceError> {
         let meta = self.meta.lock().map_err(|_| SourceError::Other("kafka: metadata client poisoned".into()))?;
         partitions_of(&meta, &self.config, false)
+    }
+
+    /// With [`BadRows::DeadLetter`], a message that does not fit its table
+    /// is handed on as a dead letter instead of failing the read.
+    pub fn with_bad_rows(mut self, bad_rows: BadRows) -> Self {
+        self.bad_rows = bad_rows;
+        self
     }
 
     pub fn config(&self) -> &KafkaConfig {
@@ -355,6 +377,7 @@ impl KafkaSource {
             position,
             single_table: self.config.single_topic().is_some(),
             lag: self.lag.clone(),
+            keep_bad: self.bad_rows == BadRows::DeadLetter,
         })
     }
 

@@ -55,6 +55,8 @@ pub(crate) struct ReaderSetup {
     pub position: Option<KafkaPosition>,
     pub single_table: bool,
     pub lag: Arc<LagBoard>,
+    /// Messages that do not fit become dead letters (`job.bad_rows`).
+    pub keep_bad: bool,
 }
 
 pub struct KafkaReader {
@@ -64,6 +66,7 @@ pub struct KafkaReader {
     subtask: u32,
     parallelism: u32,
     single_table: bool,
+    keep_bad: bool,
     /// The next offset to return, per owned partition.
     next: BTreeMap<Partition, i64>,
     /// Bounded: the end offset per partition; see `frozen`.
@@ -92,6 +95,7 @@ impl KafkaReader {
             subtask: setup.subtask,
             parallelism: setup.parallelism,
             single_table: setup.single_table,
+            keep_bad: setup.keep_bad,
             next: BTreeMap::new(),
             end: BTreeMap::new(),
             frozen: BTreeSet::new(),
@@ -398,12 +402,12 @@ impl KafkaReader {
         let queue = self.pending.entry(topic.clone()).or_default();
         let n = queue.len().min(max_rows);
         let messages: Vec<Message> = queue.drain(..n).collect();
-        let batch = self.decoder.decode(&topic, &messages)?;
+        let (batch, bad) = self.decoder.decode_keeping_bad(&topic, &messages, self.keep_bad)?;
         for m in &messages {
             self.next.insert((topic.clone(), m.partition), m.offset + 1);
         }
         let table = if self.single_table { String::new() } else { topic };
-        Ok(Some(TableBatch::new(table, batch)))
+        Ok(Some(TableBatch { bad, ..TableBatch::new(table, batch) }))
     }
 }
 
