@@ -2,6 +2,18 @@
 //! directory rename (a local disk) or one exclusively created commit
 //! marker (an object store), each only once this incarnation holds the
 //! output's claim (`layout::claim`).
+//!
+//! Invariants:
+//! - a table whose marker or directory exists already is left alone and not
+//!   checked, so a re-commit answers `already-committed`;
+//! - before any table of a checkpoint is published, every file it names in
+//!   each table not visible yet is checked (one `stat` each: there, whole,
+//!   the size its writer wrote where that was recorded); a missing one
+//!   refuses the commit with a `fatal` error naming the files and the
+//!   checkpoint, which stays pending, so no marker ever names a missing file
+//!   and no directory is published without one of its files;
+//! - `abort` deletes staged files only of a checkpoint the host knows was
+//!   never persisted.
 
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::Committer;
@@ -92,48 +104,82 @@ fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
     serde_json::from_slice(combined).map_err(|e| error::fatal(format!("combined commit is not valid: {e}")))
 }
 
+/// One table's part of a checkpoint as `commit` sees it (the 0.1 form too).
+struct Part<'a> {
+    table: &'a str,
+    staging_dir: &'a str,
+    visible_dir: &'a str,
+    files: &'a [StagedFile],
+    marker: bool,
+}
+
+impl Part<'_> {
+    /// How a message names the part's table.
+    fn label(&self) -> String {
+        if self.table.is_empty() { String::new() } else { format!("table {}: ", self.table) }
+    }
+}
+
 impl FilesCommitter {
-    /// Makes one table's part of checkpoint `c` visible on an object store
-    /// by creating its commit marker exclusively, once every data object it
-    /// names is there, whole. `Ok(false)`: the marker was there already (an
-    /// earlier attempt of this very commit, or a rerun), so nothing is added.
-    fn publish_marker(&self, c: u64, table: &TableCommit) -> Result<bool, SinkError> {
-        let io = |what: &str, e| files::to_sink_error(&format!("checkpoint {c}: {what}"), e);
-        let marker = &table.visible_dir;
-        if files::exists(marker).map_err(|e| io("checking the commit marker", e))? {
-            return Ok(false);
-        }
-        let mut named = Vec::with_capacity(table.files.len());
-        for file in &table.files {
-            let location = join(&table.staging_dir, &file.name);
-            let size = match files::stat(&location) {
-                Ok(status) => status.size,
+    /// Whether `part` of checkpoint `c` is visible already: its commit marker
+    /// or its directory exists (an earlier attempt of this very commit, or a
+    /// rerun), so nothing of it is to be checked or added.
+    fn visible(&self, c: u64, part: &Part) -> Result<bool, SinkError> {
+        let what = if part.marker { "checking the commit marker" } else { "checking the visible directory" };
+        files::exists(part.visible_dir).map_err(|e| files::to_sink_error(&format!("checkpoint {c}: {what}"), e))
+    }
+
+    /// Every file `part` of checkpoint `c` names, as the marker names it,
+    /// found by one `stat` each (one HEAD on an object store: a checkpoint
+    /// names few files, while a listing of the folder would grow with
+    /// everything written there). Adds to `problems` each file that is
+    /// missing or not the size its writer wrote.
+    fn check_files(&self, c: u64, part: &Part, problems: &mut Vec<String>) -> Result<Vec<MarkerFile>, SinkError> {
+        let kind = if part.marker { "data object" } else { "staged file" };
+        let mut named = Vec::with_capacity(part.files.len());
+        for file in part.files {
+            let location = join(part.staging_dir, &file.name);
+            let status = match files::stat(&location) {
+                Ok(status) => status,
                 Err(sluice_guest_sdk::IoError::NotFound(_)) => {
-                    return Err(error::fatal(format!(
-                        "checkpoint {c} cannot be committed: data object {location} is missing \
-                         (was it removed outside Sluice?)"
-                    )));
+                    problems.push(format!("{}{kind} {location} is missing", part.label()));
+                    continue;
                 }
-                Err(e) => return Err(io("checking data objects", e)),
+                Err(e) => return Err(files::to_sink_error(&format!("checkpoint {c}: checking {kind} {location}"), e)),
             };
-            if let Some(wrote) = file.bytes
-                && wrote != size
-            {
-                return Err(error::fatal(format!(
-                    "checkpoint {c} cannot be committed: data object {location} holds {size} bytes, and its writer \
-                     wrote {wrote} (was it replaced outside Sluice?)"
-                )));
+            if status.is_dir {
+                problems.push(format!("{}{kind} {location} is a directory", part.label()));
+                continue;
             }
-            named.push(MarkerFile { location, rows: file.rows, bytes: size });
+            if let Some(wrote) = file.bytes
+                && wrote != status.size
+            {
+                problems.push(format!(
+                    "{}{kind} {location} holds {} bytes, and its writer wrote {wrote}",
+                    part.label(),
+                    status.size
+                ));
+                continue;
+            }
+            named.push(MarkerFile { location, rows: file.rows, bytes: status.size });
         }
-        let rows: u64 = table.files.iter().map(|f| f.rows).sum();
+        Ok(named)
+    }
+
+    /// Makes `part` of checkpoint `c` visible on an object store by creating
+    /// its commit marker exclusively, naming `named` (every data object of
+    /// it, checked whole). `Ok(false)`: an earlier attempt of this very
+    /// commit created the marker first, so nothing is added.
+    fn publish_marker(&self, c: u64, part: &Part, named: Vec<MarkerFile>) -> Result<bool, SinkError> {
+        let marker = part.visible_dir;
+        let rows: u64 = part.files.iter().map(|f| f.rows).sum();
         let doc = Marker {
             format: MARKER_FORMAT.to_string(),
             job: self.ctx.job_id.clone(),
             sink: self.ctx.sink_id.clone(),
             incarnation: self.ctx.incarnation.clone(),
             checkpoint: c,
-            table: table.table.clone(),
+            table: part.table.to_string(),
             rows,
             files: named,
         };
@@ -142,39 +188,32 @@ impl FilesCommitter {
             Ok(()) => {
                 log::info(&format!(
                     "checkpoint {c}: published {} file(s), {rows} row(s) by {marker}",
-                    table.files.len()
+                    part.files.len()
                 ));
                 Ok(true)
             }
             // An earlier attempt of this very commit got there first.
             Err(sluice_guest_sdk::IoError::AlreadyExists(_)) => Ok(false),
-            Err(e) => Err(io("creating the commit marker", e)),
+            Err(e) => Err(files::to_sink_error(&format!("checkpoint {c}: creating the commit marker"), e)),
         }
     }
 
-    /// Makes one staged directory visible with one rename. `Ok(false)`: it
-    /// was visible already.
-    fn publish(&self, c: u64, staging: &str, visible: &str, files: &[StagedFile]) -> Result<bool, SinkError> {
+    /// Makes `part` of checkpoint `c` (its files checked) visible with one
+    /// rename of its staged directory. `Ok(false)`: an earlier attempt of
+    /// this very commit renamed it first.
+    fn publish(&self, c: u64, part: &Part) -> Result<bool, SinkError> {
         let io = |what: &str, e| files::to_sink_error(&format!("checkpoint {c}: {what}"), e);
-        if files::exists(visible).map_err(|e| io("checking the visible directory", e))? {
-            return Ok(false);
-        }
-        for file in files {
-            let location = join(staging, &file.name);
-            if !files::exists(&location).map_err(|e| io("checking staged files", e))? {
-                return Err(error::fatal(format!(
-                    "checkpoint {c} cannot be committed: staged file {location} is missing \
-                     (was the staging directory changed outside Sluice?)"
-                )));
-            }
-        }
+        let visible = part.visible_dir;
         if let Some((parent, _)) = visible.rsplit_once('/') {
             files::create_dir_all(parent).map_err(|e| io("creating the table directory", e))?;
         }
-        match files::rename(staging, visible) {
+        match files::rename(part.staging_dir, visible) {
             Ok(()) => {
-                let rows: u64 = files.iter().map(|f| f.rows).sum();
-                log::info(&format!("checkpoint {c}: published {} file(s), {rows} row(s) in {visible}", files.len()));
+                let rows: u64 = part.files.iter().map(|f| f.rows).sum();
+                log::info(&format!(
+                    "checkpoint {c}: published {} file(s), {rows} row(s) in {visible}",
+                    part.files.len()
+                ));
                 Ok(true)
             }
             // Someone (an earlier attempt of this very commit) got there first.
@@ -261,21 +300,57 @@ impl GuestCommitter for FilesCommitter {
             layout::claim(&self.cfg, &self.ctx)?;
             self.claimed.set(true);
         }
-        let mut published = false;
+        let mut parts: Vec<Part> = Vec::with_capacity(combined.tables.len() + 1);
         if let Some(visible) = &combined.visible_dir {
-            published |= self.publish(c, &combined.staging_dir, visible, &combined.files)?;
+            parts.push(Part {
+                table: "",
+                staging_dir: &combined.staging_dir,
+                visible_dir: visible,
+                files: &combined.files,
+                marker: false,
+            });
         }
-        // Table by table: a table already visible is left alone.
-        for table in &combined.tables {
-            published |= if table.marker {
-                self.publish_marker(c, table)?
+        parts.extend(combined.tables.iter().map(|t| Part {
+            table: &t.table,
+            staging_dir: &t.staging_dir,
+            visible_dir: &t.visible_dir,
+            files: &t.files,
+            marker: t.marker,
+        }));
+        // A table visible already is left alone, unchecked (its files may
+        // have moved on since); every other table's files are checked before
+        // any table is published, so a missing file leaves the checkpoint
+        // whole where it is not visible yet.
+        let mut todo = Vec::with_capacity(parts.len());
+        let mut problems = Vec::new();
+        for part in parts {
+            if self.visible(c, &part)? {
+                continue;
+            }
+            let named = self.check_files(c, &part, &mut problems)?;
+            todo.push((part, named));
+        }
+        if !problems.is_empty() {
+            let consequence = if todo.iter().any(|(p, _)| p.marker) {
+                "publish a commit marker naming files that no reader can read"
             } else {
-                self.publish(c, &table.staging_dir, &table.visible_dir, &table.files)?
+                "publish the checkpoint without those files' rows"
             };
+            return Err(files::refuse_missing(c, consequence, &problems));
+        }
+        let mut published = false;
+        for (part, named) in todo {
+            published |= if part.marker { self.publish_marker(c, &part, named)? } else { self.publish(c, &part)? };
         }
         Ok(if published { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }
 
+    /// Deletes what checkpoint `c` staged (the staging directory, or the
+    /// data objects of tables with no marker). Precondition, which the host
+    /// guarantees: the checkpoint's record is definitely not persisted (its
+    /// write was answered "not done"), so no run can ever commit it; never
+    /// called when the persist's outcome is unknown, since a recovery would
+    /// then commit it and find its files gone.
     fn abort(&self, c: u64, combined: Vec<u8>) -> Result<(), SinkError> {
         let combined = decode(&combined)?;
         if combined.tables.iter().any(|t| t.marker) {
@@ -290,8 +365,9 @@ impl GuestCommitter for FilesCommitter {
 }
 
 impl FilesCommitter {
-    /// Removes the data objects of a checkpoint that was never persisted; a
-    /// table whose marker exists is committed, and keeps them.
+    /// Removes the data objects of a checkpoint that was never persisted
+    /// (the precondition of `abort`); a table whose marker exists is
+    /// committed, and keeps them.
     fn abort_markers(&self, c: u64, combined: &Combined) -> Result<(), SinkError> {
         let io = |what: &str, e| files::to_sink_error(&format!("aborting checkpoint {c}: {what}"), e);
         for table in combined.tables.iter().filter(|t| t.marker) {

@@ -309,6 +309,12 @@ impl GuestWriter for FilesWriter {
         Ok(())
     }
 
+    /// Deletes what this writer prepared for checkpoint `c`. Precondition,
+    /// which the host guarantees: the checkpoint's record is definitely not
+    /// persisted (never combined, or its write was answered "not done"), so
+    /// no commit can ever name these files; the host never calls it when the
+    /// persist's outcome is unknown, since a recovery would then commit the
+    /// checkpoint and find its files gone.
     fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
         if inner.cfg.publish != Publish::Rename {

@@ -6,13 +6,25 @@
 //! 1. reload the table;
 //! 2. if the table's watermark for this job, sink and incarnation is at or
 //!    past `c`, the table is done;
-//! 3. otherwise build a fast-append snapshot on exactly that table, setting
-//!    the watermark to `c` in the same commit, and commit it with its
-//!    `assert-ref-snapshot-id` requirement;
-//! 4. a `conflict` (definitely not applied) or an `unknown-outcome` (maybe
+//! 3. otherwise every data and delete file the checkpoint names in it must
+//!    exist, whole, as its writer wrote it (one `stat` each); this is checked
+//!    for every table not done before any table is committed, and a missing
+//!    file refuses the whole commit with a `fatal` error naming the files
+//!    and the checkpoint, so no snapshot ever names a file that is gone and
+//!    the checkpoint stays pending for the operator (step 2 comes first: a
+//!    table holding `c` already is never checked, so files a later
+//!    compaction removed cannot turn an `already-committed` into an error);
+//! 4. build a fast-append snapshot on exactly the table step 1 loaded,
+//!    setting the watermark to `c` in the same commit, and commit it with
+//!    its `assert-ref-snapshot-id` requirement;
+//! 5. a `conflict` (definitely not applied) or an `unknown-outcome` (maybe
 //!    applied) is answered `retryable`: the host calls `commit` again, which
 //!    starts at 1 for every table, so step 2 decides before anything is
 //!    re-applied, and tables done already stay done.
+//!
+//! `abort` deletes a checkpoint's data files; the host calls it only for a
+//! checkpoint whose record is definitely not persisted, so no commit can
+//! ever name them.
 //!
 //! The watermark is a table property, `sluice.committed.<job>.<sink>.<incarnation>`,
 //! written by the same atomic commit as the snapshot. Unlike the snapshot
@@ -40,7 +52,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use iceberg::TableIdent;
-use iceberg::spec::{DataFile, TableMetadata, deserialize_data_file_from_json};
+use iceberg::spec::{DataContentType, DataFile, TableMetadata, deserialize_data_file_from_json};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{TableRequirement, TableUpdate};
@@ -246,6 +258,52 @@ fn decode_files(table: &Table, part: &TableFiles) -> Result<Vec<DataFile>, SinkE
         .collect()
 }
 
+/// Adds to `problems` why each of `files`, checkpoint files of table
+/// `ident`, may not be named by a snapshot: missing, or not the size its
+/// writer wrote (a reader reads the footer at that size).
+///
+/// One `stat` per file, which on an object store is one HEAD request, and not
+/// one `list-tree` of the table's data directory: a checkpoint names few
+/// files (about one per writer and partition), while the data directory
+/// holds every file of the table's history, so its listing costs one request
+/// per thousand files of the whole table (and all their names in this
+/// plugin's memory), growing with the table, not with the checkpoint. The
+/// HEADs cost as much as the writes that made the files, one each, and come
+/// once per commit attempt.
+fn check_files(ident: &TableIdent, files: &[DataFile], problems: &mut Vec<String>) -> Result<(), SinkError> {
+    use sluice_guest_sdk::IoError;
+    for file in files {
+        let location = file.file_path();
+        let kind = match file.content_type() {
+            DataContentType::Data => "data file",
+            DataContentType::PositionDeletes | DataContentType::EqualityDeletes => "delete file",
+        };
+        let written = file.file_size_in_bytes();
+        match sluice_guest_sdk::files::stat(location) {
+            Ok(status) if status.is_dir => {
+                problems.push(format!("table {ident}: {kind} {location} is a directory"));
+            }
+            Ok(status) if status.size != written => problems.push(format!(
+                "table {ident}: {kind} {location} holds {} bytes, and its writer wrote {written}",
+                status.size
+            )),
+            Ok(_) => {}
+            Err(IoError::NotFound(_)) => problems.push(format!("table {ident}: {kind} {location} is missing")),
+            Err(e @ IoError::Denied(_)) => {
+                return Err(sluice_guest_sdk::files::to_sink_error(&format!("checking {kind} {location}"), e));
+            }
+            // Not an answer about the file: the host retries the commit, which checks again.
+            Err(e) => {
+                return Err(error::retryable(format!(
+                    "checking {kind} {location} of table {ident}: {}",
+                    sluice_guest_sdk::files::describe(&e)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A catalog error on a table as a sink error: conflicts and unknown
 /// outcomes may be retried (the next attempt reloads and checks first).
 fn catalog_failure(context: String, e: CatalogError) -> SinkError {
@@ -266,26 +324,49 @@ impl IcebergCommitter {
         block_on(host_io::load_table(ident)).map_err(|e| e.into_sink_error(ident))
     }
 
-    /// Commits checkpoint `c`'s files of one table as one snapshot, moving
-    /// the watermark in the same commit. `Ok(false)`: it was there already.
-    fn commit_table(&self, c: u64, incarnation: Option<&str>, part: &TableFiles) -> Result<bool, SinkError> {
+    /// Checkpoint `c`'s files of one table, with the table as just loaded,
+    /// when they are still to be committed; `None` when the table holds `c`
+    /// already (decided before any file is looked at) or `c` has no files
+    /// for it. Adds to `problems` each of the files that is not as written.
+    fn to_commit(
+        &self,
+        c: u64,
+        incarnation: Option<&str>,
+        part: &TableFiles,
+        problems: &mut Vec<String>,
+    ) -> Result<Option<(TableIdent, Table, Vec<DataFile>)>, SinkError> {
+        if part.files.is_empty() {
+            return Ok(None);
+        }
         let ident = self.cfg.ident(&part.table)?;
         let table = self.load(&ident)?;
         if holds_checkpoint(table.metadata(), &self.ctx, incarnation, c) {
-            return Ok(false);
+            return Ok(None);
         }
-        if part.files.is_empty() {
-            return Ok(false);
-        }
-        // Judged on this very reload; a claim taken meanwhile makes the commit conflict.
-        let take_claim = self.judge_claim(&ident, table.metadata())?;
         let files = decode_files(&table, part)?;
+        check_files(&ident, &files, problems)?;
+        Ok(Some((ident, table, files)))
+    }
+
+    /// Commits checkpoint `c`'s `files` of table `ident` as one snapshot on
+    /// `table` (as [`Self::to_commit`] loaded and checked it), moving the
+    /// watermark in the same commit.
+    fn commit_table(
+        &self,
+        c: u64,
+        incarnation: Option<&str>,
+        ident: &TableIdent,
+        table: &Table,
+        files: Vec<DataFile>,
+    ) -> Result<(), SinkError> {
+        // Judged on the table as loaded; a claim taken since makes the commit conflict.
+        let take_claim = self.judge_claim(ident, table.metadata())?;
         let mut summary = HashMap::from([
             (SUMMARY_JOB.to_string(), self.ctx.job_id.clone()),
             (SUMMARY_SINK.to_string(), self.ctx.sink_id.clone()),
             (SUMMARY_CHECKPOINT.to_string(), c.to_string()),
         ]);
-        let tx = Transaction::new(&table);
+        let tx = Transaction::new(table);
         // The duplicate check would read every manifest; the watermark is
         // what makes the commit idempotent.
         let append = tx.fast_append().with_check_duplicate(false).add_data_files(files);
@@ -317,7 +398,7 @@ impl IcebergCommitter {
                     log::info(&format!("incarnation {} claimed table {ident}", self.ctx.incarnation));
                     self.claimed.borrow_mut().insert(ident.to_string());
                 }
-                Ok(true)
+                Ok(())
             }
             (Err(_), Some(Err(e))) => Err(catalog_failure(format!("committing checkpoint {c} to table {ident}"), e)),
             // Failed before the catalog was asked (writing manifests): nothing was committed.
@@ -496,14 +577,33 @@ impl GuestCommitter for IcebergCommitter {
         let mut parts = combined.parts();
         parts.sort_by(|a, b| a.table.cmp(&b.table));
         self.check_claims(&parts)?;
-        let mut committed = false;
-        // Table by table: a table where `c` is visible already is left alone.
+        // A table where `c` is visible already is left alone, unchecked;
+        // every other table's files are checked before any table is
+        // committed, so a missing file leaves `c` whole where it is not.
+        let mut todo = Vec::with_capacity(parts.len());
+        let mut problems = Vec::new();
         for part in &parts {
-            committed |= self.commit_table(c, incarnation.as_deref(), part)?;
+            todo.extend(self.to_commit(c, incarnation.as_deref(), part, &mut problems)?);
+        }
+        if !problems.is_empty() {
+            return Err(sluice_guest_sdk::files::refuse_missing(
+                c,
+                "make a snapshot name files that no reader can read",
+                &problems,
+            ));
+        }
+        let committed = !todo.is_empty();
+        for (ident, table, files) in todo {
+            self.commit_table(c, incarnation.as_deref(), &ident, &table, files)?;
         }
         Ok(if committed { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }
 
+    /// Deletes the data files of checkpoint `c`. Precondition, which the host
+    /// guarantees: the checkpoint's record is definitely not persisted (its
+    /// write was answered "not done"), so no run can ever commit it; never
+    /// called when the persist's outcome is unknown, since a recovery would
+    /// then commit a snapshot naming these files.
     fn abort(&self, _c: u64, combined: Vec<u8>) -> Result<(), SinkError> {
         let Ok(combined) = serde_json::from_slice::<Combined>(&combined) else { return Ok(()) };
         for part in combined.parts() {

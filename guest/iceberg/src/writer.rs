@@ -390,6 +390,12 @@ impl GuestWriter for IcebergWriter {
         Ok(())
     }
 
+    /// Deletes the data files this writer prepared for checkpoint `c`.
+    /// Precondition, which the host guarantees: the checkpoint's record is
+    /// definitely not persisted (never combined, or its write was answered
+    /// "not done"), so no commit can ever name these files; the host never
+    /// calls it when the persist's outcome is unknown, since a recovery
+    /// would then commit a snapshot naming them.
     fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
         if let Some(paths) = inner.prepared.remove(&c) {

@@ -24,6 +24,34 @@ pub fn to_sink_error(context: &str, err: IoError) -> SinkError {
     }
 }
 
+/// How many files a refusal to commit names before it counts the rest.
+const NAMED_FILES: usize = 10;
+
+/// Refuses the commit of checkpoint `c` because files it names are missing or
+/// not as their writers wrote them: `problems` says why, one entry per file,
+/// each naming its location (and its table); `consequence` is what committing
+/// it anyway would do (e.g. "make a snapshot name files no reader can read").
+///
+/// `fatal`, on purpose: `retryable` would have the host retry a commit that
+/// cannot succeed, and `invalid-data` is about rows; a fatal error stops the
+/// run, and the host keeps the checkpoint pending (never drops it), so the
+/// operator decides: restore the files, or give the checkpoint up.
+pub fn refuse_missing(c: u64, consequence: &str, problems: &[String]) -> SinkError {
+    let mut named = problems.iter().take(NAMED_FILES).cloned().collect::<Vec<_>>().join("; ");
+    if problems.len() > NAMED_FILES {
+        named.push_str(&format!("; and {} more", problems.len() - NAMED_FILES));
+    }
+    SinkError::Fatal(format!(
+        "checkpoint {c} cannot be committed: {} file(s) it names are missing or not as written: {named}. \
+         Committing it would {consequence}, so nothing of it was committed \
+         where it was not already, and it stays pending. If the files were removed outside Sluice (a manual \
+         delete, a bucket lifecycle rule, orphan cleanup run without --protect for this job), put them back \
+         and run again; or give up checkpoint {c}'s rows with `sluice state <job file> --drop-pending {c}` \
+         and run again",
+        problems.len()
+    ))
+}
+
 /// Joins a location and a relative name with exactly one `/`.
 pub fn join(base: &str, name: &str) -> String {
     format!("{}/{}", base.trim_end_matches('/'), name.trim_start_matches('/'))
