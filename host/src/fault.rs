@@ -19,7 +19,7 @@
 //! compiled out; no crash point's name is in the binary.
 
 #[cfg(feature = "fault-injection")]
-pub use armed::{CatalogFaults, CommitFault, Fault};
+pub use armed::{CatalogFaults, CommitFault, Fault, Sim, SimFault};
 
 /// Where a test may make the engine "crash" (stop at once, no cleanup), in
 /// protocol order.
@@ -55,6 +55,10 @@ pub struct Faults {
     /// Faults and latency of the catalog's `commit-table` calls.
     #[cfg(feature = "fault-injection")]
     pub catalog: CatalogFaults,
+    /// Seeded faults at the I/O boundaries (the state directory, file-io),
+    /// for the simulation (see [`Sim`]).
+    #[cfg(feature = "fault-injection")]
+    pub sim: Option<std::sync::Arc<Sim>>,
 }
 
 impl Faults {
@@ -207,6 +211,9 @@ impl SideEffectFault {
 
 #[cfg(feature = "fault-injection")]
 mod armed {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
     use super::CrashPoint;
@@ -279,6 +286,117 @@ mod armed {
     impl CatalogFaults {
         pub fn is_empty(&self) -> bool {
             self.faults.is_empty() && self.latency.is_zero()
+        }
+    }
+
+    /// What [`Sim::decide`] makes of one I/O operation.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum SimFault {
+        /// It happens, and its caller hears so.
+        Pass,
+        /// It fails before anything happens (a refused request).
+        FailBefore,
+        /// It happens, and then its caller hears an error (the reply is
+        /// lost, a timeout, a connection cut after the request was sent).
+        LoseReply,
+        /// A listing answers what it answered the time before (a lagging
+        /// index); other operations pass.
+        Stale,
+    }
+
+    /// Seeded faults at the engine's I/O boundaries, in the manner of
+    /// TigerBeetle's VOPR and FoundationDB's simulation: each operation of a
+    /// kind is numbered, and whether the nth one fails is a function of the
+    /// seed, the kind and n alone, so a seed replays the same faults for the
+    /// same sequence of operations. The state directory is driven by one
+    /// thread, so its faults replay exactly; file-io operations of several
+    /// writers interleave as threads run, so theirs replay as long as the
+    /// order does.
+    #[derive(Debug)]
+    pub struct Sim {
+        seed: u64,
+        /// Chances per million that an operation fails before it happens,
+        /// happens with its reply lost, or (a listing) answers stale.
+        fail_before: u32,
+        lose_reply: u32,
+        stale: u32,
+        enabled: AtomicBool,
+        counts: Mutex<HashMap<&'static str, u64>>,
+        fired: Mutex<Vec<String>>,
+    }
+
+    /// splitmix64's finaliser: a well-mixed 64-bit hash of `x`. Written
+    /// here rather than taken from a crate: the simulation needs a pure
+    /// function of (seed, operation, n), not a stream of numbers.
+    fn mix(mut x: u64) -> u64 {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+
+    fn name_hash(name: &str) -> u64 {
+        name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    }
+
+    impl Sim {
+        /// Faults with the given chances per million operations.
+        pub fn new(seed: u64, fail_before: u32, lose_reply: u32, stale: u32) -> Self {
+            Self {
+                seed,
+                fail_before,
+                lose_reply,
+                stale,
+                enabled: AtomicBool::new(true),
+                counts: Mutex::default(),
+                fired: Mutex::default(),
+            }
+        }
+
+        pub fn seed(&self) -> u64 {
+            self.seed
+        }
+
+        /// Turns the faults on or off (a simulation lets its last run pass).
+        pub fn set_enabled(&self, on: bool) {
+            self.enabled.store(on, Ordering::SeqCst);
+        }
+
+        /// The faults injected so far: `<operation>#<n> <fault> <what>`.
+        pub fn fired(&self) -> Vec<String> {
+            self.fired.lock().map(|f| f.clone()).unwrap_or_default()
+        }
+
+        /// The fault of this call of `op` (on `what`, named in the log only).
+        pub fn decide(&self, op: &'static str, what: &str) -> SimFault {
+            if !self.enabled.load(Ordering::SeqCst) {
+                return SimFault::Pass;
+            }
+            let n = match self.counts.lock() {
+                Ok(mut counts) => {
+                    let n = counts.entry(op).or_insert(0);
+                    *n += 1;
+                    *n
+                }
+                Err(_) => return SimFault::Pass,
+            };
+            let roll = (mix(self.seed ^ mix(name_hash(op) ^ mix(n))) % 1_000_000) as u32;
+            let fault = if roll < self.fail_before {
+                SimFault::FailBefore
+            } else if roll < self.fail_before + self.lose_reply {
+                SimFault::LoseReply
+            } else if roll < self.fail_before + self.lose_reply + self.stale {
+                SimFault::Stale
+            } else {
+                SimFault::Pass
+            };
+            if fault != SimFault::Pass {
+                tracing::info!(seed = self.seed, op, n, fault = ?fault, what, "simulated fault");
+                if let Ok(mut fired) = self.fired.lock() {
+                    fired.push(format!("{op}#{n} {fault:?} {what}"));
+                }
+            }
+            fault
         }
     }
 }

@@ -62,6 +62,10 @@ pub struct FileGrants {
     base_dir: PathBuf,
     local: Vec<LocalGrant>,
     objects: Vec<ObjectGrant>,
+    /// The simulation's seeded faults, with the last listing of each
+    /// location (answered again when a listing is stale). Test builds only.
+    #[cfg(feature = "fault-injection")]
+    sim: Option<(Arc<crate::fault::Sim>, std::sync::Mutex<std::collections::HashMap<String, Vec<TreeEntry>>>)>,
 }
 
 impl std::fmt::Debug for FileGrants {
@@ -122,13 +126,58 @@ impl FileGrants {
         read_only: &[String],
         stores: &StoreConfig,
     ) -> Result<Self, GrantError> {
-        let mut grants = Self { base_dir: base_dir.to_path_buf(), local: Vec::new(), objects: Vec::new() };
+        let mut grants = Self {
+            base_dir: base_dir.to_path_buf(),
+            local: Vec::new(),
+            objects: Vec::new(),
+            #[cfg(feature = "fault-injection")]
+            sim: None,
+        };
         for (list, writable) in [(read_write, true), (read_only, false)] {
             for location in list {
                 grants.add(location, writable, stores)?;
             }
         }
         Ok(grants)
+    }
+
+    /// These grants behind the simulation's seeded faults, when `faults`
+    /// has them: an operation may fail before it happens, or happen with its
+    /// reply lost; a listing of a tree may answer what it answered before.
+    pub(crate) fn with_faults(self, faults: &crate::fault::Faults) -> Self {
+        #[cfg(feature = "fault-injection")]
+        if let Some(sim) = &faults.sim {
+            return Self { sim: Some((sim.clone(), std::sync::Mutex::default())), ..self };
+        }
+        let _ = faults;
+        self
+    }
+
+    /// Runs `call`, the operation `op` on `location`, through the
+    /// simulation's faults (as it is without them).
+    fn simulated<T>(
+        &self,
+        op: &'static str,
+        location: &str,
+        call: impl FnOnce() -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        #[cfg(feature = "fault-injection")]
+        if let Some((sim, _)) = &self.sim {
+            use crate::fault::SimFault;
+            let fault = |what: &str| {
+                Failure::Io(IoError::Other(format!("{location}: simulated fault: {what} (seed {})", sim.seed())))
+            };
+            match sim.decide(op, location) {
+                SimFault::FailBefore => return Err(fault(&format!("{op} failed before it was sent"))),
+                SimFault::LoseReply => {
+                    call()?;
+                    return Err(fault(&format!("{op} happened, and its reply was lost")));
+                }
+                SimFault::Pass | SimFault::Stale => {}
+            }
+        }
+        let _ = (op, location);
+        call()
     }
 
     /// Signs the requests for the objects of tables a REST catalog vended
@@ -249,11 +298,13 @@ impl FileGrants {
     }
 
     fn exists_call(&self, location: &str) -> Result<bool, Failure> {
-        if is_object_url(location) {
-            let (grant, key) = self.resolve_object(location, false)?;
-            return grant.exists(&key);
-        }
-        Ok(self.exists_local(location)?)
+        self.simulated("file-io.exists", location, || {
+            if is_object_url(location) {
+                let (grant, key) = self.resolve_object(location, false)?;
+                return grant.exists(&key);
+            }
+            Ok(self.exists_local(location)?)
+        })
     }
 
     pub fn stat(&self, location: &str) -> Result<FileStatus, IoError> {
@@ -261,11 +312,13 @@ impl FileGrants {
     }
 
     fn stat_call(&self, location: &str) -> Result<FileStatus, Failure> {
-        if is_object_url(location) {
-            let (grant, key) = self.resolve_object(location, false)?;
-            return grant.stat(&key, location);
-        }
-        Ok(self.stat_local(location)?)
+        self.simulated("file-io.stat", location, || {
+            if is_object_url(location) {
+                let (grant, key) = self.resolve_object(location, false)?;
+                return grant.stat(&key, location);
+            }
+            Ok(self.stat_local(location)?)
+        })
     }
 
     /// Reads without a host-memory budget (the in-process API).
@@ -280,11 +333,13 @@ impl FileGrants {
         length: u64,
         memory: &Arc<HostMemory>,
     ) -> Result<Vec<u8>, Failure> {
-        if is_object_url(location) {
-            let (grant, key) = self.resolve_object(location, false)?;
-            return grant.read(&key, location, offset, length, memory);
-        }
-        Ok(self.read_local(location, offset, length)?)
+        self.simulated("file-io.read", location, || {
+            if is_object_url(location) {
+                let (grant, key) = self.resolve_object(location, false)?;
+                return grant.read(&key, location, offset, length, memory);
+            }
+            Ok(self.read_local(location, offset, length)?)
+        })
     }
 
     pub fn list_dir(&self, location: &str) -> Result<Vec<String>, IoError> {
@@ -292,11 +347,13 @@ impl FileGrants {
     }
 
     fn list_dir_call(&self, location: &str) -> Result<Vec<String>, Failure> {
-        if is_object_url(location) {
-            let (grant, key) = self.resolve_object(location, false)?;
-            return grant.list_dir(&key, location);
-        }
-        Ok(self.list_dir_local(location)?)
+        self.simulated("file-io.list-dir", location, || {
+            if is_object_url(location) {
+                let (grant, key) = self.resolve_object(location, false)?;
+                return grant.list_dir(&key, location);
+            }
+            Ok(self.list_dir_local(location)?)
+        })
     }
 
     /// Every file under the directory `location`, at any depth, sorted.
@@ -305,11 +362,29 @@ impl FileGrants {
     }
 
     fn list_tree_call(&self, location: &str) -> Result<Vec<TreeEntry>, Failure> {
-        if is_object_url(location) {
-            let (grant, key) = self.resolve_object(location, false)?;
-            return grant.list_tree(&key, location);
+        let list = || {
+            if is_object_url(location) {
+                let (grant, key) = self.resolve_object(location, false)?;
+                return grant.list_tree(&key, location);
+            }
+            Ok(self.list_tree_local(location)?)
+        };
+        #[cfg(feature = "fault-injection")]
+        if let Some((sim, listed)) = &self.sim {
+            // A lagging listing answers what it answered before (files
+            // written since are missing from it); otherwise it is kept.
+            if sim.decide("file-io.list-tree-stale", location) == crate::fault::SimFault::Stale
+                && let Some(before) = listed.lock().ok().and_then(|l| l.get(location).cloned())
+            {
+                return Ok(before);
+            }
+            let entries = self.simulated("file-io.list-tree", location, list)?;
+            if let Ok(mut l) = listed.lock() {
+                l.insert(location.to_string(), entries.clone());
+            }
+            return Ok(entries);
         }
-        Ok(self.list_tree_local(location)?)
+        list()
     }
 
     /// On an object store: checks the grant and sends nothing (no folders there).
@@ -332,11 +407,13 @@ impl FileGrants {
         overwrite: bool,
         memory: &Arc<HostMemory>,
     ) -> Result<(), Failure> {
-        if is_object_url(location) {
-            let (grant, key) = self.resolve_object(location, true)?;
-            return grant.write_file(&key, location, contents, overwrite, memory);
-        }
-        Ok(self.write_file_local(location, &contents, overwrite)?)
+        self.simulated("file-io.write-file", location, || {
+            if is_object_url(location) {
+                let (grant, key) = self.resolve_object(location, true)?;
+                return grant.write_file(&key, location, contents, overwrite, memory);
+            }
+            Ok(self.write_file_local(location, &contents, overwrite)?)
+        })
     }
 
     /// On an object store: `other`, "cannot rename on an object store",
@@ -360,11 +437,13 @@ impl FileGrants {
     }
 
     fn delete_call(&self, location: &str) -> Result<(), Failure> {
-        if is_object_url(location) {
-            let (grant, key) = self.resolve_object(location, true)?;
-            return grant.delete(&key, location);
-        }
-        Ok(self.delete_local(location)?)
+        self.simulated("file-io.delete", location, || {
+            if is_object_url(location) {
+                let (grant, key) = self.resolve_object(location, true)?;
+                return grant.delete(&key, location);
+            }
+            Ok(self.delete_local(location)?)
+        })
     }
 
     /// An output file, without a host-memory budget (the in-process API).
@@ -378,16 +457,18 @@ impl FileGrants {
         overwrite: bool,
         memory: &Arc<HostMemory>,
     ) -> Result<OutputFileHandle, Failure> {
-        if is_object_url(location) {
-            let (grant, key) = self.resolve_object(location, true)?;
-            let upload = grant.create_output(&key, location, overwrite, memory)?;
-            return Ok(OutputFileHandle {
-                location: location.to_string(),
-                inner: Output::Object(Box::new(upload)),
-                slot: None,
-            });
-        }
-        Ok(self.create_output_local(location, overwrite)?)
+        self.simulated("file-io.create-output", location, || {
+            if is_object_url(location) {
+                let (grant, key) = self.resolve_object(location, true)?;
+                let upload = grant.create_output(&key, location, overwrite, memory)?;
+                return Ok(OutputFileHandle {
+                    location: location.to_string(),
+                    inner: Output::Object(Box::new(upload)),
+                    slot: None,
+                });
+            }
+            Ok(self.create_output_local(location, overwrite)?)
+        })
     }
 
     fn exists_local(&self, location: &str) -> Result<bool, IoError> {

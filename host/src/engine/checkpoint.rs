@@ -95,6 +95,32 @@ pub enum CheckpointError {
         #[source]
         source: serde_json::Error,
     },
+    /// A write whose outcome is unknown: it may be durable, or become so.
+    #[error(
+        "{path}: whether this write took effect is unknown ({source}); nothing it covers was released. Run \
+         the job again: the next run decides from what the state directory holds"
+    )]
+    Unknown {
+        path: PathBuf,
+        #[source]
+        source: Box<CheckpointError>,
+    },
+}
+
+impl CheckpointError {
+    /// Whether the write that failed with this error may still have taken
+    /// effect (or may yet): then nothing it covers may be released.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, CheckpointError::Unknown { .. })
+    }
+
+    /// This error, as the unknown outcome of a write to `path`.
+    pub(super) fn unknown(self, path: impl Into<PathBuf>) -> Self {
+        if self.outcome_unknown() {
+            return self;
+        }
+        CheckpointError::Unknown { path: path.into(), source: Box::new(self) }
+    }
 }
 
 /// Bytes stored as base64 in the JSON record.
@@ -303,19 +329,52 @@ impl CheckpointRecord {
 
 /// A job's state directory, held (locked, or leased on an object store) for
 /// the lifetime of this value. The coordinator and the landing see only
-/// this; where the state lives is the [`Backend`]'s business.
+/// this; where the state lives is its [`StateBackend`]'s business.
 #[derive(Debug)]
 pub struct CheckpointStore {
-    backend: Backend,
+    backend: Box<dyn StateBackend>,
     job_id: String,
     retain: usize,
 }
 
-/// Where a state directory lives.
-#[derive(Debug)]
-enum Backend {
-    Local(LocalDir),
-    Object(Box<super::object_state::ObjectState>),
+/// Where a state directory lives: a local directory ([`LocalDir`]), an
+/// object store ([`super::object_state::ObjectState`]), or, in tests,
+/// either behind seeded faults (`super::state_faults`).
+///
+/// Contract of every backend: [`StateBackend::write_record`] answers `Ok`
+/// only once the record is durable, and an error for which
+/// [`CheckpointError::outcome_unknown`] is false only when nothing of the
+/// record can become durable later (the write was refused before it was
+/// sent). Any other failure, a lost reply, a timeout, a failed step after
+/// the durable one, is an unknown outcome.
+pub(super) trait StateBackend: std::fmt::Debug + Send + Sync {
+    fn read_file(&self, file: StateFile) -> Result<Option<Vec<u8>>, CheckpointError>;
+    fn write_file(&self, file: StateFile, bytes: Vec<u8>) -> Result<(), CheckpointError>;
+    /// Where `file` is, for messages.
+    fn file_path(&self, file: StateFile) -> PathBuf;
+    /// Checkpoint ids present, newest first.
+    fn ids(&self) -> Result<Vec<u64>, CheckpointError>;
+    /// Checkpoint ids present, newest first, for pruning old records only:
+    /// a listing that lags (in a simulation) may answer here, never where
+    /// the state is read.
+    fn ids_to_prune(&self) -> Result<Vec<u64>, CheckpointError> {
+        self.ids()
+    }
+    /// The newest record of checkpoint `c`: where it is and its bytes.
+    fn read_record(&self, c: u64) -> Result<(PathBuf, Vec<u8>), CheckpointError>;
+    /// Writes a record of checkpoint `c`: on disk in place of the one
+    /// there, on an object store as a new object (never overwritten).
+    fn write_record(&self, c: u64, bytes: Vec<u8>) -> Result<PathBuf, CheckpointError>;
+    /// Removes the records of checkpoint `c` (retention), best effort.
+    fn delete_record(&self, c: u64);
+    /// See [`CheckpointStore::check_held`].
+    fn check_held(&self) -> Result<(), CheckpointError>;
+    /// The local directory, or the store URL as a path, for messages.
+    fn dir(&self) -> PathBuf;
+    /// Where the records are, for messages.
+    fn records_dir(&self) -> PathBuf;
+    /// Where the record of checkpoint `c` is (or its records go).
+    fn record_path(&self, c: u64) -> PathBuf;
 }
 
 /// A local state directory.
@@ -370,14 +429,20 @@ fn parse_name(name: &str) -> Option<u64> {
 
 /// Writes `bytes` to `path` atomically and durably.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    write_atomic_telling(path, bytes)
+}
+
+/// [`write_atomic`], telling apart a failure before the rename (nothing
+/// was written: the temporary file is removed) from one at or after it
+/// (the new file may be in place, or be after a crash: an unknown outcome).
+fn write_atomic_telling(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
     let written = (|| {
         let mut f = File::create(&tmp).map_err(io(&tmp))?;
         f.write_all(bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        fs::rename(&tmp, path).map_err(io(path))
+        f.sync_all().map_err(io(&tmp))
     })();
     if let Err(e) = written {
         // A full disk, say: leave no half-written temporary file behind.
@@ -388,7 +453,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         }
         return Err(e);
     }
-    sync_dir(dir)
+    // rename(2) either happens or not, but on a network filesystem an error
+    // may follow a rename that happened; and until the directory is synced
+    // a crash may undo it. Either way the outcome is not known.
+    fs::rename(&tmp, path).map_err(|e| io(path)(e).unknown(path))?;
+    sync_dir(dir).map_err(|e| e.unknown(path))
 }
 
 /// Refuses a state directory path that runs through a file: the OS would
@@ -414,8 +483,26 @@ impl LocalDir {
     fn file(&self, file: StateFile) -> PathBuf {
         self.dir.join(file.name())
     }
+}
 
-    /// Checkpoint ids present on disk, newest first.
+impl StateBackend for LocalDir {
+    fn read_file(&self, file: StateFile) -> Result<Option<Vec<u8>>, CheckpointError> {
+        let path = self.file(file);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
+    fn write_file(&self, file: StateFile, bytes: Vec<u8>) -> Result<(), CheckpointError> {
+        write_atomic_telling(&self.file(file), &bytes)
+    }
+
+    fn file_path(&self, file: StateFile) -> PathBuf {
+        self.file(file)
+    }
+
     fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
         let mut ids = Vec::new();
         if !self.checkpoints.is_dir() {
@@ -430,80 +517,41 @@ impl LocalDir {
         ids.sort_unstable_by(|a, b| b.cmp(a));
         Ok(ids)
     }
-}
 
-impl Backend {
-    fn read_file(&self, file: StateFile) -> Result<Option<Vec<u8>>, CheckpointError> {
-        match self {
-            Backend::Local(l) => {
-                let path = l.file(file);
-                match fs::read(&path) {
-                    Ok(bytes) => Ok(Some(bytes)),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                    Err(e) => Err(io(&path)(e)),
-                }
-            }
-            Backend::Object(o) => o.read_file(file),
-        }
-    }
-
-    fn write_file(&self, file: StateFile, bytes: Vec<u8>) -> Result<(), CheckpointError> {
-        match self {
-            Backend::Local(l) => write_atomic(&l.file(file), &bytes),
-            Backend::Object(o) => o.write_file(file, bytes),
-        }
-    }
-
-    /// Where `file` is, for messages.
-    fn file_path(&self, file: StateFile) -> PathBuf {
-        match self {
-            Backend::Local(l) => l.file(file),
-            Backend::Object(o) => PathBuf::from(o.file_url(file)),
-        }
-    }
-
-    fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
-        match self {
-            Backend::Local(l) => l.ids(),
-            Backend::Object(o) => o.ids(),
-        }
-    }
-
-    /// The newest record of checkpoint `c`: where it is and its bytes.
     fn read_record(&self, c: u64) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
-        match self {
-            Backend::Local(l) => {
-                let path = l.checkpoints.join(file_name(c));
-                let bytes = fs::read(&path).map_err(io(&path))?;
-                Ok((path, bytes))
-            }
-            Backend::Object(o) => o.read_record(c),
-        }
+        let path = self.checkpoints.join(file_name(c));
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        Ok((path, bytes))
     }
 
-    /// Writes a record of checkpoint `c`: on disk in place of the one
-    /// there, on an object store as a new object (never overwritten).
     fn write_record(&self, c: u64, bytes: Vec<u8>) -> Result<PathBuf, CheckpointError> {
-        match self {
-            Backend::Local(l) => {
-                let path = l.checkpoints.join(file_name(c));
-                write_atomic(&path, &bytes)?;
-                Ok(path)
-            }
-            Backend::Object(o) => o.write_record(c, bytes),
-        }
+        let path = self.checkpoints.join(file_name(c));
+        write_atomic_telling(&path, &bytes)?;
+        Ok(path)
     }
 
     fn delete_record(&self, c: u64) {
-        match self {
-            Backend::Local(l) => {
-                let p = l.checkpoints.join(file_name(c));
-                if let Err(e) = fs::remove_file(&p) {
-                    tracing::warn!(path = %p.display(), error = %e, "could not prune old checkpoint record");
-                }
-            }
-            Backend::Object(o) => o.delete_record(c),
+        let p = self.checkpoints.join(file_name(c));
+        if let Err(e) = fs::remove_file(&p) {
+            tracing::warn!(path = %p.display(), error = %e, "could not prune old checkpoint record");
         }
+    }
+
+    fn check_held(&self) -> Result<(), CheckpointError> {
+        // The lock is the kernel's, held until the process ends.
+        Ok(())
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.dir.clone()
+    }
+
+    fn records_dir(&self) -> PathBuf {
+        self.checkpoints.clone()
+    }
+
+    fn record_path(&self, c: u64) -> PathBuf {
+        self.checkpoints.join(file_name(c))
     }
 }
 
@@ -531,7 +579,7 @@ impl CheckpointStore {
             Err(fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
         }
         let local = LocalDir { dir: dir.to_path_buf(), checkpoints, _lock: Some(lock) };
-        Ok(Self { backend: Backend::Local(local), job_id: job_id.to_string(), retain })
+        Ok(Self { backend: Box::new(local), job_id: job_id.to_string(), retain })
     }
 
     /// Opens and holds the state directory at `location`: a local one
@@ -548,7 +596,7 @@ impl CheckpointStore {
             Location::Local(dir) => Self::open(dir, job_id, retain),
             Location::ObjectStore { scheme, bucket, prefix } => {
                 let state = super::object_state::ObjectState::open(*scheme, bucket, prefix, Some(lease), stores)?;
-                Ok(Self { backend: Backend::Object(Box::new(state)), job_id: job_id.to_string(), retain })
+                Ok(Self { backend: Box::new(state), job_id: job_id.to_string(), retain })
             }
         }
     }
@@ -562,7 +610,7 @@ impl CheckpointStore {
             return Ok(None);
         }
         let local = LocalDir { dir: dir.to_path_buf(), checkpoints, _lock: None };
-        Ok(Some(Self { backend: Backend::Local(local), job_id: job_id.to_string(), retain: usize::MAX }))
+        Ok(Some(Self { backend: Box::new(local), job_id: job_id.to_string(), retain: usize::MAX }))
     }
 
     /// [`CheckpointStore::inspect`] of the state directory at `location`,
@@ -579,13 +627,21 @@ impl CheckpointStore {
                 if state.is_empty()? {
                     return Ok(None);
                 }
-                Ok(Some(Self {
-                    backend: Backend::Object(Box::new(state)),
-                    job_id: job_id.to_string(),
-                    retain: usize::MAX,
-                }))
+                Ok(Some(Self { backend: Box::new(state), job_id: job_id.to_string(), retain: usize::MAX }))
             }
         }
+    }
+
+    /// This state directory behind the simulation's seeded faults, when
+    /// `faults` has them (test builds only).
+    pub fn with_faults(self, faults: &crate::fault::Faults) -> Self {
+        #[cfg(feature = "fault-injection")]
+        if let Some(sim) = &faults.sim {
+            let backend = Box::new(super::state_faults::FaultyState::new(self.backend, sim.clone()));
+            return Self { backend, ..self };
+        }
+        let _ = faults;
+        self
     }
 
     /// Runs started in this state directory so far (without raising it).
@@ -602,10 +658,7 @@ impl CheckpointStore {
 
     /// The local directory, or the store URL as a path, for messages.
     pub fn dir(&self) -> PathBuf {
-        match &self.backend {
-            Backend::Local(l) => l.dir.clone(),
-            Backend::Object(o) => PathBuf::from(o.url()),
-        }
+        self.backend.dir()
     }
 
     fn read_state<T: serde::de::DeserializeOwned>(&self, file: StateFile) -> Result<Option<T>, CheckpointError> {
@@ -659,10 +712,7 @@ impl CheckpointStore {
     /// called before every persist and every commit. A local directory's
     /// lock is held until the process ends.
     pub fn check_held(&self) -> Result<(), CheckpointError> {
-        match &self.backend {
-            Backend::Local(_) => Ok(()),
-            Backend::Object(o) => o.check_held(),
-        }
+        self.backend.check_held()
     }
 
     /// Checkpoint ids present, newest first.
@@ -698,30 +748,36 @@ impl CheckpointStore {
     }
 
     /// Persists a record atomically and durably, then prunes old ones.
+    ///
+    /// An error for which [`CheckpointError::outcome_unknown`] is false
+    /// means the record was not written and never will be: only then may a
+    /// caller release what it names. Once the record is durable, pruning
+    /// only tidies: its failure is logged, never the checkpoint's.
     pub fn persist(&self, record: &CheckpointRecord) -> Result<PathBuf, CheckpointError> {
         self.check_held()?;
         let path = self.backend.write_record(record.checkpoint, encode(record)?)?;
-        for old in self.ids()?.into_iter().skip(self.retain) {
-            self.backend.delete_record(old);
+        match self.backend.ids_to_prune() {
+            Ok(ids) => {
+                for old in ids.into_iter().skip(self.retain) {
+                    self.backend.delete_record(old);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(checkpoint = record.checkpoint, error = %e, "checkpoint persisted; could not list old records to prune them (the next persist tries again)");
+            }
         }
         Ok(path)
     }
 
     /// Where the records are, for messages.
     pub fn records_dir(&self) -> PathBuf {
-        match &self.backend {
-            Backend::Local(l) => l.checkpoints.clone(),
-            Backend::Object(o) => PathBuf::from(o.records_url()),
-        }
+        self.backend.records_dir()
     }
 
     /// Path of the record of checkpoint `c` in a local state directory
     /// (whether or not it exists); on an object store, where its records go.
     pub fn record_path(&self, c: u64) -> PathBuf {
-        match &self.backend {
-            Backend::Local(l) => l.checkpoints.join(file_name(c)),
-            Backend::Object(o) => PathBuf::from(o.record_url(c)),
-        }
+        self.backend.record_path(c)
     }
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 use sluice_retry::{Failed, Policy};
 
 use super::EngineError;
-use super::checkpoint::PendingCommit;
+use super::checkpoint::{CheckpointError, PendingCommit};
 use crate::bindings::CommitOutcome;
 use crate::capability::catalog::CatalogGrant;
 use crate::fault::{Crash, CrashPoint, Faults};
@@ -130,8 +130,15 @@ impl Committer {
         }
     }
 
-    /// Commits `p`, retrying `retryable` answers with backoff.
-    pub(super) fn commit(&mut self, p: &PendingCommit, whose: Commit) -> Result<Committed, EngineError> {
+    /// Commits `p`, retrying `retryable` answers with backoff. `held` is
+    /// asked right before every attempt: once the run no longer holds its
+    /// state directory (another run took it over), no commit call is made.
+    pub(super) fn commit(
+        &mut self,
+        p: &PendingCommit,
+        whose: Commit,
+        held: &dyn Fn() -> Result<(), CheckpointError>,
+    ) -> Result<Committed, EngineError> {
         let c = p.checkpoint;
         let arm = whose != Commit::Recovered;
         let policy = self.policy;
@@ -140,6 +147,7 @@ impl Committer {
         let result = policy.run(
             |attempt| {
                 seen.set(catalog_answers(catalog.as_ref()));
+                held().map_err(|e| Attempt::Failed(e.into()))?;
                 match self.armed(CrashPoint::DuringCommit, c, arm, |i| i.commit(c, &p.combined.0)) {
                     Ok(CommitOutcome::AlreadyCommitted) if whose == Commit::Own && attempt == 1 => {
                         Err(Attempt::KeyReused)

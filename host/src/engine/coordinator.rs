@@ -288,7 +288,7 @@ impl<'a> Coordinator<'a> {
             maintain::probe(job, &plugin)?;
         }
         let source = Arc::new(Source::of_job_rejecting(job, rejected)?);
-        let store = open_unhalted(job)?;
+        let store = open_unhalted(job)?.with_faults(&opts.faults);
         let restored = store.latest()?;
         if let Some(r) = &restored {
             check_restored(job, &source, r)?;
@@ -396,6 +396,8 @@ impl<'a> Coordinator<'a> {
         let waited = Instant::now();
         let round = Round::of(self.gather(pool, c)?);
         if let Err(e) = self.check_bad_rows(c, &round) {
+            // Justified: no record of checkpoint `c` was written (the check
+            // comes before the persist), so nothing names what it prepared.
             abort_prepare(pool, c);
             return Err(e);
         }
@@ -405,6 +407,8 @@ impl<'a> Coordinator<'a> {
         let combined = match self.combine(c, &round.infos) {
             Ok(combined) => combined,
             Err(e) => {
+                // Justified: the combine failed before any record of
+                // checkpoint `c` was written.
                 abort_prepare(pool, c);
                 return Err(e);
             }
@@ -535,6 +539,8 @@ impl<'a> Coordinator<'a> {
         if let Err(e) = self.commit_pending(true) {
             if overlap && !e.is_injected_crash() {
                 // Let the running round end, then release what it prepared.
+                // Justified: round `c + 1` is gathered but never persisted
+                // (the persist comes after this commit), so no record names it.
                 if self.gather(pool, c + 1).is_ok() {
                     abort_prepare(pool, c + 1);
                 }
@@ -590,8 +596,13 @@ impl<'a> Coordinator<'a> {
     }
 
     /// Persists the record of checkpoint `c` durably, with `combined` added
-    /// to the pending commits. When that fails, checkpoint `c` will never
-    /// exist, so what it prepared is released.
+    /// to the pending commits. When the store answers that the record was
+    /// not written (a definite "not done"), checkpoint `c` will never exist,
+    /// so what it prepared is released. When it cannot tell (a lost reply,
+    /// a timeout: the record may be durable, or become so), nothing is
+    /// released: the run stops, and the next run decides from what the
+    /// state directory holds (it re-commits the record if it is there; the
+    /// files are orphans for orphan cleanup if it is not).
     fn persist(
         &mut self,
         pool: &mut dyn WriterPool,
@@ -603,6 +614,13 @@ impl<'a> Coordinator<'a> {
         let rows: u64 = subtask_records.iter().map(|s| s.rows).sum();
         let record = self.record(c, subtask_records, combined.as_deref(), rows, tables)?;
         if let Err(e) = self.store.persist(&record) {
+            if e.outcome_unknown() {
+                tracing::error!(checkpoint = c, error = %e, "whether the checkpoint's record is durable is unknown; its files are kept, and the next run decides");
+                return Err(e.into());
+            }
+            // Justified: the store answered that the record was not written
+            // and cannot be later (refused before it was sent), so no
+            // record names what checkpoint `c` prepared.
             if let Some(bytes) = &combined {
                 self.committer.abort(c, bytes);
             }
@@ -674,6 +692,8 @@ impl<'a> Coordinator<'a> {
         match first_error {
             None => Ok(reports),
             Some(e) => {
+                // Justified: a round that did not gather whole is never
+                // persisted, so no record names what its subtasks prepared.
                 pool.abort_prepare(c, &succeeded);
                 Err(e)
             }
@@ -690,14 +710,25 @@ impl<'a> Coordinator<'a> {
                 (true, false) => Commit::Live,
                 (true, true) => Commit::Own,
             };
-            // A run that lost its hold on the state directory commits nothing more.
-            self.store.check_held()?;
+            // A run that lost its hold on the state directory commits
+            // nothing more: asked right before each attempt.
             let committing = Instant::now();
-            let committed = self.committer.commit(&p, whose);
+            let store = &self.store;
+            let committed = self.committer.commit(&p, whose, &|| store.check_held());
             self.metrics.commit_duration(&self.job.spec.sink.id, committing.elapsed());
-            let outcome = match committed? {
-                Committed::Done(outcome) => outcome,
-                Committed::KeyReused => return Err(self.key_reused(p.checkpoint)),
+            let outcome = match committed {
+                Ok(Committed::Done(outcome)) => outcome,
+                // A fenced holder (paused past its lease, then woken) may find
+                // its checkpoint committed by the run that took over: that is
+                // the takeover, not a reused key, and halts nothing.
+                Ok(Committed::KeyReused) => {
+                    self.store.check_held()?;
+                    return Err(self.key_reused(p.checkpoint));
+                }
+                Err(e) => {
+                    self.store.check_held()?;
+                    return Err(e);
+                }
             };
             let landed = self.inflight.remove(&p.checkpoint);
             // A recovered checkpoint's tallies come from its record too.

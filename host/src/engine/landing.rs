@@ -80,7 +80,7 @@ impl Landing {
     pub fn open(job: Arc<Job>, host: &PluginHost, opts: &RunOptions) -> Result<Self, EngineError> {
         // The plugin first: one that cannot load leaves no state directory behind.
         let plugin = load_plugin(&job, host)?;
-        let store = open_unhalted(&job)?;
+        let store = open_unhalted(&job)?.with_faults(&opts.faults);
         let restored = store.latest()?;
         let (incarnation, new_incarnation) = settle_incarnation(&job, &store, restored.as_ref(), opts)?;
         let attempt = store.next_attempt()?;
@@ -160,7 +160,12 @@ impl Landing {
         let combined = self.committer_mut()?.combine(CHECKPOINT, &infos)?;
         let mut record = self.record(parts, schema, combined.clone());
         if let Err(e) = self.store.persist(&record) {
-            self.committer_mut()?.abort(CHECKPOINT, &combined);
+            // Justified only by a definite "not written": a record whose
+            // outcome is unknown may be durable, and the next landing then
+            // commits it, so its files must stay.
+            if !e.outcome_unknown() {
+                self.committer_mut()?.abort(CHECKPOINT, &combined);
+            }
             return Err(e.into());
         }
         tracing::debug!(checkpoint = CHECKPOINT, rows, "checkpoint persisted");
@@ -257,11 +262,25 @@ impl Landing {
 
     /// Commits one checkpoint, with the host's retries (job.commit).
     fn commit(&mut self, p: &PendingCommit, whose: Commit) -> Result<CommitOutcome, EngineError> {
-        // A run that lost its hold on the state directory commits nothing more.
-        self.store.check_held()?;
-        match self.committer_mut()?.commit(p, whose)? {
-            Committed::Done(outcome) => Ok(outcome),
-            Committed::KeyReused => Err(self.key_reused(p.checkpoint)),
+        // A landing that lost its hold on the state directory commits
+        // nothing more: asked right before each attempt.
+        let store = &self.store;
+        let committer = self
+            .committer
+            .as_mut()
+            .ok_or_else(|| EngineError::Pool { message: "the committer is not open".to_string() })?;
+        match committer.commit(p, whose, &|| store.check_held()) {
+            Ok(Committed::Done(outcome)) => Ok(outcome),
+            // Found committed by a run that took the state directory over:
+            // the takeover, not a reused key.
+            Ok(Committed::KeyReused) => {
+                self.store.check_held()?;
+                Err(self.key_reused(p.checkpoint))
+            }
+            Err(e) => {
+                self.store.check_held()?;
+                Err(e)
+            }
         }
     }
 

@@ -28,6 +28,8 @@ mod object_state;
 pub mod pool;
 mod rejected;
 mod setup;
+#[cfg(feature = "fault-injection")]
+mod state_faults;
 pub mod state;
 mod subtask;
 mod summary;

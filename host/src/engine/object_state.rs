@@ -80,7 +80,7 @@ use serde::{Deserialize, Serialize};
 use sluice_store::{ObjectStore, StoreError, StoreOptions};
 use tokio::runtime::Handle;
 
-use super::checkpoint::{CheckpointError, StateFile, now_ms};
+use super::checkpoint::{CheckpointError, StateBackend, StateFile, now_ms};
 use crate::location::Scheme;
 
 const LEASE_KEY: &str = "lease";
@@ -405,22 +405,56 @@ impl ObjectState {
 
     /// Creates the next record of checkpoint `c`, exclusively; then removes
     /// the ones it supersedes.
+    ///
+    /// Outcomes: a failure to list or a refusal before the request is sent
+    /// (no credentials, access denied, a bad key) wrote nothing; any other
+    /// failure of the create (a 5xx, a timeout, a reply lost) may have
+    /// stored it, and is an unknown outcome. An exclusive create that finds
+    /// the object there is read back: the very bytes mean an earlier try
+    /// of this same create was stored (its reply was lost, and the store
+    /// client tried again), so the record is durable; other bytes mean
+    /// another run writes here, and this run stops without releasing
+    /// anything (the other run's record may not name this one's files, but
+    /// orphan cleanup, not this run, decides that).
     pub(super) fn write_record(&self, c: u64, bytes: Vec<u8>) -> Result<PathBuf, CheckpointError> {
         let older: Vec<u64> = self.records()?.into_iter().filter(|&(rc, _)| rc == c).map(|(_, s)| s).collect();
         let seq = older.first().map_or(0, |s| s + 1);
         let key = self.key(&format!("{RECORDS}/{}", record_name(c, seq)));
         let url = self.store.url(&key);
         let store = self.store.clone();
-        let created = self.run(async move { store.create_exclusive(&key, Bytes::from(bytes)).await })?;
+        let body = Bytes::from(bytes);
+        let sent = body.clone();
+        let create_key = key.clone();
+        let created =
+            self.run(async move { store.create_exclusive(&create_key, sent).await }).map_err(|e| e.unknown(&url))?;
         match created {
             Ok(_) => {}
-            Err(StoreError::AlreadyExists { url }) => {
-                return Err(CheckpointError::LeaseLost {
-                    url: self.url.clone(),
-                    reason: format!("{url} was created by another run"),
-                });
+            Err(StoreError::AlreadyExists { .. }) => {
+                let store = self.store.clone();
+                let read_key = key.clone();
+                let found = self.run(async move { store.read(&read_key).await }).map_err(|e| e.unknown(&url))?;
+                match found {
+                    Ok(found) if found == body => {
+                        tracing::info!(url = %url, "the checkpoint record was stored by an earlier try of this write");
+                    }
+                    Ok(_) => {
+                        return Err(CheckpointError::LeaseLost {
+                            url: self.url.clone(),
+                            reason: format!("{url} was created by another run"),
+                        }
+                        .unknown(&url));
+                    }
+                    Err(e) => return Err(CheckpointError::from(e).unknown(&url)),
+                }
             }
-            Err(e) => return Err(e.into()),
+            Err(
+                e @ (StoreError::Denied { .. }
+                | StoreError::Config { .. }
+                | StoreError::NoCredentials { .. }
+                | StoreError::InvalidKey { .. }
+                | StoreError::Unsupported { .. }),
+            ) => return Err(e.into()),
+            Err(e) => return Err(CheckpointError::from(e).unknown(&url)),
         }
         for s in older {
             self.delete_key(self.key(&format!("{RECORDS}/{}", record_name(c, s))));
@@ -731,6 +765,52 @@ impl ObjectState {
                 }
             }
         }
+    }
+}
+
+impl StateBackend for ObjectState {
+    fn read_file(&self, file: StateFile) -> Result<Option<Vec<u8>>, CheckpointError> {
+        ObjectState::read_file(self, file)
+    }
+
+    fn write_file(&self, file: StateFile, bytes: Vec<u8>) -> Result<(), CheckpointError> {
+        ObjectState::write_file(self, file, bytes)
+    }
+
+    fn file_path(&self, file: StateFile) -> PathBuf {
+        PathBuf::from(self.file_url(file))
+    }
+
+    fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        ObjectState::ids(self)
+    }
+
+    fn read_record(&self, c: u64) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
+        ObjectState::read_record(self, c)
+    }
+
+    fn write_record(&self, c: u64, bytes: Vec<u8>) -> Result<PathBuf, CheckpointError> {
+        ObjectState::write_record(self, c, bytes)
+    }
+
+    fn delete_record(&self, c: u64) {
+        ObjectState::delete_record(self, c)
+    }
+
+    fn check_held(&self) -> Result<(), CheckpointError> {
+        ObjectState::check_held(self)
+    }
+
+    fn dir(&self) -> PathBuf {
+        PathBuf::from(self.url())
+    }
+
+    fn records_dir(&self) -> PathBuf {
+        PathBuf::from(self.records_url())
+    }
+
+    fn record_path(&self, c: u64) -> PathBuf {
+        PathBuf::from(self.record_url(c))
     }
 }
 
