@@ -99,13 +99,24 @@ enum Command {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         keep_last: Option<u32>,
         /// Remove files under the tables' locations that nothing references
-        /// and that are older than this. Off unless asked.
+        /// and that are older than this. Off unless asked. While a table
+        /// names a job (its commits or claim) that is neither this job nor
+        /// given with --protect, files younger than 3 days are kept anyway,
+        /// and the report names that job.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
         remove_orphans_older_than: Option<std::time::Duration>,
         /// Another job (its job file) whose pending checkpoints' files orphan
         /// cleanup must spare (repeatable); this job's always are.
         #[arg(long, value_name = "JOB.toml")]
         protect: Vec<PathBuf>,
+        /// Use --remove-orphans-older-than below the 3-day floor even though
+        /// a table names jobs whose state this command cannot see. RISK: a
+        /// pending checkpoint of such a job names files that look orphaned;
+        /// once removed, its recovery commits files that are gone and the
+        /// table becomes unreadable. Only when you know they have nothing
+        /// pending; giving their job files with --protect is the safe way.
+        #[arg(long)]
+        force: bool,
         /// List what would be done; change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -222,6 +233,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             keep_last,
             remove_orphans_older_than,
             protect,
+            force,
             dry_run,
             timeout,
         } => {
@@ -235,6 +247,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 keep_last,
                 remove_orphans_older_than,
                 protect,
+                force,
                 dry_run,
                 timeout,
                 faults: Default::default(),

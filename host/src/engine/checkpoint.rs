@@ -556,13 +556,32 @@ impl StateBackend for LocalDir {
 }
 
 impl CheckpointStore {
-    /// Whether a run holds the local state directory at `location` now
-    /// (its lock taken). `None` where that cannot be told this way (an
-    /// object-store state directory, whose runs hold a lease instead).
-    pub fn run_holds(location: &Location) -> Option<bool> {
-        let Location::Local(dir) = location else { return None };
-        let Ok(lock) = OpenOptions::new().write(true).open(dir.join("lock")) else { return Some(false) };
-        Some(matches!(lock.try_lock(), Err(fs::TryLockError::WouldBlock)))
+    /// Which run holds the state directory at `location` now, if one does:
+    /// a local one by its lock, an object-store one by a live lease (see
+    /// `object_state::lease_holder`). Only read, never taken for longer
+    /// than the look. What cannot be read is an error, never "not held".
+    pub fn run_holds(
+        location: &Location,
+        stores: &sluice_store::StoreOptions,
+    ) -> Result<Option<String>, CheckpointError> {
+        let dir = match location {
+            Location::Local(dir) => dir,
+            Location::ObjectStore { scheme, bucket, prefix } => {
+                return super::object_state::lease_holder(*scheme, bucket, prefix, stores);
+            }
+        };
+        let path = dir.join("lock");
+        let lock = match OpenOptions::new().write(true).open(&path) {
+            Ok(lock) => lock,
+            // No lock file: no run ever held it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&path)(e)),
+        };
+        match lock.try_lock() {
+            Ok(()) => Ok(None),
+            Err(fs::TryLockError::WouldBlock) => Ok(Some(format!("a run holds its lock {}", path.display()))),
+            Err(fs::TryLockError::Error(e)) => Err(io(&path)(e)),
+        }
     }
 
     /// Opens (creating) and locks a job's local state directory.

@@ -9,7 +9,31 @@
 //! - orphan cleanup is handed every pending checkpoint of this job and of
 //!   every job the operator names (`--protect`), read after the plugin is
 //!   loaded and right before the call, so no file a persisted but not yet
-//!   committed checkpoint names is ever removed;
+//!   committed checkpoint of theirs names is ever removed;
+//! - a job the table names but this command cannot see (neither this job
+//!   nor a `--protect`ed one) may have a pending checkpoint whose files look
+//!   orphaned: while any table of the pass names one, orphan cleanup keeps
+//!   every file younger than [`ORPHAN_FLOOR`] (3 days, the default
+//!   `older_than` of the Java library's `remove_orphan_files`), and the
+//!   report and the log name those jobs. Only `--force` lowers the floor,
+//!   with a warning that names the risk;
+//! - how the names are learnt: the contract's request has no place for
+//!   "which jobs are protected" or a floor, and its `protected` list holds
+//!   combined commits, so neither is smuggled into it. The host asks first:
+//!   a dry run of orphan cleanup alone with a cutoff of `i64::MIN` (which
+//!   can remove nothing, so the plugin does not list the table) answers,
+//!   per table, a note naming the table's other writers (the Iceberg
+//!   plugin's `sluice.committed.*` watermarks and `sluice.claim.*` claims);
+//!   the host then chooses the retention and runs the pass. A table whose
+//!   report names no writers that way counts as naming one it cannot see
+//!   (fails closed). The first pass is skipped when the retention asked
+//!   for is at least the floor. Limits: a job that has never committed to
+//!   a table is not named by it, and one whose first commit lands between
+//!   the two passes is named only by the second (the report says so);
+//! - a short retention (below [`MIN_RUNNING_ORPHAN_AGE`]) is refused while
+//!   a run holds this job's or a protected job's state directory: its
+//!   lock, or a live lease on an object store. A state directory whose
+//!   holder cannot be read refuses too;
 //! - the state directories are only read, never locked or changed, so a
 //!   running job is not disturbed;
 //! - a running job's passes ([`Background`]) run beside its checkpoints,
@@ -17,6 +41,7 @@
 //!   goes on; a crash in one leaves the table as the last commit left it
 //!   (a compaction is one replace snapshot, all or nothing).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -28,6 +53,14 @@ use crate::fault::Faults;
 use crate::job::{Job, MIN_RUNNING_ORPHAN_AGE};
 use crate::metrics::Metrics;
 use crate::plugin::{Limits, MaintainRequest, MaintainerInstance, Plugin, PluginHost, SinkCtx};
+
+/// Orphan cleanup keeps every file younger than this while a table names
+/// a job whose state it cannot see (see the module doc).
+pub const ORPHAN_FLOOR: Duration = Duration::from_secs(3 * 24 * 3600);
+
+/// The plugin's note that names a table's other writers, followed by a JSON
+/// list of `<job>.<sink>` (the Iceberg plugin's `maintenance.rs`).
+const WRITERS_NOTE: &str = "other writers named by the table (job.sink): ";
 
 /// What to do (see `sluice maintain --help`).
 #[derive(Debug, Clone, Default)]
@@ -42,6 +75,9 @@ pub struct MaintainOptions {
     pub remove_orphans_older_than: Option<Duration>,
     /// Other jobs whose pending checkpoints orphan cleanup must spare.
     pub protect: Vec<Job>,
+    /// Remove orphans younger than [`ORPHAN_FLOOR`] even while a table
+    /// names jobs whose state this cannot see (their pending files may go).
+    pub force: bool,
     pub dry_run: bool,
     /// How long the plugin's call may take.
     pub timeout: Duration,
@@ -160,15 +196,19 @@ struct Plan {
     expire_older_than: Option<Duration>,
     keep_last: Option<u32>,
     remove_orphans_older_than: Option<Duration>,
+    /// Orphan retention below [`ORPHAN_FLOOR`] beside jobs not seen.
+    force: bool,
     dry_run: bool,
 }
 
 impl Plan {
-    /// The request for `tables` now, protecting `protected` (read right
-    /// before, when orphan cleanup is asked).
+    /// The request for `tables` now, removing orphans older than
+    /// `orphan_age` and protecting `protected` (read right before, when
+    /// orphan cleanup is asked).
     fn request(
         &self,
         tables: Vec<String>,
+        orphan_age: Option<Duration>,
         protected: impl FnOnce() -> Result<Vec<Vec<u8>>, EngineError>,
     ) -> Result<MaintainRequest, EngineError> {
         let mut request = MaintainRequest {
@@ -179,7 +219,7 @@ impl Plan {
                 let older = self.expire_older_than.map_or_else(|| cutoff(Duration::ZERO), cutoff);
                 (Some(older), self.keep_last)
             }),
-            orphans_older_than_ms: self.remove_orphans_older_than.map(cutoff),
+            orphans_older_than_ms: orphan_age.map(cutoff),
             protected: Vec::new(),
             dry_run: self.dry_run,
         };
@@ -233,12 +273,23 @@ pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<
     {
         // Beside a running writer only age protects the files of its round
         // under way: a short retention is for tables no job writes now.
+        let least = humantime::format_duration(MIN_RUNNING_ORPHAN_AGE);
         for running in std::iter::once(job).chain(&opts.protect) {
-            if CheckpointStore::run_holds(&running.state) == Some(true) {
+            let holder = CheckpointStore::run_holds(&running.state, &running.state_stores).map_err(|e| {
+                EngineError::Maintain(format!(
+                    "--remove-orphans-older-than {}: cannot tell whether a run of job {:?} holds its state \
+                     directory {} ({e}), so a retention this short is refused (a running round's files are \
+                     named by no checkpoint yet); use at least {least}, or try again once it can be read",
+                    humantime::format_duration(age),
+                    running.spec.job.id,
+                    running.state
+                ))
+            })?;
+            if let Some(holder) = holder {
                 return Err(EngineError::Maintain(format!(
-                    "--remove-orphans-older-than {} is too short while job {:?} runs (its state directory is \
-                     locked): the files of its round under way are named by no checkpoint yet, so only their \
-                     age protects them; use at least 1h, or run it while no job writes",
+                    "--remove-orphans-older-than {} is too short while job {:?} runs ({holder}): the files of \
+                     its round under way are named by no checkpoint yet, so only their age protects them; use \
+                     at least {least}, or run it while no job writes",
                     humantime::format_duration(age),
                     running.spec.job.id
                 )));
@@ -269,16 +320,185 @@ pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<
         expire_older_than: opts.expire_older_than,
         keep_last: opts.keep_last,
         remove_orphans_older_than: opts.remove_orphans_older_than,
+        force: opts.force,
         dry_run: opts.dry_run,
     };
-    let request = plan.request(tables_to_maintain(&opts.tables, known), || {
+    run_pass(&mut maintainer, &plan, tables_to_maintain(&opts.tables, known), job, &opts.protect)
+}
+
+/// `<job>.<sink>`: how a table names a job's sink.
+fn writer_key(job: &Job) -> String {
+    format!("{}.{}", job.spec.job.id, job.spec.sink.id)
+}
+
+/// The writers a table's notes name by the plugin's [`WRITERS_NOTE`],
+/// taken out of them; `None` when they name none that way (or not readably).
+fn take_writers(notes: &mut Vec<String>) -> Option<Vec<String>> {
+    let mut named: Option<Vec<String>> = None;
+    let mut unreadable = false;
+    notes.retain(|note| {
+        let Some(list) = note.strip_prefix(WRITERS_NOTE) else { return true };
+        match serde_json::from_str::<Vec<String>>(list) {
+            Ok(list) => named.get_or_insert_with(Vec::new).extend(list),
+            Err(_) => unreadable = true,
+        }
+        false
+    });
+    if unreadable { None } else { named }
+}
+
+/// Per table (the target's name) that names jobs not `seen`: those jobs,
+/// or `None` when its report does not say which jobs write it.
+type Unseen = BTreeMap<String, Option<Vec<String>>>;
+
+/// The [`Unseen`] of `report`, whose writer notes are taken out.
+fn unseen_in(report: &mut MaintainReport, seen: &BTreeSet<String>) -> Unseen {
+    let mut out = Unseen::new();
+    for t in &mut report.tables {
+        match take_writers(&mut t.notes) {
+            Some(named) => {
+                let others: BTreeSet<String> = named.into_iter().filter(|w| !seen.contains(w)).collect();
+                if !others.is_empty() {
+                    out.insert(t.target.clone(), Some(others.into_iter().collect()));
+                }
+            }
+            None => {
+                out.insert(t.target.clone(), None);
+            }
+        }
+    }
+    out
+}
+
+fn jobs_of(named: &Option<Vec<String>>) -> String {
+    match named {
+        Some(jobs) => format!("{} (job.sink)", jobs.join(", ")),
+        None => "jobs its plugin does not name".to_string(),
+    }
+}
+
+fn describe(unseen: &Unseen) -> String {
+    let tables: Vec<String> = unseen.iter().map(|(t, named)| format!("table {t}: {}", jobs_of(named))).collect();
+    tables.join("; ")
+}
+
+/// One pass over `tables`, protecting the pending checkpoints of `job` and
+/// `protect`. When the orphan retention asked for is below
+/// [`ORPHAN_FLOOR`], a first pass learns which jobs the tables name, and
+/// the floor is kept while one of them is not seen (unless forced).
+fn run_pass(
+    maintainer: &mut Maintainer,
+    plan: &Plan,
+    tables: Vec<String>,
+    job: &Job,
+    protect: &[Job],
+) -> Result<MaintainReport, EngineError> {
+    let seen: BTreeSet<String> = std::iter::once(job).chain(protect).map(writer_key).collect();
+    let asked = plan.remove_orphans_older_than;
+    let mut age = asked;
+    let mut before = Unseen::new();
+    if let Some(asked) = asked
+        && asked < ORPHAN_FLOOR
+    {
+        let names = MaintainRequest {
+            tables: tables.clone(),
+            target_file_bytes: None,
+            expiry: None,
+            orphans_older_than_ms: Some(i64::MIN),
+            protected: Vec::new(),
+            dry_run: true,
+        };
+        before = unseen_in(&mut maintainer.pass(&names)?, &seen);
+        if !before.is_empty() {
+            let (asked_, floor) = (humantime::format_duration(asked), humantime::format_duration(ORPHAN_FLOOR));
+            if plan.force {
+                tracing::warn!(
+                    job = %job.spec.job.id,
+                    unseen = %describe(&before),
+                    "--force: orphan cleanup removes files down to {asked_}, below the floor of {floor}, though the \
+                     tables name jobs whose state it cannot see: a file a pending checkpoint of theirs names may be \
+                     removed, and its recovery would then commit a file that is gone (the table unreadable)"
+                );
+            } else {
+                age = Some(ORPHAN_FLOOR);
+                tracing::warn!(
+                    job = %job.spec.job.id,
+                    unseen = %describe(&before),
+                    "orphan cleanup keeps every file younger than {floor} (not {asked_}): the tables name jobs whose \
+                     state it cannot see; give their job files with --protect"
+                );
+            }
+        }
+    }
+    let request = plan.request(tables, age, || {
         let mut protected = pending_of(job)?;
-        for other in &opts.protect {
+        for other in protect {
             protected.extend(pending_of(other)?);
         }
         Ok(protected)
     })?;
-    maintainer.pass(&request)
+    let mut report = maintainer.pass(&request)?;
+    if let (Some(asked), Some(age)) = (asked, age) {
+        let after = unseen_in(&mut report, &seen);
+        annotate(&mut report, asked, age, plan.force, &before, &after, &job.spec.job.id);
+    }
+    Ok(report)
+}
+
+/// Tells, per table, which jobs orphan cleanup could not see and what
+/// retention it used (`age`, for `asked`).
+fn annotate(
+    report: &mut MaintainReport,
+    asked: Duration,
+    age: Duration,
+    force: bool,
+    before: &Unseen,
+    after: &Unseen,
+    job: &str,
+) {
+    let (asked_, floor) = (humantime::format_duration(asked), humantime::format_duration(ORPHAN_FLOOR));
+    let floored = age > asked;
+    for t in &mut report.tables {
+        let Some(named) = after.get(&t.target).or_else(|| before.get(&t.target)) else {
+            if floored {
+                t.notes.push(format!(
+                    "orphan cleanup kept every file younger than {floor} here too, not only those younger than \
+                     {asked_}: one cutoff serves every table of the pass, and another table names jobs whose \
+                     state this command cannot see"
+                ));
+            }
+            continue;
+        };
+        let jobs = jobs_of(named);
+        let note = if floored {
+            format!(
+                "orphan cleanup kept every file younger than {floor} (the floor), not only those younger than \
+                 {asked_}: the table names {jobs}, whose state this command cannot see, and a pending checkpoint \
+                 of theirs may name files that look orphaned. Give their job files with --protect to use the \
+                 shorter retention (--force lowers the floor at the risk of their pending files)"
+            )
+        } else if asked >= ORPHAN_FLOOR {
+            format!(
+                "the table names {jobs}, whose state this command cannot see: only files older than {asked_} \
+                 (at least the floor of {floor}) were considered"
+            )
+        } else if force {
+            format!(
+                "--force: orphan cleanup went down to {asked_}, below the floor of {floor}, though the table \
+                 names {jobs}, whose state this command cannot see: files a pending checkpoint of theirs names \
+                 may be gone, and its recovery would then commit files that are missing"
+            )
+        } else {
+            // Named only by the second look: a first commit landed between the two.
+            tracing::warn!(%job, table = %t.target, unseen = %jobs, "a job first committed to the table during orphan cleanup");
+            format!(
+                "the table names {jobs} only since this pass began (a first commit meanwhile), whose state this \
+                 command cannot see: files younger than {floor} of a pending checkpoint of theirs may have been \
+                 removed; give their job files with --protect next time"
+            )
+        };
+        t.notes.push(note);
+    }
 }
 
 /// A running job's maintenance (`[sink.maintenance]`): a pass every
@@ -323,6 +543,7 @@ impl Background {
             expire_older_than: m.expire_older_than,
             keep_last: m.keep_last,
             remove_orphans_older_than: m.remove_orphans_older_than,
+            force: false,
             dry_run: false,
         };
         let (stop, stopped) = mpsc::channel::<()>();
@@ -367,7 +588,8 @@ impl Background {
 }
 
 /// One pass of a running job: its current tables, and (for orphan cleanup)
-/// its and the `protect`ed jobs' pending checkpoints read right before.
+/// its and the `protect`ed jobs' pending checkpoints read right before,
+/// with the same floor as `sluice maintain` (never forced).
 fn background_pass(
     job: &Job,
     protect: &[Job],
@@ -379,14 +601,7 @@ fn background_pass(
         Some(store) => known_tables(store)?,
         None => Vec::new(),
     };
-    let request = plan.request(tables_to_maintain(&[], known), || {
-        let mut protected = pending_of(job)?;
-        for other in protect {
-            protected.extend(pending_of(other)?);
-        }
-        Ok(protected)
-    })?;
-    maintainer.pass(&request)
+    run_pass(maintainer, plan, tables_to_maintain(&[], known), job, protect)
 }
 
 impl Drop for Background {
@@ -405,5 +620,49 @@ impl Drop for Background {
         if thread.join().is_err() {
             tracing::error!("the maintenance thread panicked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(target: &str, notes: &[&str]) -> TableMaintained {
+        TableMaintained {
+            target: target.to_string(),
+            files_compacted: 0,
+            files_written: 0,
+            rows_rewritten: 0,
+            snapshots_expired: 0,
+            files_removed: Vec::new(),
+            notes: notes.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn writers_a_table_names_are_read_from_the_plugins_note_and_seen_ones_dropped() {
+        let named = format!("{WRITERS_NOTE}[\"a.lake\",\"b.lake\"]");
+        let none = format!("{WRITERS_NOTE}[]");
+        let garbled = format!("{WRITERS_NOTE}b.lake");
+        let mut report = MaintainReport {
+            dry_run: true,
+            tables: vec![
+                table("db.named", &["other", &named]),
+                table("db.none", &[&none]),
+                table("db.silent", &["the plugin said nothing of writers"]),
+                table("db.garbled", &[&garbled]),
+            ],
+        };
+        let seen = BTreeSet::from(["a.lake".to_string()]);
+        let unseen = unseen_in(&mut report, &seen);
+        assert_eq!(unseen.get("db.named"), Some(&Some(vec!["b.lake".to_string()])));
+        assert!(!unseen.contains_key("db.none"));
+        // What does not say which jobs write it is not taken for "none".
+        assert_eq!(unseen.get("db.silent"), Some(&None));
+        assert_eq!(unseen.get("db.garbled"), Some(&None));
+        // The plugin's notes are taken out; the others stay.
+        assert_eq!(report.tables[0].notes, ["other"]);
+        assert!(report.tables[1].notes.is_empty());
+        assert!(describe(&unseen).contains("table db.named: b.lake (job.sink)"));
     }
 }

@@ -894,3 +894,39 @@ impl Drop for ObjectState {
         }
     }
 }
+
+/// Who holds the object-store state directory at `bucket`/`prefix` now,
+/// read without taking or changing anything (for `sluice maintain`): the
+/// holder of its lease while that lease is neither released nor expired,
+/// else `None` (no lease object: no run ever held it, or it was deleted).
+///
+/// Another host's wall clock is not this one's, and this check must fail
+/// closed: a lease not released counts as live until one further lease
+/// length past its `expires_at_ms` by this clock (a run that renews keeps
+/// it at least two thirds of a length ahead). A lease that cannot be read
+/// or parsed is an error, never "not held".
+pub(super) fn lease_holder(
+    scheme: Scheme,
+    bucket: &str,
+    prefix: &str,
+    stores: &StoreOptions,
+) -> Result<Option<String>, CheckpointError> {
+    let store = match scheme {
+        Scheme::S3 => ObjectStore::s3(bucket, &stores.s3)?,
+        Scheme::Gs => ObjectStore::gcs(bucket, &stores.gcs)?,
+    };
+    let key = if prefix.is_empty() { LEASE_KEY.to_string() } else { format!("{prefix}/{LEASE_KEY}") };
+    let url = store.url(&key);
+    let handle = state_runtime().map_err(|source| CheckpointError::Io { path: PathBuf::from(&url), source })?;
+    let bytes = match block(&handle, async move { store.read(&key).await })? {
+        Ok(bytes) => bytes,
+        Err(StoreError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let doc: LeaseDoc = serde_json::from_slice(&bytes)
+        .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(&url), source })?;
+    if doc.expires_at_ms == 0 || now_ms() >= doc.expires_at_ms.saturating_add(doc.lease_ms) {
+        return Ok(None);
+    }
+    Ok(Some(format!("{} holds its lease {url} (until {} unless renewed)", doc.holder, when(doc.expires_at_ms))))
+}
