@@ -4,6 +4,7 @@
 //! Invariants of every exactly-once assertion here: rows are compared by id
 //! *and* by value against the generator's deterministic rows, never by count.
 
+pub mod fault_proxy;
 pub mod files_store;
 pub mod imds;
 pub mod kafka;
