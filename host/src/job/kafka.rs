@@ -76,6 +76,9 @@ pub struct KafkaSpec {
 fn default_batch_rows() -> usize {
     8192
 }
+/// The range of `source.discover_secs`.
+const DISCOVER_SECS: (f64, f64) = (0.1, 3600.0);
+
 fn default_discover_secs() -> f64 {
     5.0
 }
@@ -356,9 +359,7 @@ impl KafkaSpec {
         if self.batch_rows == 0 {
             return Err(bad("batch_rows", "must be at least 1".into()));
         }
-        if !(self.discover_secs.is_finite() && (0.1..=3600.0).contains(&self.discover_secs)) {
-            return Err(bad("discover_secs", "must be a number of seconds from 0.1 to 3600".into()));
-        }
+        let discover_every = super::seconds(self.discover_secs, DISCOVER_SECS).map_err(|m| bad("discover_secs", m))?;
         if let Some(g) = &self.group_id
             && g.trim().is_empty()
         {
@@ -396,7 +397,7 @@ impl KafkaSpec {
             group_id: self.group_id.clone(),
             bounded: self.bounded,
             batch_rows: self.batch_rows,
-            discover_every: std::time::Duration::from_secs_f64(self.discover_secs),
+            discover_every,
             client,
         })
     }

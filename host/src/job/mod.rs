@@ -61,12 +61,21 @@ pub enum JobError {
 }
 
 /// The whole job file.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct JobSpec {
     pub job: JobSection,
     pub source: SourceSpec,
     pub sink: SinkSpec,
+}
+
+/// The job file as read: `[source]` is deserialized on its own
+/// ([`source_spec`]), so that an error inside it names its full key.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJobSpec {
+    job: JobSection,
+    source: toml::Value,
+    sink: SinkSpec,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -205,9 +214,11 @@ impl Default for CommitSpec {
     }
 }
 
-/// Where rows come from.
+/// Where rows come from: `[source]` with `kind = "generator"`, `"file"` or
+/// `"kafka"`. Deserialized as `{kind = {...}}` by [`source_spec`] (an
+/// internally tagged enum would lose the path of an error inside it).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum SourceSpec {
     /// Deterministic rows with ids `first_id..first_id + rows`, split into
     /// contiguous ranges per subtask.
@@ -384,6 +395,9 @@ pub fn parse_long_duration(value: &toml::Value) -> Result<Duration, String> {
     };
     if d.is_zero() {
         return Err(format!("{value} must be a positive duration"));
+    }
+    if d > Duration::from_secs(MAX_LONG_SECS) {
+        return Err(format!("{value} is longer than 100 years"));
     }
     Ok(d)
 }
@@ -577,8 +591,10 @@ impl Default for SandboxSpec {
 }
 
 impl SandboxSpec {
+    /// `call_timeout_secs` as a duration (checked at load against
+    /// [`CALL_TIMEOUT_SECS`]).
     pub fn call_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.call_timeout_secs)
+        seconds_within(self.call_timeout_secs, CALL_TIMEOUT_SECS)
     }
 
     /// What one instance may make the host spend.
@@ -653,6 +669,57 @@ fn default_memory_mb() -> u64 {
 
 /// Default checkpoint interval when the job sets no trigger.
 pub const DEFAULT_INTERVAL_SECS: f64 = 10.0;
+
+/// The range of `job.checkpoint.interval_secs`: a millisecond to a week.
+/// A round reads at least one batch however short its interval is (see
+/// `engine::subtask`), so a short interval costs checkpoints, never rows.
+pub const INTERVAL_SECS: (f64, f64) = (0.001, WEEK_SECS);
+/// The range of `sink.sandbox.call_timeout_secs`: 10 ms to a week.
+pub const CALL_TIMEOUT_SECS: (f64, f64) = (0.01, WEEK_SECS);
+/// The range of `job.lease_secs`.
+pub const LEASE_SECS: (f64, f64) = (0.3, 3600.0);
+/// The range of `source.rate`, rows per second over all subtasks: one row
+/// in 1000 s to 10^12 rows a second. A rate-limited subtask wakes to a
+/// stop request within `engine::subtask::STOP_POLL` whatever the rate.
+pub const RATE: (f64, f64) = (0.001, 1e12);
+/// The most rows of one batch (`source.batch_rows`).
+pub const MAX_BATCH_ROWS: usize = 10_000_000;
+/// The longest wait the job file takes in milliseconds (commit backoffs,
+/// connection timeouts): an hour.
+pub const MAX_WAIT_MS: u64 = 3_600_000;
+/// The longest maintenance duration (`[sink.maintenance]`): 100 years.
+pub const MAX_LONG_SECS: u64 = 100 * 365 * 86_400;
+/// The largest generator id: ids are stored as Int64.
+pub const MAX_GENERATOR_ID: u64 = i64::MAX as u64;
+const WEEK_SECS: f64 = 7.0 * 86_400.0;
+
+/// `value` seconds as a duration, refused outside `range` (inclusive).
+/// Every float duration of the job file goes through here at load, so
+/// that no later conversion can fail.
+pub fn seconds(value: f64, range: (f64, f64)) -> Result<Duration, String> {
+    let (min, max) = range;
+    if !(value.is_finite() && min <= value && value <= max) {
+        return Err(format!("must be between {} and {} seconds, got {}", show(min), show(max), show(value)));
+    }
+    Duration::try_from_secs_f64(value).map_err(|e| format!("{} seconds: {e}", show(value)))
+}
+
+/// `value` seconds taken into `range`: for a spec changed after load
+/// (load refuses values outside it, see [`seconds`]).
+fn seconds_within(value: f64, range: (f64, f64)) -> Duration {
+    let clamped = if value.is_nan() { range.0 } else { value.clamp(range.0, range.1) };
+    Duration::try_from_secs_f64(clamped).unwrap_or(Duration::ZERO)
+}
+
+/// A number as a person writes it: `0.001`, `604800`, `1e300`.
+pub fn show(value: f64) -> String {
+    let magnitude = value.abs();
+    if value == 0.0 || (1e-4..1e7).contains(&magnitude) || !value.is_finite() {
+        format!("{value}")
+    } else {
+        format!("{value:e}")
+    }
+}
 
 /// A credential read from the environment or a file. Its `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -789,14 +856,20 @@ impl Job {
             apply_override(&mut table, arg)?;
         }
         interpolate_env(&mut table, "", path)?;
-        let spec: JobSpec = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let raw: RawJobSpec = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let key = e.path().to_string();
             JobError::Invalid {
                 path: path.to_path_buf(),
                 key: if key == "." { "(top level)".to_string() } else { key },
-                message: e.into_inner().to_string(),
+                message: hint_integer(e.into_inner().to_string()),
             }
         })?;
+        let source = source_spec(raw.source).map_err(|(key, message)| JobError::Invalid {
+            path: path.to_path_buf(),
+            key,
+            message,
+        })?;
+        let spec = JobSpec { job: raw.job, source, sink: raw.sink };
         let base_dir = absolute(path.parent().unwrap_or(Path::new("."))).map_err(|e| JobError::Invalid {
             path: path.to_path_buf(),
             key: "(job file)".into(),
@@ -867,20 +940,24 @@ impl Job {
         if ck.every_rows == Some(0) {
             return Err(self.invalid("job.checkpoint.every_rows", "must be at least 1"));
         }
-        if let Some(s) = ck.interval_secs
-            && !(s.is_finite() && s > 0.0)
-        {
-            return Err(self.invalid("job.checkpoint.interval_secs", "must be a positive number of seconds"));
+        if let Some(s) = ck.interval_secs {
+            seconds(s, INTERVAL_SECS).map_err(|m| self.invalid("job.checkpoint.interval_secs", m))?;
         }
         if ck.retain == 0 {
             return Err(self.invalid("job.checkpoint.retain", "must be at least 1"));
         }
-        let lease = self.spec.job.lease_secs;
-        if !(lease.is_finite() && (0.3..=3600.0).contains(&lease)) {
-            return Err(self.invalid("job.lease_secs", "must be a number of seconds from 0.3 to 3600"));
-        }
-        if self.spec.job.commit.max_attempts == 0 {
+        seconds(self.spec.job.lease_secs, LEASE_SECS).map_err(|m| self.invalid("job.lease_secs", m))?;
+        let commit = &self.spec.job.commit;
+        if commit.max_attempts == 0 {
             return Err(self.invalid("job.commit.max_attempts", "must be at least 1"));
+        }
+        for (key, ms) in [
+            ("job.commit.initial_backoff_ms", commit.initial_backoff_ms),
+            ("job.commit.max_backoff_ms", commit.max_backoff_ms),
+        ] {
+            if ms > MAX_WAIT_MS {
+                return Err(self.invalid(key, format!("must be at most {MAX_WAIT_MS} (an hour), got {ms}")));
+            }
         }
         Ok(())
     }
@@ -919,6 +996,28 @@ impl Job {
         let table = job.dead_letter.as_ref().map(|d| d.table.clone()).unwrap_or_default();
         if table.trim().is_empty() || table.trim() != table {
             return Err(self.invalid("job.dead_letter.table", format!("{table:?} is not a table name")));
+        }
+        // A dotted name is a table named in full (`namespace.table`), which
+        // the sink lands as it is. Beside a sink `table` pattern it must be
+        // in the pattern's form (`lake.dead_letters` beside `lake.{table}`),
+        // or the sink would nest it in the pattern (`lake.other.dl`) while
+        // every message names it as written.
+        if table.contains('.')
+            && let Some((_, pattern)) = self.sink_options().into_iter().find(|(k, _)| k == "table")
+            && let Some((before, after)) = pattern.split_once("{table}")
+            && !in_pattern_form(&pattern, &table)
+        {
+            return Err(self.invalid(
+                "job.dead_letter.table",
+                format!(
+                    "{table:?} is a table named in full (namespace.table), but the sink's table pattern \
+                     sink.options.table = {pattern:?} would land it in {:?}; name it {:?} to land it as \
+                     written, or give a plain name such as \"dead_letters\" (which lands in {:?})",
+                    pattern.replace("{table}", &table),
+                    format!("{before}<name>{after}"),
+                    pattern.replace("{table}", "dead_letters"),
+                ),
+            ));
         }
         match &self.spec.source {
             SourceSpec::File { format, path, .. } => {
@@ -979,7 +1078,7 @@ impl Job {
             Some(value) => parse_duration(value).map_err(|m| self.invalid(AGE, m))?,
             None => match self.checkpoint_trigger().1 {
                 Some(interval) => interval.saturating_mul(3),
-                None => Duration::from_secs_f64(DEFAULT_INTERVAL_SECS * 3.0),
+                None => seconds_within(DEFAULT_INTERVAL_SECS * 3.0, INTERVAL_SECS),
             },
         };
         Ok(())
@@ -988,7 +1087,19 @@ impl Job {
     /// `[source]`; a file source's path becomes absolute.
     fn check_source(&mut self) -> Result<(), JobError> {
         match &self.spec.source {
-            SourceSpec::Generator { rate, batch_rows, tables, new_table_at, .. } => {
+            SourceSpec::Generator { rows, first_id, rate, batch_rows, tables, new_table_at, .. } => {
+                // Ids are stored as Int64: the last one must fit.
+                let last = first_id.checked_add(rows.saturating_sub(1)).filter(|&id| id <= MAX_GENERATOR_ID);
+                if last.is_none() && *rows > 0 {
+                    let key = if *first_id > MAX_GENERATOR_ID { "source.first_id" } else { "source.rows" };
+                    return Err(self.invalid(
+                        key,
+                        format!(
+                            "source.first_id = {first_id} with source.rows = {rows} gives ids past \
+                             {MAX_GENERATOR_ID} (i64::MAX), the largest id the Int64 `id` column holds"
+                        ),
+                    ));
+                }
                 let mut names = std::collections::BTreeSet::new();
                 for t in tables {
                     if t.is_empty() || !names.insert(t.as_str()) {
@@ -1046,13 +1157,19 @@ impl Job {
     }
 
     fn check_rate_and_batch(&self, rate: Option<f64>, batch_rows: usize) -> Result<(), JobError> {
+        let (min, max) = RATE;
         if let Some(r) = rate
-            && !(r.is_finite() && r > 0.0)
+            && !(r.is_finite() && min <= r && r <= max)
         {
-            return Err(self.invalid("source.rate", "must be a positive number of rows per second"));
+            return Err(self.invalid(
+                "source.rate",
+                format!("must be between {} and {} rows per second, got {}", show(min), show(max), show(r)),
+            ));
         }
-        if batch_rows == 0 {
-            return Err(self.invalid("source.batch_rows", "must be at least 1"));
+        if batch_rows == 0 || batch_rows > MAX_BATCH_ROWS {
+            return Err(
+                self.invalid("source.batch_rows", format!("must be between 1 and {MAX_BATCH_ROWS}, got {batch_rows}"))
+            );
         }
         Ok(())
     }
@@ -1078,9 +1195,8 @@ impl Job {
     /// `[sink.sandbox]`: every limit in range.
     fn check_sandbox(&self) -> Result<(), JobError> {
         let sb = &self.spec.sink.sandbox;
-        if !(sb.call_timeout_secs.is_finite() && sb.call_timeout_secs > 0.0) {
-            return Err(self.invalid("sink.sandbox.call_timeout_secs", "must be a positive number of seconds"));
-        }
+        seconds(sb.call_timeout_secs, CALL_TIMEOUT_SECS)
+            .map_err(|m| self.invalid("sink.sandbox.call_timeout_secs", m))?;
         if sb.memory_mb < 16 {
             return Err(self.invalid("sink.sandbox.memory_mb", "must be at least 16"));
         }
@@ -1479,6 +1595,12 @@ impl Job {
                 Some(Secret(text.trim().to_string()))
             }
         };
+        if !(1..=MAX_WAIT_MS).contains(&spec.connect_timeout_ms) {
+            return Err(self.invalid(
+                &key("connect_timeout_ms"),
+                format!("must be between 1 and {MAX_WAIT_MS} (an hour), got {}", spec.connect_timeout_ms),
+            ));
+        }
         if let Some(t) = &token
             && !t.0.bytes().all(|b| b.is_ascii_graphic())
         {
@@ -1529,8 +1651,57 @@ impl Job {
             (None, None) => Some(DEFAULT_INTERVAL_SECS),
             (_, s) => s,
         };
-        (ck.every_rows, interval.map(Duration::from_secs_f64))
+        (ck.every_rows, interval.map(|s| seconds_within(s, INTERVAL_SECS)))
     }
+}
+
+/// `[source]`, with any error named by its full key (`source.rows`): the
+/// table's `kind` picks the variant, and the rest is deserialized as that
+/// variant's fields, their path tracked.
+fn source_spec(value: toml::Value) -> Result<SourceSpec, (String, String)> {
+    const KINDS: &str = "\"generator\", \"file\" or \"kafka\"";
+    let toml::Value::Table(mut fields) = value else {
+        return Err(("source".into(), format!("must be a table ([source]), not {}", value.type_str())));
+    };
+    let kind = match fields.remove("kind") {
+        Some(toml::Value::String(kind)) => kind,
+        Some(other) => return Err(("source.kind".into(), format!("{other} is not a kind of source; use {KINDS}"))),
+        None => return Err(("source.kind".into(), format!("is missing: set {KINDS}"))),
+    };
+    let tagged = toml::Table::from_iter([(kind, toml::Value::Table(fields))]);
+    serde_path_to_error::deserialize(toml::Value::Table(tagged)).map_err(|e| {
+        // The first segment is the variant (the kind); the rest is the key in `[source]`.
+        let mut key = "source".to_string();
+        for segment in e.path().iter().skip(1) {
+            match segment {
+                serde_path_to_error::Segment::Seq { index } => key.push_str(&format!("[{index}]")),
+                other => key.push_str(&format!(".{other}")),
+            }
+        }
+        let message = e.into_inner().to_string();
+        if key == "source" && message.starts_with("unknown variant") {
+            key = "source.kind".into();
+        }
+        (key, hint_integer(message))
+    })
+}
+
+/// A deserializing error's `message` on one line (the key is named
+/// apart: toml's "in `key`" lines are dropped), with a hint when it is
+/// about an integer written past what a TOML integer holds (such a `--set`
+/// value is read as a string).
+fn hint_integer(message: String) -> String {
+    let message = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !(l.starts_with("in `") && l.ends_with('`')))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let digits = message
+        .strip_prefix("invalid type: string \"")
+        .and_then(|rest| rest.split_once('"'))
+        .is_some_and(|(text, _)| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()));
+    if digits { format!("{message} (a job file's integers go up to {}, i64::MAX)", i64::MAX) } else { message }
 }
 
 /// A duration of the job file: `"90s"`, `"1.5s"`, `"500ms"`, `"5m"`,
@@ -1555,10 +1726,21 @@ pub fn parse_duration(value: &toml::Value) -> Result<Duration, String> {
         }
         other => return Err(format!("{other} is not a duration such as \"90s\" or \"5m\"")),
     };
-    if !(secs.is_finite() && secs > 0.0 && secs <= 7.0 * 86_400.0) {
+    if !(secs.is_finite() && secs > 0.0 && secs <= WEEK_SECS) {
         return Err(format!("{value} must be a positive duration of at most a week"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{value}: {e}"))
+}
+
+/// Whether `table` is what `pattern` (a sink's `table` option with one
+/// `{table}`) makes of some name: the Iceberg plugin lands such a name as
+/// it is (`guest/iceberg/src/config.rs`, the same rule).
+pub(crate) fn in_pattern_form(pattern: &str, table: &str) -> bool {
+    let Some((before, after)) = pattern.split_once("{table}") else { return false };
+    !after.contains("{table}")
+        && table.len() > before.len() + after.len()
+        && table.starts_with(before)
+        && table.ends_with(after)
 }
 
 fn check_id(id: &str) -> Result<(), String> {
@@ -1873,6 +2055,80 @@ mod tests {
         let err =
             load(MINIMAL, &["sink.catalog.warehouse=wh", "sink.catalog.commit_delay_ms=5"]).unwrap_err().to_string();
         assert!(err.contains("unknown field `commit_delay_ms`"), "{err}");
+    }
+
+    /// Every duration and rate is bounded at load, naming the full key,
+    /// and an error inside `[source]` names its key in it.
+    #[test]
+    fn out_of_range_values_name_the_full_key() {
+        for (set, says) in [
+            (
+                "job.checkpoint.interval_secs=1e300",
+                "key `job.checkpoint.interval_secs`: must be between 0.001 and 604800 seconds, got 1e300",
+            ),
+            ("job.checkpoint.interval_secs=1e-9", "key `job.checkpoint.interval_secs`: must be between"),
+            ("job.checkpoint.interval_secs=nan", "key `job.checkpoint.interval_secs`: must be between"),
+            ("sink.sandbox.call_timeout_secs=1e300", "key `sink.sandbox.call_timeout_secs`: must be between 0.01"),
+            ("job.lease_secs=0.1", "key `job.lease_secs`: must be between 0.3 and 3600 seconds, got 0.1"),
+            ("source.rate=1e-300", "key `source.rate`: must be between 0.001 and 1e12 rows per second, got 1e-300"),
+            ("source.rate=-1", "key `source.rate`"),
+            ("source.batch_rows=100000000", "key `source.batch_rows`: must be between 1 and 10000000"),
+            ("job.commit.max_backoff_ms=3600001", "key `job.commit.max_backoff_ms`: must be at most 3600000"),
+            ("source.rows=18446744073709551616", "key `source.rows`: invalid type: string"),
+            ("source.first_id=\"x\"", "key `source.first_id`: invalid type: string"),
+            ("source.evolve_at=-1", "key `source.evolve_at`"),
+            ("source.kind=3", "key `source.kind`"),
+            ("source.kind=pulsar", "key `source.kind`: unknown variant `pulsar`"),
+            ("source.rowz=3", "key `source.rowz`: unknown field `rowz`"),
+            ("job.health.max_commit_age=\"1e300s\"", "key `job.health.max_commit_age`"),
+        ] {
+            let err = load(MINIMAL, &[set]).unwrap_err().to_string();
+            assert!(err.contains(says), "{set}: {err}");
+        }
+        let err = load(MINIMAL, &["source.rows=18446744073709551616"]).unwrap_err().to_string();
+        assert!(err.contains("i64::MAX"), "{err}");
+        let job = load(MINIMAL, &["job.checkpoint.interval_secs=0.001", "source.rate=0.001"]).unwrap();
+        assert_eq!(job.checkpoint_trigger().1, Some(Duration::from_millis(1)));
+        let err = load(MINIMAL, &["sink.maintenance.compact_every=\"1000000years\""]).unwrap_err().to_string();
+        assert!(err.contains("key `sink.maintenance.compact_every`") && err.contains("100 years"), "{err}");
+    }
+
+    /// Generator ids are Int64: `first_id + rows - 1` up to `i64::MAX`.
+    #[test]
+    fn generator_ids_past_i64_max_are_refused() {
+        let err = load(MINIMAL, &["source.first_id=9223372036854775800", "source.rows=100"]).unwrap_err().to_string();
+        assert!(
+            err.contains("key `source.rows`")
+                && err.contains("source.first_id = 9223372036854775800 with source.rows = 100 gives ids past"),
+            "{err}"
+        );
+        load(MINIMAL, &["source.first_id=9223372036854775707", "source.rows=100"]).expect("the last id is i64::MAX");
+        load(MINIMAL, &["source.first_id=9223372036854775807", "source.rows=0"]).expect("no ids at all");
+    }
+
+    /// A dotted dead-letter table beside a sink `table` pattern must be in
+    /// the pattern's form, which the sink lands as written.
+    #[test]
+    fn a_dotted_dead_letter_table_must_fit_the_sink_pattern() {
+        let load_dl = |table: &str| {
+            let sets = [
+                "job.bad_rows=\"dead-letter\"".to_string(),
+                format!("job.dead_letter.table=\"{table}\""),
+                "source.tables=[\"a\", \"b\"]".to_string(),
+                "sink.options.table=\"lake.{table}\"".to_string(),
+            ];
+            load(MINIMAL, &sets.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        assert_eq!(load_dl("lake.dead_letters").unwrap().dead_letters.unwrap().table, "lake.dead_letters");
+        assert_eq!(load_dl("dead_letters").unwrap().dead_letters.unwrap().table, "dead_letters");
+        let err = load_dl("other.dl").unwrap_err().to_string();
+        assert!(
+            err.contains("key `job.dead_letter.table`")
+                && err.contains("would land it in \"lake.other.dl\"")
+                && err.contains("name it \"lake.<name>\""),
+            "{err}"
+        );
+        assert!(in_pattern_form("lake.{table}", "lake.x") && !in_pattern_form("lake.{table}", "lake."));
     }
 
     /// The file source's `path` serves object stores: the URL is kept

@@ -20,7 +20,10 @@
 //! Invariants: a batch never straddles `evolve_at` or `new_table_at`, and
 //! holds rows of one table; a position inside a chunk of ids names the
 //! chunk and how many of its tables' batches were delivered, so a restore
-//! regenerates the same chunk and goes on after them.
+//! regenerates the same chunk and goes on after them; every id is at most
+//! [`MAX_ID`] (`i64::MAX`, the `id` column is Int64): the job refuses
+//! `first_id` and `rows` that pass it when it loads, and a reader refuses
+//! them too.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -42,6 +45,14 @@ const BASE_DAY: i32 = 19_723;
 const BASE_TS_US: i64 = 1_704_067_200_000_000;
 /// Days the `day` column cycles through.
 pub const DAYS: u64 = 30;
+/// The largest id: the `id` column is Int64.
+pub const MAX_ID: u64 = i64::MAX as u64;
+
+/// Id `i` as the `id` column holds it. Ids come from a reader (which
+/// refuses any past [`MAX_ID`]) or from a caller's range.
+fn id_value(i: u64) -> i64 {
+    i64::try_from(i).unwrap_or_else(|_| unreachable!("id {i} is past i64::MAX; readers refuse such ranges"))
+}
 
 /// How the generator spreads rows over tables and changes their shape.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -221,12 +232,15 @@ impl Generator {
         self.batch_rows
     }
 
-    /// The ids subtask `s` owns.
+    /// The ids subtask `s` owns (saturating at `u64::MAX`: a reader
+    /// refuses ids past [`MAX_ID`]).
     pub fn range(&self, subtask: u32) -> (u64, u64) {
         let p = u128::from(self.parallelism.max(1));
         let n = u128::from(self.rows);
-        let s = u128::from(subtask);
-        (self.first_id + (s * n / p) as u64, self.first_id + ((s + 1) * n / p) as u64)
+        let s = u128::from(subtask).min(p);
+        // `s * n / p <= n`, which is a u64.
+        let at = |k: u128| self.first_id.saturating_add(u64::try_from(k * n / p).unwrap_or(u64::MAX));
+        (at(s), at(s + 1))
     }
 
     /// The rows with ids `start..end` in the base shape, exactly as every
@@ -243,7 +257,7 @@ impl Generator {
         let mut ts = TimestampMicrosecondBuilder::with_capacity(n);
         for i in start..end {
             let h = mix(i);
-            id.append_value(i as i64);
+            id.append_value(id_value(i));
             qty.append_value((h % 1000) as i32);
             price.append_value((h % 1_000_000) as f64 / 100.0);
             amount.append_value(((h >> 20) % 10_000_000_000) as i128 - 5_000_000_000);
@@ -299,6 +313,13 @@ impl Generator {
     }
 
     pub fn reader(&self, subtask: u32, position: Option<&serde_json::Value>) -> Result<GeneratorReader, SourceError> {
+        if self.rows > 0 && self.first_id.checked_add(self.rows - 1).is_none_or(|last| last > MAX_ID) {
+            return Err(SourceError::Other(format!(
+                "source.first_id = {} with source.rows = {} gives ids past {MAX_ID} (i64::MAX), the largest \
+                 id the Int64 `id` column holds",
+                self.first_id, self.rows
+            )));
+        }
         let (start, end) = self.range(subtask);
         let bad = |p: &serde_json::Value, message: String| SourceError::Position { position: p.to_string(), message };
         let mut reader = GeneratorReader { shape: self.shape.clone(), next: start, start, end, chunk: None };
@@ -476,6 +497,28 @@ mod tests {
             err.contains("source.tables was [], now [\"a\"]") && err.contains("evolve_at was unset, now 9"),
             "{err}"
         );
+    }
+
+    /// Ids up to `i64::MAX` are delivered as they are; a range past it is
+    /// refused by the reader (the job refuses it when it loads, too).
+    #[test]
+    fn ids_end_at_i64_max() {
+        let g = Generator::new(100, None, 64, 2).starting_at(MAX_ID - 99);
+        let mut last = Vec::new();
+        for s in 0..2 {
+            let mut r = g.reader(s, None).unwrap();
+            while let Some(b) = r.next_batch(64).unwrap() {
+                let col = b.batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                last.extend(col.values().iter().copied());
+            }
+        }
+        assert_eq!(last.len(), 100);
+        assert_eq!(last.iter().max(), Some(&i64::MAX));
+        assert!(last.iter().all(|id| *id > 0), "no id wrapped");
+        for first in [MAX_ID - 98, MAX_ID + 1, u64::MAX] {
+            let e = Generator::new(100, None, 64, 2).starting_at(first).reader(1, None).err().expect("refused");
+            assert!(e.to_string().contains("gives ids past 9223372036854775807"), "{e}");
+        }
     }
 
     #[test]
