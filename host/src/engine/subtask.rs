@@ -13,6 +13,14 @@
 //!   of rows after it are read ahead and held too, so that the changes of
 //!   several tables arriving together cost one barrier, not one each;
 //! - every batch a writer gets has its table's current schema;
+//! - a round's interval ends it only once the round has read a batch (or
+//!   found the source idle): however short the interval, every round moves
+//!   rows, so a tiny `job.checkpoint.interval_secs` costs checkpoints, not
+//!   progress. A rate-limited round's first read waits for the rate, not
+//!   for the interval;
+//! - a stop request (SIGTERM) ends the round at its next batch; a subtask
+//!   that waits for its rate looks at the request at least every
+//!   [`STOP_POLL`], so a rate-limited source stops within it at any rate;
 //! - on an injected crash the thread stops at once, without any cleanup call.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -130,6 +138,10 @@ impl Drop for SubtaskHandle {
 
 /// How many dead letters a round report shows.
 const BAD_SAMPLE: usize = 3;
+
+/// The longest a rate-limited subtask sleeps before it looks at the stop
+/// request again: the bound on how late a rate-limited source stops.
+pub const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// What one table of a source batch writes.
 struct Part {
@@ -347,12 +359,22 @@ impl Subtask {
     /// Writes rows until the round's trigger, the end of the source, or a
     /// batch that needs the target changed first (held for a later round).
     fn fill(&mut self, c: u64) -> Result<Filled, EngineError> {
-        let deadline = self.setup.env.interval.map(|d| Instant::now() + d);
+        let deadline = self.setup.env.interval.and_then(|d| Instant::now().checked_add(d));
         let mut filled = Filled::default();
+        // Whether this round has read (a batch, or an idle source): only
+        // then may its interval end it.
+        let mut read = false;
         while !self.finished {
-            if self.held.is_empty() && self.trigger_reached(filled.rows, deadline) {
+            if self.held.is_empty() && self.trigger_reached(filled.rows, deadline.filter(|_| read)) {
                 break;
             }
+            // The round's first read waits for the rate limit, past the
+            // deadline if need be: a round that read nothing would end
+            // empty, and the next one too.
+            if !read && self.held.is_empty() && !self.throttle(None) {
+                continue;
+            }
+            read = true;
             let (next, before) = match self.next_input(filled.rows)? {
                 Input::Batch(next, before) => (next, before),
                 // A streaming source has nothing now: the trigger decides.
@@ -639,17 +661,33 @@ impl Subtask {
         })
     }
 
-    /// Sleeps as long as the rate limit demands, never past the round's end.
-    fn throttle(&self, deadline: Option<Instant>) {
-        let Some(rate) = self.rate() else { return };
-        let due = self.run_start + Duration::from_secs_f64(self.rows_this_run as f64 / rate);
-        let until = match deadline {
-            Some(d) => due.min(d),
-            None => due,
+    /// Sleeps as long as the rate limit demands, never past `deadline`,
+    /// in slices of at most [`STOP_POLL`]; `false` when a stop request
+    /// ended the sleep.
+    fn throttle(&self, deadline: Option<Instant>) -> bool {
+        let Some(rate) = self.rate() else { return true };
+        // When the rows written so far are due at the rate. Past what an
+        // `Instant` holds they are never due: only the deadline or a stop
+        // ends the wait.
+        let due = Duration::try_from_secs_f64(self.rows_this_run as f64 / rate)
+            .ok()
+            .and_then(|d| self.run_start.checked_add(d));
+        let until = match (due, deadline) {
+            (Some(due), Some(deadline)) => Some(due.min(deadline)),
+            (due, None) => due,
+            (None, deadline) => deadline,
         };
-        let now = Instant::now();
-        if until > now {
-            std::thread::sleep(until - now);
+        loop {
+            if self.setup.env.stop.requested() {
+                return false;
+            }
+            let now = Instant::now();
+            let nap = match until {
+                Some(until) if until <= now => return true,
+                Some(until) => (until - now).min(STOP_POLL),
+                None => STOP_POLL,
+            };
+            std::thread::sleep(nap);
         }
     }
 }

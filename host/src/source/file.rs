@@ -408,6 +408,37 @@ pub struct FileSource {
     rejected: Rejected,
 }
 
+/// Refuses a table's first-file `schema` with columns of Arrow's `Null`
+/// type (CSV inference gives it to a column with no value in the records
+/// it reads: every column of a file that is only a header).
+fn untyped_columns(schema: &arrow_schema::Schema, table: &str, format: FileFormat) -> Result<(), String> {
+    if format != FileFormat::Csv {
+        return Ok(());
+    }
+    let untyped: Vec<&str> = schema
+        .fields()
+        .iter()
+        .filter(|f| f.data_type() == &arrow_schema::DataType::Null)
+        .map(|f| f.name().as_str())
+        .collect();
+    if untyped.is_empty() {
+        return Ok(());
+    }
+    let table = if table.is_empty() { "the source's table".to_string() } else { format!("table {table:?}") };
+    let why = if untyped.len() == schema.fields().len() {
+        "holds no records (only a header), so no column has a type".to_string()
+    } else {
+        format!(
+            "gives column(s) {} no value in the first {INFER_RECORDS} records, so they have no type",
+            untyped.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ")
+        )
+    };
+    Err(format!(
+        "is the first file of {table} (its columns' types come from it) and {why}; put a file with values in \
+         every column first (files are read in name order), or remove this one"
+    ))
+}
+
 fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
     SourceError::File { path: path.display().to_string(), message: e.to_string() }
 }
@@ -581,14 +612,17 @@ impl FileSource {
     }
 
     /// The tables, with the schemas of their first files (read now, once).
+    /// A first file that gives a column no type (a CSV header with no
+    /// records under it, a column every record leaves empty) is refused,
+    /// naming the file and the table: no table can take a column of no type.
     pub fn tables(&self) -> Result<Vec<(String, SchemaRef)>, SourceError> {
         self.tables
             .iter()
             .map(|t| {
-                Ok((
-                    t.name.clone(),
-                    self.known.schema_of(&t.name, &t.files[0].name, &t.files[0].at, self.format, self.csv_header)?,
-                ))
+                let first = &t.files[0];
+                let schema = self.known.schema_of(&t.name, &first.name, &first.at, self.format, self.csv_header)?;
+                untyped_columns(&schema, &t.name, self.format).map_err(|m| first.at.err(m))?;
+                Ok((t.name.clone(), schema))
             })
             .collect()
     }
