@@ -3,7 +3,7 @@
 
 use sluice::bindings::CommitOutcome;
 use sluice::engine::{CrashPoint, Fault};
-use sluice_tests::{TestJob, assert_exactly_once, read_visible};
+use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible};
 
 const ROWS: u64 = 6000;
 const PARALLELISM: u32 = 3;
@@ -60,4 +60,74 @@ fn rerun_of_a_finished_job_is_a_no_op() {
     let again = job.run(None).expect("runs");
     assert!(again.already_complete, "{again}");
     assert_eq!(read_visible(&job.out()), before);
+}
+
+/// The files pending checkpoint `c` of the files job `job` names (its
+/// combined commit, as the state directory holds it): each location as the
+/// plugin names it, and its local path.
+fn pending_files(job: &TestJob, c: u64) -> Vec<(String, std::path::PathBuf)> {
+    let loaded = job.load(&[]).expect("the job loads");
+    let state = sluice::engine::state::inspect(&loaded).expect("state");
+    let pending = &state.latest.as_ref().expect("a checkpoint record").pending;
+    let p = pending.iter().find(|p| p.checkpoint == c).unwrap_or_else(|| panic!("checkpoint {c} is not pending"));
+    let combined: serde_json::Value = serde_json::from_slice(&p.combined.0).expect("the combined commit is JSON");
+    let mut paths = Vec::new();
+    for table in combined["tables"].as_array().expect("tables") {
+        let dir = table["staging_dir"].as_str().expect("staging_dir");
+        for file in table["files"].as_array().expect("files") {
+            let location = format!("{dir}/{}", file["name"].as_str().expect("name"));
+            // Locations relative to the job file's directory, as the grants.
+            let path = job.dir.path().join(location.strip_prefix("file://").unwrap_or(&location));
+            paths.push((location, path));
+        }
+    }
+    paths
+}
+
+/// A pending checkpoint naming a staged file that is gone (removed outside
+/// Sluice after the record was persisted) is never published: every run
+/// refuses it with an error naming the file, the checkpoint and the way
+/// out, publishes nothing of it, and leaves it pending. Once the operator
+/// drops it, the job goes on and only that checkpoint's rows are missing.
+#[test]
+fn a_pending_checkpoint_naming_a_missing_file_is_refused_not_published() {
+    let job = TestJob::files("missing-file", ROWS, PARALLELISM, EVERY);
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 2, subtask: 0 };
+    assert!(job.run(Some(crash)).expect_err("crash").is_injected_crash());
+    let files = pending_files(&job, 2);
+    assert!(files.len() >= PARALLELISM as usize, "one file per writer at least: {files:?}");
+    assert!(files.iter().all(|(_, f)| f.is_file()), "{files:?}");
+    let (named, gone) = &files[1];
+    std::fs::remove_file(gone).unwrap_or_else(|e| panic!("removing {}: {e}", gone.display()));
+    let before = ids(&read_visible(&job.out()));
+    let entries = || std::fs::read_dir(job.out()).expect("the output directory").count();
+    let visible_before = entries();
+
+    for _ in 0..2 {
+        let err = job.run(None).expect_err("the checkpoint is refused");
+        assert!(!err.is_injected_crash(), "{err}");
+        let err = err.to_string();
+        for part in [
+            "checkpoint 2 cannot be committed",
+            "1 file(s)",
+            "staged file",
+            named.as_str(),
+            "is missing",
+            "--drop-pending 2",
+        ] {
+            assert!(err.contains(part), "{part:?} in {err}");
+        }
+        assert_eq!(ids(&read_visible(&job.out())), before, "nothing of checkpoint 2 may be published");
+        assert_eq!(entries(), visible_before, "no directory of checkpoint 2 may be published");
+        assert_eq!(pending_files(&job, 2), files, "checkpoint 2 stays pending, as it was");
+    }
+
+    let loaded = job.load(&[]).expect("the job loads");
+    sluice::engine::state::drop_pending(&loaded, 2).expect("the operator drops checkpoint 2");
+    let summary = job.run(None).expect("the job goes on");
+    assert!(summary.recovered.is_empty(), "{summary:?}");
+    // Checkpoint 2 held rows 500..1000 of each writer's 2000.
+    let lost = |id: i64| (500..1000).contains(&(id % 2000));
+    let expected: Vec<i64> = (0..ROWS as i64).filter(|id| !lost(*id)).collect();
+    assert_eq!(ids(&read_visible(&job.out())), expected, "every row but those of the dropped checkpoint, once");
 }

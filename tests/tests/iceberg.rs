@@ -3,12 +3,12 @@
 //! the same time, partitioned tables and schema checks. Tables are read back
 //! through iceberg-rust's own scan, compared by id and value.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sluice::bindings::CommitOutcome;
 use sluice::engine::{CrashPoint, EngineError, Fault, RunOptions};
 use sluice::fault::{CatalogFaults, CommitFault, Faults};
-use sluice_tests::{TestJob, assert_exactly_once_range, read_iceberg};
+use sluice_tests::{TestJob, assert_exactly_once_range, python, read_iceberg};
 
 const ROWS: u64 = 6000;
 const PARALLELISM: u32 = 3;
@@ -280,4 +280,136 @@ fn expired_snapshots_do_not_make_a_recovery_commit_twice() {
     assert_eq!(summary.recovered, vec![(2, CommitOutcome::AlreadyCommitted)]);
     let table = read_iceberg(warehouse.path(), TABLE);
     assert_exactly_once_range(&table.rows, 0, 2 * ROWS);
+}
+
+/// The local paths of the data files pending checkpoint `c` of `job` names
+/// (its combined commit, as the state directory holds it).
+fn pending_data_files(job: &TestJob, c: u64) -> Vec<PathBuf> {
+    let loaded = job.load(&[]).expect("the job loads");
+    let state = sluice::engine::state::inspect(&loaded).expect("state");
+    let pending = &state.latest.as_ref().expect("a checkpoint record").pending;
+    let p = pending.iter().find(|p| p.checkpoint == c).unwrap_or_else(|| panic!("checkpoint {c} is not pending"));
+    let combined: serde_json::Value = serde_json::from_slice(&p.combined.0).expect("the combined commit is JSON");
+    let mut paths = Vec::new();
+    for table in combined["tables"].as_array().expect("tables") {
+        for file in table["files"].as_array().expect("files") {
+            let file: serde_json::Value = serde_json::from_str(file.as_str().expect("data file JSON")).expect("JSON");
+            let location = file["file_path"].as_str().expect("file_path");
+            paths.push(PathBuf::from(location.strip_prefix("file://").unwrap_or(location)));
+        }
+    }
+    paths
+}
+
+/// Every id of the table by PyIceberg's full scan (planning reads every
+/// manifest; reading opens every live data file), sorted.
+fn pyiceberg_ids(warehouse: &Path) -> Vec<i64> {
+    let out = python(
+        "import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w, name = sys.argv[1], sys.argv[2]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table(name)\n\
+         print(json.dumps(sorted(t.scan().to_arrow().column('id').to_pylist())))",
+        &[&warehouse.display().to_string(), TABLE],
+    )
+    .unwrap_or_else(|e| panic!("PyIceberg's full scan failed: {e}"));
+    serde_json::from_str(out.trim()).expect("ids as JSON")
+}
+
+/// A pending checkpoint naming data files that are gone or changed (removed
+/// or rewritten outside Sluice after the record was persisted) is never
+/// committed: every run refuses it, before the catalog is asked, with an
+/// error naming each such file, the checkpoint and the way out, and leaves
+/// it pending; the table keeps its snapshots and stays whole for PyIceberg's
+/// full scan. Once the operator drops the checkpoint, the job goes on and
+/// only that checkpoint's rows are missing.
+#[test]
+fn a_pending_checkpoint_naming_a_missing_file_is_refused_not_committed() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let id = "ice-missing-file";
+    let job = job(id, warehouse.path());
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 2, subtask: 0 };
+    assert!(job.run(Some(crash)).expect_err("crash").is_injected_crash());
+    let files = pending_data_files(&job, 2);
+    assert!(files.len() >= PARALLELISM as usize, "one file per writer at least: {files:?}");
+    let (gone, cut) = (&files[0], &files[1]);
+    std::fs::remove_file(gone).unwrap_or_else(|e| panic!("removing {}: {e}", gone.display()));
+    let bytes = std::fs::read(cut).expect("a data file");
+    std::fs::write(cut, &bytes[..bytes.len() / 2]).expect("truncating a data file");
+
+    let before = read_iceberg(warehouse.path(), TABLE);
+    assert_eq!(before.commits, vec![(id.to_string(), 1)]);
+    for _ in 0..2 {
+        let err = job.run(None).expect_err("the checkpoint is refused");
+        assert!(!err.is_injected_crash(), "{err}");
+        assert!(!matches!(err, EngineError::CommitExhausted { .. }), "a refusal is not retried: {err}");
+        let err = err.to_string();
+        let gone = gone.display().to_string();
+        let cut = cut.display().to_string();
+        let holds = format!("holds {} bytes, and its writer wrote {}", bytes.len() / 2, bytes.len());
+        for part in [
+            "checkpoint 2 cannot be committed",
+            "2 file(s)",
+            "table db.events",
+            gone.as_str(),
+            "is missing",
+            cut.as_str(),
+            holds.as_str(),
+            "--drop-pending 2",
+        ] {
+            assert!(err.contains(part), "{part:?} in {err}");
+        }
+        let after = read_iceberg(warehouse.path(), TABLE);
+        assert_eq!(after.commits, before.commits, "no snapshot may be added");
+        assert_eq!(
+            after.table.metadata().snapshots().count(),
+            before.table.metadata().snapshots().count(),
+            "no snapshot may be added"
+        );
+        assert_eq!(sluice_tests::ids(&after.rows), sluice_tests::ids(&before.rows));
+        assert_eq!(pending_data_files(&job, 2), files, "checkpoint 2 stays pending, as it was");
+    }
+    assert_eq!(pyiceberg_ids(warehouse.path()), sluice_tests::ids(&before.rows), "PyIceberg reads the table whole");
+
+    let loaded = job.load(&[]).expect("the job loads");
+    sluice::engine::state::drop_pending(&loaded, 2).expect("the operator drops checkpoint 2");
+    let summary = job.run(None).expect("the job goes on");
+    assert!(summary.recovered.is_empty(), "{summary:?}");
+    // Checkpoint 2 held rows 500..1000 of each writer's 2000.
+    let lost = |id: i64| (500..1000).contains(&(id % 2000));
+    let expected: Vec<i64> = (0..ROWS as i64).filter(|id| !lost(*id)).collect();
+    let table = read_iceberg(warehouse.path(), TABLE);
+    assert_eq!(sluice_tests::ids(&table.rows), expected, "every row but those of the dropped checkpoint, once");
+    table.assert_no_checkpoint_twice();
+    assert_eq!(pyiceberg_ids(warehouse.path()), expected);
+}
+
+/// A recovered checkpoint that is committed already answers
+/// `already-committed` even when its data files are gone since (compacted
+/// away, then expired): the idempotence check comes before any file is
+/// looked at.
+#[test]
+fn a_committed_checkpoint_whose_files_were_compacted_away_stays_already_committed() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let id = "ice-compacted-away";
+    let job = job(id, warehouse.path());
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(job.run(Some(crash)).expect_err("crash").is_injected_crash());
+    let files = pending_data_files(&job, 2);
+    let loaded = job.load(&[]).expect("the job loads");
+    let opts = sluice::engine::maintain::MaintainOptions {
+        compact: true,
+        target_file_bytes: 128 * 1024 * 1024,
+        keep_last: Some(1),
+        timeout: std::time::Duration::from_secs(600),
+        ..Default::default()
+    };
+    sluice::engine::maintain::maintain(&loaded, sluice_tests::host(), &opts).expect("compaction and expiry");
+    assert!(files.iter().all(|f| !f.exists()), "compaction and expiry removed checkpoint 2's files: {files:?}");
+
+    let summary = job.run(None).expect("recovers");
+    assert_eq!(summary.recovered, vec![(2, CommitOutcome::AlreadyCommitted)]);
+    let table = read_iceberg(warehouse.path(), TABLE);
+    assert_exactly_once_range(&table.rows, 0, ROWS);
+    assert_eq!(pyiceberg_ids(warehouse.path()), (0..ROWS as i64).collect::<Vec<_>>());
 }
