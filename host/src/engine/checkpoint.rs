@@ -456,7 +456,14 @@ fn write_atomic_telling(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError
     // rename(2) either happens or not, but on a network filesystem an error
     // may follow a rename that happened; and until the directory is synced
     // a crash may undo it. Either way the outcome is not known.
-    fs::rename(&tmp, path).map_err(|e| io(path)(e).unknown(path))?;
+    if let Err(e) = fs::rename(&tmp, path) {
+        if let Err(rm) = fs::remove_file(&tmp)
+            && rm.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %tmp.display(), error = %rm, "could not remove a temporary file after a failed rename");
+        }
+        return Err(io(path)(e).unknown(path));
+    }
     sync_dir(dir).map_err(|e| e.unknown(path))
 }
 
@@ -873,6 +880,105 @@ mod tests {
             dead_letters: Some("dead_letters".into()),
             created_at_ms: 0,
         }
+    }
+
+    /// A local state directory whose pruning listing fails, the way an
+    /// object store's LIST answered 500 right after a record's PUT.
+    #[derive(Debug)]
+    struct FailingPruneList(LocalDir);
+
+    impl StateBackend for FailingPruneList {
+        fn read_file(&self, file: StateFile) -> Result<Option<Vec<u8>>, CheckpointError> {
+            self.0.read_file(file)
+        }
+        fn write_file(&self, file: StateFile, bytes: Vec<u8>) -> Result<(), CheckpointError> {
+            self.0.write_file(file, bytes)
+        }
+        fn file_path(&self, file: StateFile) -> PathBuf {
+            self.0.file_path(file)
+        }
+        fn ids(&self) -> Result<Vec<u64>, CheckpointError> {
+            self.0.ids()
+        }
+        fn ids_to_prune(&self) -> Result<Vec<u64>, CheckpointError> {
+            Err(CheckpointError::Io { path: self.0.records_dir(), source: std::io::Error::other("list failed: 500") })
+        }
+        fn read_record(&self, c: u64) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
+            self.0.read_record(c)
+        }
+        fn write_record(&self, c: u64, bytes: Vec<u8>) -> Result<PathBuf, CheckpointError> {
+            self.0.write_record(c, bytes)
+        }
+        fn delete_record(&self, c: u64) {
+            self.0.delete_record(c)
+        }
+        fn check_held(&self) -> Result<(), CheckpointError> {
+            self.0.check_held()
+        }
+        fn dir(&self) -> PathBuf {
+            self.0.dir()
+        }
+        fn records_dir(&self) -> PathBuf {
+            self.0.records_dir()
+        }
+        fn record_path(&self, c: u64) -> PathBuf {
+            self.0.record_path(c)
+        }
+    }
+
+    fn local(dir: &Path) -> LocalDir {
+        let checkpoints = dir.join("checkpoints");
+        fs::create_dir_all(&checkpoints).unwrap();
+        LocalDir { dir: dir.to_path_buf(), checkpoints, _lock: None }
+    }
+
+    #[test]
+    fn a_failed_listing_after_a_durable_record_is_not_the_checkpoints_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            CheckpointStore { backend: Box::new(FailingPruneList(local(dir.path()))), job_id: "j".into(), retain: 1 };
+        for c in 1..=3 {
+            store.persist(&record(c)).expect("a record that is durable is persisted, whatever pruning meets");
+        }
+        assert_eq!(store.latest().unwrap(), Some(record(3)));
+        // Nothing could be pruned: every record is still there.
+        assert_eq!(store.ids().unwrap(), vec![3, 2, 1]);
+    }
+
+    #[test]
+    fn a_failed_write_before_the_rename_is_a_definite_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), "j", 2).unwrap();
+        // The temporary file cannot be created: the records folder is gone.
+        fs::remove_dir_all(dir.path().join("checkpoints")).unwrap();
+        let e = store.persist(&record(1)).unwrap_err();
+        assert!(!e.outcome_unknown(), "nothing was written, and nothing can be later: {e}");
+    }
+
+    #[cfg(feature = "fault-injection")]
+    #[test]
+    fn a_record_written_with_its_reply_lost_is_an_unknown_outcome_and_durable() {
+        use crate::fault::{Faults, Sim};
+        let dir = tempfile::tempdir().unwrap();
+        // Every operation happens, and its caller hears an error.
+        let sim = std::sync::Arc::new(Sim::new(7, 0, 1_000_000, 0));
+        let faults = Faults { sim: Some(sim.clone()), ..Faults::default() };
+        let store = CheckpointStore::open(dir.path(), "j", 2).unwrap().with_faults(&faults);
+        let e = store.persist(&record(1)).unwrap_err();
+        assert!(e.outcome_unknown(), "a lost reply proves nothing: {e}");
+        assert!(e.to_string().contains("whether this write took effect is unknown"), "{e}");
+        sim.set_enabled(false);
+        assert_eq!(store.latest().unwrap(), Some(record(1)), "the record is durable");
+        assert!(sim.fired().iter().any(|f| f.starts_with("state.write-record#1 LoseReply")), "{:?}", sim.fired());
+        // Failing before it is sent is a definite "not written".
+        let sim = std::sync::Arc::new(Sim::new(7, 1_000_000, 0, 0));
+        let faults = Faults { sim: Some(sim), ..Faults::default() };
+        let other = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(other.path(), "j", 2).unwrap().with_faults(&faults);
+        let e = store.persist(&record(1)).unwrap_err();
+        assert!(!e.outcome_unknown(), "{e}");
+        drop(store);
+        assert!(CheckpointStore::open(other.path(), "j", 2).unwrap().latest().unwrap().is_none());
     }
 
     #[test]
