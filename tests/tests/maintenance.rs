@@ -6,17 +6,24 @@
 //! `iceberg_scan` extension is downloaded at run time, which the test
 //! machines cannot do).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sluice::engine::checkpoint::CheckpointStore;
 use sluice::engine::maintain::{MaintainOptions, MaintainReport};
 use sluice::engine::{CrashPoint, Fault};
 use sluice::fault::{CatalogFaults, CommitFault, Faults};
+use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
 use sluice_tests::{ICEBERG_PLUGIN, TestJob, assert_exactly_once, python, read_iceberg, run_cli};
 
 /// A generator → Iceberg job partitioned by day (30 days), one writer, a
 /// checkpoint every `every_rows` rows.
 fn job(id: &str, warehouse: &Path, rows: u64, every_rows: u64) -> TestJob {
+    job_from(id, warehouse, rows, every_rows, 0)
+}
+
+/// [`job`], its ids starting at `first_id` (another job beside it on the table).
+fn job_from(id: &str, warehouse: &Path, rows: u64, every_rows: u64, first_id: u64) -> TestJob {
     let warehouse = warehouse.display();
     let sink = format!(
         r#"[sink]
@@ -33,7 +40,7 @@ memory_mb = 512
 "#
     );
     let dir = tempfile::tempdir().expect("temp dir");
-    let toml = sluice_bench::generator_job_toml(id, 1, every_rows, rows, 0, every_rows, &sink);
+    let toml = sluice_bench::generator_job_toml(id, 1, every_rows, rows, first_id, every_rows, &sink);
     TestJob { dir, toml }
 }
 
@@ -400,4 +407,187 @@ fn a_running_job_refuses_a_short_orphan_retention() {
     job.load(&["job.checkpoint.interval_secs=60", "sink.maintenance.remove_orphans_older_than=\"1h\""])
         .expect("1h is enough");
     assert!(!job.state().exists());
+}
+
+/// The data files PyIceberg's full scan plans (the live ones), and every id
+/// that scan reads, sorted.
+fn pyiceberg_scan(warehouse: &Path) -> (std::collections::BTreeSet<String>, Vec<i64>) {
+    let out = python(
+        "import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w = sys.argv[1]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table('db.events')\n\
+         files = [x.file.file_path.removeprefix('file://') for x in t.scan().plan_files()]\n\
+         ids = sorted(t.scan(selected_fields=('id',)).to_arrow().column('id').to_pylist())\n\
+         print(json.dumps({'files': files, 'ids': ids}))",
+        &[&warehouse.display().to_string()],
+    )
+    .unwrap_or_else(|e| panic!("PyIceberg's full scan failed: {e}"));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    (serde_json::from_value(v["files"].clone()).expect("files"), serde_json::from_value(v["ids"].clone()).expect("ids"))
+}
+
+/// Jobs A and B write one table; B is killed after persisting its third
+/// checkpoint, whose files are on disk and in no snapshot. Returns (A, B,
+/// B's pending files, a stray unreferenced file).
+fn two_writers_b_pending(warehouse: &Path, prefix: &str, rows: u64) -> (TestJob, TestJob, Vec<String>, PathBuf) {
+    let a = job_from(&format!("{prefix}-a"), warehouse, rows, 60, 0);
+    let b = job_from(&format!("{prefix}-b"), warehouse, rows, 60, rows);
+    a.run(None).expect("A runs");
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 3, subtask: 0 };
+    assert!(b.run(Some(crash)).expect_err("B crashes").is_injected_crash());
+    let (live, ids) = pyiceberg_scan(warehouse);
+    assert_eq!(ids.len() as u64, rows + 2 * 60, "A's rows and B's checkpoints 1-2 are visible");
+    let pending: Vec<String> = data_files(warehouse)
+        .into_iter()
+        .filter(|f| !live.contains(f) && f.contains(&format!("{prefix}-b.")))
+        .collect();
+    assert!(!pending.is_empty(), "B's checkpoint 3 has files on disk, not yet in the table");
+    let data_dir = Path::new(pending[0].as_str()).parent().expect("a data file's folder").to_path_buf();
+    let stray = data_dir.join("stray.parquet");
+    std::fs::write(&stray, b"not referenced").expect("stray file");
+    (a, b, pending, stray)
+}
+
+/// `sluice maintain` that must succeed: its stdout and stderr.
+fn maintain_out_err(job: &TestJob, args: &[&str]) -> (String, String) {
+    let path = job.path().display().to_string();
+    let mut all = vec!["maintain", path.as_str()];
+    all.extend_from_slice(args);
+    let (code, out, err) = run_cli(&all, job.dir.path());
+    assert_eq!(code, 0, "sluice maintain failed:\n{out}\n{err}");
+    (out, err)
+}
+
+/// Orphan cleanup run as job A without `--protect B.toml`, beside job B
+/// killed with a persisted, uncommitted checkpoint: the table names B, so
+/// every file younger than the 3-day floor stays (B's pending ones and a
+/// stray one), and the report names B. With B protected the retention
+/// asked for applies (the stray file goes, B's stay) and the report does
+/// not ask for the file that was given. B then recovers; PyIceberg's full
+/// scan reads every id once.
+#[test]
+fn orphan_cleanup_without_protect_keeps_the_floor_beside_a_killed_job() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rows = 600;
+    let (a, b, pending, stray) = two_writers_b_pending(warehouse.path(), "maint-2w", rows);
+
+    let (out, err) = maintain_out_err(&a, &["--no-compact", "--remove-orphans-older-than", "0s"]);
+    for file in &pending {
+        assert!(Path::new(file.as_str()).exists(), "orphan cleanup removed {file} of B's pending checkpoint:\n{out}");
+    }
+    assert!(stray.exists(), "the floor keeps every young file, the stray one too:\n{out}");
+    assert!(
+        out.contains("kept every file younger than 3days (the floor)") && out.contains("maint-2w-b.lake"),
+        "the report names B and the floor:\n{out}"
+    );
+    assert!(err.contains("orphan cleanup keeps every file younger than 3days"), "{err}");
+    assert!(!out.contains("other writers named by the table"), "the plugin's own note is not shown:\n{out}");
+
+    let b_file = b.path().display().to_string();
+    let (out, _) = maintain_out_err(&a, &["--no-compact", "--remove-orphans-older-than", "0s", "--protect", &b_file]);
+    assert!(!stray.exists(), "with B protected the retention asked for applies:\n{out}");
+    for file in &pending {
+        assert!(Path::new(file.as_str()).exists(), "orphan cleanup removed {file} of protected B:\n{out}");
+    }
+    assert!(!out.contains("floor") && !out.contains("protected only if"), "B was given:\n{out}");
+
+    let summary = b.run(None).expect("B recovers");
+    assert_eq!(summary.recovered.first().map(|(c, _)| *c), Some(3), "{summary}");
+    let (_, ids) = pyiceberg_scan(warehouse.path());
+    let want: Vec<i64> = (0..2 * rows as i64).collect();
+    assert!(ids == want, "ids read by PyIceberg: {} of {}, not each once", ids.len(), want.len());
+    assert_exactly_once(&read_iceberg(warehouse.path(), "db.events").rows, 2 * rows);
+}
+
+/// `--force` lowers the floor beside job B killed with a pending
+/// checkpoint: the warning names the risk and B, and the risk is real: B's
+/// pending files are gone (B's recovery would now commit missing files, so
+/// it is not run; the table as committed still reads whole).
+#[test]
+fn orphan_cleanup_forced_below_the_floor_warns_and_removes_a_killed_jobs_pending_files() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rows = 300;
+    let (a, _b, pending, stray) = two_writers_b_pending(warehouse.path(), "maint-force", rows);
+    let (out, err) = maintain_out_err(&a, &["--no-compact", "--remove-orphans-older-than", "0s", "--force"]);
+    assert!(
+        err.contains("--force: orphan cleanup removes files down to 0s, below the floor of 3days")
+            && err.contains("maint-force-b.lake"),
+        "{err}"
+    );
+    assert!(out.contains("--force: orphan cleanup went down to 0s") && out.contains("maint-force-b.lake"), "{out}");
+    assert!(!stray.exists(), "{out}");
+    for file in &pending {
+        assert!(!Path::new(file.as_str()).exists(), "--force kept {file}:\n{out}");
+    }
+    let (_, ids) = pyiceberg_scan(warehouse.path());
+    assert_eq!(ids.len() as u64, rows + 2 * 60, "what is committed still reads whole");
+}
+
+const S3_BUCKET: &str = "maint-state";
+
+/// One moto server for this test binary, and the AWS environment pointing at it.
+fn moto() -> &'static Moto {
+    static MOTO: std::sync::OnceLock<Moto> = std::sync::OnceLock::new();
+    MOTO.get_or_init(|| {
+        let moto = Moto::start(&[S3_BUCKET]);
+        // SAFETY: set once, before any test of this binary that needs it
+        // runs the engine or starts a process (each first waits here).
+        unsafe {
+            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
+            std::env::set_var("AWS_REGION", REGION);
+            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
+        }
+        moto
+    })
+}
+
+/// A job whose state directory is on S3 (moto): a short orphan retention is
+/// refused while a run holds its lease, and while the lease cannot be read
+/// (fails closed); once the lease is released it is accepted.
+#[test]
+fn a_short_orphan_retention_is_refused_while_a_run_holds_an_s3_lease() {
+    let moto = moto();
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let job = job("maint-s3", warehouse.path(), 120, 60);
+    let sets = [format!("job.state_dir=s3://{S3_BUCKET}/maint-s3"), "job.lease_secs=30".to_string()];
+    let set_refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let summary = job.run_with(&set_refs, None).expect("runs with its state on S3");
+    assert_eq!(summary.last_committed, Some(2), "{summary}");
+    let data_dir = data_files(warehouse.path())
+        .first()
+        .and_then(|f| Path::new(f).parent().map(Path::to_path_buf))
+        .expect("a data file's folder");
+    let stray = data_dir.join("stray.parquet");
+    std::fs::write(&stray, b"not referenced").expect("stray file");
+    let path = job.path().display().to_string();
+    let mut args = vec!["maintain", path.as_str()];
+    for set in &sets {
+        args.extend(["--set", set.as_str()]);
+    }
+    args.extend(["--no-compact", "--remove-orphans-older-than", "0s"]);
+
+    let loaded = job.load(&set_refs).expect("loads");
+    let held =
+        CheckpointStore::open_at(&loaded.state, &loaded.spec.job.id, 10, Duration::from_secs(30), &loaded.state_stores)
+            .expect("takes the lease");
+    let (code, out, err) = run_cli(&args, job.dir.path());
+    assert_ne!(code, 0, "accepted beside a live lease:\n{out}");
+    assert!(err.contains("is too short while job \"maint-s3\" runs") && err.contains("holds its lease"), "{err}");
+    assert!(stray.exists(), "the refused cleanup removed nothing");
+    drop(held);
+
+    // Released now, but its lease cannot be read: refused all the same.
+    moto.fail_requests("GET", "/maint-s3/lease", 0, 1);
+    let (code, out, err) = run_cli(&args, job.dir.path());
+    moto.fail_requests("GET", "/maint-s3/lease", 0, 0);
+    assert_ne!(code, 0, "accepted though the lease could not be read:\n{out}");
+    assert!(err.contains("cannot tell whether a run of job \"maint-s3\" holds its state directory"), "{err}");
+    assert!(stray.exists(), "the refused cleanup removed nothing");
+
+    let (code, out, err) = run_cli(&args, job.dir.path());
+    assert_eq!(code, 0, "refused once the lease was released:\n{out}\n{err}");
+    assert!(!stray.exists(), "the stray file was removed:\n{out}");
+    assert_exactly_once(&read_iceberg(warehouse.path(), "db.events").rows, 120);
 }

@@ -26,6 +26,17 @@
 //!   checkpoint not yet committed) names. When a live data file of the
 //!   table cannot be found in the listing (the listing spells locations
 //!   another way), nothing is removed.
+//! - Only the host can see other jobs' state directories, and only the
+//!   table names the jobs that write it: every table whose orphans are
+//!   asked for gets one note [`WRITERS_NOTE`] followed by a JSON list of
+//!   the `<job>.<sink>` of every other job its `sluice.committed.*`
+//!   watermarks and `sluice.claim.*` claims name (`[]` when none, or when
+//!   the table does not exist). The host reads that note to choose the
+//!   retention (`host/src/engine/maintain.rs`: a job it cannot see keeps
+//!   every file younger than a floor) and shows its own words instead. A
+//!   cutoff of `i64::MIN` can remove nothing, so the table is then not
+//!   listed: that is the host's cheap first pass, which asks only for the
+//!   names.
 //!
 //! iceberg-rust 0.10 has no rewrite transaction: the `replace` snapshot is
 //! built here from its public manifest and manifest-list writers, the way
@@ -67,6 +78,10 @@ const ATTEMPTS: u32 = 30;
 /// Snapshot summary key marking a snapshot made by maintenance.
 const SUMMARY_MAINTENANCE: &str = "sluice.maintenance";
 
+/// The note naming the other writers of a table, followed by a JSON list
+/// of `<job>.<sink>` (the host's `maintain.rs` reads it by this prefix).
+const WRITERS_NOTE: &str = "other writers named by the table (job.sink): ";
+
 pub fn maintain(
     ctx: SinkContext,
     options: Vec<(String, String)>,
@@ -97,6 +112,9 @@ pub fn maintain(
             Ok(_) => {}
             Err(LoadError::NotFound(_)) => {
                 report.notes.push("the table does not exist (yet): nothing to do".to_string());
+                if request.orphans.is_some() {
+                    report.notes.push(writers_note(&[]));
+                }
                 reports.push(report);
                 continue;
             }
@@ -825,19 +843,27 @@ fn protected_files(combined: &[u8]) -> Result<Vec<String>, String> {
         .collect()
 }
 
-/// The `<job>.<sink>` of every other job whose watermark the table holds.
+/// The `<job>.<sink>` of every other job whose watermark
+/// (`sluice.committed.<job>.<sink>.<incarnation>`) or claim
+/// (`sluice.claim.<job>.<sink>`) the table holds.
 fn other_writers(ctx: &SinkContext, metadata: &TableMetadata) -> Vec<String> {
     let own = format!("{}.{}", ctx.job_id, ctx.sink_id);
-    let mut others: Vec<String> = metadata
-        .properties()
-        .keys()
+    let keys = metadata.properties().keys();
+    let watermarks = keys
+        .clone()
         .filter_map(|k| k.strip_prefix("sluice.committed."))
-        .filter_map(|rest| rest.rsplit_once('.').map(|(writer, _incarnation)| writer.to_string()))
-        .filter(|writer| *writer != own)
-        .collect();
+        .filter_map(|rest| rest.rsplit_once('.').map(|(writer, _incarnation)| writer));
+    let claims = keys.filter_map(|k| k.strip_prefix("sluice.claim."));
+    let mut others: Vec<String> =
+        watermarks.chain(claims).filter(|writer| *writer != own).map(str::to_string).collect();
     others.sort();
     others.dedup();
     others
+}
+
+/// The [`WRITERS_NOTE`] naming `writers`.
+fn writers_note(writers: &[String]) -> String {
+    format!("{WRITERS_NOTE}{}", serde_json::Value::from(writers.to_vec()))
 }
 
 fn remove_orphans(
@@ -849,6 +875,11 @@ fn remove_orphans(
 ) -> Result<(), SinkError> {
     let table = load(ident)?;
     let metadata = table.metadata();
+    if orphans.older_than_ms == i64::MIN {
+        // No file is older than that: only the names were asked for.
+        report.notes.push(writers_note(&other_writers(ctx, metadata)));
+        return Ok(());
+    }
     let location = metadata.location().trim_end_matches('/').to_string();
     // Listed first: a file written after this cannot be removed.
     let listed = fio::list_tree(&location).map_err(|e| {
@@ -877,14 +908,8 @@ fn remove_orphans(
     for combined in &orphans.protected {
         referenced.extend(protected_files(combined).map_err(|m| error::config(format!("table {ident}: {m}")))?);
     }
-    let others = other_writers(ctx, metadata);
-    if !others.is_empty() {
-        report.notes.push(format!(
-            "the table also holds commits of {} (job.sink): a pending checkpoint of theirs is protected only if \
-             their job file is given (--protect, or `protect` in [sink.maintenance])",
-            others.join(", ")
-        ));
-    }
+    // From the reload: a job whose first commit landed meanwhile is named.
+    report.notes.push(writers_note(&other_writers(ctx, metadata)));
     let listed_names: HashSet<&str> = listed.iter().map(|e| norm(&e.location)).collect();
     if let Some(current) = metadata.current_snapshot() {
         let live = refs.of(&table, current)?;
@@ -938,5 +963,14 @@ mod tests {
         for bad in [&b"not json"[..], br#"{"offsets": [1]}"#, br#"{"files": [7]}"#] {
             assert!(protected_files(bad).unwrap_err().contains("orphan cleanup removed nothing"));
         }
+    }
+
+    #[test]
+    fn the_writers_note_is_its_prefix_and_a_json_list() {
+        let note = writers_note(&["b.lake".to_string(), "c.x.lake".to_string()]);
+        let list = note.strip_prefix(WRITERS_NOTE).expect("the prefix");
+        let named: Vec<String> = serde_json::from_str(list).expect("a JSON list");
+        assert_eq!(named, ["b.lake", "c.x.lake"]);
+        assert_eq!(writers_note(&[]), format!("{WRITERS_NOTE}[]"));
     }
 }
