@@ -533,3 +533,65 @@ fn the_file_source_reads_gcs() {
     assert_eq!(summary.rows_total, 3000);
     assert_eq!(landed_in(&job.out()), expected(0..3000));
 }
+
+/// A pending checkpoint naming data objects that are gone or replaced
+/// (removed or rewritten outside Sluice after the record was persisted) is
+/// never published: every run refuses it, before any marker is made, with
+/// an error naming each such object, the checkpoint and the way out, and
+/// leaves it pending. Once the operator drops it, the job goes on and only
+/// that checkpoint's rows are missing.
+#[test]
+fn a_pending_checkpoint_naming_a_missing_data_object_makes_no_marker() {
+    let prefix = "missing-object";
+    let path = format!("{prefix}/files");
+    let job = files_job("s3", prefix, ROWS, PARALLELISM, EVERY);
+    let store = s3();
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 2, subtask: 0 };
+    assert!(job.run(Some(crash)).expect_err("crash").is_injected_crash());
+    let loaded = job.load(&[]).expect("the job loads");
+    let state = sluice::engine::state::inspect(&loaded).expect("state");
+    let pending = &state.latest.as_ref().expect("a checkpoint record").pending;
+    assert_eq!(pending.iter().map(|p| p.checkpoint).collect::<Vec<_>>(), vec![2]);
+    let combined: serde_json::Value = serde_json::from_slice(&pending[0].combined.0).expect("JSON");
+    let table = &combined["tables"][0];
+    let dir = table["staging_dir"].as_str().expect("staging_dir");
+    let objects: Vec<String> = table["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| format!("{dir}/{}", f["name"].as_str().expect("name")))
+        .collect();
+    assert!(objects.len() >= PARALLELISM as usize, "{objects:?}");
+    let key = |location: &str| location.strip_prefix(&format!("s3://{BUCKET}/")).expect("in the bucket").to_string();
+    let (gone, replaced) = (&objects[0], &objects[1]);
+    block(store.delete(&key(gone))).expect("removing a data object");
+    put_in(&store, &key(replaced), b"not the data object its writer wrote".to_vec());
+    let before = ids(&read_committed(&store, &path));
+    let markers_of_2 = || keys(&store, &path).iter().filter(|k| k.contains(".c0000000002.")).count();
+    assert_eq!(markers_of_2(), 0);
+
+    for _ in 0..2 {
+        let err = job.run(None).expect_err("the checkpoint is refused");
+        assert!(!err.is_injected_crash(), "{err}");
+        let err = err.to_string();
+        for part in [
+            "checkpoint 2 cannot be committed",
+            "2 file(s)",
+            &format!("data object {gone} is missing"),
+            &format!("data object {replaced} holds 36 bytes, and its writer wrote"),
+            "--drop-pending 2",
+        ] {
+            assert!(err.contains(part), "{part:?} in {err}");
+        }
+        assert_eq!(markers_of_2(), 0, "no marker of checkpoint 2 may be made");
+        assert_eq!(ids(&read_committed(&store, &path)), before);
+    }
+
+    sluice::engine::state::drop_pending(&loaded, 2).expect("the operator drops checkpoint 2");
+    let summary = job.run(None).expect("the job goes on");
+    assert!(summary.recovered.is_empty(), "{summary:?}");
+    // Checkpoint 2 held rows 500..1000 of each writer's 2000.
+    let lost = |id: i64| (500..1000).contains(&(id % 2000));
+    let expected: Vec<i64> = (0..ROWS as i64).filter(|id| !lost(*id)).collect();
+    assert_eq!(ids(&read_committed(&store, &path)), expected, "every row but the dropped checkpoint's, once");
+}

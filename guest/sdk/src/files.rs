@@ -159,3 +159,31 @@ impl std::io::Write for OutputWriter {
 }
 
 pub use file_io::{create_dir_all, delete, exists, list_dir, read, rename, stat, write_file};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_fatal_and_names_the_checkpoint_the_files_and_the_way_out() {
+        let problems: Vec<String> = (0..12).map(|i| format!("table t: data file f{i:02}.parquet is missing")).collect();
+        let SinkError::Fatal(message) = refuse_missing(7, "make a snapshot name them", &problems) else {
+            panic!("a refusal must be fatal: the host neither retries it nor drops the checkpoint");
+        };
+        for part in [
+            "checkpoint 7 cannot be committed",
+            "12 file(s)",
+            "table t: data file f00.parquet is missing",
+            "f09.parquet",
+            "; and 2 more",
+            "Committing it would make a snapshot name them",
+            "stays pending",
+            "sluice state <job file> --drop-pending 7",
+        ] {
+            assert!(message.contains(part), "{part:?} in {message}");
+        }
+        assert!(!message.contains("f10.parquet"), "only the first ten are named: {message}");
+        let SinkError::Fatal(one) = refuse_missing(3, "x", &problems[..1]) else { panic!("fatal") };
+        assert!(one.contains("1 file(s)") && !one.contains("more"), "{one}");
+    }
+}
