@@ -44,12 +44,9 @@ impl CheckpointStore {
             .map_err(|e| SluiceError::new_err(format!("state directory {text}: no working directory: {e}")))?;
         let location = Location::parse(text, &cwd, STATE_DIR_SERVED)
             .map_err(|e| SluiceError::new_err(format!("state directory {text}: {e}")))?;
-        if !(lease_secs.is_finite() && lease_secs > 0.0) {
-            return Err(SluiceError::new_err(format!(
-                "lease_secs = {lease_secs}: must be a positive number of seconds"
-            )));
-        }
-        let lease = Duration::from_secs_f64(lease_secs);
+        // The range `job.lease_secs` takes: no conversion below can fail.
+        let lease = sluice::job::seconds(lease_secs, sluice::job::LEASE_SECS)
+            .map_err(|m| SluiceError::new_err(format!("lease_secs = {lease_secs}: {m}")))?;
         let store =
             py.detach(|| Store::open_at(&location, &job_id, retain, lease, &Default::default())).map_err(to_py)?;
         Ok(Self { store })

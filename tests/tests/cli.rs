@@ -1,6 +1,8 @@
 //! The `sluice` binary: inspect, check, run, the compiled-plugin cache, and
 //! clear errors for bad job files.
 
+use std::time::Duration;
+
 use sluice_tests::{FILES_PLUGIN, TestJob, assert_exactly_once, read_visible, run_cli, run_example};
 
 #[test]
@@ -131,4 +133,194 @@ fn state_shows_pending_checkpoints_and_drops_one_on_request() {
     let visible = sluice_tests::ids(&read_visible(&job.out()));
     let expected: Vec<i64> = (0..3000).filter(|id| !(500..1000).contains(&(id % 1500))).collect();
     assert_eq!(visible, expected, "every row but the dropped checkpoint's, once");
+}
+
+/// Values out of range are refused when the job loads, with exit code 1
+/// (never a panic's 101) and the full key: durations and rates past what a
+/// `Duration` holds or below what makes sense, generator ids past
+/// `i64::MAX`, and integers past what TOML holds given with `--set`.
+#[test]
+fn out_of_range_values_are_refused_naming_the_full_key() {
+    let job = TestJob::files("ranges", 100, 2, 50);
+    job.load(&[]).expect("valid to start with");
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["job.checkpoint.interval_secs=1e300"],
+            &["key `job.checkpoint.interval_secs`: must be between 0.001 and 604800 seconds, got 1e300"],
+        ),
+        (&["job.checkpoint.interval_secs=1e-9"], &["key `job.checkpoint.interval_secs`", "got 1e-9"]),
+        (
+            &["sink.sandbox.call_timeout_secs=1e300"],
+            &["key `sink.sandbox.call_timeout_secs`: must be between 0.01 and 604800 seconds, got 1e300"],
+        ),
+        (&["source.rate=1e-300"], &["key `source.rate`: must be between 0.001 and 1e12 rows per second, got 1e-300"]),
+        (&["source.rate=1e-12"], &["key `source.rate`", "got 1e-12"]),
+        (&["source.rate=1e300"], &["key `source.rate`", "got 1e300"]),
+        (&["job.lease_secs=1e300"], &["key `job.lease_secs`", "got 1e300"]),
+        (&["job.commit.max_backoff_ms=9223372036854775807"], &["key `job.commit.max_backoff_ms`"]),
+        (
+            &["source.first_id=9223372036854775800", "source.rows=100"],
+            &["key `source.rows`", "source.first_id = 9223372036854775800 with source.rows = 100 gives ids past"],
+        ),
+        (&["source.rows=18446744073709551616"], &["key `source.rows`: invalid type", "i64::MAX"]),
+        (&["source.first_id=18446744073709551616"], &["key `source.first_id`: invalid type"]),
+        (&["source.evolve_at=18446744073709551616"], &["key `source.evolve_at`: invalid type"]),
+        (&["source.batch_rows=\"many\""], &["key `source.batch_rows`: invalid type"]),
+        (&["source.kind=42"], &["key `source.kind`"]),
+    ];
+    for (sets, expected) in cases {
+        let mut args = vec!["check", "job.toml"];
+        for set in *sets {
+            args.extend(["--set", set]);
+        }
+        let (code, out, err) = run_cli(&args, job.dir.path());
+        let all = format!("{out}{err}");
+        assert_eq!(code, 1, "{sets:?}: refused with exit code 1, not a panic:\n{all}");
+        assert!(!all.contains("panicked"), "{sets:?}: {all}");
+        for part in *expected {
+            assert!(all.contains(part), "{sets:?}: expected {part:?} in:\n{all}");
+        }
+    }
+    // At the edge: the last id is i64::MAX itself.
+    let (code, out, err) = run_cli(
+        &["check", "job.toml", "--set", "source.first_id=9223372036854775707", "--set", "source.rows=100"],
+        job.dir.path(),
+    );
+    assert_eq!(code, 0, "ids up to i64::MAX are taken: {out}{err}");
+}
+
+/// A checkpoint interval far shorter than reading a batch takes still
+/// moves rows: every round reads at least one batch before its interval
+/// can end it (a round that checked its deadline first ended empty, round
+/// after round, and never read a row).
+#[test]
+fn a_tiny_checkpoint_interval_still_moves_every_row() {
+    let job = TestJob::files("tiny-interval", 3000, 2, 1_000_000);
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let sets = ["job.checkpoint.interval_secs=0.001".to_string(), "source.batch_rows=100".to_string()];
+    let (status, stdout, stderr) = run_with_deadline(sluice_tests::sluice_run(&job, &sets), Duration::from_secs(300));
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("job tiny-interval finished: 3000 rows"), "{stdout}");
+    assert_exactly_once(&read_visible(&job.out()), 3000);
+    // 15 batches per subtask, at least one per round (and the final one).
+    let checkpoints: u64 = stdout
+        .split(" checkpoint(s)")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint count in {stdout}"));
+    assert!((1..=17).contains(&checkpoints), "{checkpoints} checkpoints for 15 batches a subtask: {stdout}");
+}
+
+/// A source paced far below a row a second stops on one SIGTERM within a
+/// second, committing what it read: its wait for the next row looks at the
+/// stop request every 100 ms (it slept until the row was due, 2000 s here).
+#[test]
+fn a_rate_limited_source_stops_on_sigterm_at_once() {
+    use std::time::Instant;
+    let job = TestJob::files("slow-stop", 3000, 2, 1_000_000);
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    // 0.001 rows a second over 2 subtasks: each reads its first row at
+    // once, checkpoint 1 commits it after 0.5 s, and its second row is due
+    // after 2000 s.
+    let sets = ["source.rate=0.001".to_string(), "job.checkpoint.interval_secs=0.5".to_string()];
+    let mut child = sluice_tests::sluice_run(&job, &sets)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice");
+    let started = Instant::now();
+    let visible = || if job.out().exists() { sluice_tests::ids(&read_visible(&job.out())) } else { Vec::new() };
+    while visible().len() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(120), "checkpoint 1 never committed");
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the run ended on its own ({status})");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Now every subtask waits for its next row.
+    std::thread::sleep(Duration::from_secs(1));
+    let signalled = Instant::now();
+    let status = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let (code, stdout, stderr) = wait_child(child, Duration::from_secs(30));
+    let took = signalled.elapsed();
+    assert_eq!(code, Some(0), "a clean stop exits 0:\n{stdout}\n{stderr}");
+    assert!(took < Duration::from_secs(5), "stopped {took:?} after SIGTERM");
+    assert!(stdout.contains("job slow-stop stopped on request after checkpoint"), "{stdout}");
+    assert_eq!(visible(), vec![0, 1500], "each subtask's first row, once");
+}
+
+/// A header-only CSV as a table's first file is refused naming the file
+/// and the table, in a one-table folder and in a tree of two tables.
+#[test]
+fn a_header_only_first_csv_is_named_with_its_table() {
+    let job = TestJob::files("csv-empty", 100, 1, 50);
+    let dir = job.dir.path();
+    let write = |path: &str, text: &str| {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("dir");
+        std::fs::write(path, text).expect("csv");
+    };
+    write("one/a.csv", "id,name\n");
+    write("one/b.csv", "id,name\n1,x\n");
+    write("two/customers/a.csv", "id,name\n1,x\n");
+    write("two/orders/a.csv", "id,qty\n");
+    write("two/orders/b.csv", "id,qty\n1,2\n");
+    let toml = job.toml.replace(
+        "[source]\nkind = \"generator\"\nrows = 100\nfirst_id = 0\nbatch_rows = 700\n",
+        "[source]\nkind = \"file\"\npath = \"one\"\n",
+    );
+    assert!(toml.contains("kind = \"file\""), "the generator section was replaced: {toml}");
+    std::fs::write(dir.join("job.toml"), &toml).expect("job file");
+    for (path, file, table) in
+        [("one", "one/a.csv", "the source's table"), ("two", "two/orders/a.csv", "table \"orders\"")]
+    {
+        let (code, out, err) = run_cli(&["run", "job.toml", "--set", &format!("source.path=\"{path}\"")], dir);
+        let all = format!("{out}{err}");
+        assert_eq!(code, 1, "{all}");
+        assert!(!all.contains("panicked"), "{all}");
+        let named = dir.join(file).display().to_string();
+        assert!(
+            all.contains(&format!("source file {named}: is the first file of {table}"))
+                && all.contains("holds no records (only a header)"),
+            "{path}: expected {named} and {table} in:\n{all}"
+        );
+    }
+}
+
+/// Runs `cmd` to its end, killing it past `limit`; its exit code (`None`
+/// when killed or signalled), stdout and stderr.
+fn run_with_deadline(mut cmd: std::process::Command, limit: Duration) -> (Option<i32>, String, String) {
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("sluice");
+    wait_child(child, limit)
+}
+
+/// Waits for `child` (its output piped), killing it past `limit`.
+fn wait_child(mut child: std::process::Child, limit: Duration) -> (Option<i32>, String, String) {
+    use std::io::Read;
+    let take = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = take(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = take(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let started = std::time::Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("waiting for sluice") {
+            break status.code();
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (code, out.join().unwrap_or_default(), err.join().unwrap_or_default())
 }

@@ -400,3 +400,42 @@ fn dead_letter_settings_are_checked() {
     let err = job.load(&["job.bad_rows=skip"]).expect_err("unknown mode").to_string();
     assert!(err.contains("bad_rows"), "{err}");
 }
+
+/// A dotted dead-letter table is named in full: beside the Iceberg pattern
+/// `lake.{table}`, `lake.dead_letters` lands in `lake.dead_letters` (not
+/// `lake.lake.dead_letters`), the table the run's summary names; read back
+/// by PyIceberg. A dotted name the pattern would nest is refused at load.
+#[test]
+fn a_dotted_dead_letter_table_lands_where_the_summary_says() {
+    let dir = tempfile::tempdir().expect("dir");
+    let bad = write_input(dir.path(), Some("orders"));
+    let wh = dir.path().join("warehouse");
+    let job = TestJob { dir, toml: job_toml("dl-dotted", &iceberg_sink(&wh), "") };
+    let sets = ["job.dead_letter.table=\"lake.dead_letters\""];
+    let summary = job.run_with(&sets, None).expect("runs");
+    assert_eq!(summary.dead_letters, Some(("lake.dead_letters".to_string(), bad.len() as u64)), "{summary}");
+    assert!(summary.to_string().contains("dead letters in table \"lake.dead_letters\""), "{summary}");
+    let (rows, letters) = iceberg_landed(&wh);
+    assert_landed(&rows, &letters, &bad);
+    let tables = python(
+        "import sys\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w = sys.argv[1]\n\
+         cat = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}')\n\
+         print(sorted('.'.join(t) for t in cat.list_tables('lake')))\n\
+         print(cat.table_exists('lake.lake.dead_letters'))",
+        &[&wh.display().to_string()],
+    )
+    .unwrap_or_else(|e| panic!("PyIceberg failed (CI installs it in its venv): {e}"));
+    assert_eq!(tables.trim(), "['lake.dead_letters', 'lake.orders']\nFalse", "no lake.lake.dead_letters");
+    // A rerun finds the job complete under the same name.
+    assert!(job.run_with(&sets, None).expect("rerun").already_complete);
+
+    let err = job.load(&["job.dead_letter.table=\"other.dead_letters\""]).expect_err("refused").to_string();
+    assert!(
+        err.contains("key `job.dead_letter.table`")
+            && err.contains("\"lake.other.dead_letters\"")
+            && err.contains("\"lake.<name>\""),
+        "{err}"
+    );
+}

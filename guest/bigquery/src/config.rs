@@ -166,6 +166,12 @@ impl Config {
     /// The BigQuery table a source table lands in.
     pub fn table_path(&self, table: &str) -> Result<String, SinkError> {
         match (self.table.contains("{table}"), table.is_empty()) {
+            // A path the pattern could have made is the table itself (the
+            // job's dead letters named in full beside the pattern).
+            (true, false) if in_pattern_form(&self.table, table) => {
+                check_table_path(table, table)?;
+                Ok(table.to_string())
+            }
             (true, false) => {
                 let valid = table.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-');
                 if !valid {
@@ -195,6 +201,16 @@ impl Config {
 /// The `_default` stream of `table`, used to read the table's schema.
 pub fn default_stream(table: &str) -> String {
     format!("{table}/streams/_default")
+}
+
+/// Whether `table` is what `pattern` (with one `{table}`) makes of some
+/// name: its text before `{table}`, a name, then its text after.
+fn in_pattern_form(pattern: &str, table: &str) -> bool {
+    let Some((before, after)) = pattern.split_once("{table}") else { return false };
+    !after.contains("{table}")
+        && table.len() > before.len() + after.len()
+        && table.starts_with(before)
+        && table.ends_with(after)
 }
 
 fn check_table_path(path: &str, raw: &str) -> Result<(), SinkError> {

@@ -11,7 +11,7 @@ pub fn option_specs() -> Vec<OptionSpec> {
     vec![
         option_spec(
             "table",
-            "the table, as `namespace.name` (nested namespaces: `a.b.name`); for a source of several tables, a pattern with `{table}`, e.g. `lake.{table}`. With a plain name, a source table named `ns.name` itself (such as the job's dead-letter table) lands there",
+            "the table, as `namespace.name` (nested namespaces: `a.b.name`); for a source of several tables, a pattern with `{table}`, e.g. `lake.{table}`. A source table named in full (such as the job's dead-letter table `lake.dead_letters`) lands there itself: beside a plain name when it is dotted, beside a pattern when it already has the pattern's form (`lake.dead_letters` for `lake.{table}`, not `lake.lake.dead_letters`)",
             true,
             None,
         ),
@@ -105,6 +105,10 @@ impl Config {
     /// The Iceberg table a source table lands in.
     pub fn ident(&self, table: &str) -> Result<TableIdent, SinkError> {
         match (self.table.contains("{table}"), table.is_empty()) {
+            // A name the pattern could have made is the table itself (the
+            // job's dead letters, `[job.dead_letter] table = "lake.dead_letters"`
+            // beside `lake.{table}`); the host names it so too.
+            (true, false) if in_pattern_form(&self.table, table) => parse_table(table),
             (true, false) => parse_table(&self.table.replace("{table}", table)),
             (false, true) => parse_table(&self.table),
             // A named table beside a single one, named in full (the job's
@@ -122,6 +126,16 @@ impl Config {
             ))),
         }
     }
+}
+
+/// Whether `table` is what `pattern` (with one `{table}`) makes of some
+/// name: its text before `{table}`, a name, then its text after.
+fn in_pattern_form(pattern: &str, table: &str) -> bool {
+    let Some((before, after)) = pattern.split_once("{table}") else { return false };
+    !after.contains("{table}")
+        && table.len() > before.len() + after.len()
+        && table.starts_with(before)
+        && table.ends_with(after)
 }
 
 fn parse_table(raw: &str) -> Result<TableIdent, SinkError> {
@@ -206,5 +220,24 @@ mod tests {
         let pattern = cfg("lake.{table}");
         assert_eq!(pattern.ident("customers").unwrap().name(), "customers");
         assert!(pattern.ident("").is_err());
+    }
+
+    /// Beside a pattern, a name in the pattern's form is taken in full (the
+    /// dead letters, `lake.dead_letters`), and any other name goes through
+    /// the pattern, dotted or not.
+    #[test]
+    fn a_pattern_takes_a_name_in_its_form_as_it_is() {
+        let pattern = Config::parse(vec![("table".to_string(), "lake.{table}".to_string())]).unwrap();
+        let full = |t: &str| {
+            let ident = pattern.ident(t).unwrap();
+            format!("{}.{}", ident.namespace().clone().inner().join("."), ident.name())
+        };
+        assert_eq!(full("lake.dead_letters"), "lake.dead_letters");
+        assert_eq!(full("dead_letters"), "lake.dead_letters");
+        assert_eq!(full("orders.v1"), "lake.orders.v1");
+        assert_eq!(full("lake"), "lake.lake");
+        assert!(in_pattern_form("a.{table}_raw", "a.b_raw"));
+        assert!(!in_pattern_form("a.{table}_raw", "a._raw"));
+        assert!(!in_pattern_form("a.b", "a.b"));
     }
 }

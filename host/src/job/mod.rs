@@ -1694,7 +1694,7 @@ fn hint_integer(message: String) -> String {
     let message = message
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !(l.starts_with("in `") && l.ends_with('`')))
+        .filter(|l| !(l.is_empty() || l.starts_with("in `") && l.ends_with('`')))
         .collect::<Vec<_>>()
         .join(" ");
     let digits = message

@@ -199,7 +199,11 @@ pub fn with_table_columns(job: &crate::job::Job, config: &KafkaConfig) -> Result
     let mut catalog = None;
     let mut found: Option<(String, SchemaRef)> = None;
     for topic in topics {
-        let name = pattern.replace("{table}", topic).replace("{topic}", topic);
+        let name = if crate::job::in_pattern_form(&pattern, topic) {
+            topic.clone()
+        } else {
+            pattern.replace("{table}", topic).replace("{topic}", topic)
+        };
         if let CatalogConfig::Sql { database, .. } = catalog_config
             && !database.exists()
         {
