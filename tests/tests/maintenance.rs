@@ -431,13 +431,24 @@ fn pyiceberg_scan(warehouse: &Path) -> (std::collections::BTreeSet<String>, Vec<
 /// checkpoint, whose files are on disk and in no snapshot. Returns (A, B,
 /// B's pending files, a stray unreferenced file).
 fn two_writers_b_pending(warehouse: &Path, prefix: &str, rows: u64) -> (TestJob, TestJob, Vec<String>, PathBuf) {
+    two_writers_b_pending_at(warehouse, prefix, rows, 3)
+}
+
+/// [`two_writers_b_pending`], B killed after persisting checkpoint `at`
+/// (1: B has never committed to the table, so no property names it).
+fn two_writers_b_pending_at(
+    warehouse: &Path,
+    prefix: &str,
+    rows: u64,
+    at: u64,
+) -> (TestJob, TestJob, Vec<String>, PathBuf) {
     let a = job_from(&format!("{prefix}-a"), warehouse, rows, 60, 0);
     let b = job_from(&format!("{prefix}-b"), warehouse, rows, 60, rows);
     a.run(None).expect("A runs");
-    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 3, subtask: 0 };
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: at, subtask: 0 };
     assert!(b.run(Some(crash)).expect_err("B crashes").is_injected_crash());
     let (live, ids) = pyiceberg_scan(warehouse);
-    assert_eq!(ids.len() as u64, rows + 2 * 60, "A's rows and B's checkpoints 1-2 are visible");
+    assert_eq!(ids.len() as u64, rows + (at - 1) * 60, "A's rows and B's checkpoints before {at} are visible");
     let pending: Vec<String> = data_files(warehouse)
         .into_iter()
         .filter(|f| !live.contains(f) && f.contains(&format!("{prefix}-b.")))
@@ -498,6 +509,28 @@ fn orphan_cleanup_without_protect_keeps_the_floor_beside_a_killed_job() {
     let want: Vec<i64> = (0..2 * rows as i64).collect();
     assert!(ids == want, "ids read by PyIceberg: {} of {}, not each once", ids.len(), want.len());
     assert_exactly_once(&read_iceberg(warehouse.path(), "db.events").rows, 2 * rows);
+}
+
+/// Job B killed after persisting its first checkpoint has committed
+/// nothing: no table property names it, only the names of its files. Orphan
+/// cleanup as A without `--protect` still keeps the floor and names B; B
+/// then recovers, and every id reads once.
+#[test]
+fn orphan_cleanup_keeps_the_files_of_a_job_that_never_committed() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rows = 300;
+    let (a, b, pending, stray) = two_writers_b_pending_at(warehouse.path(), "maint-first", rows, 1);
+    let (out, _) = maintain_out_err(&a, &["--no-compact", "--remove-orphans-older-than", "0s"]);
+    for file in &pending {
+        assert!(Path::new(file.as_str()).exists(), "orphan cleanup removed {file} of B's first checkpoint:\n{out}");
+    }
+    assert!(stray.exists(), "the floor keeps every young file:\n{out}");
+    assert!(out.contains("maint-first-b.lake"), "the report names B by its files:\n{out}");
+    let summary = b.run(None).expect("B recovers");
+    assert_eq!(summary.recovered.first().map(|(c, _)| *c), Some(1), "{summary}");
+    let (_, ids) = pyiceberg_scan(warehouse.path());
+    let want: Vec<i64> = (0..2 * rows as i64).collect();
+    assert!(ids == want, "ids read by PyIceberg: {} of {}, not each once", ids.len(), want.len());
 }
 
 /// `--force` lowers the floor beside job B killed with a pending

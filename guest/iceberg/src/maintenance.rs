@@ -30,13 +30,15 @@
 //!   table names the jobs that write it: every table whose orphans are
 //!   asked for gets one note [`WRITERS_NOTE`] followed by a JSON list of
 //!   the `<job>.<sink>` of every other job its `sluice.committed.*`
-//!   watermarks and `sluice.claim.*` claims name (`[]` when none, or when
-//!   the table does not exist). The host reads that note to choose the
-//!   retention (`host/src/engine/maintain.rs`: a job it cannot see keeps
-//!   every file younger than a floor) and shows its own words instead. A
-//!   cutoff of `i64::MIN` can remove nothing, so the table is then not
-//!   listed: that is the host's cheap first pass, which asks only for the
-//!   names.
+//!   watermarks and `sluice.claim.*` claims name, and of every other writer
+//!   whose name its unreferenced data files carry ([`writer_of`]: a job
+//!   whose first checkpoint is pending has committed nothing the table
+//!   could name) (`[]` when none, or when the table does not exist). The
+//!   host reads that note to choose the retention
+//!   (`host/src/engine/maintain.rs`: a job it cannot see keeps every file
+//!   younger than a floor) and shows its own words instead. A cutoff of
+//!   `i64::MIN` can remove nothing: that is the host's first pass, which
+//!   asks only for the names.
 //!
 //! iceberg-rust 0.10 has no rewrite transaction: the `replace` snapshot is
 //! built here from its public manifest and manifest-list writers, the way
@@ -861,6 +863,33 @@ fn other_writers(ctx: &SinkContext, metadata: &TableMetadata) -> Vec<String> {
     others
 }
 
+/// The `<job>.<sink>` that wrote the data file at `location`, as its name
+/// says: the writers name their files `<job>.<sink>[.<incarnation>]-s<n>-
+/// a<n>-w<n>-…` (job and sink ids hold no `.`). `None` for any other name.
+fn writer_of(location: &str) -> Option<String> {
+    let name = location.rsplit('/').next()?;
+    let bytes = name.as_bytes();
+    // The first `-s<digits>-a<digits>-w<digits>` ends the writer's key.
+    let digits = |from: usize| bytes[from..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let at = (0..bytes.len()).find(|&i| {
+        let tag = |j: usize, t: &[u8]| bytes.get(j..j + t.len()) == Some(t);
+        if !tag(i, b"-s") {
+            return false;
+        }
+        let s = digits(i + 2);
+        let a = i + 2 + s;
+        if s == 0 || !tag(a, b"-a") {
+            return false;
+        }
+        let n = digits(a + 2);
+        n > 0 && tag(a + 2 + n, b"-w") && digits(a + 4 + n) > 0
+    })?;
+    let mut parts = name[..at].split('.');
+    let (job, sink) = (parts.next()?, parts.next()?);
+    let incarnation_ok = parts.next().is_none_or(|inc| inc.len() == 12 && inc.bytes().all(|b| b.is_ascii_hexdigit()));
+    (!job.is_empty() && !sink.is_empty() && incarnation_ok && parts.next().is_none()).then(|| format!("{job}.{sink}"))
+}
+
 /// The [`WRITERS_NOTE`] naming `writers`.
 fn writers_note(writers: &[String]) -> String {
     format!("{WRITERS_NOTE}{}", serde_json::Value::from(writers.to_vec()))
@@ -875,11 +904,9 @@ fn remove_orphans(
 ) -> Result<(), SinkError> {
     let table = load(ident)?;
     let metadata = table.metadata();
-    if orphans.older_than_ms == i64::MIN {
-        // No file is older than that: only the names were asked for.
-        report.notes.push(writers_note(&other_writers(ctx, metadata)));
-        return Ok(());
-    }
+    // A cutoff of i64::MIN removes nothing: only the writers are asked for.
+    // The table is listed all the same: a job that has never committed here
+    // is named by no property, only by the names of its files.
     let location = metadata.location().trim_end_matches('/').to_string();
     // Listed first: a file written after this cannot be removed.
     let listed = fio::list_tree(&location).map_err(|e| {
@@ -908,8 +935,24 @@ fn remove_orphans(
     for combined in &orphans.protected {
         referenced.extend(protected_files(combined).map_err(|m| error::config(format!("table {ident}: {m}")))?);
     }
-    // From the reload: a job whose first commit landed meanwhile is named.
-    report.notes.push(writers_note(&other_writers(ctx, metadata)));
+    // From the reload: a job whose first commit landed meanwhile is named;
+    // and every writer whose unreferenced files are here (a pending
+    // checkpoint of a job that never committed to this table).
+    let mut writers = other_writers(ctx, metadata);
+    let own = format!("{}.{}", ctx.job_id, ctx.sink_id);
+    writers.extend(
+        listed
+            .iter()
+            .filter(|e| !referenced.contains(norm(&e.location)))
+            .filter_map(|e| writer_of(&e.location))
+            .filter(|w| *w != own),
+    );
+    writers.sort();
+    writers.dedup();
+    report.notes.push(writers_note(&writers));
+    if orphans.older_than_ms == i64::MIN {
+        return Ok(());
+    }
     let listed_names: HashSet<&str> = listed.iter().map(|e| norm(&e.location)).collect();
     if let Some(current) = metadata.current_snapshot() {
         let live = refs.of(&table, current)?;
@@ -962,6 +1005,21 @@ mod tests {
         // What this plugin cannot read protects nothing it knows of: refused.
         for bad in [&b"not json"[..], br#"{"offsets": [1]}"#, br#"{"files": [7]}"#] {
             assert!(protected_files(bad).unwrap_err().contains("orphan cleanup removed nothing"));
+        }
+    }
+
+    #[test]
+    fn a_data_files_name_says_which_job_wrote_it() {
+        let cases = [
+            ("file:///wh/t/data/b-job.lake.0123456789ab-s0-a3-w12-00000.parquet", Some("b-job.lake")),
+            ("s3://w/t/data/day=2024-01-01/files-sink.out-s1-a1-w0-00001.parquet", Some("files-sink.out")),
+            ("/wh/t/data/00000-0-5f2c.parquet", None),
+            ("/wh/t/metadata/snap-1-1-abc.avro", None),
+            ("/wh/t/data/a.b.not-an-incarnation-s0-a1-w0-0.parquet", None),
+            ("/wh/t/data/-s0-a1-w0-0.parquet", None),
+        ];
+        for (location, writer) in cases {
+            assert_eq!(writer_of(location).as_deref(), writer, "{location}");
         }
     }
 

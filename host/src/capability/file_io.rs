@@ -65,8 +65,12 @@ pub struct FileGrants {
     /// The simulation's seeded faults, with the last listing of each
     /// location (answered again when a listing is stale). Test builds only.
     #[cfg(feature = "fault-injection")]
-    sim: Option<(Arc<crate::fault::Sim>, std::sync::Mutex<std::collections::HashMap<String, Vec<TreeEntry>>>)>,
+    sim: Option<(Arc<crate::fault::Sim>, Listings)>,
 }
+
+/// The last listing of each location, for the simulation's stale listings.
+#[cfg(feature = "fault-injection")]
+type Listings = std::sync::Mutex<std::collections::HashMap<String, Vec<TreeEntry>>>;
 
 impl std::fmt::Debug for FileGrants {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

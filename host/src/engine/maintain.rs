@@ -21,15 +21,17 @@
 //!   "which jobs are protected" or a floor, and its `protected` list holds
 //!   combined commits, so neither is smuggled into it. The host asks first:
 //!   a dry run of orphan cleanup alone with a cutoff of `i64::MIN` (which
-//!   can remove nothing, so the plugin does not list the table) answers,
-//!   per table, a note naming the table's other writers (the Iceberg
-//!   plugin's `sluice.committed.*` watermarks and `sluice.claim.*` claims);
-//!   the host then chooses the retention and runs the pass. A table whose
-//!   report names no writers that way counts as naming one it cannot see
-//!   (fails closed). The first pass is skipped when the retention asked
-//!   for is at least the floor. Limits: a job that has never committed to
-//!   a table is not named by it, and one whose first commit lands between
-//!   the two passes is named only by the second (the report says so);
+//!   can remove nothing) answers, per table, a note naming the table's
+//!   other writers: the Iceberg plugin's `sluice.committed.*` watermarks
+//!   and `sluice.claim.*` claims, and the writers whose names its
+//!   unreferenced data files carry (`<job>.<sink>[.<incarnation>]-s…`), so
+//!   a job with a pending checkpoint that never committed to the table is
+//!   named too. The host then chooses the retention and runs the pass. A
+//!   table whose report names no writers that way counts as naming one it
+//!   cannot see (fails closed). The first pass is skipped when the
+//!   retention asked for is at least the floor. Limits: a writer whose
+//!   files land between the two passes is named only by the second (the
+//!   report says so), and files of other tools carry no such name;
 //! - a short retention (below [`MIN_RUNNING_ORPHAN_AGE`]) is refused while
 //!   a run holds this job's or a protected job's state directory: its
 //!   lock, or a live lease on an object store. A state directory whose
