@@ -438,8 +438,11 @@ fn closes(request: &Message) -> bool {
     request.header("connection").is_some_and(|c| c.eq_ignore_ascii_case("close"))
 }
 
+/// A start line and its headers.
+type Head = (String, Vec<(String, String)>);
+
 /// Reads a start line and headers; `None` at a clean end of the stream.
-fn read_head(reader: &mut impl BufRead) -> std::io::Result<Option<(String, Vec<(String, String)>)>> {
+fn read_head(reader: &mut impl BufRead) -> std::io::Result<Option<Head>> {
     let mut start = String::new();
     if reader.read_line(&mut start)? == 0 {
         return Ok(None);
