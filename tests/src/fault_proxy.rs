@@ -28,9 +28,10 @@
 //!   armed: at once, or after a request matching its `after`), then on the
 //!   `times - 1` matching requests that follow, and never again;
 //! - at most one rule acts on a request (the first in order that fires);
-//! - every firing is recorded ([`FaultProxy::fired`]), with what the
+//! - every firing is recorded ([`FaultProxy::fired`]) as soon as it is
+//!   decided (before a delay or the forwarding), and completed with what the
 //!   upstream answered when the request was forwarded, so a test can assert
-//!   that its fault really happened;
+//!   that its fault really happened, or wait for a delayed request to be held;
 //! - rules may be changed while the proxy runs; a request already past its
 //!   decision is not affected;
 //! - the proxy listens on the loopback address only and stops when dropped
@@ -295,7 +296,7 @@ impl FaultProxy {
         self.fired().into_iter().filter(|f| f.rule == rule).collect()
     }
 
-    /// Every request received so far, in the order their replies were decided.
+    /// Every request answered so far (or whose reply was lost), in that order.
     pub fn requests(&self) -> Vec<Seen> {
         lock(&self.shared.seen).clone()
     }
@@ -366,16 +367,26 @@ fn serve(client: TcpStream, upstream: &str, shared: &Shared) {
         let mut seen =
             Seen { method: method.clone(), path: percent_decode(path), query: percent_decode(query), answered: None };
         let decision = shared.decide(&seen);
+        // A firing is on record from its decision on (a test may wait for a
+        // delayed request to be held); what the upstream answered is added
+        // once known.
+        let firing = decision.as_ref().map(|(rule, action)| {
+            let mut fired = lock(&shared.fired);
+            fired.push(Fired {
+                rule: rule.clone(),
+                method: seen.method.clone(),
+                path: seen.path.clone(),
+                query: seen.query.clone(),
+                action: *action,
+                upstream: None,
+            });
+            fired.len() - 1
+        });
         let record = |seen: &Seen, upstream_status: Option<u16>| {
-            if let Some((rule, action)) = &decision {
-                lock(&shared.fired).push(Fired {
-                    rule: rule.clone(),
-                    method: seen.method.clone(),
-                    path: seen.path.clone(),
-                    query: seen.query.clone(),
-                    action: *action,
-                    upstream: upstream_status,
-                });
+            if let Some(i) = firing
+                && let Some(f) = lock(&shared.fired).get_mut(i)
+            {
+                f.upstream = upstream_status;
             }
             lock(&shared.seen).push(seen.clone());
         };

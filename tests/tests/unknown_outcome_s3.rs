@@ -288,26 +288,43 @@ fn wait_for_data(child: &mut Child, warehouse: &Path) {
     }
 }
 
-/// Break B.1: `sluice maintain --remove-orphans-older-than 0s`, again and
-/// again beside a run whose state directory is on S3. Each pass must be
-/// refused (the run holds its lease), or must leave the files of the round
-/// in progress; the run then exits 0 and the table is whole.
+/// Break B.1: `sluice maintain --remove-orphans-older-than 0s` beside a run
+/// whose state directory is on S3. The proxy holds checkpoint 2's record PUT
+/// for a few seconds: the round's files are finished (prepared) and named by
+/// no snapshot and no record yet, the window where orphan cleanup would
+/// take them. Passes run inside that window, then again and again until the
+/// run ends. Each pass must be refused (the run holds its lease), or must
+/// leave the files of the round in progress; the run then exits 0 and the
+/// table is whole.
 #[test]
 fn orphan_cleanup_beside_a_run_with_its_state_on_s3_keeps_the_round_in_progress() {
     let started = started();
     let moto = moto();
+    let proxy = FaultProxy::start(&moto.endpoint);
     let warehouse = tempfile::tempdir().expect("warehouse");
     let prefix = "beside/state";
-    let sets = state_on_s3(prefix, &moto.endpoint);
-    // About 12 s at 2000 rows a second; a checkpoint every 1000 rows per writer.
-    let rows = 24_000;
+    let sets = state_on_s3(prefix, &proxy.endpoint);
+    let hold = Duration::from_secs(8);
+    let record2 = Match::put(BUCKET, &format!("{prefix}/")).path(&format!("/checkpoints/{}", record_name(2)));
+    proxy.set_rules(vec![Rule::new("hold record 2", record2, Action::Delay(hold))]);
+    // A checkpoint every 1000 rows per writer, at 2000 rows a second.
+    let rows = 12_000;
     let job = iceberg_job("uo-beside", warehouse.path(), rows, 0, 1000, Some(2000));
     let mut run = Running(Some(
         sluice_run(&job, &sets).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("sluice run"),
     ));
     let child = run.0.as_mut().expect("the run");
-    wait_for_data(child, warehouse.path());
-
+    let waiting = Instant::now();
+    while proxy.fired_of("hold record 2").is_empty() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("sluice ended ({status}) before it persisted checkpoint 2\n{}", proxy.request_log());
+        }
+        assert!(waiting.elapsed() < Duration::from_secs(60), "no record of checkpoint 2 within a minute");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Whether checkpoint 2's record PUT has reached moto yet.
+    let record2_landed = || proxy.requests().iter().any(|r| r.method == "PUT" && r.path.contains(&record_name(2)));
+    let mut inside_window = 0u32;
     let (mut refused, mut while_running) = (0u32, 0u32);
     // What each pass that was not refused printed: its report, or its error.
     let mut accepted = Vec::new();
@@ -315,6 +332,7 @@ fn orphan_cleanup_beside_a_run_with_its_state_on_s3_keeps_the_round_in_progress(
     let deadline = Instant::now() + Duration::from_secs(40);
     while child.try_wait().expect("status").is_none() && Instant::now() < deadline {
         let (code, out, err) = maintain(&job, &sets, &["--no-compact", "--remove-orphans-older-than", "0s"]);
+        inside_window += u32::from(!record2_landed());
         let still_running = child.try_wait().expect("status").is_none();
         while_running += u32::from(still_running);
         assert_no_panic(&err);
@@ -331,15 +349,20 @@ fn orphan_cleanup_beside_a_run_with_its_state_on_s3_keeps_the_round_in_progress(
     let out = run.0.take().expect("the run").wait_with_output().expect("sluice run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let passes = format!(
-        "{while_running} maintenance pass(es) started while the job ran: {refused} refused, {} accepted, {} failed \
-         otherwise\naccepted:\n{}\nfailed:\n{}",
+        "{while_running} maintenance pass(es) started while the job ran, {inside_window} while checkpoint 2's record \
+         was held: {refused} refused, {} accepted, {} failed otherwise\naccepted:\n{}\nfailed:\n{}",
         accepted.len(),
         failed.len(),
         accepted.join("\n"),
         failed.join("\n")
     );
     eprintln!("{passes}");
-    assert!(while_running >= 1, "no maintenance pass ran beside the job; slow the source down");
+    assert!(
+        inside_window >= 1,
+        "no maintenance pass ended while checkpoint 2's record was held ({hold:?}); the machine is too slow"
+    );
+    let held = proxy.fired_of("hold record 2");
+    assert!(held.len() == 1 && matches!(held[0].upstream, Some(200..=299)), "{held:?}");
     assert!(out.status.success(), "the job beside maintenance must exit 0:\n{stderr}\n{passes}");
     assert_table_whole(warehouse.path(), 0, rows);
     eprintln!("took {:.1} s", started.elapsed().as_secs_f64());
