@@ -275,19 +275,6 @@ fn a_record_put_stored_with_its_reply_lost_loses_nothing() {
     eprintln!("took {:.1} s", started.elapsed().as_secs_f64());
 }
 
-/// Waits until `job`'s run `child` has written a data file under
-/// `warehouse` (its first round is under way), or panics if it ended first.
-fn wait_for_data(child: &mut Child, warehouse: &Path) {
-    let start = Instant::now();
-    while parquet_files(warehouse).is_empty() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("sluice ended ({status}) before it wrote a data file");
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "no data file within a minute");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Break B.1: `sluice maintain --remove-orphans-older-than 0s` beside a run
 /// whose state directory is on S3. The proxy holds checkpoint 2's record PUT
 /// for a few seconds: the round's files are finished (prepared) and named by
