@@ -300,7 +300,9 @@ mod armed {
         /// lost, a timeout, a connection cut after the request was sent).
         LoseReply,
         /// A listing answers what it answered the time before (a lagging
-        /// index); other operations pass.
+        /// index). Only an operation whose name has `list` in it is ever
+        /// answered this (others pass), and a listing that must be current
+        /// (the state directory's, to resume) takes it as a pass.
         Stale,
     }
 
@@ -385,7 +387,9 @@ mod armed {
                 SimFault::FailBefore
             } else if roll < self.fail_before + self.lose_reply {
                 SimFault::LoseReply
-            } else if roll < self.fail_before + self.lose_reply + self.stale {
+            } else if roll < self.fail_before + self.lose_reply + self.stale && op.contains("list") {
+                // Only a listing can be stale: another operation passes,
+                // and is not reported as a fault it did not suffer.
                 SimFault::Stale
             } else {
                 SimFault::Pass
