@@ -112,9 +112,10 @@ enum Command {
         /// Use --remove-orphans-older-than below the 3-day floor even though
         /// a table names jobs whose state this command cannot see. RISK: a
         /// pending checkpoint of such a job names files that look orphaned;
-        /// once removed, its recovery commits files that are gone and the
-        /// table becomes unreadable. Only when you know they have nothing
-        /// pending; giving their job files with --protect is the safe way.
+        /// once removed, its recovery refuses to commit it (naming the missing
+        /// files), and its rows are lost unless the files come back. Only when
+        /// you know they have nothing pending; giving their job files with
+        /// --protect is the safe way.
         #[arg(long)]
         force: bool,
         /// List what would be done; change nothing.

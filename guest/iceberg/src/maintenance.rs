@@ -136,7 +136,7 @@ pub fn maintain(
             failed.get_or_insert(e);
         }
         if let Some(orphans) = &request.orphans
-            && let Err(e) = remove_orphans(&ctx, &ident, orphans, request.dry_run, &mut report)
+            && let Err(e) = remove_orphans(&ident, orphans, request.dry_run, &mut report)
         {
             failed.get_or_insert(e);
         }
@@ -845,49 +845,89 @@ fn protected_files(combined: &[u8]) -> Result<Vec<String>, String> {
         .collect()
 }
 
-/// The `<job>.<sink>` of every other job whose watermark
-/// (`sluice.committed.<job>.<sink>.<incarnation>`) or claim
-/// (`sluice.claim.<job>.<sink>`) the table holds.
-fn other_writers(ctx: &SinkContext, metadata: &TableMetadata) -> Vec<String> {
-    let own = format!("{}.{}", ctx.job_id, ctx.sink_id);
+/// Every writer the table's properties name: `<job>.<sink>.<incarnation>`
+/// of each watermark (`sluice.committed.<job>.<sink>.<incarnation>`) and
+/// `<job>.<sink>` of each claim (`sluice.claim.<job>.<sink>`). This job's
+/// own incarnation among them: the host, which alone can read the state
+/// directories, tells which it has seen.
+fn table_writers(metadata: &TableMetadata) -> Vec<String> {
     let keys = metadata.properties().keys();
-    let watermarks = keys
-        .clone()
-        .filter_map(|k| k.strip_prefix("sluice.committed."))
-        .filter_map(|rest| rest.rsplit_once('.').map(|(writer, _incarnation)| writer));
+    let watermarks = keys.clone().filter_map(|k| k.strip_prefix("sluice.committed."));
     let claims = keys.filter_map(|k| k.strip_prefix("sluice.claim."));
-    let mut others: Vec<String> =
-        watermarks.chain(claims).filter(|writer| *writer != own).map(str::to_string).collect();
-    others.sort();
-    others.dedup();
-    others
+    let mut writers: Vec<String> = watermarks.chain(claims).map(str::to_string).collect();
+    writers.sort();
+    writers.dedup();
+    writers
 }
 
-/// The `<job>.<sink>` that wrote the data file at `location`, as its name
-/// says: the writers name their files `<job>.<sink>[.<incarnation>]-s<n>-
-/// a<n>-w<n>-…` (job and sink ids hold no `.`). `None` for any other name.
+/// The writer of the data file at `location`, as its name says: the
+/// writers name their files `<job>.<sink>.<incarnation>-s<n>-a<n>-w<n>-…`
+/// (`<job>.<sink>-s…` before incarnations; job and sink ids hold no `.`).
+/// Answers `<job>.<sink>.<incarnation>` (or `<job>.<sink>`); `None` for any
+/// other name. The incarnation, 12 hex digits right before `-s<n>-a<n>-w<n>`,
+/// anchors the parse, so a job or sink id that itself looks like
+/// `-s3-a1-w2` cannot hide its writer.
 fn writer_of(location: &str) -> Option<String> {
     let name = location.rsplit('/').next()?;
-    let bytes = name.as_bytes();
-    // The first `-s<digits>-a<digits>-w<digits>` ends the writer's key.
-    let digits = |from: usize| bytes[from..].iter().take_while(|b| b.is_ascii_digit()).count();
-    let at = (0..bytes.len()).find(|&i| {
-        let tag = |j: usize, t: &[u8]| bytes.get(j..j + t.len()) == Some(t);
-        if !tag(i, b"-s") {
-            return false;
+    let mut parts = name.splitn(3, '.');
+    let (job, sink, rest) = (parts.next()?, parts.next()?, parts.next());
+    if job.is_empty() {
+        return None;
+    }
+    // `-s<digits>-a<digits>-w<digits>` at the start of `text`.
+    let tagged = |text: &str| {
+        let mut rest = text;
+        for tag in ["-s", "-a", "-w"] {
+            let Some(after) = rest.strip_prefix(tag) else { return false };
+            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+            if digits == 0 {
+                return false;
+            }
+            rest = &after[digits..];
         }
-        let s = digits(i + 2);
-        let a = i + 2 + s;
-        if s == 0 || !tag(a, b"-a") {
-            return false;
-        }
-        let n = digits(a + 2);
-        n > 0 && tag(a + 2 + n, b"-w") && digits(a + 4 + n) > 0
-    })?;
-    let mut parts = name[..at].split('.');
-    let (job, sink) = (parts.next()?, parts.next()?);
-    let incarnation_ok = parts.next().is_none_or(|inc| inc.len() == 12 && inc.bytes().all(|b| b.is_ascii_hexdigit()));
-    (!job.is_empty() && !sink.is_empty() && incarnation_ok && parts.next().is_none()).then(|| format!("{job}.{sink}"))
+        true
+    };
+    if let Some(rest) = rest
+        && rest.len() > 12
+        && rest.as_bytes()[..12].iter().all(u8::is_ascii_hexdigit)
+        && tagged(&rest[12..])
+        && !sink.is_empty()
+    {
+        return Some(format!("{job}.{sink}.{}", &rest[..12]));
+    }
+    // Before incarnations: the last `-s<n>-a<n>-w<n>` in the sink part ends it.
+    let at = (0..sink.len()).rev().find(|&i| sink.is_char_boundary(i) && tagged(&sink[i..]))?;
+    (at > 0).then(|| format!("{job}.{}", &sink[..at]))
+}
+
+/// The files orphan cleanup may judge: those of the table's own `data/`
+/// and `metadata/` folders, less every folder below them that is another
+/// table (a table named `ns.t.x` lives inside `ns.t`'s folder by default,
+/// and a claim file of namespace `ns.t` beside its folders): another
+/// table's files are never this table's orphans, however old.
+struct Owned {
+    roots: [String; 2],
+    /// Folders of other tables: where a `metadata/*.metadata.json` is.
+    others: Vec<String>,
+}
+
+impl Owned {
+    fn of(location: &str, listed: &[fio::TreeEntry]) -> Self {
+        let location = norm(location).trim_end_matches('/');
+        let own_metadata = format!("{location}/metadata/");
+        let others = listed
+            .iter()
+            .map(|e| norm(&e.location))
+            .filter(|l| l.ends_with(".metadata.json") && !l.starts_with(&own_metadata))
+            .filter_map(|l| l.rsplit_once("/metadata/").map(|(table, _)| format!("{table}/")))
+            .collect();
+        Self { roots: [format!("{location}/data/"), own_metadata], others }
+    }
+
+    fn holds(&self, location: &str) -> bool {
+        self.roots.iter().any(|r| location.starts_with(r.as_str()))
+            && !self.others.iter().any(|o| location.starts_with(o.as_str()))
+    }
 }
 
 /// The [`WRITERS_NOTE`] naming `writers`.
@@ -896,7 +936,6 @@ fn writers_note(writers: &[String]) -> String {
 }
 
 fn remove_orphans(
-    ctx: &SinkContext,
     ident: &TableIdent,
     orphans: &Orphans,
     dry_run: bool,
@@ -938,14 +977,9 @@ fn remove_orphans(
     // From the reload: a job whose first commit landed meanwhile is named;
     // and every writer whose unreferenced files are here (a pending
     // checkpoint of a job that never committed to this table).
-    let mut writers = other_writers(ctx, metadata);
-    let own = format!("{}.{}", ctx.job_id, ctx.sink_id);
+    let mut writers = table_writers(metadata);
     writers.extend(
-        listed
-            .iter()
-            .filter(|e| !referenced.contains(norm(&e.location)))
-            .filter_map(|e| writer_of(&e.location))
-            .filter(|w| *w != own),
+        listed.iter().filter(|e| !referenced.contains(norm(&e.location))).filter_map(|e| writer_of(&e.location)),
     );
     writers.sort();
     writers.dedup();
@@ -963,8 +997,10 @@ fn remove_orphans(
             return Ok(());
         }
     }
+    let owned = Owned::of(&location, &listed);
     let mut candidates: Vec<&fio::TreeEntry> = listed
         .iter()
+        .filter(|e| owned.holds(norm(&e.location)))
         .filter(|e| !referenced.contains(norm(&e.location)))
         .filter(|e| e.modified_ms.is_some_and(|m| m < orphans.older_than_ms))
         .collect();
@@ -1009,10 +1045,29 @@ mod tests {
     }
 
     #[test]
+    fn only_the_tables_own_data_and_metadata_folders_hold_its_orphans() {
+        let entry = |l: &str| fio::TreeEntry { location: l.to_string(), size: 1, modified_ms: Some(0) };
+        let listed = [
+            entry("/wh/db/x/data/a.parquet"),
+            entry("/wh/db/x/metadata/00001-a.metadata.json"),
+            entry("/wh/db/x/_sluice_claim.j.lake.json"),
+            entry("/wh/db/x/dl/data/b.parquet"),
+            entry("/wh/db/x/dl/metadata/00001-b.metadata.json"),
+            entry("/wh/db/x/data/nested/metadata/00001-c.metadata.json"),
+            entry("/wh/db/x/data/nested/data/c.parquet"),
+        ];
+        let owned = Owned::of("file:///wh/db/x/", &listed);
+        let held: Vec<&str> = listed.iter().map(|e| e.location.as_str()).filter(|l| owned.holds(l)).collect();
+        assert_eq!(held, ["/wh/db/x/data/a.parquet", "/wh/db/x/metadata/00001-a.metadata.json"]);
+    }
+
+    #[test]
     fn a_data_files_name_says_which_job_wrote_it() {
         let cases = [
-            ("file:///wh/t/data/b-job.lake.0123456789ab-s0-a3-w12-00000.parquet", Some("b-job.lake")),
+            ("file:///wh/t/data/b-job.lake.0123456789ab-s0-a3-w12-00000.parquet", Some("b-job.lake.0123456789ab")),
             ("s3://w/t/data/day=2024-01-01/files-sink.out-s1-a1-w0-00001.parquet", Some("files-sink.out")),
+            ("/wh/t/data/etl-s3-a1-w2.lake.0123456789ab-s0-a1-w0-0.parquet", Some("etl-s3-a1-w2.lake.0123456789ab")),
+            ("/wh/t/data/etl.l-s3-a1-w2-s0-a1-w0-0.parquet", Some("etl.l-s3-a1-w2")),
             ("/wh/t/data/00000-0-5f2c.parquet", None),
             ("/wh/t/metadata/snap-1-1-abc.avro", None),
             ("/wh/t/data/a.b.not-an-incarnation-s0-a1-w0-0.parquet", None),

@@ -29,9 +29,13 @@
 //!   named too. The host then chooses the retention and runs the pass. A
 //!   table whose report names no writers that way counts as naming one it
 //!   cannot see (fails closed). The first pass is skipped when the
-//!   retention asked for is at least the floor. Limits: a writer whose
-//!   files land between the two passes is named only by the second (the
-//!   report says so), and files of other tools carry no such name;
+//!   retention asked for is at least the floor. A writer is named with its
+//!   incarnation (`<job>.<sink>.<incarnation>`): only the incarnations the
+//!   given state directories hold are seen, so another incarnation of the
+//!   same job (or a `--protect` job file pointing at the wrong state
+//!   directory) keeps the floor. The cutoff is fixed before the first pass
+//!   lists anything, so a writer whose files land between the passes keeps
+//!   them. Files of other tools carry no such name;
 //! - a short retention (below [`MIN_RUNNING_ORPHAN_AGE`]) is refused while
 //!   a run holds this job's or a protected job's state directory: its
 //!   lock, or a live lease on an object store. A state directory whose
@@ -210,7 +214,7 @@ impl Plan {
     fn request(
         &self,
         tables: Vec<String>,
-        orphan_age: Option<Duration>,
+        orphan_cutoff: Option<i64>,
         protected: impl FnOnce() -> Result<Vec<Vec<u8>>, EngineError>,
     ) -> Result<MaintainRequest, EngineError> {
         let mut request = MaintainRequest {
@@ -221,7 +225,7 @@ impl Plan {
                 let older = self.expire_older_than.map_or_else(|| cutoff(Duration::ZERO), cutoff);
                 (Some(older), self.keep_last)
             }),
-            orphans_older_than_ms: orphan_age.map(cutoff),
+            orphans_older_than_ms: orphan_cutoff,
             protected: Vec::new(),
             dry_run: self.dry_run,
         };
@@ -266,17 +270,38 @@ impl Maintainer {
     }
 }
 
+/// The least orphan retention beside a run of `job`: the files of its
+/// round under way are named by no checkpoint until the round is
+/// persisted, which may take 3 checkpoint intervals and the commit
+/// retries of the checkpoint before it (at least
+/// [`MIN_RUNNING_ORPHAN_AGE`]). A job whose checkpoints end only by rows
+/// has no interval to go by: [`MIN_RUNNING_ORPHAN_AGE`] (such rounds are
+/// short while rows flow; a quiet streaming source can hold one longer,
+/// which the README says).
+fn least_beside(job: &Job) -> Duration {
+    let Some(interval) = job.spec.job.checkpoint.interval_secs.and_then(|s| Duration::try_from_secs_f64(s).ok()) else {
+        return MIN_RUNNING_ORPHAN_AGE;
+    };
+    let commit = &job.spec.job.commit;
+    let retries = Duration::from_millis(commit.max_backoff_ms.saturating_mul(u64::from(commit.max_attempts)));
+    MIN_RUNNING_ORPHAN_AGE.max(interval.saturating_mul(3).saturating_add(retries)).min(ORPHAN_FLOOR)
+}
+
 /// Runs the maintenance `opts` asks for on `job`'s sink tables.
 pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<MaintainReport, EngineError> {
     let plugin = super::setup::load_plugin(job, host)?;
     require_maintenance(&plugin)?;
     if let Some(age) = opts.remove_orphans_older_than
-        && age < MIN_RUNNING_ORPHAN_AGE
+        && age < ORPHAN_FLOOR
     {
         // Beside a running writer only age protects the files of its round
         // under way: a short retention is for tables no job writes now.
-        let least = humantime::format_duration(MIN_RUNNING_ORPHAN_AGE);
         for running in std::iter::once(job).chain(&opts.protect) {
+            let least = least_beside(running);
+            if age >= least {
+                continue;
+            }
+            let least = humantime::format_duration(least);
             let holder = CheckpointStore::run_holds(&running.state, &running.state_stores).map_err(|e| {
                 EngineError::Maintain(format!(
                     "--remove-orphans-older-than {}: cannot tell whether a run of job {:?} holds its state \
@@ -290,7 +315,8 @@ pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<
             if let Some(holder) = holder {
                 return Err(EngineError::Maintain(format!(
                     "--remove-orphans-older-than {} is too short while job {:?} runs ({holder}): the files of \
-                     its round under way are named by no checkpoint yet, so only their age protects them; use \
+                     its round under way are named by no checkpoint yet, so only their age protects them, and \
+                     a round of this job may last {least} (3 checkpoint intervals and its commit retries); use \
                      at least {least}, or run it while no job writes",
                     humantime::format_duration(age),
                     running.spec.job.id
@@ -328,9 +354,19 @@ pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<
     run_pass(&mut maintainer, &plan, tables_to_maintain(&opts.tables, known), job, &opts.protect)
 }
 
-/// `<job>.<sink>`: how a table names a job's sink.
-fn writer_key(job: &Job) -> String {
-    format!("{}.{}", job.spec.job.id, job.spec.sink.id)
+/// How a table names `job`'s writers: `<job>.<sink>.<incarnation>`, with
+/// the incarnation its state directory holds, and `<job>.<sink>` (a claim,
+/// or files written before incarnations). Another incarnation of the same
+/// job (`--new-incarnation`, another state directory) is another writer,
+/// whose pending checkpoints this command cannot read: never seen here.
+fn writer_keys(job: &Job) -> Result<Vec<String>, EngineError> {
+    let short = format!("{}.{}", job.spec.job.id, job.spec.sink.id);
+    let store = CheckpointStore::inspect_at(&job.state, &job.spec.job.id, &job.state_stores)?;
+    let incarnation = match &store {
+        Some(store) => store.incarnation()?.map(|i| i.id),
+        None => None,
+    };
+    Ok(incarnation.map(|i| format!("{short}.{i}")).into_iter().chain(std::iter::once(short)).collect())
 }
 
 /// The writers a table's notes name by the plugin's [`WRITERS_NOTE`],
@@ -395,9 +431,17 @@ fn run_pass(
     job: &Job,
     protect: &[Job],
 ) -> Result<MaintainReport, EngineError> {
-    let seen: BTreeSet<String> = std::iter::once(job).chain(protect).map(writer_key).collect();
+    let mut seen = BTreeSet::new();
+    for j in std::iter::once(job).chain(protect) {
+        seen.extend(writer_keys(j)?);
+    }
     let asked = plan.remove_orphans_older_than;
     let mut age = asked;
+    // The cutoff is fixed before the first pass lists anything: a file
+    // written after that listing (a writer it could not name yet) is
+    // younger than the cutoff, so the second pass keeps it.
+    let started = i64::try_from(now_ms()).unwrap_or(i64::MAX);
+    let cutoff_of = |age: Duration| started.saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
     let mut before = Unseen::new();
     if let Some(asked) = asked
         && asked < ORPHAN_FLOOR
@@ -419,7 +463,7 @@ fn run_pass(
                     unseen = %describe(&before),
                     "--force: orphan cleanup removes files down to {asked_}, below the floor of {floor}, though the \
                      tables name jobs whose state it cannot see: a file a pending checkpoint of theirs names may be \
-                     removed, and its recovery would then commit a file that is gone (the table unreadable)"
+                     removed, and its recovery then refuses that checkpoint (its rows are lost unless the files come back)"
                 );
             } else {
                 age = Some(ORPHAN_FLOOR);
@@ -432,7 +476,7 @@ fn run_pass(
             }
         }
     }
-    let request = plan.request(tables, age, || {
+    let request = plan.request(tables, age.map(cutoff_of), || {
         let mut protected = pending_of(job)?;
         for other in protect {
             protected.extend(pending_of(other)?);
@@ -488,7 +532,7 @@ fn annotate(
             format!(
                 "--force: orphan cleanup went down to {asked_}, below the floor of {floor}, though the table \
                  names {jobs}, whose state this command cannot see: files a pending checkpoint of theirs names \
-                 may be gone, and its recovery would then commit files that are missing"
+                 may be gone, and its recovery then refuses that checkpoint (its rows lost unless the files come back)"
             )
         } else {
             // Named only by the second look: a first commit landed between the two.
