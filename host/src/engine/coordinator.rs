@@ -299,11 +299,14 @@ impl<'a> Coordinator<'a> {
         // The tables as the last checkpoint left them, else as the source starts.
         let known = source.tables()?;
         if let Some(dl) = &job.dead_letters
-            && known.iter().any(|(t, _)| *t == dl.table)
+            && let Some((t, _)) = known.iter().find(|(t, _)| job.lands_with_dead_letters(t))
         {
             return Err(EngineError::Job(job.invalid(
                 "job.dead_letter.table",
-                format!("{:?} is a table of the source; give dead letters a table of their own", dl.table),
+                format!(
+                    "{:?} lands in the same table as the source's table {t:?}; give dead letters a table of their own",
+                    dl.table
+                ),
             )));
         }
         // A run that turns dead letters on later meets their table as a new

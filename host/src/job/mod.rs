@@ -1030,7 +1030,7 @@ impl Job {
                 }
             }
             SourceSpec::Generator { tables, .. } => {
-                if tables.contains(&table) {
+                if tables.iter().any(|t| self.land_together(t, &table)) {
                     return Err(self.invalid(
                         "job.dead_letter.table",
                         format!("{table:?} is a table of the source; give dead letters a table of their own"),
@@ -1732,6 +1732,28 @@ pub fn parse_duration(value: &toml::Value) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{value}: {e}"))
 }
 
+impl Job {
+    /// Whether the source's `table` lands where the dead letters do: the
+    /// same name, or the same table once the sink's `table` pattern maps
+    /// both (`t1` and `db.t1` beside `db.{table}`).
+    pub fn lands_with_dead_letters(&self, table: &str) -> bool {
+        self.dead_letters.as_ref().is_some_and(|dl| self.land_together(table, &dl.table))
+    }
+
+    /// Whether source tables `a` and `b` land in the same sink table.
+    fn land_together(&self, a: &str, b: &str) -> bool {
+        if a == b {
+            return true;
+        }
+        let Some((_, pattern)) = self.sink_options().into_iter().find(|(k, _)| k == "table") else { return false };
+        if !pattern.contains("{table}") {
+            return false;
+        }
+        let lands = |t: &str| if in_pattern_form(&pattern, t) { t.to_string() } else { pattern.replace("{table}", t) };
+        lands(a) == lands(b)
+    }
+}
+
 /// Whether `table` is what `pattern` (a sink's `table` option with one
 /// `{table}`) makes of some name: the Iceberg plugin lands such a name as
 /// it is (`guest/iceberg/src/config.rs`, the same rule).
@@ -2129,6 +2151,9 @@ mod tests {
             "{err}"
         );
         assert!(in_pattern_form("lake.{table}", "lake.x") && !in_pattern_form("lake.{table}", "lake."));
+        // `lake.a` lands where the source's table `a` does: refused.
+        let err = load_dl("lake.a").unwrap_err().to_string();
+        assert!(err.contains("key `job.dead_letter.table`") && err.contains("table of the source"), "{err}");
     }
 
     /// The file source's `path` serves object stores: the URL is kept
