@@ -97,8 +97,8 @@ impl Granted {
                 Some(Arc::new(CatalogGrant::for_config(config, &job.sink_stores)?.with_faults(faults)))
             }
         };
-        let mut files =
-            FileGrants::with_stores(&job.base_dir, &locations, &g.read_locations, &job.sink_stores)?.with_faults(faults);
+        let mut files = FileGrants::with_stores(&job.base_dir, &locations, &g.read_locations, &job.sink_stores)?
+            .with_faults(faults);
         if let Some(vended) = catalog.as_ref().and_then(|c| c.vended()) {
             files.use_vended(&vended);
         }

@@ -28,9 +28,9 @@ mod object_state;
 pub mod pool;
 mod rejected;
 mod setup;
+pub mod state;
 #[cfg(feature = "fault-injection")]
 mod state_faults;
-pub mod state;
 mod subtask;
 mod summary;
 pub mod tables;
