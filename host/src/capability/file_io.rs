@@ -433,7 +433,7 @@ impl FileGrants {
             }
             return Err(rename_unsupported(from, to));
         }
-        self.rename_local(from, to)
+        self.simulated("file-io.rename", from, || Ok(self.rename_local(from, to)?)).map_err(Failure::into_io)
     }
 
     pub fn delete(&self, location: &str) -> Result<(), IoError> {
