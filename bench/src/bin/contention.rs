@@ -1,6 +1,6 @@
 //! Seed 002's commit-contention study: strategies A0, A, A-fixed, B, C and
 //! D (Sluice) side by side on a real Iceberg table. Writes the markdown table
-//! and the chart to `docs/contention.md` and `docs/contention.png`.
+//! and the chart to `docs/src/performance/contention.md` and `docs/src/performance/contention.png`.
 //!
 //! `cargo build-plugins && cargo run --release -p sluice-bench --bin contention`
 
@@ -38,7 +38,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     seed: u64,
     /// Where to write the report (markdown); the chart goes next to it as .png.
-    #[arg(long, default_value = "docs/contention.md")]
+    #[arg(long, default_value = "docs/src/performance/contention.md")]
     out: std::path::PathBuf,
 }
 
