@@ -1,6 +1,6 @@
 //! A real Kafka broker for the tests and the benchmark: tansu (crates.io `tansu`, Apache-2.0, a
 //! broker that speaks the Kafka protocol), pinned to 0.6.0 with its
-//! `dynostore` feature and its in-memory storage, installed by `.ci/run`
+//! `dynostore` feature and its in-memory storage, installed by `tests/run`
 //! (`cargo install tansu --version 0.6.0 --locked --features dynostore`).
 //! Test data is produced and topics are made with rdkafka, a standard client.
 //!
@@ -25,9 +25,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 const INSTALL_HINT: &str = "the Kafka tests need the tansu broker: `cargo install tansu --version 0.6.0 --locked \
-     --features dynostore --root /var/tmp/sluice-tools/tansu-0.6.0` (what .ci/run does), or set SLUICE_TANSU to its path";
+     --features dynostore --root /var/tmp/sluice-tools/tansu-0.6.0` (what tests/run does), or set SLUICE_TANSU to its path";
 
-/// Where the tansu binary is: `SLUICE_TANSU`, else where `.ci/run` installs
+/// Where the tansu binary is: `SLUICE_TANSU`, else where `tests/run` installs
 /// it, else `tansu` on PATH.
 fn tansu_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_TANSU") {

@@ -507,7 +507,7 @@ pub fn run_example(file: &str, sets: &[String], cwd: &Path) -> (i32, String, Str
     run_cli(&args, cwd)
 }
 
-/// The pinned Python packages the interop checks use (`.ci/run` installs
+/// The pinned Python packages the interop checks use (`tests/run` installs
 /// the same file).
 const PYTHON_REQUIREMENTS: &str = "requirements.txt";
 

