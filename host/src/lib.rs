@@ -10,11 +10,10 @@ pub mod bindings;
 pub mod capability;
 pub mod cli;
 pub mod engine;
-pub mod fault;
-pub mod ipc;
 pub mod job;
-pub mod location;
 pub mod metrics;
 pub mod plugin;
 pub mod progress;
 pub mod source;
+
+pub use sluice_core::{fault, ipc, location};

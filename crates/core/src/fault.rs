@@ -198,12 +198,13 @@ impl SideEffectFault {
         let _ = armed;
     }
 
-    /// Called after every side effect; traps once when armed.
+    /// Called after every side effect; fails once when armed (the caller
+    /// turns it into a trap of the plugin call).
     #[inline]
-    pub fn after_side_effect(&mut self) -> wasmtime::Result<()> {
+    pub fn after_side_effect(&mut self) -> Result<(), Injected> {
         #[cfg(feature = "fault-injection")]
         if std::mem::take(&mut self.armed) {
-            return Err(wasmtime::Error::new(Injected));
+            return Err(Injected);
         }
         Ok(())
     }

@@ -27,7 +27,22 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::job::normalize;
+
+/// `p` with `.` and `..` folded lexically (no filesystem access); `..`
+/// above the root stays at the root.
+pub fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for comp in p.components() {
+        match comp {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
 
 /// The object stores Sluice knows by URL scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

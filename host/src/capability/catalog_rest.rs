@@ -117,16 +117,7 @@ struct CommitResponse {
 }
 
 /// An error with its causes (reqwest's own message omits them: "error sending request").
-pub(super) fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
+pub(super) use sluice_core::chain;
 
 /// The `message` of a REST error body (`{"error": {"message": ...}}`), or the body.
 pub(super) fn error_message(body: &[u8]) -> String {

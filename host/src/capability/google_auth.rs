@@ -750,15 +750,4 @@ fn file_type(json: &Value) -> Option<&str> {
 }
 
 /// An error with its causes.
-fn error_text(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text = format!("{text}: {more}");
-        }
-        source = s.source();
-    }
-    text
-}
+use sluice_core::chain as error_text;

@@ -45,7 +45,7 @@ pub mod limits;
 pub mod log;
 mod v0_1;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use wasmtime::component::{Linker, ResourceTable};
 
@@ -198,7 +198,7 @@ pub struct Effects {
 
 impl Effects {
     pub(crate) fn done(&mut self) -> wasmtime::Result<()> {
-        self.fault.after_side_effect()
+        self.fault.after_side_effect().map_err(wasmtime::Error::new)
     }
 }
 
@@ -208,16 +208,14 @@ pub(crate) fn block_on<F: Future>(import: &'static str, fut: F) -> Result<F::Out
     limits::block_on(runtime().handle(), import, fut)
 }
 
-/// The host's runtime for capability I/O (catalog, gRPC); plugin calls block
-/// on it from their own threads, which are never runtime threads.
+/// The host's runtime for capability I/O (catalog, gRPC): the process's one
+/// I/O runtime ([`sluice_core::runtime`]); plugin calls block on it from
+/// their own threads, which are never runtime threads.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sluice-io")
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("cannot start the host I/O runtime: {e}"))
-    })
+    match sluice_core::runtime::io() {
+        Ok(runtime) => runtime,
+        // Without its I/O threads the host can do nothing; there is no
+        // caller that could go on.
+        Err(e) => panic!("{e}"),
+    }
 }

@@ -58,8 +58,8 @@
 //!   `STORAGE_EMULATOR_HOST` set, that emulator, unsigned, as Google's
 //!   client libraries do.
 //!
-//! The engine is synchronous here: the store's futures run on a runtime of
-//! this module's own, and callers wait on a channel, so this works whether
+//! The engine is synchronous here: the store's futures run on the host's
+//! one I/O runtime (`sluice_core::runtime`), and callers wait on a channel, so this works whether
 //! or not the caller is inside another tokio runtime. That runtime is one
 //! for the process and is never shut down: an HTTP client pools connections
 //! whose tasks live on the runtime that opened them, and a runtime dropped
@@ -158,18 +158,10 @@ pub(super) struct ObjectState {
     renewer: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
 }
 
-/// The runtime every state directory's requests run on (see the module doc).
+/// The runtime every state directory's requests run on: the process's one
+/// I/O runtime (see the module doc).
 fn state_runtime() -> std::io::Result<Handle> {
-    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> = std::sync::OnceLock::new();
-    let built = RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("sluice-state")
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the state directory's runtime: {e}"))
-    });
-    built.as_ref().map(|runtime| runtime.handle().clone()).map_err(|e| std::io::Error::other(e.clone()))
+    sluice_core::runtime::io().map(|runtime| runtime.handle().clone())
 }
 
 /// Runs `fut` on `handle`'s runtime and waits for it from this thread.

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -1866,19 +1866,7 @@ pub fn absolute(p: &Path) -> Result<PathBuf, String> {
 }
 
 /// Removes `.` and resolves `..` lexically (no filesystem access).
-pub fn normalize(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for comp in p.components() {
-        match comp {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
-}
+pub use sluice_core::location::normalize;
 
 impl kafka::Resolver for Job {
     fn invalid(&self, key: &str, message: String) -> JobError {

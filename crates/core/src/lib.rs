@@ -1,0 +1,18 @@
+//! What every Sluice crate shares, and nothing that drives them: this crate
+//! imports no other Sluice crate.
+//!
+//! - [`location`]: every place a job names, parsed once;
+//! - [`error`]: the kinds every error is sorted into, and the one way an
+//!   error is printed with its causes;
+//! - [`runtime`]: the one tokio runtime all host I/O runs on;
+//! - [`ipc`]: Arrow IPC framing of batches;
+//! - [`fault`]: test-only fault injection, empty without the
+//!   `fault-injection` feature.
+
+pub mod error;
+pub mod fault;
+pub mod ipc;
+pub mod location;
+pub mod runtime;
+
+pub use error::{ErrorKind, chain};
