@@ -66,7 +66,7 @@ fn main() -> Result<()> {
     }
     let chart_line = draw_chart(&cells, &args.writers, &png);
     let reading = reading(&args, &cells);
-    let parts = Report { table, check, chart_line, reading, took: started.elapsed() };
+    let parts = Report { table, check, chart_line, reading, took: started.elapsed(), date: today() };
     std::fs::write(&args.out, document(&args, &parts))?;
     eprintln!("wrote {} and {}", args.out.display(), png.display());
     anyhow::ensure!(duplicated == 0, "a strategy duplicated rows");
@@ -164,6 +164,23 @@ struct Report {
     reading: String,
     /// How long the measuring and the chart took.
     took: Duration,
+    /// The day it was measured (UTC, `YYYY-MM-DD`): the docs date every figure.
+    date: String,
+}
+
+/// Today's date in UTC as `YYYY-MM-DD` (Howard Hinnant's civil-from-days).
+fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = i64::try_from(secs / 86_400).unwrap_or(0) + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
 }
 
 /// The markdown report: the command that reproduces it, the setup, the
@@ -181,8 +198,8 @@ fn document(args: &Args, r: &Report) -> String {
     );
     let legend: String = Strategy::ALL.iter().map(|s| format!("- **{}**: {}\n", s.name(), s.describe())).collect();
     format!(
-        "# Commit contention: seed 002's strategies, measured\n\n\
-         Produced by:\n\n```sh\n{command}\n```\n\n\
+        "# Commit contention: seed 002's strategies, measured {date}\n\n\
+         Produced on {date} by:\n\n```sh\n{command}\n```\n\n\
          One real Iceberg table (iceberg-rust `SqlCatalog` on SQLite, local warehouse) partitioned by `day(day)`; \
          W writers × K = {windows} windows × 30 day-partitions × {rpp} rows; catalog commit latency raised by {delay} ms; \
          at most {attempts} commit attempts; mean ± standard deviation over {reps} repetitions; the run took {took:.0} s.\n\n\
@@ -200,5 +217,6 @@ fn document(args: &Args, r: &Report) -> String {
         attempts = args.max_attempts,
         reps = args.reps,
         took = r.took.as_secs_f64(),
+        date = r.date,
     )
 }
