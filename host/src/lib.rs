@@ -11,6 +11,7 @@ pub mod capability;
 pub mod cli;
 pub mod engine;
 pub mod job;
+pub mod kinds;
 pub mod metrics;
 pub mod plugin;
 pub mod progress;

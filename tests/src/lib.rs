@@ -6,6 +6,7 @@
 
 pub mod fault_proxy;
 pub mod files_store;
+pub mod harness;
 pub mod imds;
 pub mod kafka;
 pub mod nested_cargo;

@@ -28,6 +28,7 @@ use crate::bindings::CommitOutcome;
 use crate::capability::catalog::CatalogGrant;
 use crate::fault::{Crash, CrashPoint, Faults};
 use crate::job::Job;
+use crate::kinds::{ErrorKind, Kind};
 use crate::metrics::{Metrics, RetryReason};
 use crate::plugin::{CommitterInstance, PluginError, SinkErrorKind, TableChange};
 
@@ -95,8 +96,10 @@ enum Attempt {
     KeyReused,
 }
 
+/// Whether another attempt may follow: only the plugin's own `retryable`
+/// answer is of that kind (see `crate::kinds`).
 fn retryable(e: &EngineError) -> bool {
-    matches!(e, EngineError::Plugin(pe) if pe.sink_kind() == Some(SinkErrorKind::Retryable))
+    e.kind() == ErrorKind::Retryable
 }
 
 impl Committer {
