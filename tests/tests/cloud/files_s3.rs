@@ -19,7 +19,6 @@
 //! this process and inherited by the `sluice` processes it starts.
 
 use std::path::Path;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use arrow_array::{Array, Int64Array, RecordBatch};
@@ -29,49 +28,27 @@ use sluice::engine::{CrashPoint, EngineError, Fault};
 use sluice::source::generator::Generator;
 use sluice_store::{GcsOptions, ObjectStore};
 use sluice_tests::files_store::{self, read_committed, unnamed};
-use sluice_tests::store_servers::{ACCESS_KEY_ID, FakeGcs, Moto, REGION, SECRET_ACCESS_KEY};
+use sluice_tests::harness::{self, block, buckets};
+use sluice_tests::store_servers::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 use sluice_tests::{TestJob, assert_exactly_once, ids, read_parquet_tree, run_cli, sluice_run, sort_by_id, tables};
 
-const BUCKET: &str = "lake";
+const BUCKET: &str = buckets::FILES;
 
-struct Servers {
-    moto: Moto,
-    gcs: FakeGcs,
-}
-
-/// One moto and one fake-gcs-server for this test binary, and the
-/// environment pointing the host at them.
-fn servers() -> &'static Servers {
-    static SERVERS: OnceLock<Servers> = OnceLock::new();
-    SERVERS.get_or_init(|| {
-        let moto = Moto::start(&[BUCKET]);
-        let gcs = FakeGcs::start(&[BUCKET]);
-        // SAFETY: set once, before any test of this binary runs the engine or
-        // starts a process (each first waits here for the servers).
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-            std::env::set_var("AWS_REGION", REGION);
-            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-            std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-            std::env::set_var(sluice_store::STORAGE_EMULATOR_HOST, &gcs.endpoint);
-        }
-        Servers { moto, gcs }
-    })
+/// The process's moto and fake-gcs-server (`sluice_tests::harness`), and
+/// the environment pointing the host at them.
+fn servers() {
+    harness::moto();
+    harness::gcs();
 }
 
 /// The S3 bucket, as the test sees it (not through the host).
 fn s3() -> ObjectStore {
-    ObjectStore::s3(BUCKET, &servers().moto.s3_options()).expect("bucket")
+    ObjectStore::s3(BUCKET, &harness::moto().s3_options()).expect("bucket")
 }
 
 /// The GCS bucket, as the test sees it.
 fn gcs() -> ObjectStore {
-    ObjectStore::gcs(BUCKET, &GcsOptions::emulator(&servers().gcs.endpoint)).expect("bucket")
-}
-
-fn block<T>(fut: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(fut)
+    ObjectStore::gcs(BUCKET, &GcsOptions::emulator(&harness::gcs().endpoint)).expect("bucket")
 }
 
 /// Keys under `prefix`, relative to it.
@@ -122,7 +99,7 @@ print(len(tables))
     let out = scratch.path().join("out.parquet");
     let path = format!("{prefix}/files");
     let args = [
-        servers().moto.endpoint.as_str(),
+        harness::moto().endpoint.as_str(),
         ACCESS_KEY_ID,
         SECRET_ACCESS_KEY,
         BUCKET,

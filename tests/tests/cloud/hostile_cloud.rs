@@ -15,50 +15,28 @@
 //!   SIGKILLed holder leaves to expire; every row lands once.
 
 use std::path::Path;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use arrow_array::{Array, Int64Array};
 use bytes::Bytes;
 use sluice_store::{GcsOptions, ObjectStore};
-use sluice_tests::store_servers::{ACCESS_KEY_ID, FakeGcs, Moto, REGION, SECRET_ACCESS_KEY};
+use sluice_tests::harness::{self, block, buckets};
 use sluice_tests::{TestJob, read_parquet_tree, sort_by_id};
 
-const BUCKET: &str = "lake";
+const BUCKET: &str = buckets::HOSTILE;
 
-struct Servers {
-    moto: Moto,
-    gcs: FakeGcs,
-}
-
-fn servers() -> &'static Servers {
-    static SERVERS: OnceLock<Servers> = OnceLock::new();
-    SERVERS.get_or_init(|| {
-        let moto = Moto::start(&[BUCKET]);
-        let gcs = FakeGcs::start(&[BUCKET]);
-        // SAFETY: set once, before any test of this binary runs the engine.
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-            std::env::set_var("AWS_REGION", REGION);
-            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-            std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-            std::env::set_var(sluice_store::STORAGE_EMULATOR_HOST, &gcs.endpoint);
-            std::env::remove_var("GOOGLE_APPLICATION_CREDENTIALS");
-        }
-        Servers { moto, gcs }
-    })
+/// The process's moto and fake-gcs-server (`sluice_tests::harness`), and
+/// the environment pointing the host at them.
+fn servers() {
+    harness::moto();
+    harness::gcs();
 }
 
 fn store(scheme: &str) -> ObjectStore {
     match scheme {
-        "s3" => ObjectStore::s3(BUCKET, &servers().moto.s3_options()).expect("bucket"),
-        _ => ObjectStore::gcs(BUCKET, &GcsOptions::emulator(&servers().gcs.endpoint)).expect("bucket"),
+        "s3" => ObjectStore::s3(BUCKET, &harness::moto().s3_options()).expect("bucket"),
+        _ => ObjectStore::gcs(BUCKET, &GcsOptions::emulator(&harness::gcs().endpoint)).expect("bucket"),
     }
-}
-
-fn block<T>(fut: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(fut)
 }
 
 fn put_in(store: &ObjectStore, key: &str, bytes: Vec<u8>) {
@@ -78,7 +56,7 @@ fn fixed_csv(ids: std::ops::Range<i64>) -> Vec<u8> {
     text.into_bytes()
 }
 
-/// A file source job reading `<scheme>://lake/<prefix>/in`, rate-limited so
+/// A file source job reading `<scheme>://<bucket>/<prefix>/in`, rate-limited so
 /// that it is still reading its one object seconds after its first commit.
 fn slow_source_job(scheme: &str, prefix: &str) -> TestJob {
     servers();
@@ -221,13 +199,14 @@ fn a_gcs_key_with_a_leading_space_is_refused_and_nothing_else_is_touched() {
     assert_eq!(block(store.read("hc-space/a")).expect("read").as_ref(), b"someone else's object");
 }
 
-/// The state directory `gs://lake/ hc-state` is refused when the job
+/// The state directory `gs://<bucket>/ hc-state` is refused when the job
 /// loads, naming the key, before anything is written.
 #[test]
 fn a_gcs_state_dir_whose_prefix_starts_with_a_space_is_refused() {
     servers();
     let job = sluice_tests::TestJob::files("hc-space-state", 3100, 2, 500);
-    let sets = ["job.state_dir=gs://lake/ hc-state", "job.lease_secs=30"];
+    let state_dir = format!("job.state_dir=gs://{BUCKET}/ hc-state");
+    let sets = [state_dir.as_str(), "job.lease_secs=30"];
     let err = job.run_with(&sets, None).expect_err("refused");
     let message = err.to_string();
     assert!(message.contains("job.state_dir") && message.contains("whitespace"), "{message}");

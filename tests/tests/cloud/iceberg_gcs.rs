@@ -19,7 +19,6 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use sluice::bindings::CommitOutcome;
@@ -30,47 +29,24 @@ use sluice::engine::{CrashPoint, Fault};
 use sluice::location::{Location, Scheme};
 use sluice::source::generator::Generator;
 use sluice_store::{DEFAULT_PART_SIZE, GcsOptions, ObjectStore};
+use sluice_tests::harness::{block, buckets, gcs};
 use sluice_tests::rest_catalog::RestCatalogDouble;
-use sluice_tests::store_servers::FakeGcs;
 use sluice_tests::{
     ICEBERG_PLUGIN, TestJob, assert_exactly_once_range, python, read_iceberg_from, read_parquet_tree, sluice_run,
     sort_by_id,
 };
 
-const BUCKET: &str = "lake";
+const BUCKET: &str = buckets::ICEBERG;
 const ROWS: u64 = 6000;
 const PARALLELISM: u32 = 3;
 /// Per subtask: 2000 rows in rounds of 500 → checkpoints 1..=4 hold rows, 5 is empty.
 const EVERY: u64 = 500;
 const TABLE: &str = "db.events";
 
-/// One fake-gcs-server for this test binary, and `STORAGE_EMULATOR_HOST`
-/// pointing at it.
-fn server() -> &'static FakeGcs {
-    static SERVER: OnceLock<FakeGcs> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        let server = FakeGcs::start(&[BUCKET]);
-        let host = server.endpoint.strip_prefix("http://").unwrap_or(&server.endpoint).to_string();
-        // SAFETY: set once, before any test of this binary runs the engine or
-        // starts a process (each first waits here for the server).
-        unsafe {
-            // `host:port`, as Google's libraries take it.
-            std::env::set_var("STORAGE_EMULATOR_HOST", host);
-            // Nothing may fall back to real credentials.
-            std::env::remove_var("GOOGLE_APPLICATION_CREDENTIALS");
-        }
-        server
-    })
-}
-
 /// The bucket, as the test sees it (not through the host).
 fn bucket() -> ObjectStore {
-    let options = GcsOptions { endpoint: Some(server().endpoint.clone()), anonymous: true };
+    let options = GcsOptions { endpoint: Some(gcs().endpoint.clone()), anonymous: true };
     ObjectStore::gcs(BUCKET, &options).expect("bucket")
-}
-
-fn block<T>(fut: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(fut)
 }
 
 fn gs(prefix: &str) -> Location {
@@ -79,7 +55,7 @@ fn gs(prefix: &str) -> Location {
 
 /// The job's catalog, opened as the host opens it (`STORAGE_EMULATOR_HOST`).
 fn catalog(database: &Path, warehouse: &str) -> CatalogGrant {
-    server();
+    gcs();
     CatalogGrant::open_sql_at("sluice", database, &gs(warehouse), &StoreConfig::default())
         .expect("opening the catalog on the GCS warehouse")
 }
@@ -87,7 +63,7 @@ fn catalog(database: &Path, warehouse: &str) -> CatalogGrant {
 /// `--set`s that put a job's warehouse and state on GCS under `prefix`
 /// (the SQLite catalog in `dir`).
 fn on_gcs(dir: &Path, prefix: &str) -> Vec<String> {
-    server();
+    gcs();
     vec![
         format!("sink.catalog.warehouse=gs://{BUCKET}/{prefix}/wh"),
         format!("sink.catalog.database={}", dir.join("catalog.db").display()),
@@ -307,7 +283,7 @@ fn the_gcs_example_killed_twice_then_rerun_lands_every_row_once_for_pyiceberg() 
         &[
             &db,
             &format!("gs://{BUCKET}/{prefix}/wh"),
-            &server().endpoint,
+            &gcs().endpoint,
             "demo.events",
             &scratch.path().display().to_string(),
         ],
@@ -337,7 +313,7 @@ fn the_gcs_example_killed_twice_then_rerun_lands_every_row_once_for_pyiceberg() 
 /// a crash after the record is persisted, then a rerun, lands every row once.
 #[test]
 fn a_rest_catalog_with_its_warehouse_on_gcs_recovers_a_crash() {
-    server();
+    gcs();
     let stores = StoreConfig::default();
     let root = gs("rest/wh");
     let storage = WarehouseStorage::open(root.clone(), &stores).expect("the double's warehouse storage");

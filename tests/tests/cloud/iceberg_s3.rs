@@ -24,7 +24,6 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use sluice::bindings::CommitOutcome;
@@ -34,43 +33,22 @@ use sluice::engine::{CrashPoint, Fault};
 use sluice::location::{Location, Scheme};
 use sluice::source::generator::Generator;
 use sluice_store::ObjectStore;
-use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
+use sluice_tests::harness::{block, buckets, moto};
 use sluice_tests::{
     ICEBERG_PLUGIN, TestJob, assert_exactly_once_range, python, read_iceberg_from, read_parquet_tree, sluice_run,
     sort_by_id,
 };
 
-const BUCKET: &str = "lake";
+const BUCKET: &str = buckets::ICEBERG;
 const ROWS: u64 = 6000;
 const PARALLELISM: u32 = 3;
 /// Per subtask: 2000 rows in rounds of 500 → checkpoints 1..=4 hold rows, 5 is empty.
 const EVERY: u64 = 500;
 const TABLE: &str = "db.events";
 
-/// One moto server for this test binary, and the AWS environment pointing at it.
-fn moto() -> &'static Moto {
-    static MOTO: OnceLock<Moto> = OnceLock::new();
-    MOTO.get_or_init(|| {
-        let moto = Moto::start(&[BUCKET]);
-        // SAFETY: set once, before any test of this binary runs the engine or
-        // starts a process (each first waits here for the server).
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-            std::env::set_var("AWS_REGION", REGION);
-            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-        }
-        moto
-    })
-}
-
 /// The bucket, as the test sees it (not through the host).
 fn bucket() -> ObjectStore {
     ObjectStore::s3(BUCKET, &moto().s3_options()).expect("bucket")
-}
-
-fn block<T>(fut: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(fut)
 }
 
 /// Every key under `prefix`.
@@ -352,14 +330,14 @@ fn the_catalog_writes_nothing_outside_its_warehouse() {
     moto();
     let storage = WarehouseStorage::open(s3("guarded/wh"), &StoreConfig::default()).expect("storage");
     block(async {
-        storage.write("s3://lake/guarded/wh/t/metadata/1.json", "{}".into()).await.expect("inside");
-        for outside in
-            ["s3://lake/guarded/wh-other/m.json", "s3://lake/guarded/m.json", "s3://lake/guarded/wh/../m.json"]
-        {
-            let err = storage.write(outside, "{}".into()).await.expect_err(outside);
-            assert!(err.to_string().contains(outside), "{err}");
+        let inside = format!("s3://{BUCKET}/guarded/wh/t/metadata/1.json");
+        storage.write(&inside, "{}".into()).await.expect("inside");
+        for outside in ["guarded/wh-other/m.json", "guarded/m.json", "guarded/wh/../m.json"] {
+            let outside = format!("s3://{BUCKET}/{outside}");
+            let err = storage.write(&outside, "{}".into()).await.expect_err(&outside);
+            assert!(err.to_string().contains(&outside), "{err}");
         }
-        assert_eq!(storage.read("s3://lake/guarded/wh/t/metadata/1.json").await.expect("read"), "{}");
+        assert_eq!(storage.read(&inside).await.expect("read"), "{}");
     });
     assert_eq!(keys("guarded"), ["guarded/wh/t/metadata/1.json"]);
 }

@@ -14,45 +14,21 @@
 //! processes it starts.
 
 use std::process::{Child, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sluice::engine::checkpoint::CheckpointError;
 use sluice::engine::{CrashPoint, EngineError, Fault};
 use sluice_store::{GcsOptions, ObjectStore};
-use sluice_tests::store_servers::FakeGcs;
+use sluice_tests::harness::{block, buckets, gcs};
 use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible, run_cli, sluice_run};
 
-const BUCKET: &str = "state";
-
-/// One fake-gcs-server for this test binary, and `STORAGE_EMULATOR_HOST`
-/// pointing at it.
-fn server() -> &'static FakeGcs {
-    static SERVER: OnceLock<FakeGcs> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        let server = FakeGcs::start(&[BUCKET]);
-        let host = server.endpoint.strip_prefix("http://").unwrap_or(&server.endpoint).to_string();
-        // SAFETY: set once, before any test of this binary runs the engine or
-        // starts a process (each first waits here for the server).
-        unsafe {
-            // `host:port`, as Google's libraries take it.
-            std::env::set_var("STORAGE_EMULATOR_HOST", host);
-            // Nothing may fall back to real credentials.
-            std::env::remove_var("GOOGLE_APPLICATION_CREDENTIALS");
-        }
-        server
-    })
-}
+const BUCKET: &str = buckets::STATE;
 
 /// The bucket, as the test sees it (not through the host).
 fn bucket() -> ObjectStore {
-    let options = GcsOptions { endpoint: Some(server().endpoint.clone()), anonymous: true };
+    let options = GcsOptions { endpoint: Some(gcs().endpoint.clone()), anonymous: true };
     ObjectStore::gcs(BUCKET, &options).expect("bucket")
-}
-
-fn block<T>(fut: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(fut)
 }
 
 /// Keys under `prefix`, relative to it.
@@ -63,7 +39,7 @@ fn keys(prefix: &str) -> Vec<String> {
 
 /// `--set`s that put the job's state on GCS under `prefix`, with `lease_secs`.
 fn on_gcs(prefix: &str, lease_secs: &str) -> Vec<String> {
-    server();
+    gcs();
     vec![format!("job.state_dir=gs://{BUCKET}/{prefix}"), format!("job.lease_secs={lease_secs}")]
 }
 

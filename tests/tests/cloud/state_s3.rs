@@ -9,42 +9,20 @@
 //! `sluice run` processes it starts.
 
 use std::process::{Child, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sluice::engine::checkpoint::CheckpointError;
 use sluice::engine::{CrashPoint, EngineError, Fault};
 use sluice_store::ObjectStore;
-use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
+use sluice_tests::harness::{block, buckets, moto};
 use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible, run_cli, sluice_run};
 
-const BUCKET: &str = "state";
-
-/// One moto server for this test binary, and the AWS environment pointing at it.
-fn moto() -> &'static Moto {
-    static MOTO: OnceLock<Moto> = OnceLock::new();
-    MOTO.get_or_init(|| {
-        let moto = Moto::start(&[BUCKET]);
-        // SAFETY: set once, before any test of this binary runs the engine or
-        // starts a process (each first waits here for the server).
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-            std::env::set_var("AWS_REGION", REGION);
-            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-        }
-        moto
-    })
-}
+const BUCKET: &str = buckets::STATE;
 
 /// The bucket, as the test sees it (not through the host).
 fn bucket() -> ObjectStore {
     ObjectStore::s3(BUCKET, &moto().s3_options()).expect("bucket")
-}
-
-fn block<T>(fut: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(fut)
 }
 
 /// Keys under `prefix`, relative to it.

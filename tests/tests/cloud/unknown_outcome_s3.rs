@@ -27,38 +27,16 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use sluice::engine::{CrashPoint, Fault};
 use sluice_store::ObjectStore;
 use sluice_tests::fault_proxy::{Action, FaultProxy, Match, Rule};
-use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
+use sluice_tests::harness::{block, buckets, moto};
 use sluice_tests::{TestJob, assert_exactly_once_range, cache_dir, python, read_iceberg, sluice_bin, sluice_run};
 
-const BUCKET: &str = "state";
+const BUCKET: &str = buckets::OUTCOME;
 const TABLE: &str = "db.events";
-
-/// One moto server for this test binary, and the AWS environment pointing at it.
-fn moto() -> &'static Moto {
-    static MOTO: OnceLock<Moto> = OnceLock::new();
-    MOTO.get_or_init(|| {
-        let moto = Moto::start(&[BUCKET]);
-        // SAFETY: set once, before any test of this binary runs the engine or
-        // starts a process (each first waits here for the server).
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-            std::env::set_var("AWS_REGION", REGION);
-            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-        }
-        moto
-    })
-}
-
-fn block<T>(fut: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(fut)
-}
 
 /// Moto started and the `sluice` binary built (which may take minutes,
 /// once): from here on a test's own time counts.

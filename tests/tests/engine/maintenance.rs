@@ -13,7 +13,7 @@ use sluice::engine::checkpoint::CheckpointStore;
 use sluice::engine::maintain::{MaintainOptions, MaintainReport};
 use sluice::engine::{CrashPoint, Fault};
 use sluice::fault::{CatalogFaults, CommitFault, Faults};
-use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
+use sluice_tests::harness::{buckets, moto};
 use sluice_tests::{ICEBERG_PLUGIN, TestJob, assert_exactly_once, python, read_iceberg, run_cli};
 
 /// A generator → Iceberg job partitioned by day (30 days), one writer, a
@@ -557,24 +557,7 @@ fn orphan_cleanup_forced_below_the_floor_warns_and_removes_a_killed_jobs_pending
     assert_eq!(ids.len() as u64, rows + 2 * 60, "what is committed still reads whole");
 }
 
-const S3_BUCKET: &str = "maint-state";
-
-/// One moto server for this test binary, and the AWS environment pointing at it.
-fn moto() -> &'static Moto {
-    static MOTO: std::sync::OnceLock<Moto> = std::sync::OnceLock::new();
-    MOTO.get_or_init(|| {
-        let moto = Moto::start(&[S3_BUCKET]);
-        // SAFETY: set once, before any test of this binary that needs it
-        // runs the engine or starts a process (each first waits here).
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-            std::env::set_var("AWS_REGION", REGION);
-            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-        }
-        moto
-    })
-}
+const S3_BUCKET: &str = buckets::MAINTENANCE;
 
 /// A job whose state directory is on S3 (moto): a short orphan retention is
 /// refused while a run holds its lease, and while the lease cannot be read

@@ -309,7 +309,7 @@ impl World {
         Finding {
             what: format!(
                 "seed {seed}: {}\n  plan: {:?}\n  runs:\n    {}\n  faults fired: {:?}\n  replay: SLUICE_SIM_SEED={seed} \
-                 SLUICE_SIM_SEEDS=1 cargo test -p sluice-tests --test simulation -- --nocapture",
+                 SLUICE_SIM_SEEDS=1 cargo test -p sluice-tests --test engine simulation:: -- --nocapture",
                 what.into(),
                 self.plan,
                 self.log.join("\n    "),

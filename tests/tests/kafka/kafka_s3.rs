@@ -12,11 +12,11 @@ use sluice::capability::file_io::StoreConfig;
 use sluice::engine::RunOptions;
 use sluice::location::{Location, Scheme};
 use sluice_store::ObjectStore;
+use sluice_tests::harness;
 use sluice_tests::kafka::{Broker, assert_orders, kafka_job, order_schema, orders};
 use sluice_tests::read_iceberg_as;
-use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
 
-const BUCKET: &str = "stream";
+const BUCKET: &str = harness::buckets::KAFKA;
 
 fn catalog(database: &Path) -> CatalogGrant {
     let warehouse = Location::ObjectStore { scheme: Scheme::S3, bucket: BUCKET.into(), prefix: "wh".into() };
@@ -26,14 +26,8 @@ fn catalog(database: &Path) -> CatalogGrant {
 
 #[test]
 fn kafka_into_an_s3_warehouse_with_state_on_s3_lands_every_message_once_across_resumes() {
-    let moto = Moto::start(&[BUCKET]);
-    // SAFETY: set before this binary's only test runs the engine.
-    unsafe {
-        std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-        std::env::set_var("AWS_REGION", REGION);
-        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-    }
+    // The process's moto, and the AWS environment pointing the host at it.
+    let moto = harness::moto();
     let broker = Broker::start();
     broker.create_topic("s3orders", 3);
     broker.produce("s3orders", &orders(0, 2000, 3));

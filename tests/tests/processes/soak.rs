@@ -11,7 +11,7 @@
 //! - BigQuery (the Storage Write API double): one job, killed as often, the
 //!   double answering repeated flushes a different way after every kill.
 //!
-//! `SLUICE_SOAK_KILLS=100 cargo test -p sluice-tests --test soak -- --nocapture`
+//! `SLUICE_SOAK_KILLS=100 cargo test -p sluice-tests --test processes soak:: -- --nocapture`
 //! runs the long soak the README reports; `SLUICE_SOAK_SEED` repeats a
 //! sequence of kill times.
 

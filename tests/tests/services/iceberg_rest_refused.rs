@@ -32,7 +32,11 @@ const TABLE: &str = "db.events";
 #[test]
 fn refused_vended_credentials_are_replaced_and_the_request_sent_again() {
     let moto = Arc::new(Moto::start(&[BUCKET]));
-    // SAFETY: set before this binary's only test runs the engine.
+    // The process's AWS environment is this test's while it holds the lock
+    // (`sluice_tests::harness`).
+    let _env = sluice_tests::harness::aws_env_lock();
+    // SAFETY: no test of this binary but the lock's holder reads the AWS
+    // environment.
     unsafe {
         std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
         std::env::set_var("AWS_REGION", REGION);

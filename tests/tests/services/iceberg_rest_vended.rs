@@ -50,9 +50,13 @@ fn access_key_id(authorization: &str) -> Option<&str> {
 #[test]
 fn vended_credentials_sign_the_tables_files_and_are_refreshed_through_a_long_run() {
     let moto = Moto::start_recording(&[BUCKET]);
-    // SAFETY: set before this binary's only test runs the engine. The job's
-    // `[sink.s3]` default (the AWS environment) reaches moto with the test's
-    // own key, which must sign none of the table's files.
+    // The process's AWS environment is this test's while it holds the lock
+    // (`sluice_tests::harness`): the job's `[sink.s3]` default (the AWS
+    // environment) reaches moto with the test's own key, which must sign
+    // none of the table's files.
+    let _env = sluice_tests::harness::aws_env_lock();
+    // SAFETY: no test of this binary but the lock's holder reads the AWS
+    // environment.
     unsafe {
         std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
         std::env::set_var("AWS_REGION", REGION);

@@ -1,0 +1,6 @@
+//! Crashes and kills: the crash matrix in process, and the real `sluice`
+//! binary SIGKILLed mid-job, once or at random moments (the soak).
+
+mod crash_matrix;
+mod kill;
+mod soak;
