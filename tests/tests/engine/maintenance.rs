@@ -410,19 +410,22 @@ fn a_running_job_refuses_a_short_orphan_retention() {
 }
 
 /// The data files PyIceberg's full scan plans (the live ones), and every id
-/// that scan reads, sorted.
+/// that scan reads, sorted; DuckDB's `iceberg_scan` must read the same ids.
 fn pyiceberg_scan(warehouse: &Path) -> (std::collections::BTreeSet<String>, Vec<i64>) {
-    let out = python(
-        "import sys, json\n\
+    let script = format!(
+        "{}\n\
+         import sys, json\n\
          from pyiceberg.catalog.sql import SqlCatalog\n\
          w = sys.argv[1]\n\
-         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table('db.events')\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table('db.events')\n\
          files = [x.file.file_path.removeprefix('file://') for x in t.scan().plan_files()]\n\
          ids = sorted(t.scan(selected_fields=('id',)).to_arrow().column('id').to_pylist())\n\
-         print(json.dumps({'files': files, 'ids': ids}))",
-        &[&warehouse.display().to_string()],
-    )
-    .unwrap_or_else(|e| panic!("PyIceberg's full scan failed: {e}"));
+         assert duckdb_ids(t.metadata_location) == ids, 'DuckDB iceberg_scan reads other ids than PyIceberg'\n\
+         print(json.dumps({{'files': files, 'ids': ids}}))",
+        sluice_tests::DUCKDB_ICEBERG
+    );
+    let out = python(&script, &[&warehouse.display().to_string()])
+        .unwrap_or_else(|e| panic!("PyIceberg's (and DuckDB's) full scan failed: {e}"));
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
     (serde_json::from_value(v["files"].clone()).expect("files"), serde_json::from_value(v["ids"].clone()).expect("ids"))
 }
