@@ -57,7 +57,8 @@ fn pyarrow_and_duckdb_read_the_output() {
 }
 
 /// The Iceberg table Sluice wrote is read by PyIceberg (`SqlCatalog` on the
-/// same SQLite file): rows, schema, partition spec and snapshot summaries.
+/// same SQLite file): rows, schema, partition spec and snapshot summaries;
+/// and by DuckDB's `iceberg_scan`: the same rows.
 #[test]
 fn pyiceberg_reads_the_iceberg_table() {
     let warehouse = tempfile::tempdir().expect("warehouse");
@@ -91,6 +92,13 @@ fn pyiceberg_reads_the_iceberg_table() {
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
     let ids: Vec<i64> = serde_json::from_value(v["ids"].clone()).expect("ids");
     assert_eq!(ids, expected_ids(), "PyIceberg sees other rows than were committed");
+    // DuckDB's own Iceberg reader, on the same partitioned table after the
+    // crash and recovery, reads the same rows.
+    assert_eq!(
+        sluice_tests::readers_ids(warehouse.path(), "analytics.orders"),
+        expected_ids(),
+        "DuckDB's iceberg_scan"
+    );
     let schema: Vec<String> = serde_json::from_value(v["schema"].clone()).expect("schema");
     assert_eq!(
         schema,
