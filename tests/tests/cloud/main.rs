@@ -12,5 +12,6 @@ mod hostile_cloud;
 mod iceberg_gcs;
 mod iceberg_s3;
 mod state_gcs;
+mod state_object;
 mod state_s3;
 mod unknown_outcome_s3;

@@ -19,14 +19,14 @@ use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriterB
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use sluice::source::generator::Generator;
+use sluice_tests::harness::block;
 use sluice_tests::{TestJob, assert_exactly_once_range, catalog, read_iceberg};
 
 const TABLE: &str = "db.events";
 
 /// Every data file of the table's current snapshot.
 fn data_files(table: &iceberg::table::Table) -> Vec<DataFile> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async {
+    block(async {
         let snapshot = table.metadata().current_snapshot().expect("a snapshot");
         let list = table.manifest_list_reader(snapshot).load().await.expect("manifest list");
         let mut files = Vec::new();
@@ -77,8 +77,7 @@ fn host_encoded_files_are_iceberg_rusts_own_files_with_the_same_statistics() {
         .build();
     let native_path = dir.path().join("native.parquet");
     let native_path_str = native_path.to_str().expect("utf-8").to_string();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let native: DataFile = rt.block_on(async {
+    let native: DataFile = block(async {
         let file_io = FileIO::new_with_fs();
         let output = file_io.new_output(&native_path_str).expect("output");
         let mut writer = ParquetWriterBuilder::new(props, schema.clone()).build(output).await.expect("writer");

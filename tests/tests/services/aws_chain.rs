@@ -24,6 +24,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use sluice_store::ObjectStore;
+use sluice_tests::harness::block;
 use sluice_tests::imds::ImdsServer;
 use sluice_tests::store_servers::Moto;
 use sluice_tests::{TestJob, assert_exactly_once, cache_dir, read_visible, sluice_bin, sluice_run};
@@ -94,8 +95,7 @@ fn text(out: &Output) -> String {
 /// The bucket, as the test sees it (its own keys, not the host's).
 fn keys(moto: &Moto, prefix: &str) -> Vec<String> {
     let store = ObjectStore::s3(BUCKET, &moto.s3_options()).expect("bucket");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(store.list(prefix)).expect("list").into_iter().map(|o| o.key).collect()
+    block(store.list(prefix)).expect("list").into_iter().map(|o| o.key).collect()
 }
 
 /// A recorded request's header `name`.

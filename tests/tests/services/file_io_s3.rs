@@ -14,6 +14,7 @@ use sluice::bindings::v0_2::sluice::connector::file_io::IoError;
 use sluice::capability::file_io::{FileGrants, StoreConfig};
 use sluice::source::generator::Generator;
 use sluice_store::{ObjectStore, S3Credentials, S3Options};
+use sluice_tests::harness::block;
 use sluice_tests::store_servers::{self as moto, Moto};
 use sluice_tests::{TestJob, sluice_run};
 
@@ -169,8 +170,7 @@ fn a_plugin_drives_file_io_on_s3_through_the_host() {
 
     // What the plugin wrote is in the bucket, as it wrote it.
     let s3 = ObjectStore::s3("lake", &s3_options(&server)).expect("store");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async {
+    block(async {
         assert_eq!(s3.read("wh/probe/a.txt").await.expect("a.txt"), &b"first"[..], "the exclusive create held");
         assert_eq!(s3.stat("wh/probe/big.bin").await.expect("big.bin").size, 10 << 20);
         let keys: Vec<String> = s3.list("").await.expect("list").into_iter().map(|o| o.key).collect();
@@ -243,8 +243,7 @@ fn the_sinks_own_s3_settings_win_over_the_aws_environment() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the probe found wrong answers, or the run failed:\n{stderr}");
     let lake = ObjectStore::s3("lake", &s3_options(&server)).expect("store");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let read = rt.block_on(lake.read("wh/probe/a.txt")).expect("a.txt");
+    let read = block(lake.read("wh/probe/a.txt")).expect("a.txt");
     assert_eq!(read, &b"first"[..], "the plugin wrote through the sink's own settings");
 }
 
@@ -260,8 +259,7 @@ fn the_state_directorys_own_s3_settings_win_over_the_aws_environment() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     sluice_tests::assert_exactly_once(&sluice_tests::read_visible(&job.out()), 2_000);
     let state = ObjectStore::s3("state", &s3_options(&server)).expect("store");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let keys: Vec<String> = rt.block_on(state.list("own")).expect("list").into_iter().map(|o| o.key).collect();
+    let keys: Vec<String> = block(state.list("own")).expect("list").into_iter().map(|o| o.key).collect();
     assert!(keys.contains(&"own/lease".to_string()), "the state directory is on S3: {keys:?}");
     assert!(keys.iter().any(|k| k.contains("/checkpoints/chk-")), "{keys:?}");
     assert!(!job.state().exists(), "nothing went to a local state directory");

@@ -1,0 +1,408 @@
+//! `job.state_dir` in a bucket: the checks that hold the same on every
+//! object store, written once and run on each backend ([`Backend`]) by
+//! [`backend_tests!`] in `state_s3` (moto) and `state_gcs`
+//! (fake-gcs-server). A job lands every row once and resumes after a crash;
+//! records are objects created once, never overwritten; one run at a time
+//! holds the state directory by a lease object swapped on its version (S3's
+//! ETag, GCS's generation): a second live run refuses, the run after a
+//! SIGKILL takes the lease over once it expired, a holder whose
+//! compare-and-swap fails stops, a lease renewed by a holder with a lagging
+//! clock is not taken over, a frozen holder that wakes after a takeover
+//! changes nothing, and a lease deleted after an interrupted takeover does
+//! not adopt the partial copy.
+//!
+//! The host reaches the servers through the process's environment
+//! (`sluice_tests::harness`), inherited by the `sluice run` processes a test
+//! starts.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sluice::engine::checkpoint::CheckpointError;
+use sluice::engine::{CrashPoint, EngineError, Fault};
+use sluice_store::{GcsOptions, ObjectStore};
+use sluice_tests::harness::{block, buckets, gcs, moto};
+use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible, run_cli, sluice_run};
+
+/// The bucket of the state directories, on each server.
+pub(crate) const BUCKET: &str = buckets::STATE;
+
+/// An object store the state directory can be on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Backend {
+    /// moto's S3 server.
+    S3,
+    /// fake-gcs-server.
+    Gcs,
+}
+
+impl Backend {
+    /// The scheme of its locations.
+    pub(crate) fn scheme(self) -> &'static str {
+        match self {
+            Backend::S3 => "s3",
+            Backend::Gcs => "gs",
+        }
+    }
+
+    /// Its name in messages.
+    fn name(self) -> &'static str {
+        match self {
+            Backend::S3 => "S3",
+            Backend::Gcs => "GCS",
+        }
+    }
+
+    /// The id of a job of this backend's tests: `s3-<what>`, `gcs-<what>`.
+    pub(crate) fn job(self, what: &str) -> String {
+        match self {
+            Backend::S3 => format!("s3-{what}"),
+            Backend::Gcs => format!("gcs-{what}"),
+        }
+    }
+
+    /// The bucket, as the test sees it (not through the host).
+    pub(crate) fn bucket(self) -> ObjectStore {
+        match self {
+            Backend::S3 => ObjectStore::s3(BUCKET, &moto().s3_options()).expect("bucket"),
+            Backend::Gcs => {
+                let options = GcsOptions { endpoint: Some(gcs().endpoint.clone()), anonymous: true };
+                ObjectStore::gcs(BUCKET, &options).expect("bucket")
+            }
+        }
+    }
+
+    /// Keys under `prefix`, relative to it.
+    pub(crate) fn keys(self, prefix: &str) -> Vec<String> {
+        let listed = block(self.bucket().list(prefix)).expect("list");
+        listed.into_iter().map(|o| o.key.strip_prefix(&format!("{prefix}/")).unwrap_or(&o.key).to_string()).collect()
+    }
+
+    /// `--set`s that put the job's state in the bucket under `prefix`, with
+    /// `lease_secs` (the server started, the environment pointing at it).
+    pub(crate) fn on(self, prefix: &str, lease_secs: &str) -> Vec<String> {
+        match self {
+            Backend::S3 => {
+                moto();
+            }
+            Backend::Gcs => {
+                gcs();
+            }
+        }
+        vec![format!("job.state_dir={}://{BUCKET}/{prefix}", self.scheme()), format!("job.lease_secs={lease_secs}")]
+    }
+}
+
+/// One `#[test]` per `test_name => body` pair, calling `state_object::body`
+/// on `backend`.
+macro_rules! backend_tests {
+    ($backend:expr; $($name:ident => $body:ident,)*) => {$(
+        #[test]
+        fn $name() {
+            crate::state_object::$body($backend);
+        }
+    )*};
+}
+pub(crate) use backend_tests;
+
+pub(crate) fn refs(sets: &[String]) -> Vec<&str> {
+    sets.iter().map(String::as_str).collect()
+}
+
+/// Slow enough to be caught mid-way: about 4 s for 40 000 rows.
+fn slowed(mut job: TestJob) -> TestJob {
+    job.toml = job.toml.replace("batch_rows = 700", "batch_rows = 700\nrate = 10000.0");
+    job
+}
+
+pub(crate) fn committed_dirs(job: &TestJob) -> usize {
+    std::fs::read_dir(job.out()).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Starts `sluice run` with `sets` and waits until it committed `dirs`
+/// checkpoints (so it holds the lease and renews it).
+fn start_and_wait(job: &TestJob, sets: &[String], dirs: usize) -> Child {
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let mut child = sluice_run(job, sets).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("sluice");
+    let start = Instant::now();
+    while committed_dirs(job) < dirs {
+        if let Ok(Some(status)) = child.try_wait() {
+            let out = child.wait_with_output().expect("reaping sluice");
+            panic!("sluice ended ({status}) too early:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "no progress within 2 minutes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+pub(crate) fn a_job_with_its_state_in_a_bucket_resumes_after_a_crash_and_lands_every_row_once(b: Backend) {
+    let prefix = "crash/state";
+    let sets = b.on(prefix, "30");
+    let job = TestJob::files(&b.job("crash"), 3100, 2, 500);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(job.run_with(&refs(&sets), Some(crash)).expect_err("crash").is_injected_crash());
+    let after_crash = b.keys(prefix);
+    // The first run took epoch 1 and writes only in its folder.
+    assert!(
+        after_crash.contains(&"epoch-000001/checkpoints/chk-00000000000000000002-000000.json".to_string()),
+        "{after_crash:?}"
+    );
+    for file in ["epoch-000001/incarnation", "epoch-000001/attempt", "lease"] {
+        assert!(after_crash.contains(&file.to_string()), "{file} in {after_crash:?}");
+    }
+
+    // `sluice state` reads the state in the bucket while no run holds it.
+    let mut args = vec!["state", "job.toml"];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    let (code, out, err) = run_cli(&args, job.dir.path());
+    assert_eq!(code, 0, "{err}");
+    for part in
+        [format!("{}://{BUCKET}/{prefix}", b.scheme()), "last record:  checkpoint 2".into(), "runs:         1".into()]
+    {
+        assert!(out.contains(&part), "{part:?} in:\n{out}");
+    }
+
+    let summary = job.run_with(&refs(&sets), None).expect("resumes");
+    assert_eq!(summary.attempt, 2, "{summary:?}");
+    assert_exactly_once(&read_visible(&job.out()), 3100);
+    assert!(!job.dir.path().join(".sluice").exists() && !job.state().exists(), "state went to {} only", b.name());
+
+    let at_end = b.keys(prefix);
+    // The resumed run took epoch 2, copied the state in, and left no other folder.
+    assert!(at_end.iter().all(|k| k == "lease" || k.starts_with("epoch-000002/")), "{at_end:?}");
+    // The finished run re-persisted its last checkpoint with nothing pending:
+    // as a new object beside the one it supersedes (removed after), never over it.
+    let records: Vec<&String> = at_end.iter().filter(|k| k.starts_with("epoch-000002/checkpoints/")).collect();
+    assert!(
+        records.iter().any(|k| k.ends_with("-000001.json")),
+        "the settled record took the next sequence number: {records:?}"
+    );
+    assert!(records.len() <= 3, "retention keeps 3 checkpoints: {records:?}");
+    let lease: serde_json::Value =
+        serde_json::from_slice(&block(b.bucket().read(&format!("{prefix}/lease"))).expect("lease")).expect("json");
+    assert_eq!(lease["expires_at_ms"], 0, "a run that ended released its lease: {lease}");
+    assert_eq!((lease["epoch"].as_u64(), lease["current"].as_u64()), (Some(2), Some(2)), "{lease}");
+}
+
+pub(crate) fn a_second_live_run_refuses_while_the_first_holds_the_lease(b: Backend) {
+    let prefix = "two-runs/state";
+    let sets = b.on(prefix, "2");
+    let job = slowed(TestJob::files(&b.job("two"), 40_000, 2, 1000));
+    let mut first = start_and_wait(&job, &sets, 1);
+    let err = job.run_with(&refs(&sets), None).expect_err("the second run refuses");
+    assert!(matches!(&err, EngineError::Checkpoint(CheckpointError::Leased { .. })), "{err}");
+    let message = err.to_string();
+    for part in [
+        format!("state directory {}://{BUCKET}/{prefix} is in use by another sluice run", b.scheme()),
+        format!("pid {} on", first.id()),
+        "holds its lease".into(),
+    ] {
+        assert!(message.contains(&part), "{part:?} in: {message}");
+    }
+    assert!(first.try_wait().expect("status").is_none(), "the first run goes on undisturbed");
+    let out = first.wait_with_output().expect("first run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+}
+
+pub(crate) fn after_a_sigkill_the_next_run_takes_the_lease_over_once_it_expired(b: Backend) {
+    let prefix = "sigkill/state";
+    let sets = b.on(prefix, "3");
+    let job = slowed(TestJob::files(&b.job("kill"), 40_000, 2, 1000));
+    let mut first = start_and_wait(&job, &sets, 2);
+    first.kill().expect("SIGKILL");
+    assert!(!first.wait().expect("reaped").success());
+    let killed_at = Instant::now();
+    let lease: serde_json::Value =
+        serde_json::from_slice(&block(b.bucket().read(&format!("{prefix}/lease"))).expect("lease")).expect("json");
+    assert_ne!(lease["expires_at_ms"], 0, "a killed run cannot release its lease: {lease}");
+
+    let out = sluice_run(&job, &sets).output().expect("next run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("took over the state directory's lease after it expired"), "{stderr}");
+    assert!(stderr.contains("waited_ms="), "it logs how long it waited: {stderr}");
+    assert!(stderr.contains(&format!("pid {} on", first.id())), "it names the run it took over from: {stderr}");
+    assert!(killed_at.elapsed() >= Duration::from_secs(2), "it waited for the lease to expire");
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+}
+
+pub(crate) fn a_holder_whose_compare_and_swap_fails_stops_before_its_next_write(b: Backend) {
+    let prefix = "stolen/state";
+    let sets = b.on(prefix, "2");
+    let job = slowed(TestJob::files(&b.job("stolen"), 40_000, 2, 1000));
+    let first = start_and_wait(&job, &sets, 1);
+    // Another holder writes the lease (as a run taking it over would): the
+    // holder's next compare-and-swap on its version (S3's ETag, GCS's
+    // generation) fails.
+    let key = format!("{prefix}/lease");
+    let store = b.bucket();
+    let current = block(store.read_versioned(&key)).expect("lease");
+    let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() + 1500;
+    let thief = serde_json::json!({"holder": "the thief", "lease_ms": 1500, "expires_at_ms": expires as u64});
+    block(store.replace_if(&key, Bytes::from(thief.to_string()), &current.etag)).expect("replace the lease");
+    let stolen_at = committed_dirs(&job);
+
+    let out = first.wait_with_output().expect("first run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the holder must stop: {stderr}");
+    for part in ["no longer holds its lease", "compare-and-swap", "the thief holds it now"] {
+        assert!(stderr.contains(part), "{part:?} in:\n{stderr}");
+    }
+    assert!(committed_dirs(&job) <= stolen_at + 1, "it committed at most the checkpoint under way");
+    assert!(ids(&read_visible(&job.out())).len() < 40_000, "it stopped before the end of the job");
+
+    // The thief never renews: the next run takes over once it expired and finishes the job.
+    let out = sluice_run(&job, &sets).output().expect("next run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+}
+
+/// A live holder whose wall clock lags this machine's by more than its lease
+/// (clocks of two hosts are not in step): its lease object says
+/// `expires_at_ms` in this machine's past, yet it renews it by
+/// compare-and-swap every third of its length. The run that comes second
+/// must judge the lease by watching it change (its own monotonic clock),
+/// not by comparing another host's wall-clock stamp to its own: it refuses.
+pub(crate) fn a_lease_renewed_by_a_holder_with_a_lagging_clock_is_not_taken_over(b: Backend) {
+    let prefix = "skew/state";
+    let sets = b.on(prefix, "2");
+    let job = TestJob::files(&b.job("skew"), 600, 2, 300);
+    let key = format!("{prefix}/lease");
+    let store = b.bucket();
+    let lease_ms: u64 = 2000;
+    // The holder's clock runs 5 s behind this machine's.
+    let skewed_now = || {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+        now as u64 - 5000
+    };
+    let doc = move |at: u64| {
+        Bytes::from(
+            serde_json::json!({"holder": "the lagging holder", "lease_ms": lease_ms, "expires_at_ms": at + lease_ms})
+                .to_string(),
+        )
+    };
+    let first = block(store.create_exclusive(&key, doc(skewed_now()))).expect("create the lease").expect("version");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renewing = {
+        let (stop, store, key) = (stop.clone(), store.clone(), key.clone());
+        std::thread::spawn(move || {
+            let mut version = first;
+            let mut renewals = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(lease_ms / 3));
+                match block(store.replace_if(&key, doc(skewed_now()), &version)) {
+                    Ok(Some(e)) => {
+                        version = e;
+                        renewals += 1;
+                    }
+                    // The lease was taken from under the holder.
+                    _ => return Err(renewals),
+                }
+            }
+            Ok(renewals)
+        })
+    };
+    let result = job.run_with(&refs(&sets), None);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let renewed = renewing.join().expect("renewer");
+    let err = result.expect_err("the second run refuses a lease its holder renews");
+    assert!(matches!(&err, EngineError::Checkpoint(CheckpointError::Leased { .. })), "{err}");
+    assert!(err.to_string().contains("the lagging holder"), "{err}");
+    assert!(matches!(renewed, Ok(n) if n >= 1), "the holder kept its lease: {renewed:?}");
+    assert_eq!(committed_dirs(&job), 0, "nothing landed while another run held the state directory");
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().expect("kill");
+    assert!(status.success(), "kill {sig}");
+}
+
+/// Fencing. A holder frozen (SIGSTOP) past its lease comes back after
+/// another run took the lease over and finished the job. Whatever the frozen
+/// run then does must change nothing: it stops before another commit, and
+/// what it writes in its own epoch's folder (here also a record it could
+/// have had in flight, written by the test as it would) is never read
+/// again: the next run resumes from the state of the run that took over.
+pub(crate) fn a_frozen_holder_that_wakes_after_a_takeover_changes_nothing(b: Backend) {
+    let prefix = "frozen/state";
+    let sets = b.on(prefix, "2");
+    let job = slowed(TestJob::files(&b.job("frozen"), 40_000, 2, 1000));
+    let frozen = start_and_wait(&job, &sets, 1);
+    signal(&frozen, "-STOP");
+    let frozen_at = Instant::now();
+
+    // The next run waits out the lease, takes it over and finishes the job.
+    let out = sluice_run(&job, &sets).output().expect("next run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("took over the state directory's lease after it expired"), "{stderr}");
+    assert!(frozen_at.elapsed() >= Duration::from_secs(2), "it waited for the lease to expire");
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+    let landed = committed_dirs(&job);
+    let lease: serde_json::Value =
+        serde_json::from_slice(&block(b.bucket().read(&format!("{prefix}/lease"))).expect("lease")).expect("json");
+    assert_eq!((lease["epoch"].as_u64(), lease["current"].as_u64()), (Some(2), Some(2)), "{lease}");
+
+    // The frozen run's write in flight lands late, in its own epoch's folder:
+    // a record newer than any, which no run may read.
+    let late = format!("{prefix}/epoch-000001/checkpoints/chk-{:020}-000000.json", 999);
+    block(b.bucket().create_exclusive(&late, Bytes::from_static(b"{ not a record"))).expect("late write");
+
+    // The frozen run wakes: its next renewal finds the lease taken, and it
+    // stops without committing anything more.
+    signal(&frozen, "-CONT");
+    let out = frozen.wait_with_output().expect("frozen run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the woken run must stop: {stderr}");
+    assert!(stderr.contains("no longer holds its lease"), "{stderr}");
+    assert_eq!(committed_dirs(&job), landed, "the woken run committed nothing");
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+
+    // A rerun resumes from the state of the run that took over: the late
+    // record is never read (it would not even parse), and nothing lands twice.
+    let summary = job.run_with(&refs(&sets), None).expect("rerun");
+    assert_eq!(summary.attempt, 3, "{summary:?}");
+    assert_exactly_once(&read_visible(&job.out()), 40_000);
+    assert_eq!(committed_dirs(&job), landed, "the rerun had nothing to land");
+}
+
+/// A run killed in the middle of its takeover copy leaves a partial folder
+/// of a newer epoch (here only `attempt`, the first object in key order);
+/// the lease still names the old folder as `current`. An operator then
+/// deletes the lease object to get on without waiting for it to expire. The
+/// next run must not take that partial folder for the state (it holds no
+/// record and no incarnation: the job would start over and land every row
+/// again): it resumes from the last folder a run completed.
+pub(crate) fn a_lease_deleted_after_an_interrupted_takeover_does_not_adopt_the_partial_copy(b: Backend) {
+    let prefix = "partial/state";
+    let sets = b.on(prefix, "2");
+    let job = TestJob::files(&b.job("partial"), 3100, 2, 500);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(job.run_with(&refs(&sets), Some(crash)).expect_err("crash").is_injected_crash());
+    let store = b.bucket();
+    let landed = committed_dirs(&job);
+    assert!(landed >= 2, "the first run committed checkpoints");
+
+    // A run took epoch 2 over epoch 1 and was killed after copying `attempt`.
+    let key = format!("{prefix}/lease");
+    let lease = block(store.read_versioned(&key)).expect("lease");
+    let mut doc: serde_json::Value = serde_json::from_slice(&lease.bytes).expect("json");
+    assert_eq!((doc["epoch"].as_u64(), doc["current"].as_u64()), (Some(1), Some(1)), "{doc}");
+    doc["epoch"] = 2.into();
+    doc["holder"] = "the run killed mid-copy".into();
+    block(store.replace_if(&key, Bytes::from(doc.to_string()), &lease.etag)).expect("the killed run's lease");
+    let attempt = block(store.read(&format!("{prefix}/epoch-000001/attempt"))).expect("attempt");
+    block(store.create_exclusive(&format!("{prefix}/epoch-000002/attempt"), attempt)).expect("partial copy");
+
+    // The operator removes the lease by hand.
+    block(store.delete(&key)).expect("delete the lease");
+
+    let summary = job.run_with(&refs(&sets), None).expect("resumes");
+    assert_exactly_once(&read_visible(&job.out()), 3100);
+    assert_eq!(summary.attempt, 2, "it resumed the first run's state: {summary:?}");
+}
