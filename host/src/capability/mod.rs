@@ -36,6 +36,7 @@ pub mod catalog_storage;
 mod catalog_vended;
 pub mod codec;
 pub mod columnar;
+pub mod config;
 pub mod file_io;
 mod file_io_store;
 pub mod google_auth;
@@ -50,7 +51,7 @@ use std::sync::Arc;
 use wasmtime::component::{Linker, ResourceTable};
 
 use crate::fault::Faults;
-use crate::job::Job;
+use config::GrantsConfig;
 use catalog::{CatalogCtx, CatalogGrant, CatalogSetupError};
 use file_io::{FileGrants, FileIoCtx, GrantError};
 use grpc::{GrpcCtx, GrpcGrant, GrpcSetupError};
@@ -82,28 +83,28 @@ pub enum SetupError {
 }
 
 impl Granted {
-    /// What a run of `job` grants its plugin instances: each capability
-    /// turns its part of the job file into its grant. `faults` are a test's
-    /// (none in a released build).
-    pub fn for_job(job: &Job, faults: &Faults) -> Result<Self, SetupError> {
-        let g = &job.spec.sink.grants;
-        let mut locations = g.locations.clone();
-        let catalog = match &job.catalog {
+    /// What a run grants its plugin instances: each capability turns its
+    /// part of `config` into its grant. `faults` are a test's (none in a
+    /// released build).
+    pub fn open(config: &GrantsConfig, faults: &Faults) -> Result<Self, SetupError> {
+        let mut locations = config.locations.clone();
+        let catalog = match &config.catalog {
             None => None,
-            Some(config) => {
+            Some(catalog) => {
                 // The tables' files live in the warehouse: the plugin writes them.
                 // A local warehouse is its path; a store's, its URL (`s3://bucket/prefix`).
-                locations.push(config.warehouse().to_string());
-                Some(Arc::new(CatalogGrant::for_config(config, &job.sink_stores)?.with_faults(faults)))
+                locations.push(catalog.warehouse().to_string());
+                Some(Arc::new(CatalogGrant::for_config(catalog, &config.stores)?.with_faults(faults)))
             }
         };
-        let mut files = FileGrants::with_stores(&job.base_dir, &locations, &g.read_locations, &job.sink_stores)?
-            .with_faults(faults);
+        let mut files =
+            FileGrants::with_stores(&config.base_dir, &locations, &config.read_locations, &config.stores)?
+                .with_faults(faults);
         if let Some(vended) = catalog.as_ref().and_then(|c| c.vended()) {
             files.use_vended(&vended);
         }
-        let grpc = GrpcGrant::open(&job.endpoints)?;
-        let http = HttpGrant::open(&job.http_endpoints)?;
+        let grpc = GrpcGrant::open(&config.endpoints)?;
+        let http = HttpGrant::open(&config.http_endpoints)?;
         Ok(Self { files: Arc::new(files), catalog, grpc: Arc::new(grpc), http: Arc::new(http) })
     }
 

@@ -318,7 +318,7 @@ impl<'a> Coordinator<'a> {
             ),
         };
         check_tables(&plugin, &source, &tables)?;
-        let grants = Granted::for_job(job, &opts.faults)?;
+        let grants = Granted::open(&job.grants(), &opts.faults)?;
         let ctx = sink_ctx(job, &who.incarnation, who.refuse_others, 0, who.attempt);
         let options = plugin.options_for(job.sink_options(), &ctx);
         let instance = plugin.instantiate("committer", &grants, Limits::of(&job.spec.sink.sandbox))?;

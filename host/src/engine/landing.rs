@@ -86,7 +86,7 @@ impl Landing {
         let attempt = store.next_attempt()?;
         let refuse_others = new_incarnation && !opts.new_incarnation;
         warn_about_incarnation_support(&job, &plugin, &incarnation, refuse_others);
-        let grants = Granted::for_job(&job, &opts.faults)?;
+        let grants = Granted::open(&job.grants(), &opts.faults)?;
         opts.faults.warn_if_unreached("a landing", &[CrashPoint::AfterPersist, CrashPoint::DuringCommit], CHECKPOINT);
         let mut landing = Self {
             job,

@@ -180,7 +180,7 @@ pub(super) fn require_maintenance(plugin: &Plugin) -> Result<(), EngineError> {
 /// empty request with an error (a plugin that keeps no tables).
 pub(super) fn probe(job: &Job, plugin: &Plugin) -> Result<(), EngineError> {
     require_maintenance(plugin)?;
-    let grants = Granted::for_job(job, &Faults::default())?;
+    let grants = Granted::open(&job.grants(), &Faults::default())?;
     let ctx = SinkCtx {
         job_id: job.spec.job.id.clone(),
         sink_id: job.spec.sink.id.clone(),
@@ -329,7 +329,7 @@ pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<
         Some(store) => (store.incarnation()?.map(|i| i.id), store.attempts()?, known_tables(store)?),
         None => (None, 0, Vec::new()),
     };
-    let grants = Granted::for_job(job, &opts.faults)?;
+    let grants = Granted::open(&job.grants(), &opts.faults)?;
     let mut limits = Limits::of(&job.spec.sink.sandbox);
     limits.call_timeout = opts.timeout;
     let ctx = SinkCtx {

@@ -291,7 +291,7 @@ impl Worker {
     /// job file the coordinator runs), loading the plugin through `host`.
     pub fn open(job: &Job, host: &PluginHost, setup: WriterSetup) -> Result<Self, EngineError> {
         let plugin = host.load(&job.spec.sink.plugin)?;
-        let grants = Granted::for_job(job, &Faults::default())?;
+        let grants = Granted::open(&job.grants(), &Faults::default())?;
         let options = plugin.options_for(job.sink_options(), &setup.ctx);
         let source = Arc::new(Source::of_job(job)?);
         let progress = Progress::new(ProgressMode::Quiet);

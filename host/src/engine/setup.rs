@@ -24,7 +24,7 @@ use sluice_store::S3Options;
 /// What a run of `job` grants its plugin instances, and their limits: for
 /// tools that drive a plugin directly (the conformance suite).
 pub fn grants_and_limits(job: &Job) -> Result<(Granted, Limits), EngineError> {
-    Ok((Granted::for_job(job, &Faults::default())?, Limits::of(&job.spec.sink.sandbox)))
+    Ok((Granted::open(&job.grants(), &Faults::default())?, Limits::of(&job.spec.sink.sandbox)))
 }
 
 /// Loads the job's plugin and refuses options it does not take (the first

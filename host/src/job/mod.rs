@@ -721,86 +721,9 @@ pub fn show(value: f64) -> String {
     }
 }
 
-/// A credential read from the environment or a file. Its `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// A credential given by a caller (tools and tests); jobs read theirs.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(...)")
-    }
-}
-
-/// The sink's catalog, resolved from `[sink.catalog]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CatalogConfig {
-    /// iceberg-rust's `SqlCatalog` on the local SQLite file `database`; its
-    /// warehouse is local or on an object store.
-    Sql { name: String, database: PathBuf, warehouse: Location },
-    /// An Iceberg REST catalog at `uri`; its warehouse is local or on S3
-    /// (whose credentials the catalog may vend with each table).
-    Rest { name: String, uri: String, warehouse: Location, auth: Option<RestAuth> },
-}
-
-/// How the host authenticates to a REST catalog.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RestAuth {
-    /// A static bearer token (`token_env`).
-    Token(Secret),
-    /// OAuth2 client credentials (`credential_env` / `credential_file`).
-    OAuth2(OAuth2Config),
-}
-
-/// The OAuth2 client-credentials grant of a REST catalog, resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OAuth2Config {
-    /// `client_id:secret`, or a bare secret.
-    pub credential: Secret,
-    /// Where the credential was read, for messages: `the environment
-    /// variable X (sink.catalog.credential_env)`.
-    pub credential_source: String,
-    /// The token endpoint.
-    pub server_uri: String,
-    pub scope: String,
-}
-
-/// The scope asked for when the job names none: the REST spec's only one
-/// (`catalog`), and what the Java, Python and Rust clients send.
-pub const DEFAULT_OAUTH2_SCOPE: &str = "catalog";
-
-impl CatalogConfig {
-    /// The warehouse, granted to the plugin read-write.
-    pub fn warehouse(&self) -> Location {
-        match self {
-            CatalogConfig::Sql { warehouse, .. } | CatalogConfig::Rest { warehouse, .. } => warehouse.clone(),
-        }
-    }
-}
-
-/// A gRPC endpoint, resolved from `[sink.grpc.<name>]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndpointConfig {
-    /// An `http://` or `https://` URI.
-    pub address: String,
-    pub tls: bool,
-    /// Sent as `authorization: Bearer <token>`.
-    pub token: Option<Secret>,
-    /// Google's Application Default Credentials instead of a static token
-    /// (`auth = "google"`; never with `token`).
-    pub google_auth: bool,
-    pub connect_timeout: Duration,
-}
+pub use crate::capability::config::{
+    CatalogConfig, DEFAULT_OAUTH2_SCOPE, EndpointConfig, OAuth2Config, RestAuth, Secret,
+};
 
 /// A loaded job, valid in full.
 #[derive(Debug, Clone)]
@@ -904,6 +827,19 @@ impl Job {
     /// Resolves a path of the job file against its directory.
     pub fn resolve(&self, p: &Path) -> PathBuf {
         normalize(&self.base_dir.join(p))
+    }
+
+    /// What the job grants its plugin, for `capability::Granted::open`.
+    pub fn grants(&self) -> crate::capability::config::GrantsConfig {
+        crate::capability::config::GrantsConfig {
+            base_dir: self.base_dir.clone(),
+            locations: self.spec.sink.grants.locations.clone(),
+            read_locations: self.spec.sink.grants.read_locations.clone(),
+            catalog: self.catalog.clone(),
+            stores: self.sink_stores.clone(),
+            endpoints: self.endpoints.clone(),
+            http_endpoints: self.http_endpoints.clone(),
+        }
     }
 
     /// Checks the job in named steps, each resolving what it checks.
@@ -1433,7 +1369,7 @@ impl Job {
     /// A secret from the environment variable `var`; `key` names the job key.
     fn token_from_env(&self, key: &str, var: &str) -> Result<Secret, JobError> {
         match std::env::var(var) {
-            Ok(v) if !v.trim().is_empty() => Ok(Secret(v.trim().to_string())),
+            Ok(v) if !v.trim().is_empty() => Ok(Secret::new(v.trim())),
             Ok(_) => Err(self.invalid(key, format!("the environment variable {var} is empty"))),
             Err(_) => Err(self.invalid(key, format!("the environment variable {var} is not set"))),
         }
@@ -1519,7 +1455,7 @@ impl Job {
                 if text.trim().is_empty() {
                     return Err(self.invalid(key, format!("{} is empty", path.display())));
                 }
-                (Secret(text.trim().to_string()), format!("the file {} ({key})", path.display()))
+                (Secret::new(text.trim()), format!("the file {} ({key})", path.display()))
             }
             (None, None) => {
                 for (key, given) in
@@ -1592,7 +1528,7 @@ impl Job {
                 if text.trim().is_empty() {
                     return Err(self.invalid(&key("token_file"), format!("{} is empty", path.display())));
                 }
-                Some(Secret(text.trim().to_string()))
+                Some(Secret::new(text.trim()))
             }
         };
         if !(1..=MAX_WAIT_MS).contains(&spec.connect_timeout_ms) {
@@ -1602,7 +1538,7 @@ impl Job {
             ));
         }
         if let Some(t) = &token
-            && !t.0.bytes().all(|b| b.is_ascii_graphic())
+            && !t.expose().bytes().all(|b| b.is_ascii_graphic())
         {
             return Err(self.invalid(&key("token_env"), "the token holds characters a header value cannot"));
         }
