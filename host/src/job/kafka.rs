@@ -20,11 +20,11 @@ use serde::{Deserialize, Serialize};
 
 use super::Secret;
 
-/// The source section as written.
-#[derive(Debug, Clone, Deserialize)]
+/// `[source]` with `kind = "kafka"`, as written.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSpec {
-    /// Bootstrap brokers, `host:port`.
+    /// Bootstrap brokers, each `host:port` as its own string.
     pub brokers: Vec<String>,
     /// Topics to read; each lands in the table of its name.
     #[serde(default)]
@@ -39,15 +39,19 @@ pub struct KafkaSpec {
     pub start: StartAt,
     /// For `start = "timestamp"`: milliseconds since the Unix epoch.
     pub start_timestamp_ms: Option<i64>,
-    /// `json`, `avro` or `raw`.
+    /// How messages become rows.
     pub format: MessageFormat,
-    /// The columns of a JSON message (and the table).
+    /// The columns of a JSON message (and the table). Without them, each
+    /// listed topic's table must exist in the sink's catalog, and its
+    /// columns are the message's.
     #[serde(default)]
     pub columns: Vec<ColumnSpec>,
     /// The Avro schema (JSON text), or a file holding it: the table's
     /// columns. Without a registry, messages are bare datums of it; with
     /// one, the writer schemas the messages name resolve to it.
     pub avro_schema: Option<String>,
+    /// A file holding the Avro schema (relative to the job file), instead
+    /// of `avro_schema`.
     pub avro_schema_file: Option<PathBuf>,
     /// A Confluent Schema Registry: messages carry the registry's wire format
     /// (magic byte 0, a 4-byte schema id). With no `avro_schema`, the table's
@@ -59,10 +63,12 @@ pub struct KafkaSpec {
     /// Read up to the end offsets seen at start, then end (a backfill).
     #[serde(default)]
     pub bounded: bool,
+    /// Rows per batch a subtask hands the sink (at most 10,000,000).
     #[serde(default = "default_batch_rows")]
     pub batch_rows: usize,
     /// How often new partitions (and, with `topic_pattern`, new topics) are
-    /// looked for; they are read from the next checkpoint on.
+    /// looked for, in seconds (0.1 to 3600); they are read from the next
+    /// checkpoint on.
     #[serde(default = "default_discover_secs")]
     pub discover_secs: f64,
     #[serde(default)]
@@ -83,33 +89,43 @@ fn default_discover_secs() -> f64 {
     5.0
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Where a partition with no recorded offset starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StartAt {
+    /// At its first message.
     #[default]
     Earliest,
+    /// After its last message when the run starts.
     Latest,
+    /// At the first message at or after `start_timestamp_ms`.
     Timestamp,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How a Kafka message becomes a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum MessageFormat {
+    /// A JSON object per message, read against `columns` (or the table's columns).
     Json,
+    /// Avro: bare datums of `avro_schema`, or the Schema Registry's wire format.
     Avro,
+    /// The message as it is: partition, offset, timestamp, key, value and headers.
     Raw,
 }
 
 /// One declared column.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnSpec {
+    /// The column's name, unique in `columns`.
     pub name: String,
     /// `boolean`, `int`, `long`, `float`, `double`, `string`, `binary`,
     /// `date`, `timestamp` (UTC, microseconds), `timestamp_ntz`, or
     /// `decimal(P,S)`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// Whether the column may be null (or absent from a message).
     #[serde(default = "yes")]
     pub nullable: bool,
 }
@@ -119,22 +135,28 @@ fn yes() -> bool {
 }
 
 /// TLS and SASL, as librdkafka names them.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SecuritySpec {
     /// `plaintext` (default), `ssl`, `sasl_plaintext` or `sasl_ssl`.
     pub protocol: Option<String>,
     /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
     pub sasl_mechanism: Option<String>,
+    /// The SASL user name, written inline ...
     pub username: Option<String>,
+    /// ... or the environment variable holding it.
     pub username_env: Option<String>,
+    /// The environment variable holding the SASL password ...
     pub password_env: Option<String>,
+    /// ... or a file holding it (relative to the job file).
     pub password_file: Option<PathBuf>,
     /// CA certificates (PEM) to verify the brokers with.
     pub ca_file: Option<PathBuf>,
     /// A client certificate and key (PEM) for mutual TLS.
     pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM), with `cert_file`.
     pub key_file: Option<PathBuf>,
+    /// The environment variable holding the private key's password, if it has one.
     pub key_password_env: Option<String>,
 }
 

@@ -23,6 +23,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 pub mod kafka;
+pub mod reference;
 
 use crate::capability::limits::{self, HostLimits};
 use crate::location::{Location, Scheme, Served};
@@ -61,10 +62,15 @@ pub enum JobError {
 }
 
 /// The whole job file.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, schemars::JsonSchema)]
 pub struct JobSpec {
+    /// What the job is called, how many subtasks it runs, where its state
+    /// lives, when it checkpoints and how it retries commits.
     pub job: JobSection,
+    /// Where rows come from.
     pub source: SourceSpec,
+    /// Where rows land: the sink plugin, its options, and what it may
+    /// touch and call.
     pub sink: SinkSpec,
 }
 
@@ -78,25 +84,28 @@ struct RawJobSpec {
     sink: SinkSpec,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSection {
     /// Stable name of the job; names checkpoints and idempotence keys.
     pub id: String,
-    /// Number of source readers and sink writers.
+    /// Number of source readers and sink writers (1 to 1024).
     #[serde(default = "default_parallelism")]
     pub parallelism: u32,
-    /// Where checkpoints live: a local directory or `s3://bucket/prefix`.
+    /// Where checkpoints live: a local directory (relative to the job
+    /// file), `s3://bucket/prefix` or `gs://bucket/prefix`.
     /// Default: `.sluice/<id>` next to the job file.
     pub state_dir: Option<PathBuf>,
     /// How long a run's hold on an object-store state directory lasts
     /// unless renewed (the run renews it every third of this); a run killed
-    /// without releasing it blocks the next one at most this long.
+    /// without releasing it blocks the next one at most this long. In
+    /// seconds (0.3 to 3600).
     #[serde(default = "default_lease_secs")]
     pub lease_secs: f64,
-    /// How an object-store state directory is reached (`[job.s3]`, `[job.gcs]`).
+    /// How a state directory on S3 is reached.
     #[serde(default)]
     pub s3: S3Spec,
+    /// How a state directory on Google Cloud Storage is reached.
     #[serde(default)]
     pub gcs: GcsSpec,
     #[serde(default)]
@@ -117,15 +126,19 @@ pub struct JobSection {
     #[serde(default)]
     pub dead_letter: Option<DeadLetterSpec>,
     /// With dead letters: the most bad rows the job takes, a count over
-    /// the job (every run), such as `100`, or a fraction of each
-    /// checkpoint's rows, such as `0.01`. Past it the job stops before
-    /// the checkpoint that went past is committed. Default: no limit.
+    /// the job (every run), such as `100`, or a fraction of the records
+    /// read over the job (bad ones included), such as `0.01`, judged once
+    /// the job has read 1000 records (and at the source's end). Past it
+    /// the job stops before the checkpoint that went past is committed.
+    /// Default: no limit.
     #[serde(default)]
+    #[schemars(with = "Option<reference::CountOrFraction>")]
     pub max_bad_rows: Option<toml::Value>,
 }
 
-/// `[job.dead_letter]`: where rows that do not convert land.
-#[derive(Debug, Clone, Deserialize)]
+/// `[job.dead_letter]`: where rows that do not convert land, with
+/// `job.bad_rows = "dead-letter"` (required then, refused otherwise).
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterSpec {
     /// The table, written by the job's sink beside the others (named as
@@ -160,7 +173,7 @@ impl std::fmt::Display for MaxBadRows {
 }
 
 /// `[job.health]`: when `/healthz` calls the job unhealthy.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthSpec {
     /// The longest time without a commit that is healthy: a duration such
@@ -168,17 +181,21 @@ pub struct HealthSpec {
     /// Default: three checkpoint intervals (30 s when checkpoints are by
     /// rows only).
     #[serde(default)]
+    #[schemars(with = "Option<reference::ShortDuration>")]
     pub max_commit_age: Option<toml::Value>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `[job.checkpoint]`: a checkpoint ends after `every_rows` rows per
+/// subtask or `interval_secs` seconds, whichever comes first; with
+/// neither set, every 10 seconds.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
-    /// End a checkpoint after this many rows per subtask (deterministic).
+    /// End a checkpoint after this many rows per subtask (deterministic; at least 1).
     pub every_rows: Option<u64>,
-    /// End a checkpoint after this many seconds.
+    /// End a checkpoint after this many seconds (a millisecond to a week).
     pub interval_secs: Option<f64>,
-    /// How many checkpoint records to keep on disk.
+    /// How many checkpoint records to keep in the state directory (at least 1).
     #[serde(default = "default_retain")]
     pub retain: usize,
 }
@@ -192,14 +209,19 @@ impl Default for CheckpointSpec {
 /// How the host retries a commit the plugin answers `retryable` (a conflict,
 /// an unknown outcome, a transient failure). The host alone retries commits:
 /// a plugin's `commit` makes one attempt and says whether another may follow.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommitSpec {
     /// Attempts of one commit when the plugin answers `retryable`.
     #[serde(default = "default_commit_attempts")]
     pub max_attempts: u32,
+    /// The wait before the first retry, in milliseconds; each later wait
+    /// doubles, up to `max_backoff_ms`, plus a random jitter of up to the
+    /// same again (at most an hour).
     #[serde(default = "default_initial_backoff_ms")]
     pub initial_backoff_ms: u64,
+    /// The longest wait between two attempts, in milliseconds, before
+    /// jitter (at most an hour).
     #[serde(default = "default_max_backoff_ms")]
     pub max_backoff_ms: u64,
 }
@@ -215,20 +237,26 @@ impl Default for CommitSpec {
 }
 
 /// Where rows come from: `[source]` with `kind = "generator"`, `"file"` or
-/// `"kafka"`. Deserialized as `{kind = {...}}` by [`source_spec`] (an
-/// internally tagged enum would lose the path of an error inside it).
-#[derive(Debug, Clone, Deserialize)]
+/// `"kafka"`, and the keys of that kind.
+// Deserialized as `{kind = {...}}` by [`source_spec`] (an internally
+// tagged enum would lose the path of an error inside it); the schema
+// (`reference.rs`) shows it as the job file writes it, tagged by `kind`.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
+#[schemars(tag = "kind")]
 pub enum SourceSpec {
     /// Deterministic rows with ids `first_id..first_id + rows`, split into
     /// contiguous ranges per subtask.
     Generator {
+        /// How many rows in all.
         rows: u64,
         /// The first id (so that several jobs can write disjoint ids).
         #[serde(default)]
         first_id: u64,
-        /// Total rows per second over all subtasks (unlimited when absent).
+        /// Total rows per second over all subtasks, 0.001 to 10^12
+        /// (unlimited when absent).
         rate: Option<f64>,
+        /// Rows per batch a subtask hands the sink (at most 10,000,000).
         #[serde(default = "default_batch_rows")]
         batch_rows: usize,
         /// Table names: row `id` lands in table `id % n` (one unnamed table when empty).
@@ -248,28 +276,36 @@ pub enum SourceSpec {
     /// (`<path>/<table>/*`). Files are read in name order; their schemas may
     /// evolve from file to file.
     File {
+        /// A file, a directory, or a tree with one folder per table:
+        /// local (relative to the job file), `s3://bucket/prefix` or
+        /// `gs://bucket/prefix`.
         path: PathBuf,
         /// `csv`, `json` or `parquet`; taken from the file extension when absent.
         format: Option<FileFormat>,
+        /// Rows per batch a subtask hands the sink (at most 10,000,000).
         #[serde(default = "default_batch_rows")]
         batch_rows: usize,
         /// Whether CSV files start with a header line.
         #[serde(default = "default_true")]
         csv_header: bool,
-        /// Total rows per second over all subtasks (unlimited when absent).
+        /// Total rows per second over all subtasks, 0.001 to 10^12
+        /// (unlimited when absent).
         rate: Option<f64>,
-        /// How an object-store `path` is reached (`[source.s3]`, `[source.gcs]`).
+        /// How a `path` on S3 is reached.
         #[serde(default)]
         s3: S3Spec,
+        /// How a `path` on Google Cloud Storage is reached.
         #[serde(default)]
         gcs: GcsSpec,
     },
     /// Kafka topics, each landing in the table of its name; unbounded
-    /// unless `bounded` (see [`kafka::KafkaSpec`]).
+    /// unless `bounded`. Offsets are the checkpoint's: a consumer group,
+    /// when named, only mirrors them.
     Kafka(Box<kafka::KafkaSpec>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// The format of a file source's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FileFormat {
     Csv,
@@ -289,17 +325,21 @@ impl FileFormat {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `[sink]`: one sink plugin, its options, and what it may touch.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SinkSpec {
     /// Name of the sink within the job.
     #[serde(default = "default_sink_id")]
     pub id: String,
-    /// Path of the plugin component (`.wasm`).
+    /// The plugin component (`.wasm`), a local file relative to the job file.
     pub plugin: PathBuf,
-    /// Handed to the plugin as strings.
+    /// The plugin's own options, handed to it as strings; which it takes
+    /// is its own answer (see the plugins' tables below).
     #[serde(default)]
+    #[schemars(with = "reference::PluginOptions")]
     pub options: toml::Table,
+    /// What the plugin may read and write besides its catalog's warehouse.
     #[serde(default)]
     pub grants: Grants,
     /// The Iceberg catalog the plugin may use (`iceberg-catalog` capability).
@@ -316,42 +356,46 @@ pub struct SinkSpec {
     pub http: BTreeMap<String, EndpointSpec>,
     #[serde(default)]
     pub sandbox: SandboxSpec,
-    /// How the sink's object-store grants are reached (`[sink.s3]`, `[sink.gcs]`).
+    /// How the sink's grants and warehouse on S3 are reached.
     #[serde(default)]
     pub s3: S3Spec,
+    /// How the sink's grants and warehouse on Google Cloud Storage are reached.
     #[serde(default)]
     pub gcs: GcsSpec,
-    /// `[sink.maintenance]`: table maintenance the running job does beside
-    /// its checkpoints.
+    /// Table maintenance the running job does beside its checkpoints.
     #[serde(default)]
     pub maintenance: Option<MaintenanceSpec>,
 }
 
-/// `[sink.maintenance]`: a running job compacts its sink tables every
+/// A running job compacts its sink tables every
 /// `compact_every`, and, when asked, expires snapshots and removes orphan
 /// files in the same pass (as `sluice maintain` does). Durations are
 /// strings such as `"10m"`, `"1h"`, `"7days"`, or a number of seconds.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MaintenanceSpec {
-    /// How often a maintenance pass starts (required).
+    /// How often a maintenance pass starts.
+    #[schemars(with = "reference::LongDuration")]
     pub compact_every: toml::Value,
-    /// Compaction's target file size.
+    /// Compaction's target file size, in MB (1 to 4095).
     #[serde(default = "default_target_file_mb")]
     pub target_file_mb: u64,
-    /// Expire snapshots older than this ...
+    /// Expire snapshots older than this (none expire when unset) ...
     #[serde(default)]
+    #[schemars(with = "Option<reference::LongDuration>")]
     pub expire_older_than: Option<toml::Value>,
-    /// ... keeping at least the newest this many.
+    /// ... keeping at least the newest this many (at least 1).
     #[serde(default)]
     pub keep_last: Option<u32>,
     /// Remove files no snapshot or pending checkpoint names, older than
     /// this (at least an hour in a running job, whose writers are writing
     /// files no checkpoint names yet).
     #[serde(default)]
+    #[schemars(with = "Option<reference::LongDuration>")]
     pub remove_orphans_older_than: Option<toml::Value>,
-    /// The longest one pass may take [default: 1h].
+    /// The longest one pass may take. Default: 1h.
     #[serde(default)]
+    #[schemars(with = "Option<reference::LongDuration>")]
     pub timeout: Option<toml::Value>,
     /// Other jobs writing the same tables (their job files, relative to
     /// this one): orphan cleanup spares their pending checkpoints' files too.
@@ -408,7 +452,7 @@ pub fn parse_long_duration(value: &toml::Value) -> Result<Duration, String> {
 /// (`AWS_REGION`, `AWS_ENDPOINT_URL`, the default credential chain).
 /// Secrets are named by environment variable, never written inline. A
 /// part that is not on S3 leaves its table unused.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct S3Spec {
     /// The signing region, e.g. `eu-west-1`.
@@ -421,17 +465,21 @@ pub struct S3Spec {
     /// S3-compatible server answers).
     #[serde(default)]
     pub virtual_host_style: bool,
-    /// Environment variables holding static keys (both or neither); the
-    /// session token is optional.
+    /// The environment variable holding a static access key id; with
+    /// `secret_access_key_env` (both or neither).
     pub access_key_id_env: Option<String>,
+    /// The environment variable holding the static secret access key;
+    /// with `access_key_id_env`.
     pub secret_access_key_env: Option<String>,
+    /// The environment variable holding a session token, with the static
+    /// keys (optional).
     pub session_token_env: Option<String>,
 }
 
 /// How one part of a job reaches Google Cloud Storage (`[job.gcs]`,
 /// `[source.gcs]`, `[sink.gcs]`). Credentials are Application Default
 /// Credentials.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GcsSpec {
     /// Another endpoint than Google's, e.g. an emulator on `http://127.0.0.1:4443`.
@@ -441,9 +489,10 @@ pub struct GcsSpec {
     pub anonymous: bool,
 }
 
-/// Which Iceberg catalog a sink gets. Its warehouse is granted to the
+/// Which Iceberg catalog a sink gets (for a plugin that writes Iceberg
+/// tables). Its warehouse is granted to the
 /// plugin's `file-io` read-write, since the tables' files live there.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CatalogSpec {
     /// `sql`: iceberg-rust's `SqlCatalog` on a SQLite file (the embedded
@@ -465,29 +514,33 @@ pub struct CatalogSpec {
     pub token_env: Option<String>,
     /// Environment variable holding the REST catalog's OAuth2 client
     /// credential, `client_id:secret` (or a bare secret), exchanged for
-    /// tokens that the host refreshes (`capability::catalog_auth`).
+    /// tokens that the host refreshes.
     #[serde(default)]
     pub credential_env: Option<String>,
     /// File holding that credential (relative to the job file).
     #[serde(default)]
     pub credential_file: Option<PathBuf>,
-    /// The OAuth2 token endpoint; default the spec's `<uri>/v1/oauth/tokens`.
+    /// The OAuth2 token endpoint. Default: the REST spec's `<uri>/v1/oauth/tokens`.
     #[serde(default)]
     pub oauth2_server_uri: Option<String>,
-    /// The scope asked for with the credential; default `catalog`.
+    /// The scope asked for with the credential. Default: `catalog`.
     #[serde(default)]
     pub scope: Option<String>,
     /// Where new tables are placed (for `rest`: the warehouse asked of the
-    /// catalog); granted to the plugin read-write. A local directory; for
-    /// `sql` also an object-store location (see `SQL_WAREHOUSE_SERVED`).
+    /// catalog); granted to the plugin read-write. A local directory
+    /// (relative to the job file); for `sql` also `s3://bucket/prefix` or
+    /// `gs://bucket/prefix`.
     pub warehouse: PathBuf,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+/// The kind of an Iceberg catalog.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CatalogKind {
+    /// iceberg-rust's `SqlCatalog` on a SQLite file (`database`).
     #[default]
     Sql,
+    /// An Iceberg REST catalog at `uri`.
     Rest,
 }
 
@@ -495,8 +548,9 @@ fn default_catalog_name() -> String {
     "sluice".to_string()
 }
 
-/// One gRPC endpoint a plugin may call by name. Its credentials stay in the host.
-#[derive(Debug, Clone, Deserialize)]
+/// One endpoint (gRPC or HTTP) a plugin may call by name. Its credentials
+/// stay in the host: the plugin never sees them.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointSpec {
     /// `http://host:port` (plaintext) or `https://host[:port]` (TLS, system roots).
@@ -512,18 +566,17 @@ pub struct EndpointSpec {
     /// `token_file`.
     #[serde(default)]
     pub auth: Option<EndpointAuth>,
-    /// How long to wait for a connection.
+    /// How long to wait for a connection, in milliseconds (at most an hour).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
 }
 
 /// `auth` of an endpoint: credentials that refresh, held by the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EndpointAuth {
     /// Application Default Credentials (`GOOGLE_APPLICATION_CREDENTIALS`,
-    /// gcloud's ADC file, the metadata server), see
-    /// `capability::google_auth`.
+    /// gcloud's ADC file, the metadata server).
     Google,
 }
 
@@ -532,7 +585,7 @@ fn default_connect_timeout_ms() -> u64 {
 }
 
 /// What the plugin may touch. Nothing else is reachable.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Grants {
     /// Locations the plugin may read and write (directories, `s3://bucket/prefix`, `gs://bucket/prefix`).
@@ -543,13 +596,14 @@ pub struct Grants {
     pub read_locations: Vec<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `[sink.sandbox]`: the limits of one plugin instance.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxSpec {
-    /// Wall-clock limit of one plugin call.
+    /// Wall-clock limit of one plugin call, in seconds (10 ms to a week).
     #[serde(default = "default_call_timeout")]
     pub call_timeout_secs: f64,
-    /// Linear-memory cap of one plugin instance.
+    /// Linear-memory cap of one plugin instance, in MB (16 to 4096).
     #[serde(default = "default_memory_mb")]
     pub memory_mb: u64,
     /// Host memory the capabilities may hold for one instance at once

@@ -146,7 +146,7 @@ pub type Rejected = std::sync::Arc<std::collections::BTreeMap<(String, u64), Str
 
 /// What a source does with a record that does not convert to its table's
 /// types (`job.bad_rows`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum BadRows {
     /// The read fails, naming the file, the line, the column and the value.
