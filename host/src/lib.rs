@@ -6,8 +6,6 @@
 //! [`capability`] modules the job grants them. The engine reports into
 //! [`metrics`], which the CLI serves.
 
-pub mod bindings;
-pub mod capability;
 pub mod cli;
 pub mod engine;
 pub mod job;
@@ -17,4 +15,5 @@ pub mod plugin;
 pub mod progress;
 pub mod source;
 
+pub use sluice_capability::{self as capability, bindings};
 pub use sluice_core::{fault, ipc, location};

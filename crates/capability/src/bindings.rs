@@ -24,7 +24,7 @@ pub const SUPPORTED: &[&str] = &["0.2.2", "0.2.1", "0.2.0", "0.1.0"];
 /// ([`v0_2_maintenance`]).
 pub mod v0_2 {
     wasmtime::component::bindgen!({
-        path: "../wit/0.2",
+        path: "../../wit/0.2",
         world: "sink-plugin",
         imports: {
             // Operations with a side effect may inject a crash in tests (see
@@ -39,9 +39,9 @@ pub mod v0_2 {
         // on the host side before it is copied into the guest.
         ownership: Borrowing { duplicate_if_necessary: true },
         with: {
-            "sluice:connector/file-io.output-file": crate::capability::file_io::OutputFileHandle,
-            "sluice:connector/grpc.bidi-stream": crate::capability::grpc::BidiStream,
-            "sluice:connector/columnar.parquet-writer": crate::capability::columnar::ParquetWriterHandle,
+            "sluice:connector/file-io.output-file": crate::file_io::OutputFileHandle,
+            "sluice:connector/grpc.bidi-stream": crate::grpc::BidiStream,
+            "sluice:connector/columnar.parquet-writer": crate::columnar::ParquetWriterHandle,
         },
     });
 
@@ -54,7 +54,7 @@ pub mod v0_2 {
 /// imports are 0.2's, served by the same linker.
 pub mod v0_2_maintenance {
     wasmtime::component::bindgen!({
-        path: "../wit/0.2",
+        path: "../../wit/0.2",
         world: "maintainer",
         with: {
             "sluice:connector/log": super::v0_2::sluice::connector::log,
@@ -74,7 +74,7 @@ pub mod v0_2_maintenance {
 /// `sluice:connector@0.1.0`, as released: one table, a fixed schema.
 pub mod v0_1 {
     wasmtime::component::bindgen!({
-        path: "../wit/0.1",
+        path: "../../wit/0.1",
         world: "sink-plugin",
         imports: {
             "sluice:connector/file-io": trappable,
@@ -84,8 +84,8 @@ pub mod v0_1 {
         },
         ownership: Borrowing { duplicate_if_necessary: true },
         with: {
-            "sluice:connector/file-io.output-file": crate::capability::file_io::OutputFileHandle,
-            "sluice:connector/grpc.bidi-stream": crate::capability::grpc::BidiStream,
+            "sluice:connector/file-io.output-file": crate::file_io::OutputFileHandle,
+            "sluice:connector/grpc.bidi-stream": crate::grpc::BidiStream,
         },
     });
 

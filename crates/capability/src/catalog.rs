@@ -71,7 +71,7 @@ use super::file_io::StoreConfig;
 use super::limits::HostDeadline;
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
-use crate::capability::config::{CatalogConfig, RestAuth};
+use crate::config::{CatalogConfig, RestAuth};
 use crate::location::Location;
 
 /// A catalog that cannot be set up (named in the job's `[sink.catalog]`).

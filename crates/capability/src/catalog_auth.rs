@@ -55,7 +55,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::catalog_rest::chain;
-use crate::capability::config::{OAuth2Config, RestAuth};
+use crate::config::{OAuth2Config, RestAuth};
 
 /// The longest a token is replaced ahead of its expiry.
 const MAX_MARGIN: Duration = Duration::from_secs(300);

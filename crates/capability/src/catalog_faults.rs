@@ -28,7 +28,7 @@ mod armed {
     use iceberg::TableIdent;
 
     use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{CatalogError, LoadedTable};
-    use crate::capability::catalog::{CommitBackend, CommitError, TableCommit};
+    use crate::catalog::{CommitBackend, CommitError, TableCommit};
     use crate::fault::{CatalogFaults, CommitFault, Injected};
 
     pub(super) struct FaultyCommits {

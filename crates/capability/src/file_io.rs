@@ -38,8 +38,8 @@ use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::file_io::{
     self as wit, FileStatus, Host, HostOutputFile, IoError, TreeEntry,
 };
-use crate::location::normalize;
 use crate::location::Location;
+use crate::location::normalize;
 
 /// A grant that cannot be set up (named in the job's `[sink.grants]`).
 #[derive(Debug, Error)]

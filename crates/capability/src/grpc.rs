@@ -54,7 +54,7 @@ use super::google_auth::{GoogleAuthError, GoogleToken};
 use super::limits::{CallDeadline, HandleCap, HandleSlot, HostDeadline, HostMemory, Reservation};
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::grpc::{self as wit, GrpcError, Received};
-use crate::capability::config::EndpointConfig;
+use crate::config::EndpointConfig;
 
 /// Largest message accepted from a server (BigQuery's own limit on a request
 /// is 10 MB; replies are far smaller).

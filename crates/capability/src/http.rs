@@ -47,7 +47,7 @@ use wasmtime_wasi_http::{
 use super::CapabilityHost;
 use super::google_auth::{GoogleAuthError, GoogleToken};
 use super::limits::{CallDeadline, HandleCap};
-use crate::capability::config::EndpointConfig;
+use crate::config::EndpointConfig;
 
 /// Longest a request waits for a connection or its first reply byte when
 /// the plugin sets no timeout.

@@ -28,6 +28,7 @@
 //! version's interfaces, still served for the plugins built against it, are
 //! linked by `v0_1`, whose host traits convert and delegate to the newest.
 
+pub mod bindings;
 pub mod catalog;
 pub mod catalog_auth;
 mod catalog_faults;
@@ -51,8 +52,10 @@ use std::sync::Arc;
 use wasmtime::component::{Linker, ResourceTable};
 
 use crate::fault::Faults;
-use config::GrantsConfig;
+// The shared pieces, under the names the modules use.
+pub(crate) use sluice_core::{fault, ipc, location};
 use catalog::{CatalogCtx, CatalogGrant, CatalogSetupError};
+use config::GrantsConfig;
 use file_io::{FileGrants, FileIoCtx, GrantError};
 use grpc::{GrpcCtx, GrpcGrant, GrpcSetupError};
 use http::{HttpCtx, HttpGrant, HttpSetupError};
@@ -97,9 +100,8 @@ impl Granted {
                 Some(Arc::new(CatalogGrant::for_config(catalog, &config.stores)?.with_faults(faults)))
             }
         };
-        let mut files =
-            FileGrants::with_stores(&config.base_dir, &locations, &config.read_locations, &config.stores)?
-                .with_faults(faults);
+        let mut files = FileGrants::with_stores(&config.base_dir, &locations, &config.read_locations, &config.stores)?
+            .with_faults(faults);
         if let Some(vended) = catalog.as_ref().and_then(|c| c.vended()) {
             files.use_vended(&vended);
         }
@@ -198,6 +200,12 @@ pub struct Effects {
 }
 
 impl Effects {
+    /// Arms (or disarms) the crash after the next side effect (only with
+    /// the `fault-injection` feature; a no-op without it).
+    pub fn arm_crash_after_side_effect(&mut self, armed: bool) {
+        self.fault.arm(armed);
+    }
+
     pub(crate) fn done(&mut self) -> wasmtime::Result<()> {
         self.fault.after_side_effect().map_err(wasmtime::Error::new)
     }

@@ -11,7 +11,8 @@
 //!   calls, subtasks, the coordinator), never from a runtime thread, so a
 //!   blocked caller never starves the runtime.
 
-use std::sync::OnceLock;
+use std::future::Future;
+use std::sync::{OnceLock, mpsc};
 
 /// The worker threads of the I/O runtime: its work is waiting on sockets.
 const WORKERS: usize = 2;
@@ -31,4 +32,31 @@ pub fn io() -> std::io::Result<&'static tokio::runtime::Runtime> {
         })
         .as_ref()
         .map_err(|e| std::io::Error::other(e.clone()))
+}
+
+/// Why [`wait`] has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("{0}")]
+    Start(#[from] std::io::Error),
+    #[error("the host's I/O runtime stopped before the request finished")]
+    Stopped,
+}
+
+/// Runs `fut` on the I/O runtime and waits for its output on this thread,
+/// which must not be a runtime thread (see the module doc).
+pub fn wait<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> Result<T, RuntimeError> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    io()?.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv().map_err(|_| RuntimeError::Stopped)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn wait_returns_the_futures_output_from_a_plain_thread() {
+        assert_eq!(super::wait(async { 7 }).expect("answered"), 7);
+    }
 }

@@ -244,15 +244,11 @@ pub(super) fn check_cloud_access(job: &Job) -> Result<(), EngineError> {
         checked.push(options);
         sluice_store::aws::region(options).map_err(|why| refuse(format!("{url}: {why}")))?;
         let owned = options.clone();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        crate::capability::runtime().spawn(async move {
-            let _ = tx.send(sluice_store::aws::check_credentials(&owned).await);
-        });
-        match rx.recv() {
+        match sluice_core::runtime::wait(async move { sluice_store::aws::check_credentials(&owned).await }) {
             Ok(Ok(())) => {}
             Ok(Err(why)) => return Err(refuse(format!("{url}: {why}")).into()),
-            Err(_) => {
-                return Err(refuse(format!("{url}: the host's I/O runtime stopped while asking the AWS chain")).into());
+            Err(e) => {
+                return Err(refuse(format!("{url}: asking the AWS chain: {e}")).into());
             }
         }
     }

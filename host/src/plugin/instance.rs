@@ -220,7 +220,7 @@ impl Instance {
     /// Arms the test-only crash after the next side effect of a call (does
     /// nothing without the `fault-injection` feature).
     pub fn arm_crash_after_side_effect(&mut self, armed: bool) {
-        self.store.data_mut().caps.effects.fault.arm(armed);
+        self.store.data_mut().caps.effects.arm_crash_after_side_effect(armed);
     }
 
     pub fn tag(&self) -> &InstanceTag {

@@ -25,7 +25,7 @@
 //!   `STORAGE_EMULATOR_HOST`) for GCS; credentials stay in the host.
 
 use std::io::{BufRead, Read};
-use std::sync::{Arc, OnceLock, mpsc};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use sluice_store::{ObjectInfo, ObjectStore, Pinned, StoreError};
@@ -40,14 +40,7 @@ pub const MAX_CHUNK: u64 = 8 << 20;
 
 /// Runs `fut` on the host's I/O runtime and waits for it on this thread.
 fn block<T: Send + 'static>(url: &str, fut: impl Future<Output = T> + Send + 'static) -> Result<T, SourceError> {
-    let (tx, rx) = mpsc::sync_channel(1);
-    crate::capability::runtime().spawn(async move {
-        let _ = tx.send(fut.await);
-    });
-    rx.recv().map_err(|_| SourceError::File {
-        path: url.to_string(),
-        message: "the host's I/O runtime stopped before the object store answered".to_string(),
-    })
+    sluice_core::runtime::wait(fut).map_err(|e| SourceError::File { path: url.to_string(), message: e.to_string() })
 }
 
 fn store_err(e: StoreError) -> SourceError {

@@ -437,12 +437,7 @@ impl Registry {
             let status = response.status();
             Ok::<_, reqwest::Error>((status, response.text().await?))
         };
-        std::thread::scope(|s| {
-            s.spawn(move || crate::capability::runtime().block_on(call))
-                .join()
-                .map_err(|_| format!("GET {url}: the request thread panicked"))?
-                .map_err(|e| format!("GET {url}: {e}"))
-        })
+        sluice_core::runtime::wait(call).map_err(|e| format!("GET {url}: {e}"))?.map_err(|e| format!("GET {url}: {e}"))
     }
 
     /// A response's JSON object; an error answer's `message`.
