@@ -53,7 +53,6 @@ use wasmtime::component::{Linker, ResourceTable};
 
 use crate::fault::Faults;
 // The shared pieces, under the names the modules use.
-pub(crate) use sluice_core::{fault, ipc, location};
 use catalog::{CatalogCtx, CatalogGrant, CatalogSetupError};
 use config::GrantsConfig;
 use file_io::{FileGrants, FileIoCtx, GrantError};
@@ -62,6 +61,7 @@ use http::{HttpCtx, HttpGrant, HttpSetupError};
 use limits::{HandleCap, HostLimits, HostMemory};
 pub use log::InstanceTag;
 use log::{LogCtx, SharedLogBudget};
+pub(crate) use sluice_core::{fault, ipc, location};
 
 /// Everything one plugin may use in a run, shared by its instances.
 #[derive(Debug, Clone)]

@@ -27,7 +27,6 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-
 /// `p` with `.` and `..` folded lexically (no filesystem access); `..`
 /// above the root stays at the root.
 pub fn normalize(p: &Path) -> PathBuf {
