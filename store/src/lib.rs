@@ -71,6 +71,7 @@ use opendal::{ErrorKind, Operator};
 use thiserror::Error;
 
 pub mod aws;
+pub mod spec;
 mod gcs;
 
 /// Parts of a streaming upload (S3's minimum part is 5 MiB).

@@ -22,7 +22,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
-pub mod kafka;
+/// The Kafka source's configuration (it lives with the source).
+pub use crate::source::kafka::config as kafka;
 pub mod reference;
 
 use crate::capability::limits::{self, HostLimits};
@@ -67,7 +68,6 @@ pub struct JobSpec {
     /// What the job is called, how many subtasks it runs, where its state
     /// lives, when it checkpoints and how it retries commits.
     pub job: JobSection,
-    /// Where rows come from.
     pub source: SourceSpec,
     /// Where rows land: the sink plugin, its options, and what it may
     /// touch and call.
@@ -236,96 +236,8 @@ impl Default for CommitSpec {
     }
 }
 
-/// Where rows come from: `[source]` with `kind = "generator"`, `"file"` or
-/// `"kafka"`, and the keys of that kind.
-// Deserialized as `{kind = {...}}` by [`source_spec`] (an internally
-// tagged enum would lose the path of an error inside it); the schema
-// (`reference.rs`) shows it as the job file writes it, tagged by `kind`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase", deny_unknown_fields)]
-#[schemars(tag = "kind")]
-pub enum SourceSpec {
-    /// Deterministic rows with ids `first_id..first_id + rows`, split into
-    /// contiguous ranges per subtask.
-    Generator {
-        /// How many rows in all.
-        rows: u64,
-        /// The first id (so that several jobs can write disjoint ids).
-        #[serde(default)]
-        first_id: u64,
-        /// Total rows per second over all subtasks, 0.001 to 10^12
-        /// (unlimited when absent).
-        rate: Option<f64>,
-        /// Rows per batch a subtask hands the sink (at most 10,000,000).
-        #[serde(default = "default_batch_rows")]
-        batch_rows: usize,
-        /// Table names: row `id` lands in table `id % n` (one unnamed table when empty).
-        #[serde(default)]
-        tables: Vec<String>,
-        /// From this id on, rows have the evolved schema (`qty` widened to
-        /// Int64, a nullable `tag` added): a schema change during the run.
-        #[serde(default)]
-        evolve_at: Option<u64>,
-        /// The last table of `tables` appears at this id (before it, its
-        /// share lands in the first table): a table the run meets late.
-        #[serde(default)]
-        new_table_at: Option<u64>,
-    },
-    /// JSON lines, CSV or Parquet files: one file, every such file in a
-    /// directory (one table), or a tree with one folder per table
-    /// (`<path>/<table>/*`). Files are read in name order; their schemas may
-    /// evolve from file to file.
-    File {
-        /// A file, a directory, or a tree with one folder per table:
-        /// local (relative to the job file), `s3://bucket/prefix` or
-        /// `gs://bucket/prefix`.
-        path: PathBuf,
-        /// `csv`, `json` or `parquet`; taken from the file extension when absent.
-        format: Option<FileFormat>,
-        /// Rows per batch a subtask hands the sink (at most 10,000,000).
-        #[serde(default = "default_batch_rows")]
-        batch_rows: usize,
-        /// Whether CSV files start with a header line.
-        #[serde(default = "default_true")]
-        csv_header: bool,
-        /// Total rows per second over all subtasks, 0.001 to 10^12
-        /// (unlimited when absent).
-        rate: Option<f64>,
-        /// How a `path` on S3 is reached.
-        #[serde(default)]
-        s3: S3Spec,
-        /// How a `path` on Google Cloud Storage is reached.
-        #[serde(default)]
-        gcs: GcsSpec,
-    },
-    /// Kafka topics, each landing in the table of its name; unbounded
-    /// unless `bounded`. Offsets are the checkpoint's: a consumer group,
-    /// when named, only mirrors them.
-    Kafka(Box<kafka::KafkaSpec>),
-}
+pub use crate::source::config::{FileFormat, SourceSpec};
 
-/// The format of a file source's files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum FileFormat {
-    Csv,
-    Json,
-    Parquet,
-}
-
-impl FileFormat {
-    /// The format a file extension names, if any.
-    pub fn from_path(path: &Path) -> Option<Self> {
-        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
-            "csv" => Some(Self::Csv),
-            "json" | "jsonl" | "ndjson" => Some(Self::Json),
-            "parquet" => Some(Self::Parquet),
-            _ => None,
-        }
-    }
-}
-
-/// `[sink]`: one sink plugin, its options, and what it may touch.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SinkSpec {
@@ -380,11 +292,13 @@ pub struct MaintenanceSpec {
     /// Compaction's target file size, in MB (1 to 4095).
     #[serde(default = "default_target_file_mb")]
     pub target_file_mb: u64,
-    /// Expire snapshots older than this (none expire when unset) ...
+    /// Expire snapshots older than this, but for the newest `keep_last`
+    /// (with neither set, none expire).
     #[serde(default)]
     #[schemars(with = "Option<reference::LongDuration>")]
     pub expire_older_than: Option<toml::Value>,
-    /// ... keeping at least the newest this many (at least 1).
+    /// Keep at least the newest this many snapshots (at least 1); without
+    /// `expire_older_than`, every older one expires.
     #[serde(default)]
     pub keep_last: Option<u32>,
     /// Remove files no snapshot or pending checkpoint names, older than
@@ -446,48 +360,7 @@ pub fn parse_long_duration(value: &toml::Value) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// How one part of a job (`[job.s3]`: its state directory; `[source.s3]`:
-/// the file source's input; `[sink.s3]`: the sink's grants and warehouse)
-/// reaches S3. Every key left out comes from the AWS environment
-/// (`AWS_REGION`, `AWS_ENDPOINT_URL`, the default credential chain).
-/// Secrets are named by environment variable, never written inline. A
-/// part that is not on S3 leaves its table unused.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct S3Spec {
-    /// The signing region, e.g. `eu-west-1`.
-    pub region: Option<String>,
-    /// `https://…` or, for an S3-compatible server on a LAN (MinIO, Ceph),
-    /// `http://…`.
-    pub endpoint: Option<String>,
-    /// `https://<bucket>.<endpoint>/…` instead of the path style
-    /// `https://<endpoint>/<bucket>/…` (the default, which every
-    /// S3-compatible server answers).
-    #[serde(default)]
-    pub virtual_host_style: bool,
-    /// The environment variable holding a static access key id; with
-    /// `secret_access_key_env` (both or neither).
-    pub access_key_id_env: Option<String>,
-    /// The environment variable holding the static secret access key;
-    /// with `access_key_id_env`.
-    pub secret_access_key_env: Option<String>,
-    /// The environment variable holding a session token, with the static
-    /// keys (optional).
-    pub session_token_env: Option<String>,
-}
-
-/// How one part of a job reaches Google Cloud Storage (`[job.gcs]`,
-/// `[source.gcs]`, `[sink.gcs]`). Credentials are Application Default
-/// Credentials.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GcsSpec {
-    /// Another endpoint than Google's, e.g. an emulator on `http://127.0.0.1:4443`.
-    pub endpoint: Option<String>,
-    /// Send requests unsigned: only with an `endpoint` (an emulator), never to Google.
-    #[serde(default)]
-    pub anonymous: bool,
-}
+pub use sluice_store::spec::{GcsSpec, S3Spec};
 
 /// Which Iceberg catalog a sink gets (for a plugin that writes Iceberg
 /// tables). Its warehouse is granted to the
@@ -702,12 +575,6 @@ fn default_initial_backoff_ms() -> u64 {
 fn default_max_backoff_ms() -> u64 {
     5_000
 }
-fn default_batch_rows() -> usize {
-    8192
-}
-fn default_true() -> bool {
-    true
-}
 fn default_sink_id() -> String {
     "sink".to_string()
 }
@@ -747,33 +614,7 @@ pub const MAX_LONG_SECS: u64 = 100 * 365 * 86_400;
 pub const MAX_GENERATOR_ID: u64 = i64::MAX as u64;
 const WEEK_SECS: f64 = 7.0 * 86_400.0;
 
-/// `value` seconds as a duration, refused outside `range` (inclusive).
-/// Every float duration of the job file goes through here at load, so
-/// that no later conversion can fail.
-pub fn seconds(value: f64, range: (f64, f64)) -> Result<Duration, String> {
-    let (min, max) = range;
-    if !(value.is_finite() && min <= value && value <= max) {
-        return Err(format!("must be between {} and {} seconds, got {}", show(min), show(max), show(value)));
-    }
-    Duration::try_from_secs_f64(value).map_err(|e| format!("{} seconds: {e}", show(value)))
-}
-
-/// `value` seconds taken into `range`: for a spec changed after load
-/// (load refuses values outside it, see [`seconds`]).
-fn seconds_within(value: f64, range: (f64, f64)) -> Duration {
-    let clamped = if value.is_nan() { range.0 } else { value.clamp(range.0, range.1) };
-    Duration::try_from_secs_f64(clamped).unwrap_or(Duration::ZERO)
-}
-
-/// A number as a person writes it: `0.001`, `604800`, `1e300`.
-pub fn show(value: f64) -> String {
-    let magnitude = value.abs();
-    if value == 0.0 || (1e-4..1e7).contains(&magnitude) || !value.is_finite() {
-        format!("{value}")
-    } else {
-        format!("{value:e}")
-    }
-}
+pub use sluice_core::duration::{seconds, seconds_within, show};
 
 pub use crate::capability::config::{
     CatalogConfig, DEFAULT_OAUTH2_SCOPE, EndpointConfig, OAuth2Config, RestAuth, Secret,
@@ -1744,16 +1585,7 @@ impl Job {
     }
 }
 
-/// Whether `table` is what `pattern` (a sink's `table` option with one
-/// `{table}`) makes of some name: the Iceberg plugin lands such a name as
-/// it is (`guest/iceberg/src/config.rs`, the same rule).
-pub(crate) fn in_pattern_form(pattern: &str, table: &str) -> bool {
-    let Some((before, after)) = pattern.split_once("{table}") else { return false };
-    !after.contains("{table}")
-        && table.len() > before.len() + after.len()
-        && table.starts_with(before)
-        && table.ends_with(after)
-}
+pub use sluice_core::naming::in_pattern_form;
 
 fn check_id(id: &str) -> Result<(), String> {
     if id.is_empty() || id.len() > 64 {
@@ -1858,7 +1690,9 @@ pub fn absolute(p: &Path) -> Result<PathBuf, String> {
 /// Removes `.` and resolves `..` lexically (no filesystem access).
 pub use sluice_core::location::normalize;
 
-impl kafka::Resolver for Job {
+impl crate::source::kafka::config::Resolver for Job {
+    type Error = JobError;
+
     fn invalid(&self, key: &str, message: String) -> JobError {
         Job::invalid(self, key, message)
     }

@@ -64,8 +64,8 @@ use serde_json::{Value, json};
 use super::object::{Bucket, ObjectFile};
 use super::{BadRow, BadRows, FileIdentity, Origin, Rejected, SourceChange, SourceError, SourceReader, TableBatch};
 use crate::capability::file_io::{StoreConfig, open_store};
-use crate::job::FileFormat;
 use crate::location::{Location, Scheme, Served};
+use crate::source::config::FileFormat;
 
 const INFER_RECORDS: usize = 1000;
 

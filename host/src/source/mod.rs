@@ -17,6 +17,7 @@
 //!   it is refused by [`Source::check_identity`] before anything is read:
 //!   resuming from positions into other rows would lose or repeat rows.
 
+pub mod config;
 pub mod file;
 pub mod generator;
 pub mod kafka;
@@ -28,7 +29,7 @@ use thiserror::Error;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::SourceSpec;
+pub use config::{FileFormat, SourceSpec};
 use sluice_store::StoreOptions;
 
 #[derive(Debug, Error)]
@@ -214,7 +215,7 @@ impl Source {
             Some(config) => {
                 let of_table;
                 let config = match config.decoding {
-                    crate::job::kafka::Decoding::JsonOfTable => {
+                    kafka::config::Decoding::JsonOfTable => {
                         of_table = kafka::with_table_columns(job, config)?;
                         &of_table
                     }
@@ -238,10 +239,10 @@ impl Source {
                 let source = Self::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores)?;
                 match (source, &job.dead_letters) {
                     (Source::File(f), Some(_)) => match f.format() {
-                        crate::job::FileFormat::Csv | crate::job::FileFormat::Json => {
+                        FileFormat::Csv | FileFormat::Json => {
                             Ok(Source::File(f.with_bad_rows(BadRows::DeadLetter).with_rejected(rejected.clone())))
                         }
-                        crate::job::FileFormat::Parquet => Err(SourceError::Other(format!(
+                        FileFormat::Parquet => Err(SourceError::Other(format!(
                             "{} holds Parquet files, whose values carry their types, so no record turns into a \
                              dead letter: set job.bad_rows = \"fail\"",
                             f.describe()

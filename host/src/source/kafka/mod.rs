@@ -31,6 +31,7 @@
 //!   never taken to another cluster whose topics have the same names.
 
 mod avro;
+pub mod config;
 mod decode;
 mod reader;
 
@@ -46,7 +47,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use super::{BadRows, SourceChange, SourceError};
-use crate::job::kafka::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt, raw_schema};
+use crate::source::kafka::config::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt, raw_schema};
 
 pub use reader::KafkaReader;
 
@@ -180,7 +181,7 @@ fn client(config: &KafkaConfig, group: Option<&str>) -> ClientConfig {
 /// catalog whose database file does not exist yet holds no table, and is
 /// not created.
 pub fn with_table_columns(job: &crate::job::Job, config: &KafkaConfig) -> Result<KafkaConfig, SourceError> {
-    use crate::job::CatalogConfig;
+    use crate::capability::config::CatalogConfig;
     let refuse = |why: String| {
         SourceError::Other(format!(
             "kafka: source.columns are not given, so they come from the target table, but {why}; \
@@ -188,7 +189,7 @@ pub fn with_table_columns(job: &crate::job::Job, config: &KafkaConfig) -> Result
         ))
     };
     let catalog_config = job.catalog.as_ref().ok_or_else(|| refuse("the sink has no [sink.catalog]".into()))?;
-    let crate::job::kafka::Topics::List(topics) = &config.topics else {
+    let crate::source::kafka::config::Topics::List(topics) = &config.topics else {
         return Err(refuse("the source reads a topic pattern".into()));
     };
     let pattern = job
@@ -199,7 +200,7 @@ pub fn with_table_columns(job: &crate::job::Job, config: &KafkaConfig) -> Result
     let mut catalog = None;
     let mut found: Option<(String, SchemaRef)> = None;
     for topic in topics {
-        let name = if crate::job::in_pattern_form(&pattern, topic) {
+        let name = if sluice_core::naming::in_pattern_form(&pattern, topic) {
             topic.clone()
         } else {
             pattern.replace("{table}", topic).replace("{topic}", topic)
@@ -275,7 +276,7 @@ impl KafkaSource {
         // The brokers must answer, and a listed topic must exist, before the
         // run writes anything.
         let topics = source.partitions()?;
-        if let crate::job::kafka::Topics::List(list) = &source.config.topics {
+        if let crate::source::kafka::config::Topics::List(list) = &source.config.topics {
             for t in list {
                 if !topics.contains_key(t) {
                     return Err(SourceError::Other(format!(

@@ -28,7 +28,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::decode::{Codec, Message};
 use super::{KafkaPosition, LagBoard, REQUEST_TIMEOUT, kafka_error, owner, partitions_of};
-use crate::job::kafka::{KafkaConfig, StartAt};
+use crate::source::kafka::config::{KafkaConfig, StartAt};
 use crate::source::{Read, SourceError, SourceReader, TableBatch};
 
 /// How long one read waits for the first message.

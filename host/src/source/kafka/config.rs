@@ -18,7 +18,7 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use serde::{Deserialize, Serialize};
 
-use super::Secret;
+use crate::capability::config::Secret;
 
 /// `[source]` with `kind = "kafka"`, as written.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -46,7 +46,7 @@ pub struct KafkaSpec {
     /// columns are the message's.
     #[serde(default)]
     pub columns: Vec<ColumnSpec>,
-    /// The Avro schema (JSON text), or a file holding it: the table's
+    /// The Avro schema (JSON text; or `avro_schema_file`): the table's
     /// columns. Without a registry, messages are bare datums of it; with
     /// one, the writer schemas the messages name resolve to it.
     pub avro_schema: Option<String>,
@@ -142,17 +142,17 @@ pub struct SecuritySpec {
     pub protocol: Option<String>,
     /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
     pub sasl_mechanism: Option<String>,
-    /// The SASL user name, written inline ...
+    /// The SASL user name, written inline (or `username_env`).
     pub username: Option<String>,
-    /// ... or the environment variable holding it.
+    /// The environment variable holding the SASL user name (or `username`).
     pub username_env: Option<String>,
-    /// The environment variable holding the SASL password ...
+    /// The environment variable holding the SASL password (or `password_file`).
     pub password_env: Option<String>,
-    /// ... or a file holding it (relative to the job file).
+    /// A file holding the SASL password, relative to the job file (or `password_env`).
     pub password_file: Option<PathBuf>,
     /// CA certificates (PEM) to verify the brokers with.
     pub ca_file: Option<PathBuf>,
-    /// A client certificate and key (PEM) for mutual TLS.
+    /// A client certificate (PEM) for mutual TLS, with `key_file`.
     pub cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM), with `cert_file`.
     pub key_file: Option<PathBuf>,
@@ -327,15 +327,17 @@ pub fn columns_schema(columns: &[ColumnSpec]) -> Result<SchemaRef, (usize, Strin
 
 /// What `resolve` needs of the job: key errors, secrets, files.
 pub trait Resolver {
-    fn invalid(&self, key: &str, message: String) -> super::JobError;
-    fn read_file(&self, key: &str, path: &std::path::Path) -> Result<String, super::JobError>;
+    /// The loader's error, naming the job file and the key.
+    type Error;
+    fn invalid(&self, key: &str, message: String) -> Self::Error;
+    fn read_file(&self, key: &str, path: &std::path::Path) -> Result<String, Self::Error>;
     /// Whether the sink has a catalog (`[sink.catalog]`) its tables can be loaded from.
     fn sink_catalog(&self) -> bool;
 }
 
 impl KafkaSpec {
     /// Checks every key and resolves secrets and schemas.
-    pub fn resolve(&self, r: &dyn Resolver) -> Result<KafkaConfig, super::JobError> {
+    pub fn resolve<R: Resolver + ?Sized>(&self, r: &R) -> Result<KafkaConfig, R::Error> {
         let bad = |key: &str, m: String| r.invalid(&format!("source.{key}"), m);
         if self.brokers.is_empty() || self.brokers.iter().any(|b| b.trim().is_empty() || b.contains(',')) {
             return Err(bad("brokers", "list one or more brokers as \"host:port\", each its own string".into()));
@@ -381,7 +383,8 @@ impl KafkaSpec {
         if self.batch_rows == 0 {
             return Err(bad("batch_rows", "must be at least 1".into()));
         }
-        let discover_every = super::seconds(self.discover_secs, DISCOVER_SECS).map_err(|m| bad("discover_secs", m))?;
+        let discover_every =
+            sluice_core::duration::seconds(self.discover_secs, DISCOVER_SECS).map_err(|m| bad("discover_secs", m))?;
         if let Some(g) = &self.group_id
             && g.trim().is_empty()
         {
@@ -424,9 +427,9 @@ impl KafkaSpec {
         })
     }
 
-    fn decoding(&self, r: &dyn Resolver) -> Result<Decoding, super::JobError> {
+    fn decoding<R: Resolver + ?Sized>(&self, r: &R) -> Result<Decoding, R::Error> {
         let bad = |key: &str, m: String| r.invalid(&format!("source.{key}"), m);
-        let declared = |this: &Self| -> Result<Option<SchemaRef>, super::JobError> {
+        let declared = |this: &Self| -> Result<Option<SchemaRef>, R::Error> {
             if this.columns.is_empty() {
                 return Ok(None);
             }
@@ -511,9 +514,9 @@ impl KafkaSpec {
 }
 
 impl SecuritySpec {
-    fn resolve(&self, r: &dyn Resolver) -> Result<Vec<(String, ClientValue)>, super::JobError> {
+    fn resolve<R: Resolver + ?Sized>(&self, r: &R) -> Result<Vec<(String, ClientValue)>, R::Error> {
         let bad = |key: &str, m: String| r.invalid(&format!("source.security.{key}"), m);
-        let env = |key: &str, var: &str| -> Result<Secret, super::JobError> {
+        let env = |key: &str, var: &str| -> Result<Secret, R::Error> {
             match std::env::var(var) {
                 Ok(v) if !v.is_empty() => Ok(Secret::new(v)),
                 _ => Err(bad(key, format!("names the environment variable {var}, which is not set (or empty)"))),

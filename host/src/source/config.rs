@@ -1,0 +1,107 @@
+//! `[source]` of the job file: which source, and its keys. The source owns
+//! its configuration; the job loader deserializes it (naming the full key of
+//! an error) and the generated job-file reference reads its doc comments.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sluice_store::spec::{GcsSpec, S3Spec};
+
+use super::kafka::config as kafka;
+
+fn default_batch_rows() -> usize {
+    8192
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Where rows come from: `[source]` with `kind = "generator"`, `"file"` or
+/// `"kafka"`, and the keys of that kind.
+// Deserialized as `{kind = {...}}` by [`source_spec`] (an internally
+// tagged enum would lose the path of an error inside it); the schema
+// (`reference.rs`) shows it as the job file writes it, tagged by `kind`.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+#[schemars(tag = "kind")]
+pub enum SourceSpec {
+    /// Deterministic rows with ids `first_id..first_id + rows`, split into
+    /// contiguous ranges per subtask.
+    Generator {
+        /// How many rows in all.
+        rows: u64,
+        /// The first id (so that several jobs can write disjoint ids).
+        #[serde(default)]
+        first_id: u64,
+        /// Total rows per second over all subtasks, 0.001 to 10^12
+        /// (unlimited when absent).
+        rate: Option<f64>,
+        /// Rows per batch a subtask hands the sink (at most 10,000,000).
+        #[serde(default = "default_batch_rows")]
+        batch_rows: usize,
+        /// Table names: row `id` lands in table `id % n` (one unnamed table when empty).
+        #[serde(default)]
+        tables: Vec<String>,
+        /// From this id on, rows have the evolved schema (`qty` widened to
+        /// Int64, a nullable `tag` added): a schema change during the run.
+        #[serde(default)]
+        evolve_at: Option<u64>,
+        /// The last table of `tables` appears at this id (before it, its
+        /// share lands in the first table): a table the run meets late.
+        #[serde(default)]
+        new_table_at: Option<u64>,
+    },
+    /// JSON lines, CSV or Parquet files: one file, every such file in a
+    /// directory (one table), or a tree with one folder per table
+    /// (`<path>/<table>/*`). Files are read in name order; their schemas may
+    /// evolve from file to file.
+    File {
+        /// A file, a directory, or a tree with one folder per table:
+        /// local (relative to the job file), `s3://bucket/prefix` or
+        /// `gs://bucket/prefix`.
+        path: PathBuf,
+        /// `csv`, `json` or `parquet`; taken from the file extension when absent.
+        format: Option<FileFormat>,
+        /// Rows per batch a subtask hands the sink (at most 10,000,000).
+        #[serde(default = "default_batch_rows")]
+        batch_rows: usize,
+        /// Whether CSV files start with a header line.
+        #[serde(default = "default_true")]
+        csv_header: bool,
+        /// Total rows per second over all subtasks, 0.001 to 10^12
+        /// (unlimited when absent).
+        rate: Option<f64>,
+        /// How a `path` on S3 is reached.
+        #[serde(default)]
+        s3: S3Spec,
+        /// How a `path` on Google Cloud Storage is reached.
+        #[serde(default)]
+        gcs: GcsSpec,
+    },
+    /// Kafka topics, each landing in the table of its name; unbounded
+    /// unless `bounded`. Offsets are the checkpoint's: a consumer group,
+    /// when named, only mirrors them.
+    Kafka(Box<kafka::KafkaSpec>),
+}
+
+/// The format of a file source's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FileFormat {
+    Csv,
+    Json,
+    Parquet,
+}
+
+impl FileFormat {
+    /// The format a file extension names, if any.
+    pub fn from_path(path: &Path) -> Option<Self> {
+        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+            "csv" => Some(Self::Csv),
+            "json" | "jsonl" | "ndjson" => Some(Self::Json),
+            "parquet" => Some(Self::Parquet),
+            _ => None,
+        }
+    }
+}
