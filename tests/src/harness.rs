@@ -14,12 +14,22 @@
 //!   fault switch ([`Moto::fail_requests`]) is one rule per server, so in
 //!   one binary at most one module may set it;
 //! - a test that points the process's AWS environment at a server of its
-//!   own (not the shared one) holds [`aws_env_lock`] while it runs, and
-//!   lives in a binary whose other tests never call [`moto`].
+//!   own (not the shared one) holds [`aws_env_lock`] while it runs (as a
+//!   [`VendingLake`] does), and lives in a binary whose other tests never
+//!   call [`moto`] nor read that environment.
 
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
+use iceberg::io::FileIOBuilder;
+use sluice::capability::catalog_storage::{WarehouseStorage, WarehouseStorageFactory};
+use sluice::capability::file_io::StoreConfig;
+use sluice::location::{Location, Scheme};
+
+use crate::TestJob;
+use crate::rest_catalog::RestCatalogDouble;
 use crate::store_servers::{ACCESS_KEY_ID, FakeGcs, Moto, REGION, SECRET_ACCESS_KEY};
 
 /// The buckets of the shared servers, one set per test module.
@@ -96,4 +106,53 @@ pub fn gcs() -> &'static FakeGcs {
 pub fn aws_env_lock() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An Iceberg REST catalog double whose warehouse, `s3://<bucket>/wh`, is on
+/// a moto server of the test's own, and which vends S3 credentials; the
+/// process's AWS environment points at that server (with the test's own
+/// key, which the double's credentials must win over) for as long as this
+/// lives ([`aws_env_lock`]).
+pub struct VendingLake {
+    pub rest: Arc<RestCatalogDouble>,
+    /// How the test itself reaches the server.
+    pub stores: StoreConfig,
+    /// The warehouse, `s3://<bucket>/wh`.
+    pub root: Location,
+    pub warehouse: String,
+    _env: MutexGuard<'static, ()>,
+}
+
+impl VendingLake {
+    /// Starts the double on `moto`'s `bucket`, vending credentials that say
+    /// they live `lifetime`.
+    pub fn start(moto: &Moto, bucket: &str, lifetime: Duration) -> VendingLake {
+        let env = aws_env_lock();
+        // SAFETY: the lock's holder is the only test of its binary that
+        // reads the AWS environment (see the module doc).
+        unsafe {
+            std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
+            std::env::set_var("AWS_REGION", REGION);
+            std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
+        }
+        let stores = StoreConfig { s3: moto.s3_options(), ..StoreConfig::default() };
+        let root = Location::ObjectStore { scheme: Scheme::S3, bucket: bucket.into(), prefix: "wh".into() };
+        let warehouse = format!("s3://{bucket}/wh");
+        let storage = WarehouseStorage::open(root.clone(), &stores).expect("the double's warehouse storage");
+        let file_io = FileIOBuilder::new(Arc::new(WarehouseStorageFactory::new(storage, &stores))).build();
+        let rest = RestCatalogDouble::start_vending(&warehouse, file_io, lifetime).expect("REST catalog");
+        VendingLake { rest: Arc::new(rest), stores, root, warehouse, _env: env }
+    }
+
+    /// An Iceberg job (see [`TestJob::iceberg`]) on this catalog, its
+    /// local scratch in `scratch`.
+    pub fn job(&self, id: &str, scratch: &Path, table: &str, rows: u64) -> TestJob {
+        let mut job = TestJob::iceberg(id, scratch, table, rows, 0, 2, 500);
+        let local = format!("database = \"{0}/catalog.db\"\nwarehouse = \"{0}\"", scratch.display());
+        assert!(job.toml.contains(&local), "the Iceberg job names its SQLite catalog and warehouse");
+        let rest = format!("kind = \"rest\"\nuri = \"{}\"\nwarehouse = \"{}\"", self.rest.uri(), self.warehouse);
+        job.toml = job.toml.replace(&local, &rest);
+        job
+    }
 }

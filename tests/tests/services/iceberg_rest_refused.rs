@@ -16,48 +16,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use iceberg::io::FileIOBuilder;
 use sluice::capability::catalog::CatalogGrant;
-use sluice::capability::catalog_storage::{WarehouseStorage, WarehouseStorageFactory};
-use sluice::capability::file_io::StoreConfig;
-use sluice::location::{Location, Scheme};
-use sluice_tests::rest_catalog::RestCatalogDouble;
-use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
-use sluice_tests::{TestJob, assert_exactly_once_range, read_iceberg_from};
+use sluice_tests::harness::VendingLake;
+use sluice_tests::store_servers::Moto;
+use sluice_tests::{assert_exactly_once_range, read_iceberg_from};
 
 const BUCKET: &str = "lake";
-const WAREHOUSE: &str = "s3://lake/wh";
 const TABLE: &str = "db.events";
 
 #[test]
 fn refused_vended_credentials_are_replaced_and_the_request_sent_again() {
     let moto = Arc::new(Moto::start(&[BUCKET]));
-    // The process's AWS environment is this test's while it holds the lock
-    // (`sluice_tests::harness`).
-    let _env = sluice_tests::harness::aws_env_lock();
-    // SAFETY: no test of this binary but the lock's holder reads the AWS
-    // environment.
-    unsafe {
-        std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-        std::env::set_var("AWS_REGION", REGION);
-        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-    }
-    let stores = StoreConfig { s3: moto.s3_options(), ..StoreConfig::default() };
-    let root = Location::ObjectStore { scheme: Scheme::S3, bucket: BUCKET.into(), prefix: "wh".into() };
-    let storage = WarehouseStorage::open(root.clone(), &stores).expect("the double's warehouse storage");
-    let file_io = FileIOBuilder::new(Arc::new(WarehouseStorageFactory::new(storage, &stores))).build();
-    let rest = Arc::new(
-        RestCatalogDouble::start_vending(WAREHOUSE, file_io, Duration::from_secs(3600)).expect("REST catalog"),
-    );
+    let lake = VendingLake::start(&moto, BUCKET, Duration::from_secs(3600));
+    let (rest, stores, root) = (Arc::clone(&lake.rest), &lake.stores, &lake.root);
 
     const ROWS: u64 = 12_000;
     let scratch = tempfile::tempdir().expect("scratch");
-    let mut job = TestJob::iceberg("rest-refused", scratch.path(), TABLE, ROWS, 0, 2, 500);
-    let local = format!("database = \"{0}/catalog.db\"\nwarehouse = \"{0}\"", scratch.path().display());
-    assert!(job.toml.contains(&local), "the Iceberg job names its SQLite catalog and warehouse");
-    job.toml =
-        job.toml.replace(&local, &format!("kind = \"rest\"\nuri = \"{}\"\nwarehouse = \"{WAREHOUSE}\"", rest.uri()));
+    let mut job = lake.job("rest-refused", scratch.path(), TABLE, ROWS);
     // 2000 rows/s over both subtasks: about 6 s, several checkpoints a second.
     job.toml = job.toml.replace("batch_rows = 700", "batch_rows = 100\nrate = 2000.0");
 
@@ -117,7 +92,7 @@ fn refused_vended_credentials_are_replaced_and_the_request_sent_again() {
     assert!(vended.len() > 2, "new credentials were loaded after each refusal: {vended:?}");
 
     // Read back with a key that was never refused.
-    let catalog = CatalogGrant::open_rest_at("sluice", &rest.uri(), &root, None, &stores).expect("catalog");
+    let catalog = CatalogGrant::open_rest_at("sluice", &rest.uri(), root, None, stores).expect("catalog");
     let table = read_iceberg_from(&catalog, TABLE);
     assert_exactly_once_range(&table.rows, 0, ROWS);
     table.assert_no_checkpoint_twice();

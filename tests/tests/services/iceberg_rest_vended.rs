@@ -10,20 +10,14 @@
 //! its expiry), and moto's recorder logs each request's `Authorization`
 //! (which names the access key id) and `X-Amz-Date` (when it was signed).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iceberg::io::FileIOBuilder;
 use sluice::capability::catalog::CatalogGrant;
-use sluice::capability::catalog_storage::{WarehouseStorage, WarehouseStorageFactory};
-use sluice::capability::file_io::StoreConfig;
-use sluice::location::{Location, Scheme};
-use sluice_tests::rest_catalog::RestCatalogDouble;
-use sluice_tests::store_servers::{ACCESS_KEY_ID, Moto, REGION, SECRET_ACCESS_KEY};
-use sluice_tests::{TestJob, assert_exactly_once_range, read_iceberg_from};
+use sluice_tests::harness::VendingLake;
+use sluice_tests::store_servers::Moto;
+use sluice_tests::{assert_exactly_once_range, read_iceberg_from};
 
 const BUCKET: &str = "lake";
-const WAREHOUSE: &str = "s3://lake/wh";
 const TABLE: &str = "db.events";
 const LIFETIME: Duration = Duration::from_millis(2500);
 
@@ -50,32 +44,14 @@ fn access_key_id(authorization: &str) -> Option<&str> {
 #[test]
 fn vended_credentials_sign_the_tables_files_and_are_refreshed_through_a_long_run() {
     let moto = Moto::start_recording(&[BUCKET]);
-    // The process's AWS environment is this test's while it holds the lock
-    // (`sluice_tests::harness`): the job's `[sink.s3]` default (the AWS
-    // environment) reaches moto with the test's own key, which must sign
-    // none of the table's files.
-    let _env = sluice_tests::harness::aws_env_lock();
-    // SAFETY: no test of this binary but the lock's holder reads the AWS
-    // environment.
-    unsafe {
-        std::env::set_var("AWS_ENDPOINT_URL", &moto.endpoint);
-        std::env::set_var("AWS_REGION", REGION);
-        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-    }
-    let stores = StoreConfig { s3: moto.s3_options(), ..StoreConfig::default() };
-    let root = Location::ObjectStore { scheme: Scheme::S3, bucket: BUCKET.into(), prefix: "wh".into() };
-    let storage = WarehouseStorage::open(root.clone(), &stores).expect("the double's warehouse storage");
-    let file_io = FileIOBuilder::new(Arc::new(WarehouseStorageFactory::new(storage, &stores))).build();
-    let rest = RestCatalogDouble::start_vending(WAREHOUSE, file_io, LIFETIME).expect("REST catalog");
+    // The job's `[sink.s3]` default (the AWS environment) reaches moto with
+    // the test's own key, which must sign none of the table's files.
+    let lake = VendingLake::start(&moto, BUCKET, LIFETIME);
+    let (rest, stores, root) = (&lake.rest, &lake.stores, &lake.root);
 
     const ROWS: u64 = 22_000;
     let scratch = tempfile::tempdir().expect("scratch");
-    let mut job = TestJob::iceberg("rest-vended", scratch.path(), TABLE, ROWS, 0, 2, 500);
-    let local = format!("database = \"{0}/catalog.db\"\nwarehouse = \"{0}\"", scratch.path().display());
-    assert!(job.toml.contains(&local), "the Iceberg job names its SQLite catalog and warehouse");
-    job.toml =
-        job.toml.replace(&local, &format!("kind = \"rest\"\nuri = \"{}\"\nwarehouse = \"{WAREHOUSE}\"", rest.uri()));
+    let mut job = lake.job("rest-vended", scratch.path(), TABLE, ROWS);
     // 1000 rows/s over both subtasks: 22 s, a checkpoint about every second.
     job.toml = job.toml.replace("batch_rows = 700", "batch_rows = 100\nrate = 1000.0");
     let start = Instant::now();
@@ -126,7 +102,7 @@ fn vended_credentials_sign_the_tables_files_and_are_refreshed_through_a_long_run
     eprintln!("{took:?}: {} sets vended, {} used for {checked} requests; newest {newest}", vended.len(), used.len());
 
     // The host's reader, through the catalog: rows exactly once.
-    let catalog = CatalogGrant::open_rest_at("sluice", &rest.uri(), &root, None, &stores).expect("catalog");
+    let catalog = CatalogGrant::open_rest_at("sluice", &rest.uri(), root, None, stores).expect("catalog");
     let table = read_iceberg_from(&catalog, TABLE);
     assert_exactly_once_range(&table.rows, 0, ROWS);
     table.assert_no_checkpoint_twice();
