@@ -98,7 +98,7 @@ impl CheckReport {
 
     /// The source, and whether it is the one the newest record describes.
     fn source(&mut self, job: &Job, latest: Option<&CheckpointRecord>) -> Option<Source> {
-        match Source::of_job(job) {
+        match Source::of_config(&job.source_config()) {
             Ok(s) => {
                 self.passed.push(format!("source: {}", s.describe()));
                 if let Some(r) = latest

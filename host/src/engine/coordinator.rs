@@ -287,7 +287,7 @@ impl<'a> Coordinator<'a> {
         if job.maintenance.is_some() {
             maintain::probe(job, &plugin)?;
         }
-        let source = Arc::new(Source::of_job_rejecting(job, rejected)?);
+        let source = Arc::new(Source::of_config_rejecting(&job.source_config(), rejected)?);
         let store = open_unhalted(job)?.with_faults(&opts.faults);
         let restored = store.latest()?;
         if let Some(r) = &restored {

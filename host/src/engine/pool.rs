@@ -293,7 +293,7 @@ impl Worker {
         let plugin = host.load(&job.spec.sink.plugin)?;
         let grants = Granted::open(&job.grants(), &Faults::default())?;
         let options = plugin.options_for(job.sink_options(), &setup.ctx);
-        let source = Arc::new(Source::of_job(job)?);
+        let source = Arc::new(Source::of_config(&job.source_config())?);
         let progress = Progress::new(ProgressMode::Quiet);
         let env = WriterEnv::for_job(job, plugin, grants, options, source, Faults::default(), progress);
         let subtask = Subtask::open(SubtaskSetup {

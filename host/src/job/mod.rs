@@ -724,6 +724,22 @@ impl Job {
         normalize(&self.base_dir.join(p))
     }
 
+    /// The source as a run opens it, for `source::Source::of_config`.
+    pub fn source_config(&self) -> crate::source::SourceConfig {
+        crate::source::SourceConfig {
+            spec: self.spec.source.clone(),
+            parallelism: self.spec.job.parallelism,
+            stores: self.source_stores.clone(),
+            kafka: self.kafka.clone(),
+            dead_letter_table: self.dead_letters.as_ref().map(|d| d.table.clone()),
+            target: crate::source::TargetTables {
+                catalog: self.catalog.clone(),
+                stores: self.sink_stores.clone(),
+                table_pattern: self.sink_options().into_iter().find_map(|(k, v)| (k == "table").then_some(v)),
+            },
+        }
+    }
+
     /// What the job grants its plugin, for `capability::Granted::open`.
     pub fn grants(&self) -> crate::capability::config::GrantsConfig {
         crate::capability::config::GrantsConfig {

@@ -5,7 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sluice_store::StoreOptions;
 use sluice_store::spec::{GcsSpec, S3Spec};
+
+use crate::capability::config::CatalogConfig;
 
 use super::kafka::config as kafka;
 
@@ -104,4 +107,32 @@ impl FileFormat {
             _ => None,
         }
     }
+}
+
+/// A source as a run opens it: `[source]` with what the job resolved for it.
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    pub spec: SourceSpec,
+    /// `job.parallelism`: the source is split into this many subtasks.
+    pub parallelism: u32,
+    /// How a file source's object store is reached (`[source.s3]`, `[source.gcs]`).
+    pub stores: StoreOptions,
+    /// A Kafka source, resolved (secrets read, schema decided).
+    pub kafka: Option<kafka::KafkaConfig>,
+    /// `job.dead_letter.table`, when bad rows become dead letters.
+    pub dead_letter_table: Option<String>,
+    /// Where a Kafka source without declared columns finds its tables.
+    pub target: TargetTables,
+}
+
+/// The sink's tables, as a source that takes its columns from them reads
+/// them (a Kafka source of JSON without `source.columns`).
+#[derive(Debug, Clone, Default)]
+pub struct TargetTables {
+    /// `[sink.catalog]`, resolved.
+    pub catalog: Option<CatalogConfig>,
+    /// How the catalog's warehouse store is reached (`[sink.s3]`, `[sink.gcs]`).
+    pub stores: StoreOptions,
+    /// The sink's `table` option (`lake.{table}`), naming each topic's table.
+    pub table_pattern: Option<String>,
 }

@@ -29,7 +29,7 @@ use thiserror::Error;
 
 use serde::{Deserialize, Serialize};
 
-pub use config::{FileFormat, SourceSpec};
+pub use config::{FileFormat, SourceConfig, SourceSpec, TargetTables};
 use sluice_store::StoreOptions;
 
 #[derive(Debug, Error)]
@@ -203,32 +203,32 @@ pub enum Source {
 }
 
 impl Source {
-    /// The source of a loaded job.
-    pub fn of_job(job: &crate::job::Job) -> Result<Self, SourceError> {
-        Self::of_job_rejecting(job, &Rejected::default())
+    /// The source `config` describes.
+    pub fn of_config(config: &SourceConfig) -> Result<Self, SourceError> {
+        Self::of_config_rejecting(config, &Rejected::default())
     }
 
-    /// [`Source::of_job`], with the records a sink rejected read as dead
+    /// [`Source::of_config`], with the records a sink rejected read as dead
     /// letters (a file source with dead letters only).
-    pub fn of_job_rejecting(job: &crate::job::Job, rejected: &Rejected) -> Result<Self, SourceError> {
-        match &job.kafka {
+    pub fn of_config_rejecting(wanted: &SourceConfig, rejected: &Rejected) -> Result<Self, SourceError> {
+        match &wanted.kafka {
             Some(config) => {
                 let of_table;
                 let config = match config.decoding {
                     kafka::config::Decoding::JsonOfTable => {
-                        of_table = kafka::with_table_columns(job, config)?;
+                        of_table = kafka::with_table_columns(&wanted.target, config)?;
                         &of_table
                     }
                     _ => config,
                 };
-                let source = kafka::KafkaSource::open(config, job.spec.job.parallelism)?;
-                Ok(Source::Kafka(match &job.dead_letters {
-                    Some(dl) if config.topics.matches(&dl.table) => {
+                let source = kafka::KafkaSource::open(config, wanted.parallelism)?;
+                Ok(Source::Kafka(match &wanted.dead_letter_table {
+                    Some(dl) if config.topics.matches(dl) => {
                         return Err(SourceError::Other(format!(
                             "kafka: topics {} include {:?}, the dead-letter table (job.dead_letter.table): give \
                              dead letters a table of their own",
                             config.topics.describe(),
-                            dl.table
+                            dl
                         )));
                     }
                     Some(_) => source.with_bad_rows(BadRows::DeadLetter),
@@ -236,8 +236,8 @@ impl Source {
                 }))
             }
             None => {
-                let source = Self::open(&job.spec.source, job.spec.job.parallelism, &job.source_stores)?;
-                match (source, &job.dead_letters) {
+                let source = Self::open(&wanted.spec, wanted.parallelism, &wanted.stores)?;
+                match (source, &wanted.dead_letter_table) {
                     (Source::File(f), Some(_)) => match f.format() {
                         FileFormat::Csv | FileFormat::Json => {
                             Ok(Source::File(f.with_bad_rows(BadRows::DeadLetter).with_rejected(rejected.clone())))
@@ -256,7 +256,7 @@ impl Source {
 
     /// The source `spec` describes; a file source on an object store is
     /// reached as `stores` says (the job's `source_stores`). A Kafka source
-    /// opens from its resolved configuration ([`Source::of_job`]).
+    /// opens from its resolved configuration ([`Source::of_config`]).
     pub fn open(spec: &SourceSpec, parallelism: u32, stores: &StoreOptions) -> Result<Self, SourceError> {
         match spec {
             SourceSpec::Generator { rows, first_id, rate, batch_rows, tables, evolve_at, new_table_at } => {

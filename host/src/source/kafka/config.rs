@@ -190,7 +190,7 @@ pub enum Decoding {
     Json(SchemaRef),
     /// JSON against the target table's columns: no `columns` are given, so
     /// the source loads its listed topics' tables from the sink's catalog
-    /// when it opens (`source::Source::of_job`), and refuses to start
+    /// when it opens (`source::Source::of_config`), and refuses to start
     /// when a table is missing or two of them differ.
     JsonOfTable,
     /// The reader schema (JSON text) when the job gives it, and the

@@ -180,7 +180,10 @@ fn client(config: &KafkaConfig, group: Option<&str>) -> ClientConfig {
 /// all of them must have the same columns. The catalog is only read: a SQL
 /// catalog whose database file does not exist yet holds no table, and is
 /// not created.
-pub fn with_table_columns(job: &crate::job::Job, config: &KafkaConfig) -> Result<KafkaConfig, SourceError> {
+pub fn with_table_columns(
+    target: &crate::source::TargetTables,
+    config: &KafkaConfig,
+) -> Result<KafkaConfig, SourceError> {
     use crate::capability::config::CatalogConfig;
     let refuse = |why: String| {
         SourceError::Other(format!(
@@ -188,15 +191,12 @@ pub fn with_table_columns(job: &crate::job::Job, config: &KafkaConfig) -> Result
              declare the columns in [source] (or create the table first)"
         ))
     };
-    let catalog_config = job.catalog.as_ref().ok_or_else(|| refuse("the sink has no [sink.catalog]".into()))?;
+    let catalog_config = target.catalog.as_ref().ok_or_else(|| refuse("the sink has no [sink.catalog]".into()))?;
     let crate::source::kafka::config::Topics::List(topics) = &config.topics else {
         return Err(refuse("the source reads a topic pattern".into()));
     };
-    let pattern = job
-        .sink_options()
-        .into_iter()
-        .find_map(|(k, v)| (k == "table").then_some(v))
-        .ok_or_else(|| refuse("the sink has no `table` option naming it".into()))?;
+    let pattern =
+        target.table_pattern.clone().ok_or_else(|| refuse("the sink has no `table` option naming it".into()))?;
     let mut catalog = None;
     let mut found: Option<(String, SchemaRef)> = None;
     for topic in topics {
@@ -212,7 +212,7 @@ pub fn with_table_columns(job: &crate::job::Job, config: &KafkaConfig) -> Result
         }
         if catalog.is_none() {
             catalog = Some(
-                crate::capability::catalog::CatalogGrant::for_config(catalog_config, &job.sink_stores)
+                crate::capability::catalog::CatalogGrant::for_config(catalog_config, &target.stores)
                     .map_err(|e| refuse(format!("the catalog cannot be opened: {e}")))?,
             );
         }
