@@ -11,7 +11,8 @@
 //!   [`ErrorKind::Config`].
 //!
 //! The impls sit together here while the host is being split into crates;
-//! each moves beside its type when that type's crate is cut out.
+//! each moves beside its type when that type's crate is cut out (the
+//! sources' is in `sluice-source`).
 
 pub use sluice_core::error::{ErrorKind, Kind};
 
@@ -19,7 +20,6 @@ use crate::engine::EngineError;
 use crate::engine::checkpoint::CheckpointError;
 use crate::job::JobError;
 use crate::plugin::{PluginError, SinkErrorKind};
-use crate::source::SourceError;
 
 impl Kind for JobError {
     fn kind(&self) -> ErrorKind {
@@ -58,15 +58,6 @@ impl Kind for PluginError {
                 | PluginError::Unsupported { .. } => ErrorKind::Config,
                 _ => ErrorKind::Fatal,
             },
-        }
-    }
-}
-
-impl Kind for SourceError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            SourceError::Message { .. } => ErrorKind::InvalidData,
-            SourceError::File { .. } | SourceError::Position { .. } | SourceError::Other(_) => ErrorKind::Fatal,
         }
     }
 }

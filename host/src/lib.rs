@@ -13,7 +13,7 @@ pub mod kinds;
 pub mod metrics;
 pub mod plugin;
 pub mod progress;
-pub mod source;
 
 pub use sluice_capability::{self as capability, bindings};
 pub use sluice_core::{fault, ipc, location};
+pub use sluice_source as source;

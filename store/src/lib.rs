@@ -71,8 +71,8 @@ use opendal::{ErrorKind, Operator};
 use thiserror::Error;
 
 pub mod aws;
-pub mod spec;
 mod gcs;
+pub mod spec;
 
 /// Parts of a streaming upload (S3's minimum part is 5 MiB).
 pub const DEFAULT_PART_SIZE: usize = 8 << 20;

@@ -24,7 +24,7 @@ use arrow_schema::{DataType, Field, Fields, SchemaRef};
 
 use super::super::{BadRow, SourceError};
 use super::avro::AvroCodec;
-use crate::source::kafka::config::{Decoding, KafkaConfig, raw_schema};
+use crate::kafka::config::{Decoding, KafkaConfig, raw_schema};
 
 /// A message as fetched, owned (the client's buffer is reused).
 #[derive(Debug, Clone)]
@@ -250,7 +250,7 @@ fn raw_batch(schema: &SchemaRef, messages: &[Message]) -> Result<RecordBatch, ar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::kafka::config::{ColumnSpec, columns_schema};
+    use crate::kafka::config::{ColumnSpec, columns_schema};
 
     fn msg(offset: i64, value: &str) -> Message {
         Message {

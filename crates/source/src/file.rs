@@ -63,9 +63,9 @@ use serde_json::{Value, json};
 
 use super::object::{Bucket, ObjectFile};
 use super::{BadRow, BadRows, FileIdentity, Origin, Rejected, SourceChange, SourceError, SourceReader, TableBatch};
-use crate::capability::file_io::{StoreConfig, open_store};
-use crate::location::{Location, Scheme, Served};
-use crate::source::config::FileFormat;
+use crate::config::FileFormat;
+use sluice_capability::file_io::{StoreConfig, open_store};
+use sluice_core::location::{Location, Scheme, Served};
 
 const INFER_RECORDS: usize = 1000;
 

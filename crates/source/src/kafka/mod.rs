@@ -47,7 +47,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use super::{BadRows, SourceChange, SourceError};
-use crate::source::kafka::config::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt, raw_schema};
+use crate::kafka::config::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt, raw_schema};
 
 pub use reader::KafkaReader;
 
@@ -180,11 +180,8 @@ fn client(config: &KafkaConfig, group: Option<&str>) -> ClientConfig {
 /// all of them must have the same columns. The catalog is only read: a SQL
 /// catalog whose database file does not exist yet holds no table, and is
 /// not created.
-pub fn with_table_columns(
-    target: &crate::source::TargetTables,
-    config: &KafkaConfig,
-) -> Result<KafkaConfig, SourceError> {
-    use crate::capability::config::CatalogConfig;
+pub fn with_table_columns(target: &crate::TargetTables, config: &KafkaConfig) -> Result<KafkaConfig, SourceError> {
+    use sluice_capability::config::CatalogConfig;
     let refuse = |why: String| {
         SourceError::Other(format!(
             "kafka: source.columns are not given, so they come from the target table, but {why}; \
@@ -192,7 +189,7 @@ pub fn with_table_columns(
         ))
     };
     let catalog_config = target.catalog.as_ref().ok_or_else(|| refuse("the sink has no [sink.catalog]".into()))?;
-    let crate::source::kafka::config::Topics::List(topics) = &config.topics else {
+    let crate::kafka::config::Topics::List(topics) = &config.topics else {
         return Err(refuse("the source reads a topic pattern".into()));
     };
     let pattern =
@@ -212,7 +209,7 @@ pub fn with_table_columns(
         }
         if catalog.is_none() {
             catalog = Some(
-                crate::capability::catalog::CatalogGrant::for_config(catalog_config, &target.stores)
+                sluice_capability::catalog::CatalogGrant::for_config(catalog_config, &target.stores)
                     .map_err(|e| refuse(format!("the catalog cannot be opened: {e}")))?,
             );
         }
@@ -276,7 +273,7 @@ impl KafkaSource {
         // The brokers must answer, and a listed topic must exist, before the
         // run writes anything.
         let topics = source.partitions()?;
-        if let crate::source::kafka::config::Topics::List(list) = &source.config.topics {
+        if let crate::kafka::config::Topics::List(list) = &source.config.topics {
             for t in list {
                 if !topics.contains_key(t) {
                     return Err(SourceError::Other(format!(

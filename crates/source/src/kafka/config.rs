@@ -18,7 +18,7 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use serde::{Deserialize, Serialize};
 
-use crate::capability::config::Secret;
+use sluice_capability::config::Secret;
 
 /// `[source]` with `kind = "kafka"`, as written.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]

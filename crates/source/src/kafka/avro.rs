@@ -47,7 +47,7 @@ use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 
 use super::super::SourceError;
 use super::decode::{Message, refused};
-use crate::source::kafka::config::{Decoding, KafkaConfig, Topics};
+use crate::kafka::config::{Decoding, KafkaConfig, Topics};
 
 /// How long one registry request may take.
 const REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);

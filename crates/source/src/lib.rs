@@ -46,6 +46,16 @@ pub enum SourceError {
     Message { position: String, reason: String },
 }
 
+impl sluice_core::error::Kind for SourceError {
+    fn kind(&self) -> sluice_core::ErrorKind {
+        use sluice_core::ErrorKind;
+        match self {
+            SourceError::Message { .. } => ErrorKind::InvalidData,
+            SourceError::File { .. } | SourceError::Position { .. } | SourceError::Other(_) => ErrorKind::Fatal,
+        }
+    }
+}
+
 /// What a checkpoint was taken from: the rows a resume relies on being the
 /// same. Stored in the checkpoint record (`source`); records written before
 /// it was kept have none and resume unchecked.

@@ -28,8 +28,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::decode::{Codec, Message};
 use super::{KafkaPosition, LagBoard, REQUEST_TIMEOUT, kafka_error, owner, partitions_of};
-use crate::source::kafka::config::{KafkaConfig, StartAt};
-use crate::source::{Read, SourceError, SourceReader, TableBatch};
+use crate::kafka::config::{KafkaConfig, StartAt};
+use crate::{Read, SourceError, SourceReader, TableBatch};
 
 /// How long one read waits for the first message.
 const POLL_WAIT: Duration = Duration::from_millis(100);

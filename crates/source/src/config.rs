@@ -8,7 +8,7 @@ use serde::Deserialize;
 use sluice_store::StoreOptions;
 use sluice_store::spec::{GcsSpec, S3Spec};
 
-use crate::capability::config::CatalogConfig;
+use sluice_capability::config::CatalogConfig;
 
 use super::kafka::config as kafka;
 
