@@ -12,14 +12,13 @@
 //!
 //! The impls sit together here while the host is being split into crates;
 //! each moves beside its type when that type's crate is cut out (the
-//! sources' is in `sluice-source`).
+//! sources' is in `sluice-source`, the plugins' in `sluice-plugin`).
 
 pub use sluice_core::error::{ErrorKind, Kind};
 
 use crate::engine::EngineError;
 use crate::engine::checkpoint::CheckpointError;
 use crate::job::JobError;
-use crate::plugin::{PluginError, SinkErrorKind};
 
 impl Kind for JobError {
     fn kind(&self) -> ErrorKind {
@@ -40,24 +39,6 @@ impl Kind for CheckpointError {
             | CheckpointError::Corrupt { .. }
             | CheckpointError::Encode { .. }
             | CheckpointError::StateFile { .. } => ErrorKind::Fatal,
-        }
-    }
-}
-
-impl Kind for PluginError {
-    fn kind(&self) -> ErrorKind {
-        match self.sink_kind() {
-            Some(SinkErrorKind::Config) => ErrorKind::Config,
-            Some(SinkErrorKind::InvalidData) => ErrorKind::InvalidData,
-            Some(SinkErrorKind::Retryable) => ErrorKind::Retryable,
-            Some(SinkErrorKind::Fatal) => ErrorKind::Fatal,
-            None => match self {
-                PluginError::Read { .. }
-                | PluginError::Invalid { .. }
-                | PluginError::Incompatible { .. }
-                | PluginError::Unsupported { .. } => ErrorKind::Config,
-                _ => ErrorKind::Fatal,
-            },
         }
     }
 }
@@ -99,6 +80,7 @@ impl Kind for EngineError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::{PluginError, SinkErrorKind};
 
     #[test]
     fn only_a_plugins_retryable_answer_is_retryable() {

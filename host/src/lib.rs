@@ -11,9 +11,8 @@ pub mod engine;
 pub mod job;
 pub mod kinds;
 pub mod metrics;
-pub mod plugin;
-pub mod progress;
 
 pub use sluice_capability::{self as capability, bindings};
-pub use sluice_core::{fault, ipc, location};
+pub use sluice_core::{fault, ipc, location, progress};
+pub use sluice_plugin as plugin;
 pub use sluice_source as source;

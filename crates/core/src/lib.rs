@@ -8,6 +8,7 @@
 //! - [`runtime`]: the one tokio runtime all host I/O runs on;
 //! - [`ipc`]: Arrow IPC framing of batches;
 //! - [`naming`]: how a sink's `table` pattern names a table;
+//! - [`progress`]: the status line on a terminal, log lines elsewhere;
 //! - [`fault`]: test-only fault injection, empty without the
 //!   `fault-injection` feature.
 
@@ -17,6 +18,7 @@ pub mod fault;
 pub mod ipc;
 pub mod location;
 pub mod naming;
+pub mod progress;
 pub mod runtime;
 
 pub use error::{ErrorKind, chain};

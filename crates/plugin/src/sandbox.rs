@@ -23,9 +23,9 @@ use std::time::Duration;
 use wasmtime::{Engine, ResourceLimiter, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
-use crate::capability::InstanceTag;
-use crate::capability::limits::HostDeadline;
-use crate::capability::log::SharedLogBudget;
+use sluice_capability::InstanceTag;
+use sluice_capability::limits::HostDeadline;
+use sluice_capability::log::SharedLogBudget;
 
 /// Length of one epoch tick.
 pub const TICK: Duration = Duration::from_millis(10);
@@ -238,7 +238,7 @@ pub enum TrapCause {
     /// The plugin panicked; the message is its own.
     Panic(String),
     /// A test injected a crash (never, without the `fault-injection` feature).
-    Injected(crate::fault::Injected),
+    Injected(sluice_core::fault::Injected),
     Other(String),
 }
 
@@ -276,7 +276,7 @@ pub fn classify(
     memory_exceeded: bool,
     output: &str,
 ) -> TrapCause {
-    if let Some(injected) = err.downcast_ref::<crate::fault::Injected>() {
+    if let Some(injected) = err.downcast_ref::<sluice_core::fault::Injected>() {
         return TrapCause::Injected(*injected);
     }
     if memory_exceeded {

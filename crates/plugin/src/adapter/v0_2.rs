@@ -4,9 +4,9 @@
 use wasmtime::component::ResourceAny;
 
 use super::{Failure, Opening};
-use crate::bindings::{CommitOutcome, PluginInfo, v0_2};
-use crate::plugin::instance::Guest;
-use crate::plugin::{ChangeKind, PluginError, SinkCtx, SourceTable, TableChange};
+use crate::instance::Guest;
+use crate::{ChangeKind, PluginError, SinkCtx, SourceTable, TableChange};
+use sluice_capability::bindings::{CommitOutcome, PluginInfo, v0_2};
 
 failure_from!(v0_2);
 

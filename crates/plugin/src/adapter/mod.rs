@@ -19,16 +19,16 @@ use wasmtime::component::ResourceAny;
 use super::host_state::HostState;
 use super::instance::Guest;
 use super::{PluginError, Pre, SinkCtx, SinkErrorKind, SourceTable, TableChange};
-use crate::bindings::{CommitOutcome, PluginInfo};
+use sluice_capability::bindings::{CommitOutcome, PluginInfo};
 
 /// `impl From<bindings::<version>::SinkError> for Failure`: the versions'
 /// error enums are alike, but distinct types.
 macro_rules! failure_from {
     ($version:ident) => {
-        impl From<crate::bindings::$version::SinkError> for super::Failure {
-            fn from(e: crate::bindings::$version::SinkError) -> Self {
-                use crate::bindings::$version::SinkError;
-                use crate::plugin::SinkErrorKind;
+        impl From<sluice_capability::bindings::$version::SinkError> for super::Failure {
+            fn from(e: sluice_capability::bindings::$version::SinkError) -> Self {
+                use crate::SinkErrorKind;
+                use sluice_capability::bindings::$version::SinkError;
                 let (kind, message) = match e {
                     SinkError::Config(m) => (SinkErrorKind::Config, m),
                     SinkError::InvalidData(m) => (SinkErrorKind::InvalidData, m),

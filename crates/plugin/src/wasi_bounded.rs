@@ -20,7 +20,7 @@ use wasmtime_wasi_io::bindings::wasi::io::poll::{Host as AsyncPoll, HostPollable
 use wasmtime_wasi_io::bindings::wasi::io::streams::{HostInputStream as AsyncInput, HostOutputStream as AsyncOutput};
 use wasmtime_wasi_io::streams::{DynInputStream, DynOutputStream};
 
-use crate::capability::limits::{CallDeadline, HostDeadline};
+use sluice_capability::limits::{CallDeadline, HostDeadline};
 
 /// The resource table, seen by the bounded imports.
 pub struct Bounded<'a> {

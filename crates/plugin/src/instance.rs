@@ -19,9 +19,9 @@ use super::adapter::{self, Adapter, Failure, Opening};
 use super::host_state::HostState;
 use super::sandbox::{self, GuestOutput, MemoryCap, TrapCause};
 use super::{ContractVersion, Limits, Plugin, PluginError, SinkCtx, SinkErrorKind, SourceTable, TableChange};
-use crate::bindings::{CommitOutcome, PluginInfo, v0_2_maintenance};
-use crate::capability::limits::CallDeadline;
-use crate::capability::{Granted, InstanceTag};
+use sluice_capability::bindings::{CommitOutcome, PluginInfo, v0_2_maintenance};
+use sluice_capability::limits::CallDeadline;
+use sluice_capability::{Granted, InstanceTag};
 
 fn borrowed(options: &[(String, String)]) -> Vec<(&str, &str)> {
     options.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
@@ -261,7 +261,7 @@ impl Guest<'_> {
             log.begin_call();
             let result = f(self.store);
             if let Some(dropped) = log.take_dropped() {
-                crate::capability::log::notice_dropped(self.tag, call, &dropped);
+                sluice_capability::log::notice_dropped(self.tag, call, &dropped);
             }
             result
         };

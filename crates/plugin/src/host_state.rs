@@ -7,8 +7,8 @@
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::capability::{CapabilityHost, InstanceCaps};
-use crate::plugin::sandbox::{GuestOutput, MemoryCap};
+use crate::sandbox::{GuestOutput, MemoryCap};
+use sluice_capability::{CapabilityHost, InstanceCaps};
 
 pub struct HostState {
     pub(crate) wasi: WasiCtx,

@@ -17,6 +17,7 @@
 
 mod adapter;
 pub mod cache;
+pub mod config;
 pub mod host_state;
 mod instance;
 pub mod reserved;
@@ -31,13 +32,13 @@ use thiserror::Error;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
-use crate::bindings::{self, PluginInfo, v0_1, v0_2, v0_2_maintenance};
-use crate::capability::limits::HostLimits;
-use crate::capability::{self, Granted};
 pub use cache::{ComponentCache, LoadedFrom};
 use host_state::HostState;
 pub use instance::{CommitterInstance, Instance, MaintainRequest, MaintainerInstance, WriterInstance};
 use sandbox::{EpochTicker, TrapCause};
+use sluice_capability::bindings::{self, PluginInfo, v0_1, v0_2, v0_2_maintenance};
+use sluice_capability::limits::HostLimits;
+use sluice_capability::{self as capability, Granted};
 
 /// The contract version a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -125,6 +126,25 @@ fn supported_versions() -> String {
     bindings::SUPPORTED.join(", ")
 }
 
+impl sluice_core::error::Kind for PluginError {
+    fn kind(&self) -> sluice_core::ErrorKind {
+        use sluice_core::ErrorKind;
+        match self.sink_kind() {
+            Some(SinkErrorKind::Config) => ErrorKind::Config,
+            Some(SinkErrorKind::InvalidData) => ErrorKind::InvalidData,
+            Some(SinkErrorKind::Retryable) => ErrorKind::Retryable,
+            Some(SinkErrorKind::Fatal) => ErrorKind::Fatal,
+            None => match self {
+                PluginError::Read { .. }
+                | PluginError::Invalid { .. }
+                | PluginError::Incompatible { .. }
+                | PluginError::Unsupported { .. } => ErrorKind::Config,
+                _ => ErrorKind::Fatal,
+            },
+        }
+    }
+}
+
 impl PluginError {
     /// The plugin's own error kind, when it answered with one.
     pub fn sink_kind(&self) -> Option<SinkErrorKind> {
@@ -136,7 +156,7 @@ impl PluginError {
 
     /// The crash a test injected into the call, if this is one (never
     /// without the `fault-injection` feature).
-    pub fn injected(&self) -> Option<crate::fault::Injected> {
+    pub fn injected(&self) -> Option<sluice_core::fault::Injected> {
         match self {
             PluginError::Trap { cause: TrapCause::Injected(injected), .. } => Some(*injected),
             _ => None,
@@ -202,7 +222,7 @@ pub struct Limits {
 
 impl Limits {
     /// The limits a job's `[sink.sandbox]` sets.
-    pub fn of(sandbox: &crate::job::SandboxSpec) -> Self {
+    pub fn of(sandbox: &config::SandboxSpec) -> Self {
         Self { call_timeout: sandbox.call_timeout(), memory_mb: sandbox.memory_mb, host: sandbox.host_limits() }
     }
 }

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use crate::plugin::PluginError;
+use crate::PluginError;
 
 /// Where a loaded component came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,7 +137,7 @@ fn compile(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<(Component, f64
         size_mb = format!("{mb:.1}"),
         "compiling the plugin for this machine, about {estimate:.0} s; this happens once, later runs load it from the cache"
     );
-    let ticker = crate::progress::Ticker::start(move |elapsed| {
+    let ticker = sluice_core::progress::Ticker::start(move |elapsed| {
         let done = (elapsed.as_secs_f64() / estimate * 100.0).min(99.0);
         format!(
             "compiling {name} ({mb:.1} MB) for this machine, once: {:.0} s, about {done:.0} %",
