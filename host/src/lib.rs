@@ -7,12 +7,9 @@
 //! [`metrics`], which the CLI serves.
 
 pub mod cli;
-pub mod engine;
-pub mod job;
-pub mod kinds;
-pub mod metrics;
 
 pub use sluice_capability::{self as capability, bindings};
 pub use sluice_core::{fault, ipc, location, progress};
+pub use sluice_engine::{self as engine, job, kinds, metrics};
 pub use sluice_plugin as plugin;
 pub use sluice_source as source;

@@ -18,6 +18,15 @@
 //! nothing committed twice.
 
 mod check;
+pub mod job;
+pub mod kinds;
+pub mod metrics;
+
+// The crates the engine drives, under the names its modules use.
+pub use sluice_capability::{self as capability, bindings};
+pub use sluice_core::{fault, ipc, location, progress};
+pub use sluice_plugin as plugin;
+pub use sluice_source as source;
 pub mod checkpoint;
 mod commit;
 mod coordinator;

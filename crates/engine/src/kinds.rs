@@ -16,8 +16,8 @@
 
 pub use sluice_core::error::{ErrorKind, Kind};
 
-use crate::engine::EngineError;
-use crate::engine::checkpoint::CheckpointError;
+use crate::EngineError;
+use crate::checkpoint::CheckpointError;
 use crate::job::JobError;
 
 impl Kind for JobError {
