@@ -90,16 +90,6 @@ const ALLOWED: &[(&str, &str)] = &[
         "tests/tests/engine/incarnation.rs runs `sluice run` with --new-incarnation beside an earlier incarnation",
     ),
     (
-        "sluice run examples/iceberg.toml --set job.state_dir=s3://lake/state",
-        "on a moto server started by hand: tests/tests/cloud/state_s3.rs runs `sluice run job.toml --set \
-         job.state_dir=s3://…` on the tests' moto",
-    ),
-    (
-        "sluice run examples/iceberg.toml --set job.state_dir=gs://lake/state",
-        "on a fake-gcs-server started by hand: tests/tests/cloud/state_object.rs (run on fake-gcs-server by \
-         state_gcs.rs) runs `sluice run` and `sluice state` with the state directory in a bucket",
-    ),
-    (
         "sluice run examples/iceberg-s3.toml",
         "tests/tests/cloud/iceberg_s3.rs runs this example with the real binary on the tests' moto, SIGKILLed twice, \
          and reads the table back with PyIceberg",
@@ -160,15 +150,7 @@ const ALLOWED: &[(&str, &str)] = &[
 /// #39 (a test that runs them, or pages that show what a test runs), not
 /// reasons. They are printed on every run of the check instead of failing
 /// it; an entry no page shows any more fails, so the list only shrinks.
-const PENDING: &[(&str, &str)] = &[
-    (
-        "sluice run examples/iceberg.toml",
-        "the main command: no test runs examples/iceberg.toml to its end (tests/tests/engine/locations.rs runs it \
-         only to be refused)",
-    ),
-    ("python3 examples/kafka_produce.py ", "no test runs the Kafka example's producer"),
-    ("sluice run examples/kafka.toml", "no test runs the Kafka example job"),
-];
+const PENDING: &[(&str, &str)] = &[];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ lives in the workspace").to_path_buf()

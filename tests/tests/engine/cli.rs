@@ -94,6 +94,36 @@ fn example_job_runs_to_an_exact_result() {
     assert_exactly_once(&read_visible(&out), 200_000);
 }
 
+/// The README's main command, `sluice run examples/iceberg.toml`, with the
+/// example's own job file: redirected into a temp dir and shortened to
+/// 20,000 rows (the example lands 1,000,000), it runs to its end, says so in
+/// its summary, commits one snapshot per checkpoint, and PyIceberg and
+/// DuckDB's `iceberg_scan` both read every row exactly once.
+#[test]
+fn main_example_lands_the_iceberg_table_exactly_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let warehouse = dir.path().join("warehouse");
+    std::fs::create_dir_all(&warehouse).expect("warehouse dir");
+    let sets = [
+        format!("sink.plugin={}", sluice_tests::ICEBERG_PLUGIN),
+        format!("job.state_dir={}", dir.path().join("state").display()),
+        format!("sink.catalog.database={}", warehouse.join("catalog.db").display()),
+        format!("sink.catalog.warehouse={}", warehouse.display()),
+        "source.rows=20000".to_string(),
+        "job.checkpoint.every_rows=1500".to_string(),
+    ];
+    let (code, stdout, err) = run_example("iceberg.toml", &sets, dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("job iceberg-demo finished: 20000 rows"), "{stdout}");
+    // 4 subtasks of 5,000 rows, a checkpoint every 1,500 rows each: 3 full
+    // checkpoints and the end.
+    assert!(stdout.contains("4 checkpoint(s)"), "{stdout}");
+    let table = sluice_tests::read_iceberg(&warehouse, "demo.events");
+    assert_eq!(table.snapshots_of("iceberg-demo"), 4, "one snapshot per checkpoint: {:?}", table.commits);
+    table.assert_no_checkpoint_twice();
+    assert_eq!(sluice_tests::readers_ids(&warehouse, "demo.events"), (0..20_000).collect::<Vec<i64>>());
+}
+
 /// `sluice state` shows the incarnation, what is committed and what each
 /// pending checkpoint will commit; `--drop-pending` drops one on request and
 /// says so, and only then does the next run skip it.
