@@ -34,10 +34,10 @@ use iceberg_catalog_sql::SqlCatalog;
 use parquet::file::properties::WriterProperties;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sluice::engine::RunOptions;
-use sluice::fault::{CatalogFaults, Faults};
-use sluice::plugin::PluginHost;
-use sluice::source::generator::{DAYS, Generator};
+use sluice_engine::RunOptions;
+use sluice_engine::fault::{CatalogFaults, Faults};
+use sluice_engine::plugin::PluginHost;
+use sluice_engine::source::generator::{DAYS, Generator};
 
 use crate::{conform, create_generator_table, sql_catalog};
 

@@ -28,11 +28,11 @@ use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, TableCreation, TableIdent};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 use parquet::file::properties::WriterProperties;
-use sluice::engine::{self, EngineError, RunOptions, RunSummary};
-use sluice::job::Job;
-use sluice::plugin::PluginHost;
-use sluice::progress::ProgressMode;
-use sluice::source::generator::Generator;
+use sluice_engine::job::Job;
+use sluice_engine::plugin::PluginHost;
+use sluice_engine::progress::ProgressMode;
+use sluice_engine::source::generator::Generator;
+use sluice_engine::{self as engine, EngineError, RunOptions, RunSummary};
 
 /// A job file: generator source of `rows` rows with ids from `first_id`, in
 /// batches of `batch_rows`, `parallelism` writers, a checkpoint every

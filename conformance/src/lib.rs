@@ -23,12 +23,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use sluice::bindings::CommitOutcome;
-use sluice::engine::{self, CrashPoint, EngineError, Fault, RunOptions, RunSummary};
-use sluice::job::Job;
-use sluice::plugin::{PluginHost, SinkCtx, SourceTable, WriterInstance};
-use sluice::progress::ProgressMode;
-use sluice::source::generator::Generator;
+use sluice_engine::bindings::CommitOutcome;
+use sluice_engine::job::Job;
+use sluice_engine::plugin::{PluginHost, SinkCtx, SourceTable, WriterInstance};
+use sluice_engine::progress::ProgressMode;
+use sluice_engine::source::generator::Generator;
+use sluice_engine::{self as engine, CrashPoint, EngineError, Fault, RunOptions, RunSummary};
 
 /// Why the suite cannot run at all (as opposed to a failing case).
 #[derive(Debug, thiserror::Error)]
@@ -66,9 +66,9 @@ pub enum CaseError {
     #[error(transparent)]
     Engine(Box<EngineError>),
     #[error(transparent)]
-    Plugin(Box<sluice::plugin::PluginError>),
+    Plugin(Box<sluice_engine::plugin::PluginError>),
     #[error("the case's job: {0}")]
-    Job(#[from] sluice::job::JobError),
+    Job(#[from] sluice_engine::job::JobError),
     #[error("writing the case's job: {0}")]
     JobText(#[from] toml::ser::Error),
     #[error("encoding rows: {0}")]
@@ -112,8 +112,8 @@ impl From<EngineError> for CaseError {
     }
 }
 
-impl From<sluice::plugin::PluginError> for CaseError {
-    fn from(e: sluice::plugin::PluginError) -> Self {
+impl From<sluice_engine::plugin::PluginError> for CaseError {
+    fn from(e: sluice_engine::plugin::PluginError) -> Self {
         CaseError::Plugin(Box::new(e))
     }
 }
@@ -205,7 +205,7 @@ impl Suite {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let temp = tempfile::Builder::new().prefix("sluice-plugin-test-").tempdir().map_err(SetupError::Temp)?;
         Ok(Self {
-            plugin: sluice::job::absolute(plugin).map_err(anyhow::Error::msg)?,
+            plugin: sluice_engine::job::absolute(plugin).map_err(anyhow::Error::msg)?,
             job_path: job_path.to_path_buf(),
             job,
             checker,
@@ -293,7 +293,7 @@ impl Suite {
 
     fn read_iceberg(&self, table: &str) -> Result<Vec<i64>, CaseError> {
         use futures::TryStreamExt;
-        use sluice::bindings::v0_2::sluice::connector::iceberg_catalog::CatalogError;
+        use sluice_engine::bindings::v0_2::sluice::connector::iceberg_catalog::CatalogError;
         let job = self.job(0, 700)?;
         let (grants, _) = engine::grants_and_limits(&job)?;
         let catalog = grants.catalog.ok_or_else(|| CaseError::Catalog {
@@ -436,7 +436,7 @@ impl Suite {
     /// effect) or right after it. Plugins of contract 0.1 take no changes.
     fn evolve_case(&self, k: u64, point: CrashPoint) -> Result<String, CaseError> {
         let plugin = self.host.load(&self.plugin)?;
-        if plugin.version() == sluice::plugin::ContractVersion::V0_1 {
+        if plugin.version() == sluice_engine::plugin::ContractVersion::V0_1 {
             return Ok("not applicable: contract 0.1 has no schema changes".into());
         }
         let every = self.rows / PARALLELISM / 3;
@@ -557,11 +557,11 @@ fn case_aborts(s: &Suite, k: u64) -> Result<String, CaseError> {
         parallelism: 1,
         attempt: 1,
     };
-    let schema = sluice::ipc::encode_schema(&Generator::schema_ref())?;
+    let schema = sluice_engine::ipc::encode_schema(&Generator::schema_ref())?;
     let tables = [SourceTable { name: String::new(), schema }];
     let options = plugin.options_for(job.sink_options(), &ctx(0));
     let first = s.first_id(k);
-    let batch = |from: u64, to: u64| sluice::ipc::encode_batch(&Generator::batch_for(from, to));
+    let batch = |from: u64, to: u64| sluice_engine::ipc::encode_batch(&Generator::batch_for(from, to));
 
     let inst = plugin.instantiate("conformance-writer", &grants, limits)?;
     let mut writer = WriterInstance::open(inst, &ctx(0), &options, &tables, None)?;
@@ -573,7 +573,7 @@ fn case_aborts(s: &Suite, k: u64) -> Result<String, CaseError> {
     let info2 = writer.prepare_commit(2)?.ok_or_else(|| expected("prepare-commit(2) reported no rows"))?;
     writer.snapshot_state(2)?;
     let inst = plugin.instantiate("conformance-committer", &grants, limits)?;
-    let mut committer = sluice::plugin::CommitterInstance::open(inst, &ctx(0), &options, &tables)?;
+    let mut committer = sluice_engine::plugin::CommitterInstance::open(inst, &ctx(0), &options, &tables)?;
     let combined = committer.combine(2, &[info2])?;
     committer.abort(2, &combined)?;
     writer.close()?;
@@ -589,7 +589,9 @@ fn case_aborts(s: &Suite, k: u64) -> Result<String, CaseError> {
 
 impl Suite {
     /// The catalog and the Iceberg table the suite checks, when it checks one.
-    fn iceberg(&self) -> Option<(std::sync::Arc<sluice::capability::catalog::CatalogGrant>, iceberg::TableIdent)> {
+    fn iceberg(
+        &self,
+    ) -> Option<(std::sync::Arc<sluice_engine::capability::catalog::CatalogGrant>, iceberg::TableIdent)> {
         let Checker::Iceberg { table } = &self.checker else { return None };
         let job = self.job(0, 700).ok()?;
         let (grants, _) = engine::grants_and_limits(&job).ok()?;

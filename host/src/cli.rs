@@ -196,15 +196,7 @@ pub fn main() -> ExitCode {
 /// text the message already quotes (an error that prints its source) is not
 /// repeated after it.
 pub fn render(e: &anyhow::Error) -> String {
-    let mut out = e.to_string();
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-    }
-    out
+    sluice_core::chain(e.as_ref())
 }
 
 fn host(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginHost> {

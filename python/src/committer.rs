@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 
-use sluice::plugin::CommitterInstance;
+use sluice_engine::plugin::CommitterInstance;
 
 /// An open committer: the target has taken the schemas it was opened with.
 #[pyclass(frozen, module = "sluice._native")]

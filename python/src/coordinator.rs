@@ -10,10 +10,10 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use sluice::engine::pool::{self, WriterEnv, WriterPool, WriterSetup};
-use sluice::engine::tables::Change;
-use sluice::engine::{self, EngineError, RoundReport, RunOptions};
-use sluice::progress::{Progress, ProgressMode};
+use sluice_engine::pool::{self, WriterEnv, WriterPool, WriterSetup};
+use sluice_engine::progress::{Progress, ProgressMode};
+use sluice_engine::tables::Change;
+use sluice_engine::{self as engine, EngineError, RoundReport, RunOptions};
 
 use crate::errors::{WriterLost, to_py};
 use crate::host::Host;

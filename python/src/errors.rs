@@ -10,8 +10,9 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-use sluice::engine::EngineError;
-use sluice::plugin::{PluginError, SinkErrorKind};
+use sluice_engine::EngineError;
+use sluice_engine::kinds::{ErrorKind, Kind};
+use sluice_engine::plugin::PluginError;
 
 create_exception!(_native, SluiceError, PyException, "An error of Sluice; its message is the one `sluice` prints.");
 create_exception!(
@@ -27,11 +28,11 @@ create_exception!(
     "The plugin answered `retryable`: the same call may succeed when made again (Sluice's own runs retry commits with backoff)."
 );
 
-/// The message `sluice` prints for an error (`sluice::cli::render` of the
-/// anyhow error its `?` makes): the error and each of its causes, joined by
-/// `: `, each said once.
+/// The message `sluice` prints for an error (`sluice_core::chain`, which
+/// the CLI prints its errors with): the error and each of its causes, joined
+/// by `: `, each said once.
 pub(crate) fn message(e: impl std::error::Error + Send + Sync + 'static) -> String {
-    sluice::cli::render(&anyhow::Error::new(e))
+    sluice_core::chain(&e)
 }
 
 pub(crate) fn to_py(e: impl std::error::Error + Send + Sync + 'static) -> PyErr {
@@ -42,7 +43,8 @@ pub(crate) fn to_py(e: impl std::error::Error + Send + Sync + 'static) -> PyErr 
         Some(EngineError::Plugin(p)) => Some(p),
         _ => None,
     });
-    let retryable = plugin.is_some_and(|p| p.sink_kind() == Some(SinkErrorKind::Retryable));
+    // Read from the error's kind, never its text (sluice_core::error).
+    let retryable = plugin.is_some_and(|p| p.kind() == ErrorKind::Retryable);
     let text = message(e);
     if is_lost {
         WriterLost::new_err(text)

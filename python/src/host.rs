@@ -9,7 +9,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use sluice::plugin::{ComponentCache, Plugin, PluginHost};
+use sluice_engine::plugin::{ComponentCache, Plugin, PluginHost};
 
 use crate::errors::to_py;
 
@@ -43,7 +43,7 @@ pub(crate) fn describe<'py>(py: Python<'py>, plugin: &Plugin) -> PyResult<Bound<
     let d = PyDict::new(py);
     d.set_item("path", plugin.path.clone())?;
     d.set_item("contract", plugin.version().to_string())?;
-    d.set_item("loaded_from_cache", matches!(plugin.loaded_from, sluice::plugin::LoadedFrom::Cache(_)))?;
+    d.set_item("loaded_from_cache", matches!(plugin.loaded_from, sluice_engine::plugin::LoadedFrom::Cache(_)))?;
     if let Some(info) = plugin.info() {
         d.set_item("name", info.name.clone())?;
         d.set_item("version", info.version.clone())?;

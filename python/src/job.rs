@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use sluice::job::Job as JobFile;
+use sluice_engine::job::Job as JobFile;
 
 use crate::errors::{SluiceError, to_py};
 

@@ -1,6 +1,6 @@
 //! `Landing`: a dataset written by writers elsewhere (Ray Data write tasks)
 //! committed as a job's one checkpoint by the engine
-//! (`sluice::engine::landing`).
+//! (`sluice_engine::landing`).
 //!
 //! Invariant: Python hands the landing commit infos and row counts only;
 //! the record, its persistence, the incarnation, the commit's retries and
@@ -11,10 +11,10 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use sluice::bindings::CommitOutcome;
-use sluice::engine::landing::{self, Part};
-use sluice::engine::{Faults, RunOptions};
-use sluice::progress::ProgressMode;
+use sluice_engine::bindings::CommitOutcome;
+use sluice_engine::landing::{self, Part};
+use sluice_engine::progress::ProgressMode;
+use sluice_engine::{Faults, RunOptions};
 
 use crate::errors::{SluiceError, lock, to_py};
 use crate::host::Host;
@@ -37,7 +37,7 @@ impl Landing {
     fn with<R: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut landing::Landing) -> Result<R, sluice::engine::EngineError> + Send,
+        f: impl FnOnce(&mut landing::Landing) -> Result<R, sluice_engine::EngineError> + Send,
     ) -> PyResult<R> {
         py.detach(|| {
             let mut guard = lock(&self.inner)?;

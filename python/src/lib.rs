@@ -21,7 +21,7 @@
 //!   GIL released; the coordinator takes it back only to call the pool;
 //! - rows cross into a plugin as whole Arrow IPC batches, never row by row;
 //! - every error is a `SluiceError` whose message is the one `sluice` prints
-//!   (formatted as the CLI formats it, through anyhow); a writer that its pool
+//!   (formatted as the CLI formats it, with its causes); a writer that its pool
 //!   reports lost is a `WriterLost`, so a runner can tell a lost machine
 //!   (recover and replay) from a job error (stop and say why).
 

@@ -7,9 +7,9 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use sluice::capability::Granted;
-use sluice::engine;
-use sluice::plugin::{CommitterInstance, Limits, Plugin, SinkCtx, SourceTable, WriterInstance};
+use sluice_engine as engine;
+use sluice_engine::capability::Granted;
+use sluice_engine::plugin::{CommitterInstance, Limits, Plugin, SinkCtx, SourceTable, WriterInstance};
 
 use crate::committer::Committer;
 use crate::errors::{SluiceError, to_py};
@@ -99,7 +99,7 @@ impl Sink {
         let schemas = tables
             .iter()
             .map(|(name, schema)| {
-                let schema = sluice::ipc::decode_schema(schema).map_err(|e| {
+                let schema = sluice_engine::ipc::decode_schema(schema).map_err(|e| {
                     SluiceError::new_err(format!("table {name:?}: its schema is not an Arrow IPC schema: {e}"))
                 })?;
                 Ok((name.clone(), schema))

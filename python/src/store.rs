@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use sluice::engine::checkpoint::{CheckpointStore as Store, Incarnation};
-use sluice::job::STATE_DIR_SERVED;
-use sluice::location::Location;
+use sluice_engine::checkpoint::{CheckpointStore as Store, Incarnation};
+use sluice_engine::job::STATE_DIR_SERVED;
+use sluice_engine::location::Location;
 
 use crate::errors::{SluiceError, to_py};
 use crate::job::Job;
@@ -45,7 +45,7 @@ impl CheckpointStore {
         let location = Location::parse(text, &cwd, STATE_DIR_SERVED)
             .map_err(|e| SluiceError::new_err(format!("state directory {text}: {e}")))?;
         // The range `job.lease_secs` takes: no conversion below can fail.
-        let lease = sluice::job::seconds(lease_secs, sluice::job::LEASE_SECS)
+        let lease = sluice_engine::job::seconds(lease_secs, sluice_engine::job::LEASE_SECS)
             .map_err(|m| SluiceError::new_err(format!("lease_secs = {lease_secs}: {m}")))?;
         let store =
             py.detach(|| Store::open_at(&location, &job_id, retain, lease, &Default::default())).map_err(to_py)?;

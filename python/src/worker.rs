@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use sluice::engine::EngineError;
-use sluice::engine::pool::{self, WriterSetup};
+use sluice_engine::EngineError;
+use sluice_engine::pool::{self, WriterSetup};
 
 use crate::errors::{lock, to_py};
 use crate::host::Host;

@@ -11,7 +11,7 @@ use arrow_schema::SchemaRef;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use sluice::plugin::WriterInstance;
+use sluice_engine::plugin::WriterInstance;
 
 use crate::errors::{SluiceError, lock, to_py};
 
@@ -32,7 +32,7 @@ impl Writer {
     /// What the host promises a plugin of every batch: a valid stream, in
     /// the schema of a table the writer knows.
     fn check(&self, table: &str, bytes: &[u8]) -> PyResult<()> {
-        let schema = sluice::ipc::validate_stream(bytes)
+        let schema = sluice_engine::ipc::validate_stream(bytes)
             .map_err(|e| SluiceError::new_err(format!("batch is not a valid Arrow IPC stream: {e}")))?;
         let Some(expected) = self.tables.get(table) else {
             let known: Vec<&str> = self.tables.keys().map(String::as_str).collect();
@@ -40,7 +40,7 @@ impl Writer {
                 "batch of table {table:?}: the writer was opened with the tables {known:?}"
             )));
         };
-        match sluice::ipc::schema_mismatch(&schema, expected) {
+        match sluice_engine::ipc::schema_mismatch(&schema, expected) {
             None => Ok(()),
             Some(why) => {
                 Err(SluiceError::new_err(format!("batch of table {table:?} is not in the table's schema: {why}")))

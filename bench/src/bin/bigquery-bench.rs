@@ -36,11 +36,11 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     ArrowRecordBatch, append_rows_request::ArrowData,
 };
-use sluice::plugin::PluginHost;
-use sluice::source::generator::Generator;
 use sluice_bench::{Measured, generator_job_toml, measure, plugin, print_ratio_table, run_quiet, write_job};
 use sluice_bigquery_double::{BigQueryDouble, generator_schema};
 use sluice_bigquery_rows::{ArrowEncoder, RowEncoder, split_by_size};
+use sluice_engine::plugin::PluginHost;
+use sluice_engine::source::generator::Generator;
 
 #[derive(Parser)]
 struct Args {

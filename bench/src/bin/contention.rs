@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use sluice::plugin::PluginHost;
 use sluice_bench::contention::{Config, Strategy, run_once};
 use sluice_bench::report::{Cell, chart, markdown};
 use sluice_bench::{plugin, workspace};
+use sluice_engine::plugin::PluginHost;
 
 #[derive(Parser)]
 struct Args {

@@ -30,12 +30,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use sluice::plugin::PluginHost;
-use sluice::source::generator::Generator;
 use sluice_bench::{
     Measured, create_generator_table, generator_job_toml, measure, native_iceberg_append_files, native_iceberg_write,
     plugin, print_ratio_table, run_quiet, sql_catalog, write_job,
 };
+use sluice_engine::plugin::PluginHost;
+use sluice_engine::source::generator::Generator;
 
 #[derive(Parser)]
 struct Args {
@@ -386,7 +386,7 @@ fn probe(toml: &str) -> Result<Probe> {
 }
 
 fn run_probe(job: &Path) -> Result<()> {
-    let job = sluice::job::Job::load(job, &[])?;
+    let job = sluice_engine::job::Job::load(job, &[])?;
     let summary = run_quiet(&job, &host()?)?;
     println!(
         "{} {} {} {} {}",
@@ -464,9 +464,9 @@ fn boundary(args: &Args) -> Result<()> {
     for _ in 0..args.reps {
         let started = Instant::now();
         for batch in &batches {
-            let ipc = sluice::ipc::encode_batch(batch)?;
+            let ipc = sluice_engine::ipc::encode_batch(batch)?;
             let copied = ipc.clone(); // the copy into the other side's memory
-            let decoded = sluice::ipc::decode_batches(copied)?;
+            let decoded = sluice_engine::ipc::decode_batches(copied)?;
             anyhow::ensure!(decoded.iter().map(|b| b.num_rows()).sum::<usize>() == batch.num_rows());
         }
         crossing.push(started.elapsed());

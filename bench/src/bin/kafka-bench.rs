@@ -28,11 +28,11 @@ use arrow_array::{Array, Int64Array};
 use clap::Parser;
 use futures::TryStreamExt;
 use iceberg::{Catalog, TableIdent};
-use sluice::engine::{RunOptions, Stop};
-use sluice::plugin::PluginHost;
-use sluice::source::generator::Generator;
 use sluice_bench::kafka::Broker;
 use sluice_bench::{Measured, generator_job_toml, measure, plugin, print_ratio_table, run_quiet, run_quiet_with};
+use sluice_engine::plugin::PluginHost;
+use sluice_engine::source::generator::Generator;
+use sluice_engine::{RunOptions, Stop};
 
 #[derive(Parser)]
 struct Args {

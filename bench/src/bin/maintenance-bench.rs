@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
-use sluice::engine::maintain::{MaintainOptions, maintain};
-use sluice::plugin::PluginHost;
 use sluice_bench::{Measured, generator_job_toml, measure, plugin, print_ratio_table, run_quiet, write_job};
+use sluice_engine::maintain::{MaintainOptions, maintain};
+use sluice_engine::plugin::PluginHost;
 
 #[derive(Parser)]
 struct Args {
