@@ -339,7 +339,8 @@ pub struct CheckpointStore {
 
 /// Where a state directory lives: a local directory ([`LocalDir`]), an
 /// object store ([`super::object_state::ObjectState`]), or, in tests,
-/// either behind seeded faults (`super::state_faults`).
+/// memory (`super::memory_state`), any of them behind seeded faults
+/// (`super::state_faults`).
 ///
 /// Contract of every backend: [`StateBackend::write_record`] answers `Ok`
 /// only once the record is durable, and an error for which
@@ -656,6 +657,19 @@ impl CheckpointStore {
                 Ok(Some(Self { backend: Box::new(state), job_id: job_id.to_string(), retain: usize::MAX }))
             }
         }
+    }
+
+    /// Opens and holds the state directory kept in `dir`, in memory (test
+    /// builds only): the same protocol with no disk, for in-process tests,
+    /// behind seeded faults with [`CheckpointStore::with_faults`].
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn in_memory(
+        dir: &super::memory_state::MemoryDir,
+        job_id: &str,
+        retain: usize,
+    ) -> Result<Self, CheckpointError> {
+        let state = super::memory_state::MemoryState::open(dir)?;
+        Ok(Self { backend: Box::new(state), job_id: job_id.to_string(), retain })
     }
 
     /// This state directory behind the simulation's seeded faults, when

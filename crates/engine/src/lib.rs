@@ -33,6 +33,8 @@ mod coordinator;
 pub mod dead_letter;
 pub mod landing;
 pub mod maintain;
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod memory_state;
 mod object_state;
 pub mod pool;
 mod rejected;
