@@ -78,7 +78,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sluice_store::{ObjectStore, StoreError, StoreOptions};
-use tokio::runtime::Handle;
 
 use super::checkpoint::{CheckpointError, StateBackend, StateFile, now_ms};
 use crate::location::Scheme;
@@ -153,29 +152,16 @@ pub(super) struct ObjectState {
     prefix: String,
     /// The key of the folder of the epoch that holds the state.
     base: String,
-    handle: Handle,
     held: Option<Arc<Held>>,
     renewer: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
 }
 
-/// The runtime every state directory's requests run on: the process's one
-/// I/O runtime (see the module doc).
-fn state_runtime() -> std::io::Result<Handle> {
-    sluice_core::runtime::io().map(|runtime| runtime.handle().clone())
-}
-
-/// Runs `fut` on `handle`'s runtime and waits for it from this thread.
-fn block<T: Send + 'static>(
-    handle: &Handle,
-    fut: impl Future<Output = T> + Send + 'static,
-) -> Result<T, CheckpointError> {
-    let (tx, rx) = mpsc::sync_channel(1);
-    handle.spawn(async move {
-        let _ = tx.send(fut.await);
-    });
-    rx.recv().map_err(|_| CheckpointError::Io {
+/// Runs `fut` on the host's one I/O runtime (see the module doc) and
+/// waits for it from this thread.
+fn block<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> Result<T, CheckpointError> {
+    sluice_core::runtime::wait(fut).map_err(|e| CheckpointError::Io {
         path: PathBuf::from("(object-store runtime)"),
-        source: std::io::Error::other("the runtime of the state directory's store stopped"),
+        source: std::io::Error::other(e.to_string()),
     })
 }
 
@@ -228,9 +214,7 @@ impl ObjectState {
             Scheme::S3 => ObjectStore::s3(bucket, &stores.s3)?,
             Scheme::Gs => ObjectStore::gcs(bucket, &stores.gcs)?,
         };
-        let handle = state_runtime().map_err(|source| CheckpointError::Io { path: PathBuf::from(&url), source })?;
-        let mut state =
-            Self { store, url, prefix: prefix.to_string(), base: String::new(), handle, held: None, renewer: None };
+        let mut state = Self { store, url, prefix: prefix.to_string(), base: String::new(), held: None, renewer: None };
         match lease {
             Some(lease) => state.take_lease(lease)?,
             None => {
@@ -325,7 +309,7 @@ impl ObjectState {
     }
 
     fn run<T: Send + 'static>(&self, fut: impl Future<Output = T> + Send + 'static) -> Result<T, CheckpointError> {
-        block(&self.handle, fut)
+        block(fut)
     }
 
     /// Nothing is stored under the prefix yet.
@@ -598,12 +582,11 @@ impl ObjectState {
         let (stop, stopped) = mpsc::channel::<()>();
         let renewing = held.clone();
         let store = self.store.clone();
-        let handle = self.handle.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-lease".into())
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(renewing.lease / 3) {
-                    if let Err(e) = renew(&renewing, &store, &handle) {
+                    if let Err(e) = renew(&renewing, &store) {
                         tracing::warn!(error = %e, "could not renew the state directory's lease");
                         if lost(&renewing) {
                             return;
@@ -719,7 +702,7 @@ impl ObjectState {
     fn swap_current(&self, held: &Held) -> Result<(), CheckpointError> {
         let poll = (held.lease / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
         loop {
-            match renew(held, &self.store, &self.handle) {
+            match renew(held, &self.store) {
                 Ok(()) => return Ok(()),
                 Err(e) if lost(held) => return Err(e),
                 Err(e) => {
@@ -740,7 +723,7 @@ impl ObjectState {
     /// Renews the lease now; an error once it is lost.
     pub(super) fn check_held(&self) -> Result<(), CheckpointError> {
         let Some(held) = &self.held else { return Ok(()) };
-        match renew(held, &self.store, &self.handle) {
+        match renew(held, &self.store) {
             Ok(()) => Ok(()),
             Err(e) if lost(held) => Err(e),
             Err(e) => {
@@ -816,7 +799,7 @@ fn lost(held: &Held) -> bool {
 
 /// Renews `held` by compare-and-swap; a failed swap loses it for good, and so
 /// does a renewal later than the lease.
-fn renew(held: &Held, store: &ObjectStore, handle: &Handle) -> Result<(), CheckpointError> {
+fn renew(held: &Held, store: &ObjectStore) -> Result<(), CheckpointError> {
     let mut state = held.state.lock().map_err(|_| poisoned(held))?;
     let lost = |reason: String| CheckpointError::LeaseLost { url: held.url.clone(), reason };
     if let Some(reason) = &state.lost {
@@ -834,7 +817,7 @@ fn renew(held: &Held, store: &ObjectStore, handle: &Handle) -> Result<(), Checkp
         .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(store.url(&held.key)), source })?;
     let sent = Instant::now();
     let (s, key, etag) = (store.clone(), held.key.clone(), state.etag.clone());
-    match block(handle, async move { s.replace_if(&key, bytes, &etag).await })? {
+    match block(async move { s.replace_if(&key, bytes, &etag).await })? {
         Ok(Some(etag)) => {
             state.etag = etag;
             state.renewed = sent;
@@ -843,7 +826,7 @@ fn renew(held: &Held, store: &ObjectStore, handle: &Handle) -> Result<(), Checkp
         Ok(None) => Err(no_etag(&store.url(&held.key))),
         Err(StoreError::Conflict { url, .. }) => {
             let (s, key) = (store.clone(), held.key.clone());
-            let now_held = block(handle, async move { s.read(&key).await })
+            let now_held = block(async move { s.read(&key).await })
                 .ok()
                 .and_then(|r| r.ok())
                 .and_then(|b| serde_json::from_slice::<LeaseDoc>(&b).ok())
@@ -877,7 +860,7 @@ impl Drop for ObjectState {
             let doc = held.doc(0, state.current);
             if let Ok(bytes) = serde_json::to_vec(&doc) {
                 let (s, key, etag) = (self.store.clone(), held.key.clone(), state.etag.clone());
-                match block(&self.handle, async move { s.replace_if(&key, Bytes::from(bytes), &etag).await }) {
+                match block(async move { s.replace_if(&key, Bytes::from(bytes), &etag).await }) {
                     Ok(Ok(_)) => tracing::debug!(state_dir = %held.url, "released the state directory's lease"),
                     Ok(Err(e)) => tracing::warn!(error = %e, "could not release the state directory's lease"),
                     Err(e) => tracing::warn!(error = %e, "could not release the state directory's lease"),
@@ -909,8 +892,7 @@ pub(super) fn lease_holder(
     };
     let key = if prefix.is_empty() { LEASE_KEY.to_string() } else { format!("{prefix}/{LEASE_KEY}") };
     let url = store.url(&key);
-    let handle = state_runtime().map_err(|source| CheckpointError::Io { path: PathBuf::from(&url), source })?;
-    let bytes = match block(&handle, async move { store.read(&key).await })? {
+    let bytes = match block(async move { store.read(&key).await })? {
         Ok(bytes) => bytes,
         Err(StoreError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
