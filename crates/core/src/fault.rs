@@ -11,6 +11,10 @@
 //!   was applied, the reply was lost".
 //! - [`CommitFault`] and catalog latency: applied by a decorator around the
 //!   catalog's commit backend (see `capability::catalog_faults`).
+//! - [`pause_here`]: a step where a test may freeze the whole process
+//!   (SIGSTOP to itself, every thread, the lease's renewer too), as a long
+//!   GC pause or a suspended VM would, and wake it later (SIGCONT): the
+//!   interleavings of a fenced holder, made deterministic.
 //!
 //! Invariant: without the feature every type here is empty, so each fault
 //! site is written once and costs nothing in a released build. [`Faults`] is
@@ -118,6 +122,32 @@ impl Faults {
         let _ = (point, c, subtask);
         Ok(())
     }
+}
+
+/// Where a test may freeze the process ([`pause_here`]): each comes right
+/// after the run last checked that it holds its state directory, so a
+/// process frozen there past its lease wakes after another run may have
+/// taken the state directory over.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "fault-injection", derive(Debug))]
+pub enum PausePoint {
+    /// Before the record of `c` is written to an object store, after the
+    /// persist's lease check.
+    BeforeRecord,
+    /// Before the plugin's `commit(c)` is called, after the lease check of
+    /// the attempt.
+    BeforeCommit,
+}
+
+/// Freezes this whole process (SIGSTOP to itself) when a test build is asked
+/// to by the environment, `SLUICE_TEST_PAUSE=<point>:<checkpoint>` (the
+/// point as it displays, `before-commit:2`), once per process; it goes on
+/// when a test sends SIGCONT. Nothing without the feature.
+#[inline]
+pub fn pause_here(point: PausePoint, c: u64) {
+    #[cfg(feature = "fault-injection")]
+    armed::pause(point, c);
+    let _ = (point, c);
 }
 
 /// An injected crash of the engine: the run stops where it is.
@@ -244,6 +274,35 @@ mod armed {
         CrashPoint::DuringEvolve,
         CrashPoint::AfterEvolve,
     ];
+
+    impl std::fmt::Display for super::PausePoint {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(match self {
+                super::PausePoint::BeforeRecord => "before-record",
+                super::PausePoint::BeforeCommit => "before-commit",
+            })
+        }
+    }
+
+    /// See [`super::pause_here`].
+    pub(super) fn pause(point: super::PausePoint, c: u64) {
+        static PAUSED: AtomicBool = AtomicBool::new(false);
+        let Ok(asked) = std::env::var("SLUICE_TEST_PAUSE") else { return };
+        if asked != format!("{point}:{c}") || PAUSED.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let pid = std::process::id();
+        tracing::warn!(pid, point = %point, checkpoint = c, "SLUICE_TEST_PAUSE: this process stops itself (SIGSTOP) until it is sent SIGCONT");
+        // `kill` stops every thread of this process, this one included, and
+        // exits; the wait for it returns once the process is continued.
+        match std::process::Command::new("kill").args(["-STOP", &pid.to_string()]).status() {
+            Ok(status) if status.success() => {
+                tracing::warn!(point = %point, checkpoint = c, "SLUICE_TEST_PAUSE: continued")
+            }
+            Ok(status) => tracing::warn!(%status, "SLUICE_TEST_PAUSE: kill -STOP failed; not paused"),
+            Err(e) => tracing::warn!(error = %e, "SLUICE_TEST_PAUSE: could not run kill; not paused"),
+        }
+    }
 
     /// `<point>[:<checkpoint>[:<subtask>]]`, the point as it displays.
     pub(super) fn parse_crash(text: &str) -> Option<Fault> {

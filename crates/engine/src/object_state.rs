@@ -39,7 +39,14 @@
 //!   what it did (persist before commit), taken over as if it came before
 //!   the takeover. Every instant of a folder holds a whole newest record (a
 //!   record is created before the ones it supersedes are removed), and a
-//!   copy that finds a listed object gone starts over;
+//!   copy that finds a listed object gone starts over. A commit a former
+//!   holder lands after the takeover (frozen between its last check and the
+//!   commit) is of a record the new holder copied: the same combined commit
+//!   under the same idempotence key, so whichever comes second finds it
+//!   committed. A record written after the copy is never committed by the
+//!   former holder: its check before the commit finds the lease lost (last
+//!   renewed longer ago than the lease, by a clock that counted the freeze,
+//!   or its compare-and-swap failing on the takeover's);
 //! - a finished copy is marked by a `copied` object created last in the new
 //!   folder: without a lease naming `current` (deleted by hand), the state
 //!   is the highest folder so marked, never a partial copy left by a run
@@ -393,6 +400,9 @@ impl ObjectState {
     /// anything (the other run's record may not name this one's files, but
     /// orphan cleanup, not this run, decides that).
     pub(super) fn write_record(&self, c: u64, bytes: Vec<u8>) -> Result<PathBuf, CheckpointError> {
+        // A test may freeze the process here, between the persist's lease
+        // check and the record's write.
+        crate::fault::pause_here(crate::fault::PausePoint::BeforeRecord, c);
         let older: Vec<u64> = self.records()?.into_iter().filter(|&(rc, _)| rc == c).map(|(_, s)| s).collect();
         let seq = older.first().map_or(0, |s| s + 1);
         let key = self.key(&format!("{RECORDS}/{}", record_name(c, seq)));

@@ -396,6 +396,9 @@ impl CommitterInstance {
     }
 
     pub fn commit(&mut self, c: u64, combined: &[u8]) -> Result<CommitOutcome, PluginError> {
+        // A test may freeze the process here, between the caller's lease
+        // check and the commit's effect.
+        sluice_core::fault::pause_here(sluice_core::fault::PausePoint::BeforeCommit, c);
         let h = self.handle;
         self.inst.with(|a, g| a.commit(g, h, c, combined))
     }

@@ -21,6 +21,9 @@ backend_tests! { Backend::Gcs;
     a_lease_renewed_by_a_holder_with_a_lagging_clock_is_not_taken_over =>
         a_lease_renewed_by_a_holder_with_a_lagging_clock_is_not_taken_over,
     a_frozen_holder_that_wakes_after_a_takeover_changes_nothing => a_frozen_holder_that_wakes_after_a_takeover_changes_nothing,
+    a_holder_frozen_before_its_first_commit_changes_nothing => a_holder_frozen_before_its_first_commit_changes_nothing,
+    a_holder_frozen_before_a_commit_changes_nothing => a_holder_frozen_before_a_commit_changes_nothing,
+    a_holder_frozen_before_its_record_lands_changes_nothing => a_holder_frozen_before_its_record_lands_changes_nothing,
     a_lease_deleted_after_an_interrupted_takeover_does_not_adopt_the_partial_copy =>
         a_lease_deleted_after_an_interrupted_takeover_does_not_adopt_the_partial_copy,
 }

@@ -8,8 +8,10 @@
 //! SIGKILL takes the lease over once it expired, a holder whose
 //! compare-and-swap fails stops, a lease renewed by a holder with a lagging
 //! clock is not taken over, a frozen holder that wakes after a takeover
-//! changes nothing, and a lease deleted after an interrupted takeover does
-//! not adopt the partial copy.
+//! changes nothing (frozen at a random point by SIGSTOP, and at the points
+//! right after its lease check, before a commit or a record, by its own
+//! `SLUICE_TEST_PAUSE`), and a lease deleted after an interrupted takeover
+//! does not adopt the partial copy.
 //!
 //! The host reaches the servers through the process's environment
 //! (`sluice_tests::harness`), inherited by the `sluice run` processes a test
@@ -116,8 +118,24 @@ fn slowed(mut job: TestJob) -> TestJob {
     job
 }
 
+/// The checkpoint directories the files sink committed in the job's output
+/// (`<job>.<sink>.<incarnation>.c<10 digits>`): not the output's claim
+/// file, nor the temporary file of a write under way. A run frozen while it
+/// took the claim leaves `._sluice_claim.<job>.<sink>.json.tmp-<pid>-0`
+/// there until it wakes and removes it; counted, it made a woken run that
+/// committed nothing look as if it had changed the output.
 pub(crate) fn committed_dirs(job: &TestJob) -> usize {
-    std::fs::read_dir(job.out()).map(|d| d.count()).unwrap_or(0)
+    let Ok(entries) = std::fs::read_dir(job.out()) else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()) && is_checkpoint_dir(&e.file_name().to_string_lossy()))
+        .count()
+}
+
+/// `….c<10 digits>`: the name of a committed checkpoint's directory.
+fn is_checkpoint_dir(name: &str) -> bool {
+    name.rsplit_once('.')
+        .is_some_and(|(_, c)| c.len() == 11 && c.starts_with('c') && c.bytes().skip(1).all(|b| b.is_ascii_digit()))
 }
 
 /// Starts `sluice run` with `sets` and waits until it committed `dirs`
@@ -369,6 +387,104 @@ pub(crate) fn a_frozen_holder_that_wakes_after_a_takeover_changes_nothing(b: Bac
     assert_eq!(summary.attempt, 3, "{summary:?}");
     assert_exactly_once(&read_visible(&job.out()), 40_000);
     assert_eq!(committed_dirs(&job), landed, "the rerun had nothing to land");
+}
+
+/// Whether `child` is stopped by a signal (state `T` in `/proc/<pid>/stat`).
+fn stopped(child: &Child) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+        .unwrap_or(false)
+}
+
+/// Starts `sluice run` with `sets`, asked to freeze itself (SIGSTOP, every
+/// thread, the lease's renewer too) at `pause` (`SLUICE_TEST_PAUSE`, a test
+/// build's fault injection), and waits until it is stopped there.
+fn start_and_freeze(job: &TestJob, sets: &[String], pause: &str) -> Child {
+    std::fs::write(job.path(), &job.toml).expect("job file");
+    let mut child = sluice_run(job, sets)
+        .env("SLUICE_TEST_PAUSE", pause)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice");
+    let start = Instant::now();
+    while !stopped(&child) {
+        if let Ok(Some(status)) = child.try_wait() {
+            let out = child.wait_with_output().expect("reaping sluice");
+            panic!("sluice ended ({status}) before it froze at {pause}:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "not frozen at {pause} within 2 minutes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Fencing, deterministically: a holder frozen at `pause`, right after its
+/// last check that it holds the lease (before the plugin's commit of a
+/// checkpoint whose record the run that takes over copies, or before the
+/// record of a checkpoint is written, so that it lands in the old epoch's
+/// folder that no run reads), wakes after another run took the lease over
+/// and finished the job. It changes nothing: what it commits then is the
+/// very checkpoint the other run committed from the same record (found
+/// committed), or nothing (its lease is lost before the commit); no row is
+/// visible twice, nothing is halted, and a rerun has nothing to land.
+fn a_holder_frozen_after_its_lease_check_changes_nothing(b: Backend, what: &str, pause: &str) {
+    let prefix = format!("{what}/state");
+    let sets = b.on(&prefix, "2");
+    // 3 checkpoints of 2 × 1000 rows.
+    let job = TestJob::files(&b.job(what), 6000, 2, 1000);
+    let frozen = start_and_freeze(&job, &sets, pause);
+    let frozen_at = Instant::now();
+
+    let out = sluice_run(&job, &sets).output().expect("next run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("took over the state directory's lease after it expired"), "{stderr}");
+    assert!(frozen_at.elapsed() >= Duration::from_secs(2), "it waited for the lease to expire");
+    assert!(stderr.contains("published"), "the sink says what it publishes: {stderr}");
+    assert_exactly_once(&read_visible(&job.out()), 6000);
+    assert_eq!(committed_dirs(&job), 3, "the run that took over committed every checkpoint");
+    let lease: serde_json::Value =
+        serde_json::from_slice(&block(b.bucket().read(&format!("{prefix}/lease"))).expect("lease")).expect("json");
+    assert_eq!((lease["epoch"].as_u64(), lease["current"].as_u64()), (Some(2), Some(2)), "{lease}");
+
+    signal(&frozen, "-CONT");
+    let out = frozen.wait_with_output().expect("frozen run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the woken run must stop: {stderr}");
+    let (_, woken) = stderr.split_once("SLUICE_TEST_PAUSE: continued").unwrap_or_else(|| panic!("it woke: {stderr}"));
+    assert!(woken.contains("no longer holds its lease"), "{woken}");
+    assert!(!woken.contains("published"), "the woken run made nothing visible: {woken}");
+    assert!(!woken.contains("halted"), "the woken run halts nothing: {woken}");
+    assert_eq!(committed_dirs(&job), 3, "the woken run committed nothing");
+    assert_exactly_once(&read_visible(&job.out()), 6000);
+
+    let summary = job.run_with(&refs(&sets), None).expect("rerun");
+    assert_eq!(summary.attempt, 3, "{summary:?}");
+    assert_exactly_once(&read_visible(&job.out()), 6000);
+    assert_eq!(committed_dirs(&job), 3, "the rerun had nothing to land");
+}
+
+/// Frozen before the commit of checkpoint 1, whose commit takes the
+/// output's claim first: the run that took over takes the claim and commits
+/// checkpoint 1 from the copied record.
+pub(crate) fn a_holder_frozen_before_its_first_commit_changes_nothing(b: Backend) {
+    a_holder_frozen_after_its_lease_check_changes_nothing(b, "frozen-commit-1", "before-commit:1");
+}
+
+/// Frozen before the commit of checkpoint 2 (its record persisted, the claim
+/// taken): the run that took over commits checkpoint 2 from that record.
+pub(crate) fn a_holder_frozen_before_a_commit_changes_nothing(b: Backend) {
+    a_holder_frozen_after_its_lease_check_changes_nothing(b, "frozen-commit-2", "before-commit:2");
+}
+
+/// Frozen before the record of checkpoint 2 is written: the run that took
+/// over resumes from checkpoint 1 and prepares its own checkpoint 2; the
+/// woken run's record lands in its old epoch's folder, and its lease is lost
+/// before it commits.
+pub(crate) fn a_holder_frozen_before_its_record_lands_changes_nothing(b: Backend) {
+    a_holder_frozen_after_its_lease_check_changes_nothing(b, "frozen-record-2", "before-record:2");
 }
 
 /// A run killed in the middle of its takeover copy leaves a partial folder
