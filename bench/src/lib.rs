@@ -28,7 +28,7 @@ use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, TableCreation, TableIdent};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 use parquet::file::properties::WriterProperties;
-use sluice_engine::job::Job;
+use sluice_engine::config::EngineConfig;
 use sluice_engine::plugin::PluginHost;
 use sluice_engine::progress::ProgressMode;
 use sluice_engine::source::generator::Generator;
@@ -65,19 +65,19 @@ batch_rows = {batch_rows}
 }
 
 /// Writes `toml` as `dir/job.toml` and loads it.
-pub fn write_job(dir: &Path, toml: &str) -> Result<Job> {
+pub fn write_job(dir: &Path, toml: &str) -> Result<EngineConfig> {
     let path = dir.join("job.toml");
     std::fs::write(&path, toml).with_context(|| format!("writing {}", path.display()))?;
-    Ok(Job::load(&path, &[])?)
+    Ok(sluice_job::load(&path, &[])?)
 }
 
 /// Runs `job` to the end without progress output.
-pub fn run_quiet(job: &Job, host: &PluginHost) -> Result<RunSummary, EngineError> {
+pub fn run_quiet(job: &EngineConfig, host: &PluginHost) -> Result<RunSummary, EngineError> {
     run_quiet_with(job, host, RunOptions::default())
 }
 
 /// Runs `job` to the end without progress output, with `opts` (faults, latency).
-pub fn run_quiet_with(job: &Job, host: &PluginHost, opts: RunOptions) -> Result<RunSummary, EngineError> {
+pub fn run_quiet_with(job: &EngineConfig, host: &PluginHost, opts: RunOptions) -> Result<RunSummary, EngineError> {
     engine::run(job, host, &RunOptions { progress: ProgressMode::Quiet, ..opts })
 }
 

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sluice_engine::bindings::CommitOutcome;
-use sluice_engine::job::Job;
+use sluice_engine::config::EngineConfig;
 use sluice_engine::plugin::{PluginHost, SinkCtx, SourceTable, WriterInstance};
 use sluice_engine::progress::ProgressMode;
 use sluice_engine::source::generator::Generator;
@@ -68,7 +68,7 @@ pub enum CaseError {
     #[error(transparent)]
     Plugin(Box<sluice_engine::plugin::PluginError>),
     #[error("the case's job: {0}")]
-    Job(#[from] sluice_engine::job::JobError),
+    Job(#[from] sluice_engine::config::JobError),
     #[error("writing the case's job: {0}")]
     JobText(#[from] toml::ser::Error),
     #[error("encoding rows: {0}")]
@@ -205,7 +205,7 @@ impl Suite {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let temp = tempfile::Builder::new().prefix("sluice-plugin-test-").tempdir().map_err(SetupError::Temp)?;
         Ok(Self {
-            plugin: sluice_engine::job::absolute(plugin).map_err(anyhow::Error::msg)?,
+            plugin: sluice_engine::config::absolute(plugin).map_err(anyhow::Error::msg)?,
             job_path: job_path.to_path_buf(),
             job,
             checker,
@@ -231,13 +231,13 @@ impl Suite {
     }
 
     /// The job of case `k`, with `batch_rows` rows per source batch.
-    fn job(&self, k: u64, batch_rows: u64) -> Result<Job, CaseError> {
+    fn job(&self, k: u64, batch_rows: u64) -> Result<EngineConfig, CaseError> {
         self.job_with(k, batch_rows, None)
     }
 
     /// [`Suite::job`] whose rows change shape (`qty` widened, a column
     /// added) at id `evolve_at`.
-    fn job_with(&self, k: u64, batch_rows: u64, evolve_at: Option<u64>) -> Result<Job, CaseError> {
+    fn job_with(&self, k: u64, batch_rows: u64, evolve_at: Option<u64>) -> Result<EngineConfig, CaseError> {
         let mut table = self.job.clone();
         let every = self.rows / PARALLELISM / 3;
         let state = self.temp.path().join(format!("state-{k}"));
@@ -266,10 +266,10 @@ impl Suite {
             sink.insert("plugin".into(), self.plugin.display().to_string().into());
         }
         let text = toml::to_string(&table)?;
-        Ok(Job::from_str(&text, &self.job_path, &[])?)
+        Ok(sluice_job::from_str(&text, &self.job_path, &[])?)
     }
 
-    fn run(&self, job: &Job, fault: Option<Fault>) -> Result<RunSummary, EngineError> {
+    fn run(&self, job: &EngineConfig, fault: Option<Fault>) -> Result<RunSummary, EngineError> {
         let mut opts = RunOptions::new(ProgressMode::Quiet, false);
         opts.faults.crash = fault;
         engine::run(job, &self.host, &opts)

@@ -10,8 +10,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 use crate::bindings::PluginInfo;
+use crate::config::EngineConfig;
 use crate::engine::{self, RunOptions};
-use crate::job::Job;
+use crate::job;
 use crate::metrics::{Metrics, MetricsServer};
 use crate::plugin::{ComponentCache, PluginHost, reserved};
 use crate::progress::{ProgressMode, log_writer};
@@ -230,8 +231,8 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             dry_run,
             timeout,
         } => {
-            let job = Job::load(&job, &sets)?;
-            let protect = protect.iter().map(|p| Job::load(p, &[])).collect::<Result<Vec<_>, _>>()?;
+            let job = job::load(&job, &sets)?;
+            let protect = protect.iter().map(|p| job::load(p, &[])).collect::<Result<Vec<_>, _>>()?;
             let opts = engine::maintain::MaintainOptions {
                 tables,
                 compact: !no_compact,
@@ -284,7 +285,7 @@ fn run_job(
     new_incarnation: bool,
     serve: &Serve,
 ) -> anyhow::Result<ExitCode> {
-    let job = Job::load(job, sets)?;
+    let job = job::load(job, sets)?;
     let options = RunOptions::new(progress, new_incarnation);
     // Bound before anything is written: a taken address fails the run here.
     let _server = serve_metrics(&job, serve, &options.metrics)?;
@@ -297,7 +298,7 @@ fn run_job(
 
 /// Starts the metrics server when `--metrics-addr` or `job.metrics_addr`
 /// asks for one, and writes its address where `--metrics-addr-file` says.
-fn serve_metrics(job: &Job, serve: &Serve, metrics: &Metrics) -> anyhow::Result<Option<MetricsServer>> {
+fn serve_metrics(job: &EngineConfig, serve: &Serve, metrics: &Metrics) -> anyhow::Result<Option<MetricsServer>> {
     let (addr, key) = match (serve.addr, job.metrics_addr) {
         (Some(addr), _) => (addr, "--metrics-addr"),
         (None, Some(addr)) => (addr, "job.metrics_addr"),
@@ -363,7 +364,7 @@ fn show_state(
     cache_dir: Option<PathBuf>,
     drop_pending: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
-    let job = Job::load(job, sets)?;
+    let job = job::load(job, sets)?;
     if let Some(c) = drop_pending {
         let dropped = engine::state::drop_pending(&job, c)?;
         println!(
@@ -383,7 +384,7 @@ fn show_state(
 /// `sluice check`: each check passed and each problem, then the verdict;
 /// fails when there is a problem.
 fn check_job(job: &Path, sets: &[String], cache_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let job = Job::load(job, sets)?;
+    let job = job::load(job, sets)?;
     let host = host(cache_dir)?;
     let report = engine::check(&job, &host);
     for line in &report.passed {

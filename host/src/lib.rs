@@ -10,6 +10,7 @@ pub mod cli;
 
 pub use sluice_capability::{self as capability, bindings};
 pub use sluice_core::{fault, ipc, location, progress};
-pub use sluice_engine::{self as engine, job, kinds, metrics};
+pub use sluice_engine::{self as engine, config, kinds, metrics};
+pub use sluice_job as job;
 pub use sluice_plugin as plugin;
 pub use sluice_source as source;

@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use sluice_engine::job::Job as JobFile;
+use sluice_engine::config::EngineConfig;
 
 use crate::errors::{SluiceError, to_py};
 
 /// A job file, parsed and checked as `sluice run` does.
 #[pyclass(frozen, module = "sluice._native")]
 pub(crate) struct Job {
-    pub(crate) job: Arc<JobFile>,
+    pub(crate) job: Arc<EngineConfig>,
     text: String,
     path: PathBuf,
     overrides: Vec<String>,
@@ -23,7 +23,7 @@ pub(crate) struct Job {
 
 impl Job {
     fn parse(text: String, path: PathBuf, overrides: Vec<String>) -> PyResult<Self> {
-        let job = JobFile::from_str(&text, &path, &overrides).map_err(to_py)?;
+        let job = sluice_job::from_str(&text, &path, &overrides).map_err(to_py)?;
         Ok(Self { job: Arc::new(job), text, path, overrides })
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use sluice_engine::checkpoint::{CheckpointStore as Store, Incarnation};
-use sluice_engine::job::STATE_DIR_SERVED;
+use sluice_engine::config::STATE_DIR_SERVED;
 use sluice_engine::location::Location;
 
 use crate::errors::{SluiceError, to_py};
@@ -45,7 +45,7 @@ impl CheckpointStore {
         let location = Location::parse(text, &cwd, STATE_DIR_SERVED)
             .map_err(|e| SluiceError::new_err(format!("state directory {text}: {e}")))?;
         // The range `job.lease_secs` takes: no conversion below can fail.
-        let lease = sluice_engine::job::seconds(lease_secs, sluice_engine::job::LEASE_SECS)
+        let lease = sluice_engine::config::seconds(lease_secs, sluice_engine::config::LEASE_SECS)
             .map_err(|m| SluiceError::new_err(format!("lease_secs = {lease_secs}: {m}")))?;
         let store =
             py.detach(|| Store::open_at(&location, &job_id, retain, lease, &Default::default())).map_err(to_py)?;

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use arrow_array::{Array, Int64Array, RecordBatch};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice::bindings::CommitOutcome;
+use sluice::config::EngineConfig;
 use sluice::engine::{self, CrashPoint, EngineError, Fault, Faults, RunOptions, RunSummary};
-use sluice::job::Job;
 use sluice::plugin::PluginHost;
 use sluice::progress::ProgressMode;
 use sluice::source::generator::Generator;
@@ -269,10 +269,10 @@ memory_mb = 64
     }
 
     /// Writes the job file and loads it with `sets`.
-    pub fn load(&self, sets: &[&str]) -> Result<Job, EngineError> {
+    pub fn load(&self, sets: &[&str]) -> Result<EngineConfig, EngineError> {
         std::fs::write(self.path(), &self.toml).expect("writing job file");
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        Ok(Job::load(&self.path(), &sets)?)
+        Ok(sluice::job::load(&self.path(), &sets)?)
     }
 
     /// Runs the job in this process, optionally crashing at `fault`.
@@ -781,7 +781,7 @@ pub fn read_iceberg_rest_with(
     uri: &str,
     warehouse: &Path,
     table: &str,
-    auth: Option<&sluice::job::RestAuth>,
+    auth: Option<&sluice::config::RestAuth>,
 ) -> IcebergTable {
     let catalog = sluice::capability::catalog::CatalogGrant::open_rest("sluice", uri, warehouse, auth)
         .expect("opening the REST catalog");

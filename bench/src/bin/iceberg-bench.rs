@@ -386,7 +386,7 @@ fn probe(toml: &str) -> Result<Probe> {
 }
 
 fn run_probe(job: &Path) -> Result<()> {
-    let job = sluice_engine::job::Job::load(job, &[])?;
+    let job = sluice_job::load(job, &[])?;
     let summary = run_quiet(&job, &host()?)?;
     println!(
         "{} {} {} {} {}",

@@ -134,7 +134,7 @@ impl std::fmt::Debug for GrpcGrant {
 }
 
 impl GrpcGrant {
-    /// Sets up the job's endpoints (validated by `Job::load`). Nothing
+    /// Sets up the job's endpoints (validated by `sluice_job::load`). Nothing
     /// connects yet: each instance connects at its first call, so an
     /// unreachable address surfaces there, as UNAVAILABLE naming the endpoint.
     pub fn open(configs: &BTreeMap<String, EndpointConfig>) -> Result<Self, GrpcSetupError> {

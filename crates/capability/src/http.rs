@@ -91,7 +91,7 @@ impl std::fmt::Debug for HttpGrant {
 }
 
 impl HttpGrant {
-    /// The job's endpoints (validated by `Job::load`).
+    /// The job's endpoints (validated by `sluice_job::load`).
     pub fn open(configs: &BTreeMap<String, EndpointConfig>) -> Result<Self, HttpSetupError> {
         let mut endpoints = BTreeMap::new();
         for (name, config) in configs {

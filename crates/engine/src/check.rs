@@ -9,8 +9,8 @@ use super::checkpoint::{CheckpointRecord, Incarnation};
 use super::setup::{check_options, check_tables, sink_ctx};
 use super::tables::TableSet;
 use crate::capability::Granted;
+use crate::config::EngineConfig;
 use crate::fault::Faults;
-use crate::job::Job;
 use crate::plugin::{Limits, Plugin, PluginHost};
 use crate::source::Source;
 
@@ -27,7 +27,7 @@ pub struct CheckReport {
 /// state directory, and the plugin's own `validate` against the source
 /// schema (which, for a new state directory, also looks for checkpoints of
 /// another incarnation in the target).
-pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
+pub fn check(job: &EngineConfig, host: &PluginHost) -> CheckReport {
     let mut report = CheckReport::default();
     let plugin = match host.load(&job.spec.sink.plugin) {
         Ok(p) => p,
@@ -55,7 +55,7 @@ pub fn check(job: &Job, host: &PluginHost) -> CheckReport {
 
 impl CheckReport {
     /// The job's sink options against those the plugin declares.
-    fn options(&mut self, job: &Job, plugin: &Plugin) {
+    fn options(&mut self, job: &EngineConfig, plugin: &Plugin) {
         let Some(info) = plugin.info() else { return };
         self.passed.push(format!("plugin {} {} ({})", info.name, info.version, plugin.path.display()));
         let option_errors = check_options(job, info);
@@ -67,7 +67,7 @@ impl CheckReport {
 
     /// The state directory, read without locking or changing it: its
     /// incarnation (if any) and its newest record.
-    fn state(&mut self, job: &Job) -> (Option<Incarnation>, Option<CheckpointRecord>) {
+    fn state(&mut self, job: &EngineConfig) -> (Option<Incarnation>, Option<CheckpointRecord>) {
         match super::state::inspect(job) {
             Ok(state) => {
                 self.passed.push(format!("state: {}", state.one_line()));
@@ -83,7 +83,7 @@ impl CheckReport {
         }
     }
 
-    fn grants(&mut self, job: &Job) -> Option<Granted> {
+    fn grants(&mut self, job: &EngineConfig) -> Option<Granted> {
         match Granted::open(&job.grants(), &Faults::default()) {
             Ok(g) => {
                 self.passed.push(format!("grants: {}", g.describe()));
@@ -97,7 +97,7 @@ impl CheckReport {
     }
 
     /// The source, and whether it is the one the newest record describes.
-    fn source(&mut self, job: &Job, latest: Option<&CheckpointRecord>) -> Option<Source> {
+    fn source(&mut self, job: &EngineConfig, latest: Option<&CheckpointRecord>) -> Option<Source> {
         match Source::of_config(&job.source_config()) {
             Ok(s) => {
                 self.passed.push(format!("source: {}", s.describe()));
@@ -118,7 +118,14 @@ impl CheckReport {
 
     /// The plugin's own `validate` against the source's tables, as the
     /// run's committer would open.
-    fn validate(&mut self, job: &Job, plugin: &Plugin, grants: &Granted, source: &Source, known: Option<Incarnation>) {
+    fn validate(
+        &mut self,
+        job: &EngineConfig,
+        plugin: &Plugin,
+        grants: &Granted,
+        source: &Source,
+        known: Option<Incarnation>,
+    ) {
         // A new state directory: the first run would refuse another incarnation's checkpoints.
         let (incarnation, refuse) = match known {
             Some(known) => (known, false),

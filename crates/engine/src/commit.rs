@@ -27,7 +27,7 @@ use super::checkpoint::{CheckpointError, PendingCommit};
 use crate::bindings::CommitOutcome;
 use crate::capability::catalog::CatalogGrant;
 use crate::fault::{Crash, CrashPoint, Faults};
-use crate::job::Job;
+use crate::config::EngineConfig;
 use crate::kinds::{ErrorKind, Kind};
 use crate::metrics::{Metrics, RetryReason};
 use crate::plugin::{CommitterInstance, PluginError, SinkErrorKind, TableChange};
@@ -103,7 +103,7 @@ fn retryable(e: &EngineError) -> bool {
 }
 
 impl Committer {
-    pub(super) fn new(instance: CommitterInstance, job: &Job, faults: Faults) -> Self {
+    pub(super) fn new(instance: CommitterInstance, job: &EngineConfig, faults: Faults) -> Self {
         let spec = &job.spec.job.commit;
         let policy = Policy {
             attempts: spec.max_attempts,

@@ -50,8 +50,8 @@ use super::writer::{WriterEnv, WriterSetup};
 use super::{EngineError, RunOptions, Stop};
 use crate::bindings::CommitOutcome;
 use crate::capability::Granted;
+use crate::config::{EngineConfig, MaxBadRows};
 use crate::fault::{CrashPoint, Faults};
-use crate::job::{Job, MaxBadRows};
 use crate::metrics::{Metrics, Tally};
 use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost};
 use crate::progress::{Progress, peak_memory};
@@ -106,7 +106,7 @@ struct Identity {
 
 /// Everything a run holds between its checkpoints.
 struct Coordinator<'a> {
-    job: &'a Job,
+    job: &'a EngineConfig,
     store: CheckpointStore,
     plugin: Plugin,
     grants: Granted,
@@ -153,7 +153,7 @@ pub const MIN_RECORDS_FOR_A_SHARE: u64 = 1000;
 /// checkpoint (as after a crash: nothing of the failed round was
 /// persisted), with those records read as dead letters. A record is
 /// rejected this way at most once per run, so this ends.
-pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary, EngineError> {
+pub fn run(job: &EngineConfig, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary, EngineError> {
     let mut rejected: std::collections::BTreeMap<(String, u64), String> = Default::default();
     let mut opts = opts.clone();
     // The records the last attempt's sink rejected that no attempt had before.
@@ -190,7 +190,7 @@ pub fn run(job: &Job, host: &PluginHost, opts: &RunOptions) -> Result<RunSummary
 /// crash: nothing is lost, and a new run (with a new pool) resumes from the
 /// last persisted checkpoint.
 pub fn run_on(
-    job: &Job,
+    job: &EngineConfig,
     host: &PluginHost,
     opts: &RunOptions,
     pool: &mut dyn WriterPool,
@@ -200,7 +200,7 @@ pub fn run_on(
 
 /// One run, with `rejected` records read as dead letters.
 fn run_attempt(
-    job: &Job,
+    job: &EngineConfig,
     host: &PluginHost,
     opts: &RunOptions,
     pool: &mut dyn WriterPool,
@@ -247,7 +247,7 @@ fn abort_prepare(pool: &mut dyn WriterPool, c: u64) {
 }
 
 /// The newest record's checkpoint and pending commits, or the start.
-fn log_start(job: &Job, who: &Identity, restored: Option<&CheckpointRecord>) {
+fn log_start(job: &EngineConfig, who: &Identity, restored: Option<&CheckpointRecord>) {
     let (job_id, incarnation, attempt) = (&job.spec.job.id, &who.incarnation.id, who.attempt);
     match restored {
         Some(r) => tracing::info!(
@@ -275,7 +275,7 @@ impl<'a> Coordinator<'a> {
     /// committer. Nothing is written to the target before the committer has
     /// accepted the incarnation.
     fn setup(
-        job: &'a Job,
+        job: &'a EngineConfig,
         host: &PluginHost,
         opts: &RunOptions,
         progress: Arc<Progress>,
@@ -355,7 +355,7 @@ impl<'a> Coordinator<'a> {
 
     /// Settles the incarnation and counts the attempt.
     fn identify(
-        job: &Job,
+        job: &EngineConfig,
         store: &CheckpointStore,
         restored: Option<&CheckpointRecord>,
         opts: &RunOptions,

@@ -18,7 +18,7 @@ pub use sluice_core::error::{ErrorKind, Kind};
 
 use crate::EngineError;
 use crate::checkpoint::CheckpointError;
-use crate::job::JobError;
+use crate::config::JobError;
 
 impl Kind for JobError {
     fn kind(&self) -> ErrorKind {

@@ -27,7 +27,7 @@ use super::{EngineError, RunOptions};
 use crate::bindings::CommitOutcome;
 use crate::capability::Granted;
 use crate::fault::{CrashPoint, Faults};
-use crate::job::Job;
+use crate::config::EngineConfig;
 use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost, SinkCtx, SourceTable};
 
 /// The one checkpoint of a landing.
@@ -58,7 +58,7 @@ pub struct LandingSummary {
 /// A landing in progress: the state directory locked, the incarnation
 /// settled, the plugin loaded.
 pub struct Landing {
-    job: Arc<Job>,
+    job: Arc<EngineConfig>,
     store: CheckpointStore,
     plugin: Plugin,
     grants: Granted,
@@ -77,7 +77,7 @@ impl Landing {
     /// and loads the plugin. A state directory that holds a record already
     /// landed its dataset: what that record left pending is committed now,
     /// then the landing is refused ([`EngineError::AlreadyLanded`]).
-    pub fn open(job: Arc<Job>, host: &PluginHost, opts: &RunOptions) -> Result<Self, EngineError> {
+    pub fn open(job: Arc<EngineConfig>, host: &PluginHost, opts: &RunOptions) -> Result<Self, EngineError> {
         // The plugin first: one that cannot load leaves no state directory behind.
         let plugin = load_plugin(&job, host)?;
         let store = open_unhalted(&job)?.with_faults(&opts.faults);

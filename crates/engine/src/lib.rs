@@ -18,7 +18,7 @@
 //! nothing committed twice.
 
 mod check;
-pub mod job;
+pub mod config;
 pub mod kinds;
 pub mod metrics;
 
@@ -57,7 +57,7 @@ pub use setup::grants_and_limits;
 pub use subtask::RoundReport;
 pub use summary::RunSummary;
 
-use crate::job::JobError;
+use crate::config::JobError;
 use crate::plugin::PluginError;
 use crate::progress::ProgressMode;
 use crate::source::SourceError;

@@ -55,8 +55,8 @@ use std::time::Duration;
 use super::EngineError;
 use super::checkpoint::{CheckpointError, CheckpointStore, now_ms};
 use crate::capability::Granted;
+use crate::config::{EngineConfig, MIN_RUNNING_ORPHAN_AGE};
 use crate::fault::Faults;
-use crate::job::{Job, MIN_RUNNING_ORPHAN_AGE};
 use crate::metrics::Metrics;
 use crate::plugin::{Limits, MaintainRequest, MaintainerInstance, Plugin, PluginHost, SinkCtx};
 
@@ -80,7 +80,7 @@ pub struct MaintainOptions {
     pub keep_last: Option<u32>,
     pub remove_orphans_older_than: Option<Duration>,
     /// Other jobs whose pending checkpoints orphan cleanup must spare.
-    pub protect: Vec<Job>,
+    pub protect: Vec<EngineConfig>,
     /// Remove orphans younger than [`ORPHAN_FLOOR`] even while a table
     /// names jobs whose state this cannot see (their pending files may go).
     pub force: bool,
@@ -138,7 +138,7 @@ impl fmt::Display for MaintainReport {
 }
 
 /// The combined commits of `job`'s pending checkpoints, for its own sink.
-fn pending_of(job: &Job) -> Result<Vec<Vec<u8>>, CheckpointError> {
+fn pending_of(job: &EngineConfig) -> Result<Vec<Vec<u8>>, CheckpointError> {
     let Some(store) = CheckpointStore::inspect_at(&job.state, &job.spec.job.id, &job.state_stores)? else {
         return Ok(Vec::new());
     };
@@ -178,7 +178,7 @@ pub(super) fn require_maintenance(plugin: &Plugin) -> Result<(), EngineError> {
 /// Refuses, before a run writes anything, a job whose `[sink.maintenance]`
 /// its plugin cannot serve: one without the export, or one that answers an
 /// empty request with an error (a plugin that keeps no tables).
-pub(super) fn probe(job: &Job, plugin: &Plugin) -> Result<(), EngineError> {
+pub(super) fn probe(job: &EngineConfig, plugin: &Plugin) -> Result<(), EngineError> {
     require_maintenance(plugin)?;
     let grants = Granted::open(&job.grants(), &Faults::default())?;
     let ctx = SinkCtx {
@@ -244,7 +244,13 @@ struct Maintainer {
 }
 
 impl Maintainer {
-    fn open(plugin: &Plugin, grants: &Granted, limits: Limits, ctx: SinkCtx, job: &Job) -> Result<Self, EngineError> {
+    fn open(
+        plugin: &Plugin,
+        grants: &Granted,
+        limits: Limits,
+        ctx: SinkCtx,
+        job: &EngineConfig,
+    ) -> Result<Self, EngineError> {
         let options = plugin.options_for(job.sink_options(), &ctx);
         let instance = plugin.instantiate_maintainer("maintainer", grants, limits)?;
         Ok(Self { instance, ctx, options })
@@ -278,7 +284,7 @@ impl Maintainer {
 /// has no interval to go by: [`MIN_RUNNING_ORPHAN_AGE`] (such rounds are
 /// short while rows flow; a quiet streaming source can hold one longer,
 /// which the README says).
-fn least_beside(job: &Job) -> Duration {
+fn least_beside(job: &EngineConfig) -> Duration {
     let Some(interval) = job.spec.job.checkpoint.interval_secs.and_then(|s| Duration::try_from_secs_f64(s).ok()) else {
         return MIN_RUNNING_ORPHAN_AGE;
     };
@@ -288,7 +294,7 @@ fn least_beside(job: &Job) -> Duration {
 }
 
 /// Runs the maintenance `opts` asks for on `job`'s sink tables.
-pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<MaintainReport, EngineError> {
+pub fn maintain(job: &EngineConfig, host: &PluginHost, opts: &MaintainOptions) -> Result<MaintainReport, EngineError> {
     let plugin = super::setup::load_plugin(job, host)?;
     require_maintenance(&plugin)?;
     if let Some(age) = opts.remove_orphans_older_than
@@ -359,7 +365,7 @@ pub fn maintain(job: &Job, host: &PluginHost, opts: &MaintainOptions) -> Result<
 /// or files written before incarnations). Another incarnation of the same
 /// job (`--new-incarnation`, another state directory) is another writer,
 /// whose pending checkpoints this command cannot read: never seen here.
-fn writer_keys(job: &Job) -> Result<Vec<String>, EngineError> {
+fn writer_keys(job: &EngineConfig) -> Result<Vec<String>, EngineError> {
     let short = format!("{}.{}", job.spec.job.id, job.spec.sink.id);
     let store = CheckpointStore::inspect_at(&job.state, &job.spec.job.id, &job.state_stores)?;
     let incarnation = match &store {
@@ -428,8 +434,8 @@ fn run_pass(
     maintainer: &mut Maintainer,
     plan: &Plan,
     tables: Vec<String>,
-    job: &Job,
-    protect: &[Job],
+    job: &EngineConfig,
+    protect: &[EngineConfig],
 ) -> Result<MaintainReport, EngineError> {
     let mut seen = BTreeSet::new();
     for j in std::iter::once(job).chain(protect) {
@@ -570,7 +576,7 @@ impl Background {
     /// opened here, so that a plugin that cannot maintain is refused before
     /// the run writes anything.
     pub(super) fn start(
-        job: &Job,
+        job: &EngineConfig,
         plugin: &Plugin,
         grants: &Granted,
         ctx: SinkCtx,
@@ -580,9 +586,9 @@ impl Background {
         require_maintenance(plugin)?;
         let mut limits = Limits::of(&job.spec.sink.sandbox);
         limits.call_timeout = m.timeout;
-        // The jobs to protect load now, so that a wrong path is refused
-        // before the run writes anything; each pass reads their state anew.
-        let protect = m.protect.iter().map(|p| Job::load(p, &[])).collect::<Result<Vec<_>, _>>()?;
+        // The jobs to protect were loaded with the job (a wrong path was
+        // refused then); each pass reads their state anew.
+        let protect = m.protect.clone();
         let opened = Maintainer::open(plugin, grants, limits, ctx.clone(), job)?;
         let plan = Plan {
             target_file_bytes: Some(m.target_file_bytes),
@@ -637,8 +643,8 @@ impl Background {
 /// its and the `protect`ed jobs' pending checkpoints read right before,
 /// with the same floor as `sluice maintain` (never forced).
 fn background_pass(
-    job: &Job,
-    protect: &[Job],
+    job: &EngineConfig,
+    protect: &[EngineConfig],
     plan: &Plan,
     maintainer: &mut Maintainer,
 ) -> Result<MaintainReport, EngineError> {

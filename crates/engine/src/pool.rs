@@ -28,7 +28,7 @@ pub use super::writer::{WriterEnv, WriterSetup};
 use crate::capability::Granted;
 use crate::fault::Faults;
 use crate::ipc;
-use crate::job::Job;
+use crate::config::EngineConfig;
 use crate::metrics::Tally;
 use crate::plugin::{ChangeKind, PluginHost};
 use crate::progress::{Progress, ProgressMode};
@@ -289,7 +289,7 @@ pub struct Worker {
 impl Worker {
     /// Opens the writer `setup` describes, for `job` (parsed from the same
     /// job file the coordinator runs), loading the plugin through `host`.
-    pub fn open(job: &Job, host: &PluginHost, setup: WriterSetup) -> Result<Self, EngineError> {
+    pub fn open(job: &EngineConfig, host: &PluginHost, setup: WriterSetup) -> Result<Self, EngineError> {
         let plugin = host.load(&job.spec.sink.plugin)?;
         let grants = Granted::open(&job.grants(), &Faults::default())?;
         let options = plugin.options_for(job.sink_options(), &setup.ctx);

@@ -14,8 +14,8 @@ use super::checkpoint::{CheckpointRecord, CheckpointStore, Incarnation};
 use super::tables::TableSet;
 use crate::bindings::PluginInfo;
 use crate::capability::Granted;
+use crate::config::{CatalogConfig, EngineConfig, JobError, SourceSpec};
 use crate::fault::Faults;
-use crate::job::{CatalogConfig, Job, JobError, SourceSpec};
 use crate::location::{Location, Scheme, Served};
 use crate::plugin::{ContractVersion, Limits, Plugin, PluginError, PluginHost, SinkCtx, reserved};
 use crate::source::Source;
@@ -23,14 +23,14 @@ use sluice_store::S3Options;
 
 /// What a run of `job` grants its plugin instances, and their limits: for
 /// tools that drive a plugin directly (the conformance suite).
-pub fn grants_and_limits(job: &Job) -> Result<(Granted, Limits), EngineError> {
+pub fn grants_and_limits(job: &EngineConfig) -> Result<(Granted, Limits), EngineError> {
     Ok((Granted::open(&job.grants(), &Faults::default())?, Limits::of(&job.spec.sink.sandbox)))
 }
 
 /// Loads the job's plugin and refuses options it does not take (the first
 /// such error): before the state directory is touched, so a job that
 /// cannot start leaves it as it was.
-pub(super) fn load_plugin(job: &Job, host: &PluginHost) -> Result<Plugin, EngineError> {
+pub(super) fn load_plugin(job: &EngineConfig, host: &PluginHost) -> Result<Plugin, EngineError> {
     let plugin = host.load(&job.spec.sink.plugin)?;
     if let Some(info) = plugin.info()
         && let Some(e) = check_options(job, info).into_iter().next()
@@ -41,7 +41,7 @@ pub(super) fn load_plugin(job: &Job, host: &PluginHost) -> Result<Plugin, Engine
 }
 
 /// Host-side check of the options against what the plugin declares.
-pub(super) fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
+pub(super) fn check_options(job: &EngineConfig, info: &PluginInfo) -> Vec<JobError> {
     let mut errors = Vec::new();
     let options = job.sink_options();
     let known: Vec<&str> =
@@ -76,7 +76,7 @@ pub(super) fn check_options(job: &Job, info: &PluginInfo) -> Vec<JobError> {
 /// Who an instance is: writer `subtask`, or the committer (0), of
 /// `incarnation`; `refuse_others` on a fresh state directory's first run.
 pub(super) fn sink_ctx(
-    job: &Job,
+    job: &EngineConfig,
     incarnation: &Incarnation,
     refuse_others: bool,
     subtask: u32,
@@ -112,7 +112,7 @@ pub(super) fn check_tables(plugin: &Plugin, source: &Source, tables: &TableSet) 
 
 /// Refuses a newest record that another job shape made: another
 /// parallelism, another source, another sink.
-pub(super) fn check_restored(job: &Job, source: &Source, r: &CheckpointRecord) -> Result<(), EngineError> {
+pub(super) fn check_restored(job: &EngineConfig, source: &Source, r: &CheckpointRecord) -> Result<(), EngineError> {
     let spec = &job.spec;
     if r.parallelism != spec.job.parallelism {
         return Err(EngineError::ParallelismChanged {
@@ -167,7 +167,7 @@ pub(super) fn check_restored(job: &Job, source: &Source, r: &CheckpointRecord) -
 
 /// Opens and holds the job's state directory (locked on disk, leased on an
 /// object store for job.lease_secs).
-pub(super) fn open_state(job: &Job) -> Result<CheckpointStore, EngineError> {
+pub(super) fn open_state(job: &EngineConfig) -> Result<CheckpointStore, EngineError> {
     let spec = &job.spec;
     let lease = std::time::Duration::from_secs_f64(spec.job.lease_secs);
     Ok(CheckpointStore::open_at(&job.state, &spec.job.id, spec.job.checkpoint.retain, lease, &job.state_stores)?)
@@ -176,7 +176,7 @@ pub(super) fn open_state(job: &Job) -> Result<CheckpointStore, EngineError> {
 /// Opens and holds the job's state directory, refusing one that is halted,
 /// and a job whose S3 parts cannot sign a request ([`check_cloud_access`]):
 /// before the state directory is touched.
-pub(super) fn open_unhalted(job: &Job) -> Result<CheckpointStore, EngineError> {
+pub(super) fn open_unhalted(job: &EngineConfig) -> Result<CheckpointStore, EngineError> {
     let spec = &job.spec;
     check_cloud_access(job)?;
     let store = open_state(job)?;
@@ -192,7 +192,7 @@ pub(super) fn open_unhalted(job: &Job) -> Result<CheckpointStore, EngineError> {
 /// the part's own keys): the job key that names each, its URL, and how
 /// its part reaches S3. A REST catalog's warehouse is left out, and the
 /// grants within it: the catalog may vend the credentials for its tables.
-fn s3_parts(job: &Job) -> Vec<(String, String, &S3Options)> {
+fn s3_parts(job: &EngineConfig) -> Vec<(String, String, &S3Options)> {
     let all = Served { stores: &Scheme::ALL };
     let on_s3 = |raw: &str| match Location::parse(raw, &job.base_dir, all) {
         Ok(location @ Location::ObjectStore { scheme: Scheme::S3, .. }) => Some(location),
@@ -234,7 +234,7 @@ fn s3_parts(job: &Job) -> Vec<(String, String, &S3Options)> {
 /// gets no credential from the AWS chain, naming the part's key, every
 /// source tried and what to do ([`sluice_store::aws`]). Asks each part's
 /// settings once; sends nothing to any bucket.
-pub(super) fn check_cloud_access(job: &Job) -> Result<(), EngineError> {
+pub(super) fn check_cloud_access(job: &EngineConfig) -> Result<(), EngineError> {
     let mut checked: Vec<&S3Options> = Vec::new();
     for (key, url, options) in s3_parts(job) {
         let refuse = |message: String| JobError::Invalid { path: job.path.clone(), key: key.clone(), message };
@@ -264,7 +264,7 @@ pub(super) fn check_cloud_access(job: &Job) -> Result<(), EngineError> {
 /// - A new state directory gets a new id, persisted only once the committer
 ///   accepted it.
 pub(super) fn settle_incarnation(
-    job: &Job,
+    job: &EngineConfig,
     store: &CheckpointStore,
     restored: Option<&CheckpointRecord>,
     opts: &RunOptions,
@@ -295,7 +295,7 @@ pub(super) fn settle_incarnation(
 /// Says when a plugin cannot keep incarnations apart (it does not declare
 /// the host's options), so an operator knows what protects the job.
 pub(super) fn warn_about_incarnation_support(
-    job: &Job,
+    job: &EngineConfig,
     plugin: &Plugin,
     incarnation: &Incarnation,
     refuse_others: bool,

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use super::EngineError;
 use super::checkpoint::{CheckpointRecord, CheckpointStore, DroppedCommit, Halt, Incarnation, now_ms};
-use crate::job::Job;
+use crate::config::EngineConfig;
 use crate::plugin::{Limits, PluginHost};
 
 /// A state directory as `sluice state` shows it.
@@ -34,7 +34,7 @@ pub struct StateReport {
 }
 
 /// Reads a job's state directory without locking or changing it.
-pub fn inspect(job: &Job) -> Result<StateReport, EngineError> {
+pub fn inspect(job: &EngineConfig) -> Result<StateReport, EngineError> {
     let spec = &job.spec;
     let mut report = StateReport {
         job_id: spec.job.id.clone(),
@@ -63,7 +63,7 @@ impl StateReport {
     /// (`describe-commit`, a pure call with no grants). A plugin that cannot
     /// be loaded, or one of contract 0.1, leaves the generic view; the reason
     /// is returned for the operator.
-    pub fn describe_with(&mut self, job: &Job, host: &PluginHost) -> Result<(), String> {
+    pub fn describe_with(&mut self, job: &EngineConfig, host: &PluginHost) -> Result<(), String> {
         let Some(latest) = &self.latest else { return Ok(()) };
         if latest.pending.is_empty() {
             return Ok(());
@@ -87,7 +87,7 @@ impl StateReport {
 /// operator decided that its commit will never be made (its rows are
 /// already visible, or they are given up). Takes the directory's lock, so
 /// no run may hold it meanwhile.
-pub fn drop_pending(job: &Job, checkpoint: u64) -> Result<DroppedCommit, EngineError> {
+pub fn drop_pending(job: &EngineConfig, checkpoint: u64) -> Result<DroppedCommit, EngineError> {
     let spec = &job.spec;
     let store = super::setup::open_state(job)?;
     let mut record = store.latest()?.ok_or_else(|| EngineError::NotPending {

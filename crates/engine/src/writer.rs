@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::checkpoint::{SubtaskRecord, TableRecord};
 use crate::capability::Granted;
 use crate::fault::Faults;
-use crate::job::Job;
+use crate::config::EngineConfig;
 use crate::plugin::{Limits, Plugin, SinkCtx};
 use crate::progress::Progress;
 use crate::source::Source;
@@ -44,7 +44,7 @@ impl WriterEnv {
     /// The environment of `job`'s writers: its sandbox limits and its
     /// checkpoint trigger, with what the caller opened.
     pub fn for_job(
-        job: &Job,
+        job: &EngineConfig,
         plugin: Plugin,
         grants: Granted,
         options: Vec<(String, String)>,

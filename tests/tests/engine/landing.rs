@@ -11,9 +11,9 @@
 
 use std::sync::Arc;
 
+use sluice::config::EngineConfig;
 use sluice::engine::landing::{Landing, Part};
 use sluice::engine::{CrashPoint, EngineError, Fault, Faults, RunOptions};
-use sluice::job::Job;
 use sluice::plugin::{SinkCtx, SourceTable, WriterInstance};
 use sluice::progress::ProgressMode;
 use sluice::source::generator::Generator;
@@ -25,7 +25,7 @@ fn schema() -> Vec<u8> {
 
 /// One write task: a writer of the landing's context writes generator rows
 /// `first..first + rows` and prepares checkpoint 1.
-fn write_part(job: &Job, landing: &Landing, subtask: u32, first: u64, rows: u64) -> Part {
+fn write_part(job: &EngineConfig, landing: &Landing, subtask: u32, first: u64, rows: u64) -> Part {
     let plugin = host().load(&job.spec.sink.plugin).expect("plugin");
     let (grants, limits) = sluice::engine::grants_and_limits(job).expect("grants");
     // The files sink stages a checkpoint's parts under one attempt.
@@ -45,7 +45,7 @@ fn quiet() -> RunOptions {
     RunOptions::new(ProgressMode::Quiet, false)
 }
 
-fn land(job: &Arc<Job>, opts: &RunOptions) -> Result<(), EngineError> {
+fn land(job: &Arc<EngineConfig>, opts: &RunOptions) -> Result<(), EngineError> {
     let mut landing = Landing::open(job.clone(), host(), opts)?;
     landing.open_committer(&schema())?;
     let parts = [write_part(job, &landing, 0, 0, 3_000), write_part(job, &landing, 1, 3_000, 2_000)];
@@ -136,7 +136,7 @@ fn a_crash_during_the_landings_commit_is_finished_once_by_the_next_landing() {
 
 /// A chaos job: every `commit` answers `already-committed` and fails unless
 /// the record of its checkpoint is already in the state directory.
-fn chaos_job(id: &str) -> (TestJob, Arc<Job>) {
+fn chaos_job(id: &str) -> (TestJob, Arc<EngineConfig>) {
     let job = TestJob::chaos(id, 1, 1, 1_000, "already-committed", "commit");
     let loaded = Arc::new(job.load(&[]).expect("job file"));
     (job, loaded)
@@ -175,7 +175,7 @@ fn already_committed_is_key_reuse_for_the_landings_own_commit_only() {
 
 /// An Iceberg landing whose catalog misbehaves, driven through the
 /// landing's retries (`Committer::commit`, job.commit).
-fn iceberg_landing(id: &str, warehouse: &std::path::Path, sets: &[&str]) -> (TestJob, Arc<Job>) {
+fn iceberg_landing(id: &str, warehouse: &std::path::Path, sets: &[&str]) -> (TestJob, Arc<EngineConfig>) {
     let job = TestJob::iceberg(id, warehouse, "db.landed", 1, 0, 1, 1_000);
     let loaded = Arc::new(job.load(sets).expect("job file"));
     (job, loaded)

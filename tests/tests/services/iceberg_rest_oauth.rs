@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice::job::{DEFAULT_OAUTH2_SCOPE, OAuth2Config, RestAuth, Secret};
+use sluice::config::{DEFAULT_OAUTH2_SCOPE, OAuth2Config, RestAuth, Secret};
 use sluice_tests::rest_catalog::{OAuthClient, RestCatalogDouble};
 use sluice_tests::{TestJob, assert_exactly_once_range, cache_dir, read_iceberg_rest_with, sluice_bin, sluice_run};
 
@@ -319,7 +319,7 @@ fn contradictory_catalog_credentials_are_refused_at_load() {
         .load(&["sink.catalog.credential_file=cred.txt", "sink.catalog.oauth2_server_uri=https://idp.example/token"])
         .expect("loads");
     match &loaded.catalog {
-        Some(sluice::job::CatalogConfig::Rest { auth: Some(RestAuth::OAuth2(o)), .. }) => {
+        Some(sluice::config::CatalogConfig::Rest { auth: Some(RestAuth::OAuth2(o)), .. }) => {
             assert_eq!(o.credential.expose(), "id:secret");
             assert_eq!(o.server_uri, "https://idp.example/token");
             assert_eq!(o.scope, "catalog");
@@ -330,7 +330,7 @@ fn contradictory_catalog_credentials_are_refused_at_load() {
     }
     let loaded = job.load(&["sink.catalog.credential_file=cred.txt"]).expect("loads");
     match &loaded.catalog {
-        Some(sluice::job::CatalogConfig::Rest { auth: Some(RestAuth::OAuth2(o)), .. }) => {
+        Some(sluice::config::CatalogConfig::Rest { auth: Some(RestAuth::OAuth2(o)), .. }) => {
             assert_eq!(o.server_uri, "http://127.0.0.1:9/v1/oauth/tokens", "the spec's endpoint by default");
         }
         other => panic!("not OAuth2 credentials: {other:?}"),

@@ -15,97 +15,17 @@
 //! - nothing here changes how a job file is read: the schema-only types
 //!   below describe fields the job file keeps as `toml::Value`.
 
-use std::borrow::Cow;
 use std::collections::BTreeSet;
 
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde_json::{Map, Value};
+use sluice_engine::config::JobSpec;
+pub use sluice_engine::config::schema::{CountOrFraction, LongDuration, PluginOptions, ShortDuration, X_TYPE};
 
 /// The command that rewrites the page (the test that compares it says so too).
 pub const REGENERATE: &str = "SLUICE_BLESS=1 cargo test -p sluice-tests --test reference";
 
 /// Where the page lives, from the repository root.
 pub const PAGE: &str = "docs/src/reference/job-file.md";
-
-/// The schema's own key for a type shown in words instead of a JSON type.
-const X_TYPE: &str = "x-type";
-
-/// Schema of `job.max_bad_rows` (a `toml::Value` in the job file).
-pub struct CountOrFraction;
-
-impl JsonSchema for CountOrFraction {
-    fn schema_name() -> Cow<'static, str> {
-        "CountOrFraction".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": ["integer", "number"],
-            X_TYPE: "integer (a count of rows, 0 or more) or number between 0 and 1 (a fraction)",
-        })
-    }
-}
-
-/// Schema of a duration read by `job::parse_duration` (a `toml::Value`
-/// in the job file): positive and at most a week.
-pub struct ShortDuration;
-
-impl JsonSchema for ShortDuration {
-    fn schema_name() -> Cow<'static, str> {
-        "ShortDuration".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": ["string", "number"],
-            X_TYPE: "duration: a string such as \"500ms\", \"90s\", \"5m\" or \"1h\", or a number of seconds (at most a week)",
-        })
-    }
-}
-
-/// Schema of a duration read by `job::parse_long_duration` (a
-/// `toml::Value` in the job file): positive and at most 100 years.
-pub struct LongDuration;
-
-impl JsonSchema for LongDuration {
-    fn schema_name() -> Cow<'static, str> {
-        "LongDuration".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": ["string", "number"],
-            X_TYPE: "duration: a string such as \"90s\", \"10m\", \"1h\" or \"7days\", or a number of seconds",
-        })
-    }
-}
-
-/// Schema of `[sink.options]` (a `toml::Table` in the job file): plain
-/// values, handed to the plugin as strings; which keys the plugin takes
-/// is its own `describe` answer, rendered apart.
-pub struct PluginOptions;
-
-impl JsonSchema for PluginOptions {
-    fn schema_name() -> Cow<'static, str> {
-        "PluginOptions".into()
-    }
-    fn inline_schema() -> bool {
-        true
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "object",
-            "additionalProperties": {"type": ["string", "number", "boolean"]},
-            X_TYPE: "table of plain values (strings, numbers, booleans); the keys are the plugin's own, see below",
-        })
-    }
-}
 
 /// What a sink plugin says of its options (`describe`), as the page shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,9 +88,9 @@ pub struct Reference {
     undocumented: Vec<String>,
 }
 
-/// The job file's JSON Schema, derived from [`super::JobSpec`].
+/// The job file's JSON Schema, derived from [`JobSpec`].
 pub fn schema() -> Value {
-    schemars::schema_for!(super::JobSpec).to_value()
+    schemars::schema_for!(JobSpec).to_value()
 }
 
 /// The reference for the job file's types and these plugins.
