@@ -40,7 +40,7 @@ use super::dead_letter;
 use super::maintain::{self, Background};
 use super::pool::{LocalPool, WriterPool};
 use super::setup::{
-    check_restored, check_tables, load_plugin, open_unhalted, settle_incarnation, sink_ctx,
+    check_restored, check_tables, load_plugin, open_run_state, settle_incarnation, sink_ctx,
     warn_about_incarnation_support,
 };
 use super::subtask::RoundReport;
@@ -288,7 +288,7 @@ impl<'a> Coordinator<'a> {
             maintain::probe(job, &plugin)?;
         }
         let source = Arc::new(Source::of_config_rejecting(&job.source_config(), rejected)?);
-        let store = open_unhalted(job)?.with_faults(&opts.faults);
+        let store = open_run_state(job, opts)?;
         let restored = store.latest()?;
         if let Some(r) = &restored {
             check_restored(job, &source, r)?;

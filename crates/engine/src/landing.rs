@@ -22,12 +22,12 @@ use super::checkpoint::{
     Blob, CheckpointRecord, CheckpointStore, Incarnation, PendingCommit, SubtaskRecord, TableRecord, now_ms,
 };
 use super::commit::{Commit, Committed, Committer};
-use super::setup::{load_plugin, open_unhalted, settle_incarnation, sink_ctx, warn_about_incarnation_support};
+use super::setup::{load_plugin, open_run_state, settle_incarnation, sink_ctx, warn_about_incarnation_support};
 use super::{EngineError, RunOptions};
 use crate::bindings::CommitOutcome;
 use crate::capability::Granted;
-use crate::fault::{CrashPoint, Faults};
 use crate::config::EngineConfig;
+use crate::fault::{CrashPoint, Faults};
 use crate::plugin::{CommitterInstance, Limits, Plugin, PluginHost, SinkCtx, SourceTable};
 
 /// The one checkpoint of a landing.
@@ -80,7 +80,7 @@ impl Landing {
     pub fn open(job: Arc<EngineConfig>, host: &PluginHost, opts: &RunOptions) -> Result<Self, EngineError> {
         // The plugin first: one that cannot load leaves no state directory behind.
         let plugin = load_plugin(&job, host)?;
-        let store = open_unhalted(&job)?.with_faults(&opts.faults);
+        let store = open_run_state(&job, opts)?;
         let restored = store.latest()?;
         let (incarnation, new_incarnation) = settle_incarnation(&job, &store, restored.as_ref(), opts)?;
         let attempt = store.next_attempt()?;

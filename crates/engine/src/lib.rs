@@ -82,6 +82,11 @@ pub struct RunOptions {
     /// The registry the run reports into (a fresh one unless the caller
     /// serves one: `sluice run --metrics-addr`).
     pub metrics: crate::metrics::Metrics,
+    /// A test's state directory in memory, used in place of the job's
+    /// `job.state_dir` (and behind the same seeded faults): the
+    /// coordinator's rounds, recovery and halts run in-process against it.
+    #[cfg(feature = "fault-injection")]
+    pub memory_state: Option<memory_state::MemoryDir>,
 }
 
 /// A request to stop a run cleanly: the running round ends at once, its

@@ -177,9 +177,24 @@ pub(super) fn open_state(job: &EngineConfig) -> Result<CheckpointStore, EngineEr
 /// and a job whose S3 parts cannot sign a request ([`check_cloud_access`]):
 /// before the state directory is touched.
 pub(super) fn open_unhalted(job: &EngineConfig) -> Result<CheckpointStore, EngineError> {
-    let spec = &job.spec;
     check_cloud_access(job)?;
-    let store = open_state(job)?;
+    refuse_halted(job, open_state(job)?)
+}
+
+/// The state directory a run holds: the job's, or a test's in memory
+/// ([`RunOptions::memory_state`]), behind the faults the test armed.
+pub(super) fn open_run_state(job: &EngineConfig, opts: &RunOptions) -> Result<CheckpointStore, EngineError> {
+    #[cfg(feature = "fault-injection")]
+    if let Some(dir) = &opts.memory_state {
+        let store = CheckpointStore::in_memory(dir, &job.spec.job.id, job.spec.job.checkpoint.retain)?;
+        return Ok(refuse_halted(job, store)?.with_faults(&opts.faults));
+    }
+    Ok(open_unhalted(job)?.with_faults(&opts.faults))
+}
+
+/// `store`, unless a run halted it (an operator must look first).
+fn refuse_halted(job: &EngineConfig, store: CheckpointStore) -> Result<CheckpointStore, EngineError> {
+    let spec = &job.spec;
     match store.halted()? {
         Some(halt) => {
             Err(EngineError::Halted { job: spec.job.id.clone(), state_dir: job.state_dir.clone(), reason: halt.reason })

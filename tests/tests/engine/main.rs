@@ -22,6 +22,7 @@ mod landing;
 mod lifecycle;
 mod locations;
 mod maintenance;
+mod memory;
 mod metrics;
 mod plugin_test;
 mod race;

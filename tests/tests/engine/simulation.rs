@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice::engine::maintain::{MaintainOptions, maintain};
+use sluice::engine::memory_state::MemoryDir;
 use sluice::engine::{CrashPoint, EngineError, Fault, Faults, RunOptions};
 use sluice::fault::{CatalogFaults, CommitFault, Sim};
 use sluice_tests::{TestJob, assert_exactly_once_range, host, ids, read_visible};
@@ -92,6 +93,9 @@ struct Plan {
     faulty_runs: u32,
     /// A second job on the same table, and orphan cleanup beside it.
     second: Option<Second>,
+    /// The state directory is the engine's memory backend (shared by the
+    /// seed's runs, behind the same faults) instead of a local folder.
+    memory_state: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +131,10 @@ impl Plan {
             lose_reply: rng.range(0, 30_000) as u32,
             stale: rng.range(0, 60_000) as u32,
             faulty_runs: rng.range(1, u64::from(MAX_FAULTY_RUNS)) as u32,
+            // Every fourth seed keeps its state in memory (not beside a
+            // second writer, whose orphan cleanup reads A's state from disk);
+            // decided from the seed, so the other draws stay as they were.
+            memory_state: second.is_none() && seed % 4 == 1,
             second,
         }
     }
@@ -273,6 +281,8 @@ struct World {
     _root: tempfile::TempDir,
     warehouse: PathBuf,
     a: TestJob,
+    /// The state directory of a memory seed.
+    memory: Option<MemoryDir>,
     /// Ids a reader has seen: they must stay visible.
     seen: BTreeSet<i64>,
     log: Vec<String>,
@@ -297,7 +307,8 @@ impl World {
         } else {
             TestJob::files(&id, plan.rows, plan.parallelism, plan.every_rows)
         };
-        Self { plan, rng, sim, _root: root, warehouse, a, seen: BTreeSet::new(), log: Vec::new() }
+        let memory = plan.memory_state.then(|| MemoryDir::new(&id));
+        Self { plan, rng, sim, _root: root, warehouse, a, memory, seen: BTreeSet::new(), log: Vec::new() }
     }
 
     fn sets(&self) -> Vec<String> {
@@ -374,7 +385,8 @@ impl World {
             let sets = self.sets();
             let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
             let started = Instant::now();
-            let result = self.a.run_opts(&sets, RunOptions { faults, ..RunOptions::default() });
+            let opts = RunOptions { faults, memory_state: self.memory.clone(), ..RunOptions::default() };
+            let result = self.a.run_opts(&sets, opts);
             tally.runs += 1;
             let what = match &result {
                 Ok(s) => format!("ok, resumed from {:?}, recovered {:?}", s.resumed_from, s.recovered),
@@ -485,6 +497,17 @@ impl World {
 
     /// The job finished: every row of A once, with the generator's values.
     fn check_end(&mut self) -> Result<(), Finding> {
+        if let Some(memory) = &self.memory {
+            // The runs kept their state in memory, not in the job's folder.
+            if self.a.state().exists() || memory.records().is_empty() {
+                return Err(self.finding(format!(
+                    "a memory seed's state went elsewhere: {} exists: {}, records in memory: {:?}",
+                    self.a.state().display(),
+                    self.a.state().exists(),
+                    memory.records()
+                )));
+            }
+        }
         let a_ids: Vec<i64> = self.seen.iter().copied().filter(|i| *i < B_FIRST_ID as i64).collect();
         let expected: Vec<i64> = (0..self.plan.rows as i64).collect();
         if a_ids != expected {
@@ -606,6 +629,7 @@ fn the_checks_see_a_missing_file_and_lost_rows() {
             stale: 0,
             faulty_runs: 0,
             second: None,
+            memory_state: false,
         };
         let mut world = World::with_plan(plan, Rng(1));
         let mut tally = Tally::default();
