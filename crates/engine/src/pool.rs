@@ -26,9 +26,9 @@ use super::subtask::{Command, Reply, RoundReport, Subtask, SubtaskHandle, Subtas
 use super::tables::{Change, SchemaRefusal, TableSet};
 pub use super::writer::{WriterEnv, WriterSetup};
 use crate::capability::Granted;
+use crate::config::EngineConfig;
 use crate::fault::Faults;
 use crate::ipc;
-use crate::config::EngineConfig;
 use crate::metrics::Tally;
 use crate::plugin::{ChangeKind, PluginHost};
 use crate::progress::{Progress, ProgressMode};

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::checkpoint::{SubtaskRecord, TableRecord};
 use crate::capability::Granted;
-use crate::fault::Faults;
 use crate::config::EngineConfig;
+use crate::fault::Faults;
 use crate::plugin::{Limits, Plugin, SinkCtx};
 use crate::progress::Progress;
 use crate::source::Source;
