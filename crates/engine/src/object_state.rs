@@ -21,7 +21,10 @@
 //!   (released, or watched unrenewed for its whole length on this run's
 //!   monotonic clock: another host's wall clock is never trusted); renewed
 //!   by compare-and-swap every third of its length by a background thread
-//!   and before every write and commit. A run that sees the lease renewed
+//!   and before every write and commit, where the renewal must be confirmed
+//!   (a transient failure is retried, never let pass: a holder whose clock
+//!   did not count a suspend would otherwise commit a record written after
+//!   a takeover copied its folder). A run that sees the lease renewed
 //!   while it waits refuses, naming the holder; a run whose
 //!   compare-and-swap fails, or that could not renew within the lease, has
 //!   lost it and writes nothing more;
@@ -730,23 +733,29 @@ impl ObjectState {
         }
     }
 
-    /// Renews the lease now; an error once it is lost.
+    /// Renews the lease now, confirmed by the store; an error once it is
+    /// lost. A transient failure proves nothing either way, so it is tried
+    /// again (until two thirds of the lease since the last confirmed
+    /// renewal, then the run stops, resumable): what follows this check (a
+    /// record, a commit) must come after a renewal the store confirmed, and
+    /// so before any takeover copies this run's folder.
     pub(super) fn check_held(&self) -> Result<(), CheckpointError> {
         let Some(held) = &self.held else { return Ok(()) };
-        match renew(held, &self.store) {
-            Ok(()) => Ok(()),
-            Err(e) if lost(held) => Err(e),
-            Err(e) => {
-                // A transient failure: the lease still holds for a while.
-                let state = held.state.lock().map_err(|_| poisoned(held))?;
-                if state.renewed.elapsed() < held.lease * 2 / 3 {
-                    tracing::warn!(error = %e, "could not renew the state directory's lease; it still holds");
-                    Ok(())
-                } else {
-                    Err(CheckpointError::LeaseLost {
-                        url: held.url.clone(),
-                        reason: format!("it could not be renewed in time: {e}"),
-                    })
+        let poll = (held.lease / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
+        loop {
+            match renew(held, &self.store) {
+                Ok(()) => return Ok(()),
+                Err(e) if lost(held) => return Err(e),
+                Err(e) => {
+                    let renewed = held.state.lock().map_err(|_| poisoned(held))?.renewed;
+                    if renewed.elapsed() + poll >= held.lease * 2 / 3 {
+                        return Err(CheckpointError::LeaseLost {
+                            url: held.url.clone(),
+                            reason: format!("it could not be renewed in time: {e}"),
+                        });
+                    }
+                    tracing::warn!(error = %e, "could not renew the state directory's lease; trying again");
+                    std::thread::sleep(poll);
                 }
             }
         }
