@@ -68,6 +68,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use opendal::{ErrorKind, Operator};
+use sluice_core::location::{Location, Scheme};
 use thiserror::Error;
 
 pub mod aws;
@@ -296,6 +297,28 @@ pub(crate) fn ensure_tls_provider() {
 }
 
 impl ObjectStore {
+    /// The bucket of `root` (an object-store location), reached as
+    /// `options` say. Sends nothing. The one way Sluice opens a store for a
+    /// location it was given: state directories, the file source, `file-io`
+    /// grants and the catalog's warehouse storage.
+    pub fn open(root: &Location, options: &StoreOptions) -> Result<Self, StoreError> {
+        match root {
+            Location::ObjectStore { scheme, bucket, .. } => Self::of(*scheme, bucket, options),
+            Location::Local(path) => Err(StoreError::Config {
+                url: path.display().to_string(),
+                message: "a local path is not an object-store location".to_string(),
+            }),
+        }
+    }
+
+    /// Bucket `bucket` of the store `scheme` names. Sends nothing.
+    pub fn of(scheme: Scheme, bucket: &str, options: &StoreOptions) -> Result<Self, StoreError> {
+        match scheme {
+            Scheme::S3 => Self::s3(bucket, &options.s3),
+            Scheme::Gs => Self::gcs(bucket, &options.gcs),
+        }
+    }
+
     /// An S3 bucket, with credentials from the AWS default chain.
     pub fn s3(bucket: &str, options: &S3Options) -> Result<Self, StoreError> {
         ensure_tls_provider();

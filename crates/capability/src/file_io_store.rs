@@ -145,15 +145,9 @@ fn wait<T>(import: &'static str, fut: impl Future<Output = T>) -> Result<T, Host
 }
 
 /// The bucket of `root` (an object-store location), reached as `config`
-/// says. Sends nothing. The one way the host opens a store for a location
-/// it was given: `file-io` grants and the catalog's warehouse storage.
+/// says ([`ObjectStore::open`]). Sends nothing.
 pub fn open_store(root: &Location, config: &StoreConfig) -> Result<ObjectStore, String> {
-    match root {
-        Location::ObjectStore { scheme: Scheme::S3, bucket, .. } => ObjectStore::s3(bucket, &config.s3),
-        Location::ObjectStore { scheme: Scheme::Gs, bucket, .. } => ObjectStore::gcs(bucket, &config.gcs),
-        Location::Local(_) => return Err("not an object-store location".to_string()),
-    }
-    .map_err(|e| e.to_string())
+    ObjectStore::open(root, config).map_err(|e| e.to_string())
 }
 
 impl ObjectGrant {

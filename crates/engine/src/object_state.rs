@@ -220,10 +220,7 @@ impl ObjectState {
         stores: &StoreOptions,
     ) -> Result<Self, CheckpointError> {
         let url = if prefix.is_empty() { format!("{scheme}{bucket}") } else { format!("{scheme}{bucket}/{prefix}") };
-        let store = match scheme {
-            Scheme::S3 => ObjectStore::s3(bucket, &stores.s3)?,
-            Scheme::Gs => ObjectStore::gcs(bucket, &stores.gcs)?,
-        };
+        let store = ObjectStore::of(scheme, bucket, stores)?;
         let mut state = Self { store, url, prefix: prefix.to_string(), base: String::new(), held: None, renewer: None };
         match lease {
             Some(lease) => state.take_lease(lease)?,
@@ -905,10 +902,7 @@ pub(super) fn lease_holder(
     prefix: &str,
     stores: &StoreOptions,
 ) -> Result<Option<String>, CheckpointError> {
-    let store = match scheme {
-        Scheme::S3 => ObjectStore::s3(bucket, &stores.s3)?,
-        Scheme::Gs => ObjectStore::gcs(bucket, &stores.gcs)?,
-    };
+    let store = ObjectStore::of(scheme, bucket, stores)?;
     let key = if prefix.is_empty() { LEASE_KEY.to_string() } else { format!("{prefix}/{LEASE_KEY}") };
     let url = store.url(&key);
     let bytes = match block(async move { store.read(&key).await })? {

@@ -64,8 +64,8 @@ use serde_json::{Value, json};
 use super::object::{Bucket, ObjectFile};
 use super::{BadRow, BadRows, FileIdentity, Origin, Rejected, SourceChange, SourceError, SourceReader, TableBatch};
 use crate::config::FileFormat;
-use sluice_capability::file_io::{StoreConfig, open_store};
 use sluice_core::location::{Location, Scheme, Served};
+use sluice_store::{ObjectStore, StoreOptions as StoreConfig};
 
 const INFER_RECORDS: usize = 1000;
 
@@ -277,7 +277,7 @@ fn list_objects(url: &str, format: Option<FileFormat>, stores: &StoreConfig) -> 
     let Location::ObjectStore { prefix, .. } = &location else {
         return Err(refused("not an object-store location".to_string()));
     };
-    let bucket = Bucket::new(open_store(&location, stores).map_err(refused)?);
+    let bucket = Bucket::new(ObjectStore::open(&location, stores).map_err(|e| refused(e.to_string()))?);
     if !prefix.is_empty()
         && let Some(info) = bucket.stat(prefix)?
     {
