@@ -264,16 +264,30 @@ mod armed {
         }
     }
 
-    const POINTS: [CrashPoint; 8] = [
-        CrashPoint::AfterWrite,
-        CrashPoint::AfterPrepareCommit,
-        CrashPoint::AfterSnapshotState,
-        CrashPoint::AfterPersist,
-        CrashPoint::DuringCommit,
-        CrashPoint::AfterCommit,
-        CrashPoint::DuringEvolve,
-        CrashPoint::AfterEvolve,
-    ];
+    impl CrashPoint {
+        /// The points of a checkpoint round, in protocol order (a round
+        /// without a schema change reaches no other).
+        pub const ROUND: [CrashPoint; 6] = [
+            CrashPoint::AfterWrite,
+            CrashPoint::AfterPrepareCommit,
+            CrashPoint::AfterSnapshotState,
+            CrashPoint::AfterPersist,
+            CrashPoint::DuringCommit,
+            CrashPoint::AfterCommit,
+        ];
+
+        /// Every point, in protocol order.
+        pub const ALL: [CrashPoint; 8] = [
+            CrashPoint::AfterWrite,
+            CrashPoint::AfterPrepareCommit,
+            CrashPoint::AfterSnapshotState,
+            CrashPoint::AfterPersist,
+            CrashPoint::DuringCommit,
+            CrashPoint::AfterCommit,
+            CrashPoint::DuringEvolve,
+            CrashPoint::AfterEvolve,
+        ];
+    }
 
     impl std::fmt::Display for super::PausePoint {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -308,7 +322,7 @@ mod armed {
     pub(super) fn parse_crash(text: &str) -> Option<Fault> {
         let mut parts = text.split(':');
         let name = parts.next()?;
-        let point = POINTS.into_iter().find(|p| p.to_string() == name)?;
+        let point = CrashPoint::ALL.into_iter().find(|p| p.to_string() == name)?;
         let checkpoint = parts.next().map_or(Some(1), |c| c.parse().ok())?;
         let subtask = parts.next().map_or(Some(0), |s| s.parse().ok())?;
         Some(Fault { point, checkpoint, subtask })

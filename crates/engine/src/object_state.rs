@@ -702,7 +702,7 @@ impl ObjectState {
     }
 
     /// Makes the lease name this run's folder as `current`: a renewal that
-    /// must land. Unlike [`Self::check_held`], a transient failure is not
+    /// must land. As in [`Self::check_held`], a transient failure is not
     /// let pass: until the swap landed, the lease names the old folder, and
     /// removing that folder, or writing state only this run's folder holds,
     /// would lose it to the next run (or to `sluice state`) if this run
@@ -710,24 +710,7 @@ impl ObjectState {
     /// reply was lost fails its retry by compare-and-swap, which loses the
     /// lease (the old folder stays).
     fn swap_current(&self, held: &Held) -> Result<(), CheckpointError> {
-        let poll = (held.lease / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
-        loop {
-            match renew(held, &self.store) {
-                Ok(()) => return Ok(()),
-                Err(e) if lost(held) => return Err(e),
-                Err(e) => {
-                    let renewed = held.state.lock().map_err(|_| poisoned(held))?.renewed;
-                    if renewed.elapsed() + poll >= held.lease * 2 / 3 {
-                        return Err(CheckpointError::LeaseLost {
-                            url: held.url.clone(),
-                            reason: format!("it could not be made to name this run's state in time: {e}"),
-                        });
-                    }
-                    tracing::warn!(error = %e, "could not swap the state directory's lease to this run's epoch; trying again");
-                    std::thread::sleep(poll);
-                }
-            }
-        }
+        self.renew_confirmed(held, "be made to name this run's state")
     }
 
     /// Renews the lease now, confirmed by the store; an error once it is
@@ -737,7 +720,17 @@ impl ObjectState {
     /// record, a commit) must come after a renewal the store confirmed, and
     /// so before any takeover copies this run's folder.
     pub(super) fn check_held(&self) -> Result<(), CheckpointError> {
-        let Some(held) = &self.held else { return Ok(()) };
+        match &self.held {
+            Some(held) => self.renew_confirmed(held, "be renewed"),
+            None => Ok(()),
+        }
+    }
+
+    /// Renews the lease until the store confirms it: a transient failure
+    /// is tried again until two thirds of the lease since the last
+    /// confirmed renewal (then the lease is taken for lost, `what` it could
+    /// not in time); a compare-and-swap that fails loses it at once.
+    fn renew_confirmed(&self, held: &Held, what: &str) -> Result<(), CheckpointError> {
         let poll = (held.lease / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
         loop {
             match renew(held, &self.store) {
@@ -748,10 +741,10 @@ impl ObjectState {
                     if renewed.elapsed() + poll >= held.lease * 2 / 3 {
                         return Err(CheckpointError::LeaseLost {
                             url: held.url.clone(),
-                            reason: format!("it could not be renewed in time: {e}"),
+                            reason: format!("it could not {what} in time: {e}"),
                         });
                     }
-                    tracing::warn!(error = %e, "could not renew the state directory's lease; trying again");
+                    tracing::warn!(error = %e, "the state directory's lease could not {what}; trying again");
                     std::thread::sleep(poll);
                 }
             }

@@ -29,15 +29,7 @@ fn with_memory(dir: &MemoryDir, crash: Option<Fault>) -> RunOptions {
 /// visible once.
 #[test]
 fn a_run_resumes_from_memory_after_a_crash_at_every_point() {
-    let points = [
-        CrashPoint::AfterWrite,
-        CrashPoint::AfterPrepareCommit,
-        CrashPoint::AfterSnapshotState,
-        CrashPoint::AfterPersist,
-        CrashPoint::DuringCommit,
-        CrashPoint::AfterCommit,
-    ];
-    for point in points {
+    for point in CrashPoint::ROUND {
         let job = TestJob::files(&format!("memory-{point}"), ROWS, 2, 200);
         let dir = MemoryDir::new(&format!("memory-{point}"));
         let crash = Fault { point, checkpoint: 2, subtask: 1 };

@@ -150,15 +150,7 @@ impl Plan {
         if !rng.chance(55) {
             return None;
         }
-        const POINTS: [CrashPoint; 6] = [
-            CrashPoint::AfterWrite,
-            CrashPoint::AfterPrepareCommit,
-            CrashPoint::AfterSnapshotState,
-            CrashPoint::AfterPersist,
-            CrashPoint::DuringCommit,
-            CrashPoint::AfterCommit,
-        ];
-        let point = POINTS[rng.range(0, 5) as usize];
+        let point = CrashPoint::ROUND[rng.range(0, 5) as usize];
         // Checkpoint ids go on across runs; a crash past the end never fires.
         let checkpoint = rng.range(1, self.checkpoints() + u64::from(run));
         let subtask = rng.range(0, u64::from(self.parallelism) - 1) as u32;
