@@ -26,8 +26,9 @@
 //!   did not count a suspend would otherwise commit a record written after
 //!   a takeover copied its folder). A run that sees the lease renewed
 //!   while it waits refuses, naming the holder; a run whose
-//!   compare-and-swap fails, or that could not renew within the lease, has
-//!   lost it and writes nothing more;
+//!   compare-and-swap fails (on a lease it did not write itself: one whose
+//!   renewal landed with its reply lost renews over it), or that could not
+//!   renew within the lease, has lost it and writes nothing more;
 //! - **fencing:** a check before a write is not part of the write, so a
 //!   holder paused (SIGSTOP, a long GC, a frozen VM) between its last
 //!   renewal and its write may land that write after another run took the
@@ -807,7 +808,10 @@ fn lost(held: &Held) -> bool {
 }
 
 /// Renews `held` by compare-and-swap; a failed swap loses it for good, and so
-/// does a renewal later than the lease.
+/// does a renewal later than the lease. A swap that fails on a lease this
+/// very run wrote last (its holder and epoch: an earlier renewal landed,
+/// its reply lost) is no other run's: its version is adopted and the
+/// renewal sent again, once.
 fn renew(held: &Held, store: &ObjectStore) -> Result<(), CheckpointError> {
     let mut state = held.state.lock().map_err(|_| poisoned(held))?;
     let lost = |reason: String| CheckpointError::LeaseLost { url: held.url.clone(), reason };
@@ -820,38 +824,52 @@ fn renew(held: &Held, store: &ObjectStore) -> Result<(), CheckpointError> {
         state.lost = Some(reason.clone());
         return Err(lost(reason));
     }
-    let doc = held.doc(now_ms() + held.lease.as_millis() as u64, state.current);
-    let bytes = serde_json::to_vec(&doc)
-        .map(Bytes::from)
-        .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(store.url(&held.key)), source })?;
-    let sent = Instant::now();
-    let (s, key, etag) = (store.clone(), held.key.clone(), state.etag.clone());
-    match block(async move { s.replace_if(&key, bytes, &etag).await })? {
-        Ok(Some(etag)) => {
-            state.etag = etag;
-            state.renewed = sent;
-            Ok(())
+    let mut adopted = false;
+    loop {
+        let doc = held.doc(now_ms() + held.lease.as_millis() as u64, state.current);
+        let bytes = serde_json::to_vec(&doc)
+            .map(Bytes::from)
+            .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(store.url(&held.key)), source })?;
+        let sent = Instant::now();
+        let (s, key, etag) = (store.clone(), held.key.clone(), state.etag.clone());
+        match block(async move { s.replace_if(&key, bytes, &etag).await })? {
+            Ok(Some(etag)) => {
+                state.etag = etag;
+                state.renewed = sent;
+                return Ok(());
+            }
+            Ok(None) => return Err(no_etag(&store.url(&held.key))),
+            Err(StoreError::Conflict { url, .. }) => {
+                let (s, key) = (store.clone(), held.key.clone());
+                let found = block(async move { s.read_versioned(&key).await }).ok().and_then(|r| r.ok());
+                let now = found.and_then(|v| serde_json::from_slice::<LeaseDoc>(&v.bytes).ok().map(|d| (v.etag, d)));
+                match now {
+                    // Only this run writes its holder (a token of its own):
+                    // the lease is as this run left it, under a version whose
+                    // reply was lost. `renewed` stays that of the last
+                    // confirmed renewal.
+                    Some((etag, d)) if !adopted && d.holder == held.holder && d.epoch == held.epoch => {
+                        tracing::info!(lease = %url, "a renewal of the lease landed though its reply was lost; renewing again over it");
+                        state.etag = etag;
+                        adopted = true;
+                    }
+                    now => {
+                        let now_held = now.map_or_else(|| "someone else".to_string(), |(_, d)| d.holder);
+                        let reason = format!("its compare-and-swap on {url} failed: {now_held} holds it now");
+                        state.lost = Some(reason.clone());
+                        return Err(lost(reason));
+                    }
+                }
+            }
+            // The lease object was deleted (S3 answers a conditional write of a
+            // missing object 404): any run may create it now, at once.
+            Err(StoreError::NotFound { url }) => {
+                let reason = format!("{url} was deleted: another run may take it at once");
+                state.lost = Some(reason.clone());
+                return Err(lost(reason));
+            }
+            Err(e) => return Err(e.into()),
         }
-        Ok(None) => Err(no_etag(&store.url(&held.key))),
-        Err(StoreError::Conflict { url, .. }) => {
-            let (s, key) = (store.clone(), held.key.clone());
-            let now_held = block(async move { s.read(&key).await })
-                .ok()
-                .and_then(|r| r.ok())
-                .and_then(|b| serde_json::from_slice::<LeaseDoc>(&b).ok())
-                .map_or_else(|| "someone else".to_string(), |d| d.holder);
-            let reason = format!("its compare-and-swap on {url} failed: {now_held} holds it now");
-            state.lost = Some(reason.clone());
-            Err(lost(reason))
-        }
-        // The lease object was deleted (S3 answers a conditional write of a
-        // missing object 404): any run may create it now, at once.
-        Err(StoreError::NotFound { url }) => {
-            let reason = format!("{url} was deleted: another run may take it at once");
-            state.lost = Some(reason.clone());
-            Err(lost(reason))
-        }
-        Err(e) => Err(e.into()),
     }
 }
 

@@ -253,6 +253,37 @@ fn a_record_put_stored_with_its_reply_lost_loses_nothing() {
     eprintln!("took {:.1} s", started.elapsed().as_secs_f64());
 }
 
+/// A lease renewal (the one after checkpoint 2's record) reaches moto and
+/// is stored, but its reply is lost. The next renewal's compare-and-swap
+/// then meets this run's own lease under a version it never heard of: that
+/// is no other run's, so the run renews over it and lands everything in
+/// one go, instead of stopping as if it had lost its lease.
+#[test]
+fn a_lease_renewal_stored_with_its_reply_lost_keeps_the_lease() {
+    let started = started();
+    let moto = moto();
+    let proxy = FaultProxy::start(&moto.endpoint);
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let prefix = "lostlease/state";
+    let sets = state_on_s3(prefix, &proxy.endpoint);
+    let job = iceberg_job("uo-lostlease", warehouse.path(), 6000, 0, 500, None);
+    let put2 = Match::put(BUCKET, &format!("{prefix}/")).path(&format!("/checkpoints/{}", record_name(2)));
+    let lease = Match::put(BUCKET, &format!("{prefix}/lease"));
+    proxy.set_rules(vec![Rule::new("renewal reply lost", lease, Action::DropReplyAfterForward).after(put2)]);
+
+    let (ok, stderr) = run(&job, &sets);
+    let fired = proxy.fired_of("renewal reply lost");
+    assert_eq!(fired.len(), 1, "the fault must happen once: {fired:?}\n{}\n{stderr}", proxy.request_log());
+    assert!(
+        matches!(fired[0].upstream, Some(200..=299)),
+        "moto must have stored the renewal whose reply was lost: {fired:?}"
+    );
+    assert_no_panic(&stderr);
+    assert!(ok, "a lost reply of its own renewal must not stop the run:\n{stderr}");
+    assert_table_whole(warehouse.path(), 0, 6000);
+    eprintln!("took {:.1} s", started.elapsed().as_secs_f64());
+}
+
 /// Break B.1: `sluice maintain --remove-orphans-older-than 0s` beside a run
 /// whose state directory is on S3. The proxy holds checkpoint 2's record PUT
 /// for a few seconds: the round's files are finished (prepared) and named by
