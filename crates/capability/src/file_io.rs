@@ -514,21 +514,38 @@ impl FileGrants {
         let base = location.trim_end_matches('/');
         let mut out = Vec::new();
         let mut pending = vec![(rel, String::new())];
+        // Others write beside a listing (a writer's staging folder, a
+        // compaction, a cleanup): what is gone by the time the walk reaches it
+        // is not there to list, never a failed listing.
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
         while let Some((dir, prefix)) = pending.pop() {
             let entries = match grant.dir.read_dir(rel_or_dot(&dir)) {
                 Ok(entries) => entries,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && prefix.is_empty() => return Ok(Vec::new()),
+                Err(e) if gone(&e) && prefix.is_empty() => return Ok(Vec::new()),
+                Err(e) if gone(&e) => continue,
                 Err(e) => return Err(io_error(location, e)),
             };
             for entry in entries {
-                let entry = entry.map_err(|e| io_error(location, e))?;
+                let entry = match entry {
+                    Ok(entry) => entry,
+                    Err(e) if gone(&e) => continue,
+                    Err(e) => return Err(io_error(location, e)),
+                };
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let kind = entry.file_type().map_err(|e| io_error(location, e))?;
+                let kind = match entry.file_type() {
+                    Ok(kind) => kind,
+                    Err(e) if gone(&e) => continue,
+                    Err(e) => return Err(io_error(location, e)),
+                };
                 let path = format!("{prefix}{name}");
                 if kind.is_dir() {
                     pending.push((dir.join(&name), format!("{path}/")));
                 } else if kind.is_file() {
-                    let meta = entry.metadata().map_err(|e| io_error(location, e))?;
+                    let meta = match entry.metadata() {
+                        Ok(meta) => meta,
+                        Err(e) if gone(&e) => continue,
+                        Err(e) => return Err(io_error(location, e)),
+                    };
                     let modified_ms = meta
                         .modified()
                         .ok()
@@ -1012,6 +1029,41 @@ mod tests {
             let err = FileGrants::with_stores(Path::new("/"), &[bad.to_string()], &[], &stores).unwrap_err();
             assert!(err.to_string().contains(bad), "{err}");
         }
+    }
+
+    /// A tree listed while others create and remove folders and files in
+    /// it (a writer's staging folder, a cleanup) lists what is there; what
+    /// vanished during the walk is left out, never an error (found by the
+    /// soak: `sluice maintain` failed listing a table whose writer removed
+    /// a folder meanwhile).
+    #[test]
+    fn a_tree_listed_while_others_remove_in_it_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = grants(dir.path(), &["t"], &[]);
+        g.write_file("t/kept", b"k", false).unwrap();
+        let root = dir.path().join("t");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (root, stop) = (root.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for i in 0..8 {
+                        let d = root.join(format!("s{i}/a/b"));
+                        std::fs::create_dir_all(&d).unwrap();
+                        std::fs::write(d.join("f"), b"x").unwrap();
+                    }
+                    for i in 0..8 {
+                        std::fs::remove_dir_all(root.join(format!("s{i}"))).unwrap();
+                    }
+                }
+            })
+        };
+        for _ in 0..2000 {
+            let listed = g.list_tree("t").unwrap_or_else(|e| panic!("listing failed while others wrote: {e:?}"));
+            assert!(listed.iter().any(|e| e.location == "t/kept"), "{listed:?}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
     }
 
     #[test]
