@@ -13,16 +13,6 @@ use sluice_tests::{
     FILES_PLUGIN, ICEBERG_PLUGIN, TestJob, python, read_parquet_tree, rerun_to_end, run_and_kill, run_cli,
 };
 
-/// Every step of a checkpoint's protocol.
-const POINTS: [CrashPoint; 6] = [
-    CrashPoint::AfterWrite,
-    CrashPoint::AfterPrepareCommit,
-    CrashPoint::AfterSnapshotState,
-    CrashPoint::AfterPersist,
-    CrashPoint::DuringCommit,
-    CrashPoint::AfterCommit,
-];
-
 /// Records per input file, and files.
 const PER_FILE: u64 = 500;
 const FILES: u64 = 4;
@@ -170,7 +160,7 @@ fn dead_letters_land_once_with_the_good_rows() {
 /// lost, nothing doubled, good rows and dead letters alike.
 #[test]
 fn crash_matrix_with_dead_letters_files_sink() {
-    for point in POINTS {
+    for point in CrashPoint::ROUND {
         let (job, bad) = files_job(&format!("dl-crash-{point}"), "");
         let fault = Fault { point, checkpoint: 2, subtask: 0 };
         let err = job.run(Some(fault)).expect_err("the injected crash");
@@ -235,7 +225,7 @@ fn iceberg_landed(wh: &Path) -> (Vec<(i64, i64)>, Vec<Letter>) {
 /// read back by PyIceberg.
 #[test]
 fn crash_matrix_with_dead_letters_iceberg_sink() {
-    for point in POINTS {
+    for point in CrashPoint::ROUND {
         let dir = tempfile::tempdir().expect("dir");
         let bad = write_input(dir.path(), Some("orders"));
         let wh = dir.path().join("warehouse");
