@@ -680,8 +680,11 @@ pub fn python_interpreter() -> &'static Path {
 }
 
 /// Runs a Python snippet with a Python that has the interop packages (see
-/// `interpreter`); `Err` with the reason when that fails.
+/// `interpreter`); `Err` with the reason when that fails. A snippet that
+/// uses DuckDB gets its progress bar turned off first ([`DUCKDB_QUIET`]):
+/// the caller parses what the snippet prints.
 pub fn python(script: &str, args: &[&str]) -> Result<String, String> {
+    let script = if script.contains("duckdb") { format!("{DUCKDB_QUIET}\n{script}") } else { script.to_string() };
     let out = Command::new(interpreter()?)
         .arg("-c")
         .arg(script)
@@ -694,6 +697,13 @@ pub fn python(script: &str, args: &[&str]) -> Result<String, String> {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
+
+/// Python that turns DuckDB's progress bar off on the default connection
+/// (what `duckdb.sql` runs on). It is on by default in DuckDB's Python
+/// package, and a query slower than two seconds (a busy machine) draws it
+/// on stdout, in front of what a script prints for the test to parse.
+pub const DUCKDB_QUIET: &str =
+    "import duckdb as _quiet_duckdb\n_quiet_duckdb.execute('SET enable_progress_bar = false')";
 
 /// Python that defines `duckdb_ids(metadata_location, column='id')`: the
 /// sorted values of `column` as DuckDB's own Iceberg reader (`iceberg_scan`)
@@ -708,6 +718,7 @@ def _duckdb_extension(name):
     return _os.path.join(_os.path.dirname(package.__file__), 'extensions', 'v' + _duckdb.__version__, name + '.duckdb_extension')
 def duckdb_ids(metadata_location, column='id'):
     con = _duckdb.connect()
+    con.execute('SET enable_progress_bar = false')
     for name in ('avro', 'iceberg'):
         con.load_extension(_duckdb_extension(name))
     path = metadata_location.removeprefix('file://')

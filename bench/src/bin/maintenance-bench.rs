@@ -85,6 +85,7 @@ for _ in range(scans):
     paths = [task.file.file_path.removeprefix('file://') for task in tasks]
     s = time.perf_counter()
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # it would print on stdout
     n = con.execute(f"select count(*), sum(id) from read_parquet({paths!r}, union_by_name=true)").fetchone()
     # Every column is read, as in a full scan.
     con.execute(f"select * from read_parquet({paths!r}, union_by_name=true)").to_arrow_table()

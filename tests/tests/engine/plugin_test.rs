@@ -97,12 +97,14 @@ warehouse = "warehouse"
 
 /// The verify command's Python: prints the ids DuckDB reads from the JSON
 /// Lines under `out/data` (and, with `staging`, also the staged ones, as a
-/// reader that sees uncommitted rows would).
+/// reader that sees uncommitted rows would). DuckDB's progress bar is off:
+/// on a busy machine it would print in front of the ids.
 fn duckdb_ids(staging: bool) -> String {
     let globs =
         if staging { "['out/data/**/*.jsonl', 'out/data.staging/**/*.jsonl']" } else { "['out/data/**/*.jsonl']" };
     format!(
-        "{} -c \"import duckdb, glob; f = [p for g in {globs} for p in glob.glob(g, recursive=True)]; \
+        "{} -c \"import duckdb, glob; duckdb.execute('SET enable_progress_bar = false'); \
+         f = [p for g in {globs} for p in glob.glob(g, recursive=True)]; \
          print(' '.join(str(r[0]) for r in duckdb.sql(f'select id from read_json_auto({{f!r}})').fetchall()) if f else '')\"",
         python_interpreter().display()
     )
