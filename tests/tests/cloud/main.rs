@@ -10,6 +10,7 @@
 mod files_s3;
 mod hostile_cloud;
 mod iceberg_gcs;
+mod iceberg_object;
 mod iceberg_s3;
 mod state_gcs;
 mod state_object;

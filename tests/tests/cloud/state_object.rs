@@ -17,7 +17,7 @@
 //! (`sluice_tests::harness`), inherited by the `sluice run` processes a test
 //! starts.
 
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -48,6 +48,14 @@ impl Backend {
         }
     }
 
+    /// Its short name in job ids and table prefixes: `s3`, `gcs`.
+    pub(crate) fn short(self) -> &'static str {
+        match self {
+            Backend::S3 => "s3",
+            Backend::Gcs => "gcs",
+        }
+    }
+
     /// Its name in messages.
     fn name(self) -> &'static str {
         match self {
@@ -58,20 +66,32 @@ impl Backend {
 
     /// The id of a job of this backend's tests: `s3-<what>`, `gcs-<what>`.
     pub(crate) fn job(self, what: &str) -> String {
+        format!("{}-{what}", self.short())
+    }
+
+    /// The bucket of the state directories, as the test sees it (not
+    /// through the host).
+    pub(crate) fn bucket(self) -> ObjectStore {
+        self.store(BUCKET)
+    }
+
+    /// Bucket `bucket` of the server, as the test sees it.
+    pub(crate) fn store(self, bucket: &str) -> ObjectStore {
         match self {
-            Backend::S3 => format!("s3-{what}"),
-            Backend::Gcs => format!("gcs-{what}"),
+            Backend::S3 => ObjectStore::s3(bucket, &moto().s3_options()).expect("bucket"),
+            Backend::Gcs => {
+                let options = GcsOptions { endpoint: Some(gcs().endpoint.clone()), anonymous: true };
+                ObjectStore::gcs(bucket, &options).expect("bucket")
+            }
         }
     }
 
-    /// The bucket, as the test sees it (not through the host).
-    pub(crate) fn bucket(self) -> ObjectStore {
+    /// Starts the server (once per process) and points the environment at
+    /// it; returns its endpoint.
+    pub(crate) fn start(self) -> String {
         match self {
-            Backend::S3 => ObjectStore::s3(BUCKET, &moto().s3_options()).expect("bucket"),
-            Backend::Gcs => {
-                let options = GcsOptions { endpoint: Some(gcs().endpoint.clone()), anonymous: true };
-                ObjectStore::gcs(BUCKET, &options).expect("bucket")
-            }
+            Backend::S3 => moto().endpoint.clone(),
+            Backend::Gcs => gcs().endpoint.clone(),
         }
     }
 
@@ -84,14 +104,7 @@ impl Backend {
     /// `--set`s that put the job's state in the bucket under `prefix`, with
     /// `lease_secs` (the server started, the environment pointing at it).
     pub(crate) fn on(self, prefix: &str, lease_secs: &str) -> Vec<String> {
-        match self {
-            Backend::S3 => {
-                moto();
-            }
-            Backend::Gcs => {
-                gcs();
-            }
-        }
+        self.start();
         vec![format!("job.state_dir={}://{BUCKET}/{prefix}", self.scheme()), format!("job.lease_secs={lease_secs}")]
     }
 }
@@ -138,21 +151,34 @@ fn is_checkpoint_dir(name: &str) -> bool {
         .is_some_and(|(_, c)| c.len() == 11 && c.starts_with('c') && c.bytes().skip(1).all(|b| b.is_ascii_digit()))
 }
 
+/// Spawns `command` (a `sluice run`; its stdout dropped, its stderr kept
+/// for the panic) and waits until `reached` holds of it; panics, naming
+/// `what` and the run's stderr, if it ended first or `within` passed.
+pub(crate) fn spawn_until(
+    mut command: Command,
+    what: &str,
+    within: Duration,
+    reached: impl Fn(&Child) -> bool,
+) -> Child {
+    let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("starting sluice");
+    let start = Instant::now();
+    while !reached(&child) {
+        if let Ok(Some(status)) = child.try_wait() {
+            let out = child.wait_with_output().expect("reaping sluice");
+            panic!("sluice ended ({status}) before {what}:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert!(start.elapsed() < within, "not {what} within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
 /// Starts `sluice run` with `sets` and waits until it committed `dirs`
 /// checkpoints (so it holds the lease and renews it).
 fn start_and_wait(job: &TestJob, sets: &[String], dirs: usize) -> Child {
     std::fs::write(job.path(), &job.toml).expect("job file");
-    let mut child = sluice_run(job, sets).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("sluice");
-    let start = Instant::now();
-    while committed_dirs(job) < dirs {
-        if let Ok(Some(status)) = child.try_wait() {
-            let out = child.wait_with_output().expect("reaping sluice");
-            panic!("sluice ended ({status}) too early:\n{}", String::from_utf8_lossy(&out.stderr));
-        }
-        assert!(start.elapsed() < Duration::from_secs(120), "no progress within 2 minutes");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
+    let what = format!("{dirs} checkpoints were committed");
+    spawn_until(sluice_run(job, sets), &what, Duration::from_secs(120), |_| committed_dirs(job) >= dirs)
 }
 
 pub(crate) fn a_job_with_its_state_in_a_bucket_resumes_after_a_crash_and_lands_every_row_once(b: Backend) {
@@ -402,22 +428,9 @@ fn stopped(child: &Child) -> bool {
 /// build's fault injection), and waits until it is stopped there.
 fn start_and_freeze(job: &TestJob, sets: &[String], pause: &str) -> Child {
     std::fs::write(job.path(), &job.toml).expect("job file");
-    let mut child = sluice_run(job, sets)
-        .env("SLUICE_TEST_PAUSE", pause)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sluice");
-    let start = Instant::now();
-    while !stopped(&child) {
-        if let Ok(Some(status)) = child.try_wait() {
-            let out = child.wait_with_output().expect("reaping sluice");
-            panic!("sluice ended ({status}) before it froze at {pause}:\n{}", String::from_utf8_lossy(&out.stderr));
-        }
-        assert!(start.elapsed() < Duration::from_secs(120), "not frozen at {pause} within 2 minutes");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
+    let mut command = sluice_run(job, sets);
+    command.env("SLUICE_TEST_PAUSE", pause);
+    spawn_until(command, &format!("it froze at {pause}"), Duration::from_secs(120), stopped)
 }
 
 /// Fencing, deterministically: a holder frozen at `pause`, right after its
