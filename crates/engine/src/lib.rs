@@ -36,6 +36,9 @@ pub mod maintain;
 #[cfg(any(test, feature = "fault-injection"))]
 pub mod memory_state;
 mod object_state;
+mod objects;
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod objects_memory;
 pub mod pool;
 mod rejected;
 mod setup;

@@ -69,6 +69,12 @@
 //!   `STORAGE_EMULATOR_HOST` set, that emulator, unsigned, as Google's
 //!   client libraries do.
 //!
+//! Every request goes through [`super::objects::Objects`] (one request,
+//! sent and waited for) and every reading of time through its `Clock`:
+//! production sends them to `sluice_store` on the real clock; the unit
+//! tests (`lease_tests.rs`) run this same lease in-process on a bucket in
+//! memory with injected faults and a simulated clock.
+//!
 //! The engine is synchronous here: the store's futures run on the host's
 //! one I/O runtime (`sluice_core::runtime`), and callers wait on a channel, so this works whether
 //! or not the caller is inside another tokio runtime. That runtime is one
@@ -80,7 +86,6 @@
 //! of its own now (`sluice-store`); one runtime keeps it so whatever else
 //! shares a connection.
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -91,6 +96,7 @@ use serde::{Deserialize, Serialize};
 use sluice_store::{ObjectStore, StoreError, StoreOptions};
 
 use super::checkpoint::{CheckpointError, StateBackend, StateFile, now_ms};
+use super::objects::{Clock, Objects, RealClock};
 use crate::location::Scheme;
 
 const LEASE_KEY: &str = "lease";
@@ -139,6 +145,8 @@ struct Held {
     lease: Duration,
     /// This run's epoch.
     epoch: u64,
+    /// The clock the lease's age is measured by.
+    clock: Arc<dyn Clock>,
     state: Mutex<HeldState>,
 }
 
@@ -157,7 +165,8 @@ impl Held {
 /// A state directory on an object store, with its lease when opened to write.
 #[derive(Debug)]
 pub(super) struct ObjectState {
-    store: ObjectStore,
+    store: Arc<dyn Objects>,
+    clock: Arc<dyn Clock>,
     /// `s3://bucket/prefix`
     url: String,
     prefix: String,
@@ -165,15 +174,6 @@ pub(super) struct ObjectState {
     base: String,
     held: Option<Arc<Held>>,
     renewer: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
-}
-
-/// Runs `fut` on the host's one I/O runtime (see the module doc) and
-/// waits for it from this thread.
-fn block<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> Result<T, CheckpointError> {
-    sluice_core::runtime::wait(fut).map_err(|e| CheckpointError::Io {
-        path: PathBuf::from("(object-store runtime)"),
-        source: std::io::Error::other(e.to_string()),
-    })
 }
 
 fn when(ms: u64) -> String {
@@ -222,9 +222,24 @@ impl ObjectState {
     ) -> Result<Self, CheckpointError> {
         let url = if prefix.is_empty() { format!("{scheme}{bucket}") } else { format!("{scheme}{bucket}/{prefix}") };
         let store = ObjectStore::of(scheme, bucket, stores)?;
-        let mut state = Self { store, url, prefix: prefix.to_string(), base: String::new(), held: None, renewer: None };
+        Self::open_on(Arc::new(store), Arc::new(RealClock), url, prefix, lease, true)
+    }
+
+    /// [`Self::open`] on `store`, by `clock`; `renewer`: whether a thread
+    /// renews the lease in the background (always, but in tests, which
+    /// renew by hand to keep the order of events theirs).
+    fn open_on(
+        store: Arc<dyn Objects>,
+        clock: Arc<dyn Clock>,
+        url: String,
+        prefix: &str,
+        lease: Option<Duration>,
+        renewer: bool,
+    ) -> Result<Self, CheckpointError> {
+        let mut state =
+            Self { store, clock, url, prefix: prefix.to_string(), base: String::new(), held: None, renewer: None };
         match lease {
-            Some(lease) => state.take_lease(lease)?,
+            Some(lease) => state.take_lease(lease, renewer)?,
             None => {
                 // A read-only view: the folder the lease names, else the newest.
                 let current = match state.read_lease()? {
@@ -253,10 +268,9 @@ impl ObjectState {
 
     /// The lease object and its ETag, if there is one.
     fn read_lease(&self) -> Result<Option<(LeaseDoc, String)>, CheckpointError> {
-        let store = self.store.clone();
         let key = self.root_key(LEASE_KEY);
         let url = self.store.url(&key);
-        match self.run(async move { store.read_versioned(&key).await })? {
+        match self.store.read_versioned(&key)? {
             Ok(v) => serde_json::from_slice(&v.bytes)
                 .map(|doc| Some((doc, v.etag)))
                 .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(url), source }),
@@ -267,9 +281,7 @@ impl ObjectState {
 
     /// Every epoch with a folder under the prefix, highest first.
     fn epochs(&self) -> Result<Vec<u64>, CheckpointError> {
-        let store = self.store.clone();
-        let prefix = self.prefix.clone();
-        let names = self.run(async move { store.list_level(&prefix).await })??;
+        let names = self.store.list_level(&self.prefix)??;
         let mut epochs: Vec<u64> = names.iter().filter_map(|n| parse_epoch_name(n)).collect();
         epochs.sort_unstable_by(|a, b| b.cmp(a));
         Ok(epochs)
@@ -288,9 +300,8 @@ impl ObjectState {
     fn newest_whole_epoch(&self) -> Result<u64, CheckpointError> {
         let epochs = self.epochs()?;
         for &e in &epochs {
-            let store = self.store.clone();
             let key = format!("{}/{COPIED}", self.root_key(&epoch_name(e)));
-            match self.run(async move { store.stat(&key).await })? {
+            match self.store.stat(&key)? {
                 Ok(_) => return Ok(e),
                 Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
@@ -316,21 +327,14 @@ impl ObjectState {
         format!("{}/chk-{c:020}-*.json", self.records_url())
     }
 
-    fn run<T: Send + 'static>(&self, fut: impl Future<Output = T> + Send + 'static) -> Result<T, CheckpointError> {
-        block(fut)
-    }
-
     /// Nothing is stored under the prefix yet.
     pub(super) fn is_empty(&self) -> Result<bool, CheckpointError> {
-        let store = self.store.clone();
-        let prefix = self.prefix.clone();
-        Ok(self.run(async move { store.list(&prefix).await })??.is_empty())
+        Ok(self.store.list(&self.prefix)??.is_empty())
     }
 
     pub(super) fn read_file(&self, file: StateFile) -> Result<Option<Vec<u8>>, CheckpointError> {
-        let store = self.store.clone();
         let key = self.key(file.name());
-        match self.run(async move { store.read(&key).await })? {
+        match self.store.read(&key)? {
             Ok(bytes) => Ok(Some(bytes.to_vec())),
             Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
@@ -340,17 +344,14 @@ impl ObjectState {
     /// Replaces `file` by compare-and-swap on the ETag it is read with
     /// (creates it exclusively when absent).
     pub(super) fn write_file(&self, file: StateFile, bytes: Vec<u8>) -> Result<(), CheckpointError> {
-        let store = self.store.clone();
         let key = self.key(file.name());
         let bytes = Bytes::from(bytes);
-        self.run(async move {
-            match store.read_versioned(&key).await {
-                Ok(v) => store.replace_if(&key, bytes, &v.etag).await.map(drop),
-                Err(StoreError::NotFound { .. }) => store.create_exclusive(&key, bytes).await.map(drop),
-                Err(e) => Err(e),
-            }
-        })?
-        .map_err(|e| match e {
+        let written = match self.store.read_versioned(&key)? {
+            Ok(v) => self.store.replace_if(&key, bytes, &v.etag)?.map(drop),
+            Err(StoreError::NotFound { .. }) => self.store.create_exclusive(&key, bytes)?.map(drop),
+            Err(e) => Err(e),
+        };
+        written.map_err(|e| match e {
             StoreError::Conflict { url, .. } | StoreError::AlreadyExists { url } => CheckpointError::LeaseLost {
                 url: self.url.clone(),
                 reason: format!("{url} was written by another run meanwhile"),
@@ -361,9 +362,7 @@ impl ObjectState {
 
     /// Every record's `(checkpoint, sequence)`, newest first.
     fn records(&self) -> Result<Vec<(u64, u64)>, CheckpointError> {
-        let store = self.store.clone();
-        let dir = self.key(RECORDS);
-        let listed = self.run(async move { store.list(&dir).await })??;
+        let listed = self.store.list(&self.key(RECORDS))??;
         let mut out: Vec<(u64, u64)> =
             listed.iter().filter_map(|o| o.key.rsplit('/').next().and_then(parse_record_name)).collect();
         out.sort_unstable_by(|a, b| b.cmp(a));
@@ -382,8 +381,7 @@ impl ObjectState {
         let seq = self.records()?.into_iter().find(|&(rc, _)| rc == c).map_or(0, |(_, s)| s);
         let key = self.key(&format!("{RECORDS}/{}", record_name(c, seq)));
         let url = self.store.url(&key);
-        let store = self.store.clone();
-        let bytes = self.run(async move { store.read(&key).await })??;
+        let bytes = self.store.read(&key)??;
         Ok((PathBuf::from(url), bytes.to_vec()))
     }
 
@@ -408,18 +406,12 @@ impl ObjectState {
         let seq = older.first().map_or(0, |s| s + 1);
         let key = self.key(&format!("{RECORDS}/{}", record_name(c, seq)));
         let url = self.store.url(&key);
-        let store = self.store.clone();
         let body = Bytes::from(bytes);
-        let sent = body.clone();
-        let create_key = key.clone();
-        let created =
-            self.run(async move { store.create_exclusive(&create_key, sent).await }).map_err(|e| e.unknown(&url))?;
+        let created = self.store.create_exclusive(&key, body.clone()).map_err(|e| e.unknown(&url))?;
         match created {
             Ok(_) => {}
             Err(StoreError::AlreadyExists { .. }) => {
-                let store = self.store.clone();
-                let read_key = key.clone();
-                let found = self.run(async move { store.read(&read_key).await }).map_err(|e| e.unknown(&url))?;
+                let found = self.store.read(&key).map_err(|e| e.unknown(&url))?;
                 match found {
                     Ok(found) if found == body => {
                         tracing::info!(url = %url, "the checkpoint record was stored by an earlier try of this write");
@@ -462,9 +454,8 @@ impl ObjectState {
     }
 
     fn delete_key(&self, key: String) {
-        let store = self.store.clone();
         let url = self.store.url(&key);
-        match self.run(async move { store.delete(&key).await }) {
+        match self.store.delete(&key) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(url = %url, error = %e, "could not prune old checkpoint record"),
             Err(e) => tracing::warn!(url = %url, error = %e, "could not prune old checkpoint record"),
@@ -474,7 +465,7 @@ impl ObjectState {
     /// Takes the lease: creates it, or takes over one that expired; refuses
     /// while another run renews it. Then starts renewing it, and moves the
     /// state into this run's epoch folder (see the fencing invariant).
-    fn take_lease(&mut self, lease: Duration) -> Result<(), CheckpointError> {
+    fn take_lease(&mut self, lease: Duration, renewer: bool) -> Result<(), CheckpointError> {
         let key = self.root_key(LEASE_KEY);
         let lease_url = self.store.url(&key);
         let token = getrandom::u32().unwrap_or(0);
@@ -484,11 +475,12 @@ impl ObjectState {
             .unwrap_or_else(|| "?".to_string());
         let holder = format!("pid {} on {host} ({token:08x})", std::process::id());
         let lease_ms = lease.as_millis() as u64;
+        let clock = self.clock.clone();
         let doc = |epoch: u64, current: u64| {
             serde_json::to_vec(&LeaseDoc {
                 holder: holder.clone(),
                 lease_ms,
-                expires_at_ms: now_ms() + lease_ms,
+                expires_at_ms: clock.now_ms() + lease_ms,
                 epoch,
                 current: Some(current),
             })
@@ -496,13 +488,13 @@ impl ObjectState {
             .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(&lease_url), source })
         };
         let poll = (lease / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
-        let started = Instant::now();
+        let started = self.clock.now();
         // The other run's lease as first seen: its ETag, and when it expires
         // by this run's clock if it stays unrenewed.
         let mut watched: Option<(String, Instant)> = None;
         let mut previous: Option<String> = None;
         let (etag, renewed, epoch, current) = loop {
-            let sent = Instant::now();
+            let sent = self.clock.now();
             let theirs = match self.read_lease()? {
                 None => {
                     // No lease yet (or removed by hand): the next epoch
@@ -511,12 +503,10 @@ impl ObjectState {
                     let newest = self.newest_epoch()?;
                     let whole = self.newest_whole_epoch()?;
                     let ours = doc(newest + 1, whole)?;
-                    let store = self.store.clone();
-                    let k = key.clone();
-                    match self.run(async move { store.create_exclusive(&k, ours).await })? {
+                    match self.store.create_exclusive(&key, ours)? {
                         Ok(etag) => break (etag.ok_or_else(|| no_etag(&lease_url))?, sent, newest + 1, whole),
                         Err(StoreError::AlreadyExists { .. } | StoreError::Contended { .. }) => {
-                            std::thread::sleep(poll);
+                            self.clock.sleep(poll);
                             continue;
                         }
                         Err(e) => return Err(e.into()),
@@ -533,10 +523,10 @@ impl ObjectState {
                 || match &watched {
                     None => {
                         let left = Duration::from_millis(doc_theirs.lease_ms);
-                        watched = Some((their_etag.clone(), Instant::now() + left));
+                        watched = Some((their_etag.clone(), self.clock.now() + left));
                         false
                     }
-                    Some((etag, deadline)) if *etag == their_etag => Instant::now() >= *deadline,
+                    Some((etag, deadline)) if *etag == their_etag => self.clock.now() >= *deadline,
                     Some(_) => {
                         return Err(CheckpointError::Leased {
                             url: self.url.clone(),
@@ -546,7 +536,7 @@ impl ObjectState {
                     }
                 };
             if !expired {
-                std::thread::sleep(poll);
+                self.clock.sleep(poll);
                 continue;
             }
             // The swap that takes the lease also raises the epoch, so no two
@@ -558,10 +548,7 @@ impl ObjectState {
                 None => self.newest_whole_epoch()?,
             };
             let ours = doc(epoch, current)?;
-            let store = self.store.clone();
-            let k = key.clone();
-            let etag = their_etag.clone();
-            match self.run(async move { store.replace_if(&k, ours, &etag).await })? {
+            match self.store.replace_if(&key, ours, &their_etag)? {
                 Ok(etag) => {
                     if doc_theirs.expires_at_ms != 0 {
                         previous = Some(doc_theirs.holder);
@@ -577,7 +564,7 @@ impl ObjectState {
             Some(previous) => tracing::info!(
                 state_dir = %self.url,
                 previous = %previous,
-                waited_ms = started.elapsed().as_millis() as u64,
+                waited_ms = self.clock.now().saturating_duration_since(started).as_millis() as u64,
                 "took over the state directory's lease after it expired unrenewed (the run holding it had stopped)"
             ),
             None => tracing::debug!(state_dir = %self.url, holder = %holder, epoch, "took the state directory's lease"),
@@ -588,8 +575,23 @@ impl ObjectState {
             holder,
             lease,
             epoch,
+            clock: self.clock.clone(),
             state: Mutex::new(HeldState { etag, renewed, lost: None, current }),
         });
+        if renewer {
+            self.start_renewer(&held)?;
+        }
+        self.held = Some(held.clone());
+        self.base = self.root_key(&epoch_name(epoch));
+        if current != epoch {
+            self.move_state(&held, current, epoch)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the thread that renews the lease every third of its length
+    /// until this state directory is dropped, or the lease is lost.
+    fn start_renewer(&mut self, held: &Arc<Held>) -> Result<(), CheckpointError> {
         let (stop, stopped) = mpsc::channel::<()>();
         let renewing = held.clone();
         let store = self.store.clone();
@@ -597,7 +599,7 @@ impl ObjectState {
             .name("sluice-lease".into())
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(renewing.lease / 3) {
-                    if let Err(e) = renew(&renewing, &store) {
+                    if let Err(e) = renew(&renewing, store.as_ref()) {
                         tracing::warn!(error = %e, "could not renew the state directory's lease");
                         if lost(&renewing) {
                             return;
@@ -606,12 +608,7 @@ impl ObjectState {
                 }
             })
             .map_err(|source| CheckpointError::Io { path: PathBuf::from(&self.url), source })?;
-        self.held = Some(held.clone());
         self.renewer = Some((stop, thread));
-        self.base = self.root_key(&epoch_name(epoch));
-        if current != epoch {
-            self.move_state(&held, current, epoch)?;
-        }
         Ok(())
     }
 
@@ -650,9 +647,7 @@ impl ObjectState {
             return Err(e);
         }
         tracing::debug!(state_dir = %self.url, from, to, objects = copied, "moved the state into this run's epoch");
-        let store = self.store.clone();
-        let dir = from_dir.clone();
-        match self.run(async move { store.list(&dir).await })? {
+        match self.store.list(&from_dir)? {
             Ok(listed) => {
                 for o in listed {
                     self.delete_key(o.key);
@@ -671,34 +666,23 @@ impl ObjectState {
     /// `to` (cleared first: only this run writes there). `None` when a
     /// listed object was gone before it was read.
     fn copy_folder(&self, from: &str, to: &str) -> Result<Option<usize>, CheckpointError> {
-        let store = self.store.clone();
-        let dir = to.to_string();
-        for o in self.run(async move { store.list(&dir).await })?? {
-            let store = self.store.clone();
-            self.run(async move { store.delete(&o.key).await })??;
+        for o in self.store.list(to)?? {
+            self.store.delete(&o.key)??;
         }
-        let store = self.store.clone();
-        let dir = from.to_string();
-        let listed = self.run(async move { store.list(&dir).await })??;
+        let listed = self.store.list(from)??;
         for o in &listed {
             let Some(rel) = o.key.strip_prefix(from).and_then(|r| r.strip_prefix('/')) else { continue };
             if rel == COPIED {
                 continue;
             }
-            let store = self.store.clone();
-            let key = o.key.clone();
-            let bytes = match self.run(async move { store.read(&key).await })? {
+            let bytes = match self.store.read(&o.key)? {
                 Ok(bytes) => bytes,
                 Err(StoreError::NotFound { .. }) => return Ok(None),
                 Err(e) => return Err(e.into()),
             };
-            let store = self.store.clone();
-            let key = format!("{to}/{rel}");
-            self.run(async move { store.create_exclusive(&key, bytes).await })??;
+            self.store.create_exclusive(&format!("{to}/{rel}"), bytes)??;
         }
-        let store = self.store.clone();
-        let key = format!("{to}/{COPIED}");
-        self.run(async move { store.create_exclusive(&key, Bytes::from_static(b"")).await })??;
+        self.store.create_exclusive(&format!("{to}/{COPIED}"), Bytes::from_static(b""))??;
         Ok(Some(listed.len()))
     }
 
@@ -734,19 +718,19 @@ impl ObjectState {
     fn renew_confirmed(&self, held: &Held, what: &str) -> Result<(), CheckpointError> {
         let poll = (held.lease / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
         loop {
-            match renew(held, &self.store) {
+            match renew(held, self.store.as_ref()) {
                 Ok(()) => return Ok(()),
                 Err(e) if lost(held) => return Err(e),
                 Err(e) => {
                     let renewed = held.state.lock().map_err(|_| poisoned(held))?.renewed;
-                    if renewed.elapsed() + poll >= held.lease * 2 / 3 {
+                    if self.clock.now().saturating_duration_since(renewed) + poll >= held.lease * 2 / 3 {
                         return Err(CheckpointError::LeaseLost {
                             url: held.url.clone(),
                             reason: format!("it could not {what} in time: {e}"),
                         });
                     }
                     tracing::warn!(error = %e, "the state directory's lease could not {what}; trying again");
-                    std::thread::sleep(poll);
+                    self.clock.sleep(poll);
                 }
             }
         }
@@ -812,27 +796,26 @@ fn lost(held: &Held) -> bool {
 /// very run wrote last (its holder and epoch: an earlier renewal landed,
 /// its reply lost) is no other run's: its version is adopted and the
 /// renewal sent again, once.
-fn renew(held: &Held, store: &ObjectStore) -> Result<(), CheckpointError> {
+fn renew(held: &Held, store: &dyn Objects) -> Result<(), CheckpointError> {
     let mut state = held.state.lock().map_err(|_| poisoned(held))?;
     let lost = |reason: String| CheckpointError::LeaseLost { url: held.url.clone(), reason };
     if let Some(reason) = &state.lost {
         return Err(lost(reason.clone()));
     }
-    if state.renewed.elapsed() >= held.lease {
-        let reason =
-            format!("it was last renewed {:.1}s ago, longer than the lease", state.renewed.elapsed().as_secs_f64());
+    let age = held.clock.now().saturating_duration_since(state.renewed);
+    if age >= held.lease {
+        let reason = format!("it was last renewed {:.1}s ago, longer than the lease", age.as_secs_f64());
         state.lost = Some(reason.clone());
         return Err(lost(reason));
     }
     let mut adopted = false;
     loop {
-        let doc = held.doc(now_ms() + held.lease.as_millis() as u64, state.current);
+        let doc = held.doc(held.clock.now_ms() + held.lease.as_millis() as u64, state.current);
         let bytes = serde_json::to_vec(&doc)
             .map(Bytes::from)
             .map_err(|source| CheckpointError::StateFile { path: PathBuf::from(store.url(&held.key)), source })?;
-        let sent = Instant::now();
-        let (s, key, etag) = (store.clone(), held.key.clone(), state.etag.clone());
-        match block(async move { s.replace_if(&key, bytes, &etag).await })? {
+        let sent = held.clock.now();
+        match store.replace_if(&held.key, bytes, &state.etag)? {
             Ok(Some(etag)) => {
                 state.etag = etag;
                 state.renewed = sent;
@@ -840,8 +823,7 @@ fn renew(held: &Held, store: &ObjectStore) -> Result<(), CheckpointError> {
             }
             Ok(None) => return Err(no_etag(&store.url(&held.key))),
             Err(StoreError::Conflict { url, .. }) => {
-                let (s, key) = (store.clone(), held.key.clone());
-                let found = block(async move { s.read_versioned(&key).await }).ok().and_then(|r| r.ok());
+                let found = store.read_versioned(&held.key).ok().and_then(|r| r.ok());
                 let now = found.and_then(|v| serde_json::from_slice::<LeaseDoc>(&v.bytes).ok().map(|d| (v.etag, d)));
                 match now {
                     // Only this run writes its holder (a token of its own):
@@ -886,8 +868,7 @@ impl Drop for ObjectState {
         {
             let doc = held.doc(0, state.current);
             if let Ok(bytes) = serde_json::to_vec(&doc) {
-                let (s, key, etag) = (self.store.clone(), held.key.clone(), state.etag.clone());
-                match block(async move { s.replace_if(&key, Bytes::from(bytes), &etag).await }) {
+                match self.store.replace_if(&held.key, Bytes::from(bytes), &state.etag) {
                     Ok(Ok(_)) => tracing::debug!(state_dir = %held.url, "released the state directory's lease"),
                     Ok(Err(e)) => tracing::warn!(error = %e, "could not release the state directory's lease"),
                     Err(e) => tracing::warn!(error = %e, "could not release the state directory's lease"),
@@ -916,7 +897,7 @@ pub(super) fn lease_holder(
     let store = ObjectStore::of(scheme, bucket, stores)?;
     let key = if prefix.is_empty() { LEASE_KEY.to_string() } else { format!("{prefix}/{LEASE_KEY}") };
     let url = store.url(&key);
-    let bytes = match block(async move { store.read(&key).await })? {
+    let bytes = match Objects::read(&store, &key)? {
         Ok(bytes) => bytes,
         Err(StoreError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -928,3 +909,7 @@ pub(super) fn lease_holder(
     }
     Ok(Some(format!("{} holds its lease {url} (until {} unless renewed)", doc.holder, when(doc.expires_at_ms))))
 }
+
+#[cfg(test)]
+#[path = "lease_tests.rs"]
+mod tests;
