@@ -325,6 +325,37 @@ fn a_renewal_failing_transiently_is_retried_and_never_let_pass_past_two_thirds_o
     assert_eq!(records(&bucket), BTreeMap::from([(1, b"a 1".to_vec())]));
 }
 
+#[test]
+fn a_renewal_answered_later_than_the_lease_does_not_pass_the_check() {
+    let bucket = MemBucket::new("bucket");
+    let clock = SimClock::new();
+    let a = open(&bucket, "a", &clock).unwrap();
+    a.write_record(1, b"a 1".to_vec()).unwrap();
+    // A's renewal is stored at once, but A hears of it only after a whole
+    // lease and more (frozen right after sending it, its clock counting
+    // the freeze). Meanwhile B watched the lease unrenewed and took over.
+    clock.advance(LEASE / 3);
+    bucket.script(Op::ReplaceIf, "lease", Fault::Slow(LEASE + LEASE / 3));
+    let took_over = Arc::new(Mutex::new(None));
+    let (slot, b_bucket, b_clock) = (took_over.clone(), bucket.clone(), clock.clone());
+    let once = AtomicBool::new(false);
+    clock.on_sleep(move || {
+        if !once.swap(true, Ordering::SeqCst) {
+            *slot.lock().unwrap() = Some(open(&b_bucket, "b", &b_clock).unwrap());
+        }
+    });
+    let checked = a.check_held();
+    clock.no_hook();
+    let b = took_over.lock().unwrap().take().expect("B took over during A's renewal");
+    let (doc, _) = lease_doc(&bucket);
+    assert_eq!((doc.holder.as_str(), doc.epoch), (b.holder().as_str(), 2));
+    // The check cannot have come before the takeover: it fails, resumable.
+    let err = checked.unwrap_err();
+    assert_lease_lost(&err, "longer than the lease");
+    assert!(a.check_held().is_err());
+    b.check_held().unwrap();
+}
+
 /// Every confirmation of a lease in a simulation (a take, a check, a
 /// background renewal): when, by whom, in which epoch.
 type Passes = Arc<Mutex<Vec<(Duration, String, u64)>>>;

@@ -24,7 +24,8 @@
 //!   and before every write and commit, where the renewal must be confirmed
 //!   (a transient failure is retried, never let pass: a holder whose clock
 //!   did not count a suspend would otherwise commit a record written after
-//!   a takeover copied its folder). A run that sees the lease renewed
+//!   a takeover copied its folder; nor is a renewal answered a lease or
+//!   more after it was sent: the lease is lost). A run that sees the lease renewed
 //!   while it waits refuses, naming the holder; a run whose
 //!   compare-and-swap fails (on a lease it did not write itself: one whose
 //!   renewal landed with its reply lost renews over it), or that could not
@@ -792,7 +793,8 @@ fn lost(held: &Held) -> bool {
 }
 
 /// Renews `held` by compare-and-swap; a failed swap loses it for good, and so
-/// does a renewal later than the lease. A swap that fails on a lease this
+/// does a renewal later than the lease, or one answered a lease or more
+/// after it was sent. A swap that fails on a lease this
 /// very run wrote last (its holder and epoch: an earlier renewal landed,
 /// its reply lost) is no other run's: its version is adopted and the
 /// renewal sent again, once.
@@ -818,6 +820,19 @@ fn renew(held: &Held, store: &dyn Objects) -> Result<(), CheckpointError> {
         match store.replace_if(&held.key, bytes, &state.etag)? {
             Ok(Some(etag)) => {
                 state.etag = etag;
+                // A renewal stored at once but answered a lease or more
+                // after it was sent (this run paused meanwhile) proves
+                // nothing about now: another run may have watched it
+                // unrenewed for a whole lease and taken it over since.
+                let answered = held.clock.now().saturating_duration_since(sent);
+                if answered >= held.lease {
+                    let reason = format!(
+                        "its renewal was answered {:.1}s after it was sent, longer than the lease: another run may have taken it over meanwhile",
+                        answered.as_secs_f64()
+                    );
+                    state.lost = Some(reason.clone());
+                    return Err(lost(reason));
+                }
                 state.renewed = sent;
                 return Ok(());
             }
