@@ -459,18 +459,21 @@ impl Subtask {
         // A table that appears during the run (a topic a pattern matches)
         // may not be the dead letters'.
         if self.setup.env.dead_letters.as_ref() == Some(&next.table) {
-            return Err(EngineError::Source(crate::source::SourceError::Other(format!(
-                "the source delivers rows of table {:?}, the dead-letter table (job.dead_letter.table): give dead \
-                 letters a table of their own",
-                next.table
-            ))));
+            return Err(EngineError::Source(crate::source::SourceError::Config {
+                key: "job.dead_letter.table".into(),
+                message: format!(
+                    "the source delivers rows of table {:?}, the dead-letter table: give dead letters a table of \
+                     their own",
+                    next.table
+                ),
+            }));
         }
         if let Some(first) = next.bad.first() {
             let Some(table) = &self.setup.env.dead_letters else {
-                return Err(EngineError::Source(crate::source::SourceError::Other(format!(
-                    "{}: {}",
-                    first.position, first.reason
-                ))));
+                return Err(EngineError::Source(crate::source::SourceError::BadRow {
+                    position: first.position.clone(),
+                    reason: first.reason.clone(),
+                }));
             };
             let from = dead_letter::Letterhead {
                 job: self.setup.ctx.job_id.clone(),

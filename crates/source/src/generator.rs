@@ -314,11 +314,14 @@ impl Generator {
 
     pub fn reader(&self, subtask: u32, position: Option<&serde_json::Value>) -> Result<GeneratorReader, SourceError> {
         if self.rows > 0 && self.first_id.checked_add(self.rows - 1).is_none_or(|last| last > MAX_ID) {
-            return Err(SourceError::Other(format!(
-                "source.first_id = {} with source.rows = {} gives ids past {MAX_ID} (i64::MAX), the largest \
-                 id the Int64 `id` column holds",
-                self.first_id, self.rows
-            )));
+            return Err(SourceError::Config {
+                key: "source.first_id".into(),
+                message: format!(
+                    "source.first_id = {} with source.rows = {} gives ids past {MAX_ID} (i64::MAX), the largest \
+                     id the Int64 `id` column holds",
+                    self.first_id, self.rows
+                ),
+            });
         }
         let (start, end) = self.range(subtask);
         let bad = |p: &serde_json::Value, message: String| SourceError::Position { position: p.to_string(), message };
@@ -424,6 +427,18 @@ impl SourceReader for GeneratorReader {
 mod tests {
     use super::*;
     use arrow_array::Int64Array;
+
+    #[test]
+    fn ids_past_the_column_are_a_config_error_naming_the_key() {
+        use sluice_core::error::{ErrorKind, Kind};
+        let e = Generator::new(100, None, 10, 1)
+            .starting_at(MAX_ID - 10)
+            .reader(0, None)
+            .err()
+            .unwrap_or_else(|| panic!("a reader"));
+        assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        assert!(e.to_string().contains("key `source.first_id`") && e.to_string().contains("gives ids past"), "{e}");
+    }
 
     #[test]
     fn split_covers_every_id_once_and_resumes() {

@@ -15,7 +15,13 @@
 //!   parameters, or each file a subtask consumed with its size and
 //!   modification time, or an object's ETag), and a resume from a source that no longer matches
 //!   it is refused by [`Source::check_identity`] before anything is read:
-//!   resuming from positions into other rows would lose or repeat rows.
+//!   resuming from positions into other rows would lose or repeat rows;
+//! - every [`SourceError`] says its kind: a setting of the job is
+//!   `Config` and names its key, a record's own fault is `InvalidData`,
+//!   a broker or schema registry that may answer later is `Retryable`
+//!   (read from the client's error code or the HTTP status, never from
+//!   the text); the host retries no read itself, the kind tells the
+//!   operator or a runner whether a rerun may succeed.
 
 pub mod config;
 pub mod file;
@@ -32,26 +38,83 @@ use serde::{Deserialize, Serialize};
 pub use config::{FileFormat, SourceConfig, SourceSpec, TargetTables};
 use sluice_store::StoreOptions;
 
+/// Why a source cannot go on. Every variant says its [`ErrorKind`]
+/// ([`Kind`]); a caller decides from that, never from the text.
+///
+/// [`ErrorKind`]: sluice_core::ErrorKind
+/// [`Kind`]: sluice_core::error::Kind
 #[derive(Debug, Error)]
 pub enum SourceError {
     #[error("source file {path}: {message}")]
     File { path: String, message: String },
     #[error("source position {position} cannot be restored: {message}")]
     Position { position: String, message: String },
-    #[error("source: {0}")]
-    Other(String),
+    /// The job sets up the source in a way it cannot run: `key` is the job
+    /// file's key to change (`source.avro_schema`, `job.dead_letter.table`).
+    #[error("source: key `{key}`: {message}")]
+    Config { key: String, message: String },
+    /// The Kafka client or the brokers failed; the kind follows the
+    /// client's error code ([`kafka::kind_of`]).
+    #[error("source: kafka: {context}: {source}")]
+    Kafka {
+        context: String,
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    /// The brokers answer a topic's metadata with an error code.
+    #[error("source: kafka: topic {topic:?}: the brokers answer {code:?} ({code})")]
+    KafkaTopic { topic: String, code: rdkafka::types::RDKafkaErrorCode },
+    /// A Schema Registry request failed; the kind follows its HTTP status.
+    #[error("source: kafka: {context}: {source}")]
+    Registry {
+        context: String,
+        #[source]
+        source: kafka::RegistryError,
+    },
+    /// An Avro reader schema (the job's, or the registry's latest) that
+    /// cannot be the table's: `from` says where it came from.
+    #[error("source: kafka: {from}: {message}")]
+    AvroSchema { from: String, message: String },
+    /// Messages of `topic` that each read whole but together did not make
+    /// the table's rows (no single message can be named).
+    #[error("source: kafka: topic {topic:?}: {message}")]
+    Rows { topic: String, message: String },
     /// A Kafka message that does not fit its table (no fault of the
     /// brokers or the registry): with dead letters, it becomes one.
     #[error("source: kafka: {position}: the message does not fit the table: {reason}")]
     Message { position: String, reason: String },
+    /// A record that does not convert to its table's types, handed on as a
+    /// [`BadRow`] where no dead letters are kept.
+    #[error("source: {position}: {reason}")]
+    BadRow { position: String, reason: String },
+    /// A thread the source needs could not be started.
+    #[error("source: cannot start {what}: {source}")]
+    Thread {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A state Sluice itself got wrong (a poisoned lock, a source opened
+    /// the wrong way): a bug, never the job's or the data's fault.
+    #[error("source: internal error: {0}")]
+    Internal(String),
 }
 
 impl sluice_core::error::Kind for SourceError {
     fn kind(&self) -> sluice_core::ErrorKind {
         use sluice_core::ErrorKind;
         match self {
-            SourceError::Message { .. } => ErrorKind::InvalidData,
-            SourceError::File { .. } | SourceError::Position { .. } | SourceError::Other(_) => ErrorKind::Fatal,
+            SourceError::Config { .. } | SourceError::AvroSchema { .. } => ErrorKind::Config,
+            SourceError::Message { .. } | SourceError::BadRow { .. } | SourceError::Rows { .. } => {
+                ErrorKind::InvalidData
+            }
+            SourceError::Kafka { source, .. } => kafka::kind_of(source),
+            SourceError::KafkaTopic { code, .. } => kafka::kind_of_code(*code),
+            SourceError::Registry { source, .. } => source.kind(),
+            SourceError::File { .. }
+            | SourceError::Position { .. }
+            | SourceError::Thread { .. }
+            | SourceError::Internal(_) => ErrorKind::Fatal,
         }
     }
 }
@@ -234,12 +297,15 @@ impl Source {
                 let source = kafka::KafkaSource::open(config, wanted.parallelism)?;
                 Ok(Source::Kafka(match &wanted.dead_letter_table {
                     Some(dl) if config.topics.matches(dl) => {
-                        return Err(SourceError::Other(format!(
-                            "kafka: topics {} include {:?}, the dead-letter table (job.dead_letter.table): give \
-                             dead letters a table of their own",
-                            config.topics.describe(),
-                            dl
-                        )));
+                        return Err(SourceError::Config {
+                            key: "job.dead_letter.table".into(),
+                            message: format!(
+                                "kafka: topics {} include {:?}, the dead-letter table: give dead letters a table of \
+                                 their own",
+                                config.topics.describe(),
+                                dl
+                            ),
+                        });
                     }
                     Some(_) => source.with_bad_rows(BadRows::DeadLetter),
                     None => source,
@@ -252,11 +318,14 @@ impl Source {
                         FileFormat::Csv | FileFormat::Json => {
                             Ok(Source::File(f.with_bad_rows(BadRows::DeadLetter).with_rejected(rejected.clone())))
                         }
-                        FileFormat::Parquet => Err(SourceError::Other(format!(
-                            "{} holds Parquet files, whose values carry their types, so no record turns into a \
-                             dead letter: set job.bad_rows = \"fail\"",
-                            f.describe()
-                        ))),
+                        FileFormat::Parquet => Err(SourceError::Config {
+                            key: "job.bad_rows".into(),
+                            message: format!(
+                                "{} holds Parquet files, whose values carry their types, so no record turns into a \
+                                 dead letter: set job.bad_rows = \"fail\"",
+                                f.describe()
+                            ),
+                        }),
                     },
                     (source, _) => Ok(source),
                 }
@@ -281,8 +350,8 @@ impl Source {
             SourceSpec::File { path, format, batch_rows, csv_header, rate, .. } => Ok(Source::File(
                 file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism, stores)?.with_rate(*rate),
             )),
-            SourceSpec::Kafka(_) => Err(SourceError::Other(
-                "a Kafka source opens from its loaded job (Source::of_job), where its secrets are read".to_string(),
+            SourceSpec::Kafka(_) => Err(SourceError::Internal(
+                "a Kafka source opens from its loaded job (Source::of_config), where its secrets are read".to_string(),
             )),
         }
     }

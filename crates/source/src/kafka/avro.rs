@@ -31,7 +31,11 @@
 //!   nullable exactly where the Avro type is a union with null;
 //! - the checkpoint records the reader schema (compact JSON): a resume
 //!   whose reader schema changed (the job's, or the registry's latest) is
-//!   refused; new writer ids are not a change.
+//!   refused; new writer ids are not a change;
+//! - a registry's failure keeps the request's URL and its kind comes from
+//!   the answer ([`RegistryError`]): unreachable, a timeout, 5xx, 408 or
+//!   429 may pass; 401, 403 and a missing subject are the job's to fix; an
+//!   unknown writer id (404) is the message's fault.
 //!
 //! The registry's REST API: <https://docs.confluent.io/platform/current/schema-registry/develop/api.html>;
 //! the wire format: <https://docs.confluent.io/platform/current/schema-registry/fundamentals/serdes-develop/index.html#wire-format>.
@@ -44,6 +48,8 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_avro::reader::{Decoder, ReaderBuilder};
 use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+
+use sluice_core::ErrorKind;
 
 use super::super::SourceError;
 use super::decode::{Message, refused};
@@ -111,7 +117,7 @@ fn build_decoder<'a>(
 impl AvroCodec {
     pub fn open(config: &KafkaConfig) -> Result<Self, SourceError> {
         let Decoding::Avro { schema, registry } = &config.decoding else {
-            return Err(SourceError::Other("kafka: not an Avro source".into()));
+            return Err(SourceError::Internal("kafka: an Avro codec opened for a source that is not Avro".into()));
         };
         let framing = match registry {
             Some(url) => Framing::Registry(Registry::new(url)?),
@@ -121,7 +127,10 @@ impl AvroCodec {
             (Some(text), _) => (text.clone(), "the job's avro_schema".to_string()),
             (None, Framing::Registry(r)) => r.latest_of(&config.topics)?,
             (None, Framing::Bare) => {
-                return Err(SourceError::Other("kafka: an Avro source needs avro_schema or schema_registry".into()));
+                return Err(SourceError::Config {
+                    key: "source.avro_schema".into(),
+                    message: "kafka: an Avro source needs avro_schema (or _file) or schema_registry".into(),
+                });
             }
         };
         Self::new(text, &from, framing, config.batch_rows)
@@ -129,7 +138,7 @@ impl AvroCodec {
 
     /// A codec of reader schema `text` (which came `from` there).
     fn new(text: String, from: &str, framing: Framing, batch_rows: usize) -> Result<Self, SourceError> {
-        let bad = |why: String| SourceError::Other(format!("kafka: {from}: {why}"));
+        let bad = |why: String| SourceError::AvroSchema { from: from.to_string(), message: why };
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| bad(format!("is not JSON (an Avro schema is JSON): {e}")))?;
         if value.get("type").and_then(|t| t.as_str()) != Some("record") {
@@ -177,18 +186,20 @@ impl AvroCodec {
                 None => refused(topic, m, format!("Avro datum: {why}")),
             })?;
         }
-        run.flush().map_err(|e| SourceError::Other(format!("kafka: topic {topic:?}: Avro batch: {e}")))?;
+        run.flush().map_err(|e| SourceError::Rows { topic: topic.to_string(), message: format!("Avro batch: {e}") })?;
         let batches = std::mem::take(&mut run.out);
         let rows = batches
             .iter()
             .map(|b| self.conform(b))
             .collect::<Result<Vec<_>, _>>()
             .and_then(|bs| arrow_select::concat::concat_batches(&self.table, &bs))
-            .map_err(|e| {
-                SourceError::Other(format!("kafka: topic {topic:?}: Avro rows to the table's columns: {e}"))
+            .map_err(|e| SourceError::Rows {
+                topic: topic.to_string(),
+                message: format!("Avro rows to the table's columns: {e}"),
             })?;
         if rows.num_rows() != messages.len() {
-            return Err(SourceError::Other(format!(
+            // Each message was fed whole and made one row (`Run::message`).
+            return Err(SourceError::Internal(format!(
                 "kafka: topic {topic:?}: {} Avro messages decoded to {} rows",
                 messages.len(),
                 rows.num_rows()
@@ -225,7 +236,7 @@ impl AvroCodec {
         messages: &[Message],
         values: &[Framed<'_>],
     ) -> Result<(u64, Decoder), SourceError> {
-        let poisoned = || SourceError::Other("kafka: the Avro decoder state is poisoned".into());
+        let poisoned = || SourceError::Internal("kafka: the Avro decoder state is poisoned".into());
         let mut state = self.state.lock().map_err(|_| poisoned())?;
         if let Framing::Registry(registry) = &self.framing {
             for (m, (id, _)) in messages.iter().zip(values) {
@@ -235,10 +246,13 @@ impl AvroCodec {
                 }
                 let writer = registry.schema_by_id(id).map_err(|e| match e {
                     Fetch::Missing(why) => refused(topic, m, format!("schema id {id}: {why}")),
-                    Fetch::Failed(why) => SourceError::Other(format!(
-                        "kafka: topic {topic:?} partition {} offset {}: cannot fetch schema id {id}: {why}",
-                        m.partition, m.offset
-                    )),
+                    Fetch::Failed(source) => SourceError::Registry {
+                        context: format!(
+                            "topic {topic:?} partition {} offset {}: cannot fetch schema id {id}",
+                            m.partition, m.offset
+                        ),
+                        source,
+                    },
                 })?;
                 // Resolvable to the reader, alone: else the id is at fault.
                 build_decoder(&self.reader, 1, [(&id, &writer)]).map_err(|why| {
@@ -259,10 +273,13 @@ impl AvroCodec {
             return Ok((g, d));
         }
         if state.writers.is_empty() {
-            return Err(SourceError::Other(format!("kafka: topic {topic:?}: no Avro writer schema is known")));
+            return Err(SourceError::Internal(format!("kafka: topic {topic:?}: no Avro writer schema is known")));
         }
-        let decoder = build_decoder(&self.reader, self.batch_size, &state.writers)
-            .map_err(|e| SourceError::Other(format!("kafka: topic {topic:?}: cannot make an Avro decoder: {e}")))?;
+        let decoder =
+            build_decoder(&self.reader, self.batch_size, &state.writers).map_err(|e| SourceError::AvroSchema {
+                from: format!("topic {topic:?}"),
+                message: format!("the writer schemas met so far make no Avro decoder together: {e}"),
+            })?;
         Ok((generation, decoder))
     }
 
@@ -402,10 +419,51 @@ fn table_schema(decoded: &Schema) -> SchemaRef {
 
 /// Why a schema was not had from the registry.
 enum Fetch {
-    /// The registry answered that it has none: the message is at fault.
+    /// The registry has no such Avro schema (it answered 404, or the
+    /// schema is of another type): whoever named it is at fault.
     Missing(String),
-    /// The registry could not be asked, or answered nonsense.
-    Failed(String),
+    /// The registry could not be asked, failed, or answered nonsense.
+    Failed(RegistryError),
+}
+
+/// What went wrong with a Schema Registry request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistryFault {
+    /// The registry answered this HTTP status (not a success).
+    Status(u16),
+    /// No answer: the registry could not be reached, or did not answer in time.
+    Unreachable,
+    /// A success whose body is not what the registry's API says.
+    Malformed,
+    /// This host could not make an HTTP client (its TLS setup).
+    Client,
+}
+
+/// A Schema Registry request that failed: the request's URL, what went
+/// wrong, and the registry's own words.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct RegistryError {
+    /// The request's URL.
+    pub url: String,
+    pub fault: RegistryFault,
+    /// Says what was asked, of which registry, and its answer.
+    pub message: String,
+}
+
+impl sluice_core::error::Kind for RegistryError {
+    /// A registry that cannot be reached, times out, is overloaded or fails
+    /// (5xx, 408, 429) may answer later; one that refuses the credentials
+    /// or has no such subject (401, 403, 404) needs the job changed; any
+    /// other answer is fatal.
+    fn kind(&self) -> ErrorKind {
+        match self.fault {
+            RegistryFault::Unreachable => ErrorKind::Retryable,
+            RegistryFault::Status(s) if s >= 500 || s == 408 || s == 429 => ErrorKind::Retryable,
+            RegistryFault::Status(401 | 403 | 404) => ErrorKind::Config,
+            RegistryFault::Status(_) | RegistryFault::Malformed | RegistryFault::Client => ErrorKind::Fatal,
+        }
+    }
 }
 
 /// A Confluent Schema Registry client: the few GETs Sluice needs.
@@ -416,17 +474,21 @@ struct Registry {
 
 impl Registry {
     fn new(url: &str) -> Result<Self, SourceError> {
-        let http = reqwest::Client::builder()
-            .timeout(REGISTRY_TIMEOUT)
-            .build()
-            .map_err(|e| SourceError::Other(format!("kafka: schema registry {url}: cannot make a client: {e}")))?;
+        let http = reqwest::Client::builder().timeout(REGISTRY_TIMEOUT).build().map_err(|e| SourceError::Registry {
+            context: format!("schema registry {url}"),
+            source: RegistryError {
+                url: url.to_string(),
+                fault: RegistryFault::Client,
+                message: format!("cannot make a client: {}", sluice_core::chain(&e)),
+            },
+        })?;
         Ok(Self { base: url.trim_end_matches('/').to_string(), http })
     }
 
     /// `GET {base}{path}`: the status and body. The request runs on the
     /// host's I/O runtime from a thread of its own, so that it blocks no
     /// runtime thread whatever thread calls it.
-    fn get(&self, path: &str) -> Result<(reqwest::StatusCode, String), String> {
+    fn get(&self, path: &str) -> Result<(reqwest::StatusCode, String), RegistryError> {
         let url = format!("{}{path}", self.base);
         let request = self
             .http
@@ -437,22 +499,47 @@ impl Registry {
             let status = response.status();
             Ok::<_, reqwest::Error>((status, response.text().await?))
         };
-        sluice_core::runtime::wait(call).map_err(|e| format!("GET {url}: {e}"))?.map_err(|e| format!("GET {url}: {e}"))
+        let failed =
+            |fault, why: String| RegistryError { url: url.clone(), fault, message: format!("GET {url}: {why}") };
+        match sluice_core::runtime::wait(call) {
+            Err(e) => Err(failed(RegistryFault::Unreachable, e.to_string())),
+            Ok(Err(e)) => {
+                let fault = match e.status() {
+                    Some(status) => RegistryFault::Status(status.as_u16()),
+                    None if e.is_timeout() || e.is_connect() || e.is_request() => RegistryFault::Unreachable,
+                    // The body could not be read or decoded as text.
+                    None => RegistryFault::Malformed,
+                };
+                Err(failed(fault, sluice_core::chain(&e)))
+            }
+            Ok(Ok(answer)) => Ok(answer),
+        }
     }
 
     /// A response's JSON object; an error answer's `message`.
     fn json(&self, path: &str) -> Result<serde_json::Value, Fetch> {
         let (status, body) = self.get(path).map_err(Fetch::Failed)?;
         let value: Option<serde_json::Value> = serde_json::from_str(&body).ok();
+        let url = format!("{}{path}", self.base);
         if status.is_success() {
-            return value.ok_or_else(|| Fetch::Failed(format!("GET {}{path}: the answer is not JSON", self.base)));
+            return value.ok_or_else(|| {
+                Fetch::Failed(RegistryError {
+                    message: format!("GET {url}: the answer is not JSON"),
+                    url,
+                    fault: RegistryFault::Malformed,
+                })
+            });
         }
         let message = value
             .as_ref()
             .and_then(|v| Some(format!("{} (error_code {})", v.get("message")?.as_str()?, v.get("error_code")?)))
             .unwrap_or(body);
         let why = format!("the registry at {} answered {status} to GET {path}: {message}", self.base);
-        if status == reqwest::StatusCode::NOT_FOUND { Err(Fetch::Missing(why)) } else { Err(Fetch::Failed(why)) }
+        if status == reqwest::StatusCode::NOT_FOUND {
+            Err(Fetch::Missing(why))
+        } else {
+            Err(Fetch::Failed(RegistryError { url, fault: RegistryFault::Status(status.as_u16()), message: why }))
+        }
     }
 
     /// The Avro schema text of a response holding `schema` (and maybe `schemaType`).
@@ -465,7 +552,14 @@ impl Registry {
         }
         match value.get("schema").and_then(|s| s.as_str()) {
             Some(s) => Ok(s.to_string()),
-            None => Err(Fetch::Failed(format!("GET {}{path}: the answer holds no \"schema\" string", self.base))),
+            None => {
+                let url = format!("{}{path}", self.base);
+                Err(Fetch::Failed(RegistryError {
+                    message: format!("GET {url}: the answer holds no \"schema\" string"),
+                    url,
+                    fault: RegistryFault::Malformed,
+                }))
+            }
         }
     }
 
@@ -480,8 +574,9 @@ impl Registry {
     /// version of each listed topic's `{topic}-value`, which must be one
     /// schema; and where it came from.
     fn latest_of(&self, topics: &Topics) -> Result<(String, String), SourceError> {
+        let no_schema = |message: String| SourceError::Config { key: "source.avro_schema".into(), message };
         let Topics::List(list) = topics else {
-            return Err(SourceError::Other(
+            return Err(no_schema(
                 "kafka: with topic_pattern, give avro_schema: the table's columns cannot come from the registry \
                  subjects of topics not known yet"
                     .into(),
@@ -491,20 +586,21 @@ impl Registry {
         for topic in list {
             let subject = format!("{topic}-value");
             let path = format!("/subjects/{subject}/versions/latest");
-            let value = self.json(&path).map_err(|e| {
-                let why = match e {
-                    Fetch::Missing(w) | Fetch::Failed(w) => w,
-                };
-                SourceError::Other(format!(
-                    "kafka: topic {topic:?}: no reader schema: the job gives no avro_schema, and the registry's \
-                     latest version of subject {subject:?} cannot be had: {why}"
-                ))
+            let context = format!(
+                "topic {topic:?}: no reader schema: the job gives no avro_schema, and the registry's latest version \
+                 of subject {subject:?} cannot be had"
+            );
+            let value = self.json(&path).map_err(|e| match e {
+                Fetch::Missing(why) => no_schema(format!("kafka: {context}: {why}")),
+                Fetch::Failed(source) => SourceError::Registry { context: context.clone(), source },
             })?;
             let text = self.schema_of(&path, &value).map_err(|e| match e {
-                Fetch::Missing(w) | Fetch::Failed(w) => SourceError::Other(format!("kafka: topic {topic:?}: {w}")),
+                Fetch::Missing(why) => no_schema(format!("kafka: topic {topic:?}: {why}")),
+                Fetch::Failed(source) => SourceError::Registry { context: format!("topic {topic:?}"), source },
             })?;
-            let parsed: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                SourceError::Other(format!("kafka: the registry's latest of {subject:?} is not JSON: {e}"))
+            let parsed: serde_json::Value = serde_json::from_str(&text).map_err(|e| SourceError::AvroSchema {
+                from: format!("the registry's latest of {subject:?}"),
+                message: format!("is not JSON: {e}"),
             })?;
             let version = value.get("version").map(|v| v.to_string()).unwrap_or_else(|| "?".into());
             let id = value.get("id").map(|v| v.to_string()).unwrap_or_else(|| "?".into());
@@ -512,7 +608,7 @@ impl Registry {
             match &found {
                 None => found = Some((text, parsed, from)),
                 Some((_, first, first_from)) if *first != parsed => {
-                    return Err(SourceError::Other(format!(
+                    return Err(no_schema(format!(
                         "kafka: {first_from} and {from} differ; the topics of one source land with one table \
                          schema, so give avro_schema"
                     )));
@@ -522,7 +618,7 @@ impl Registry {
         }
         found
             .map(|(text, _, from)| (text, from))
-            .ok_or_else(|| SourceError::Other("kafka: an Avro source with a registry lists no topic".into()))
+            .ok_or_else(|| no_schema("kafka: an Avro source with a registry lists no topic".into()))
     }
 }
 
@@ -704,6 +800,108 @@ mod tests {
         assert_eq!(table_type(&DataType::Time32(TimeUnit::Millisecond)), DataType::Time64(TimeUnit::Microsecond));
         let e = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
         assert_eq!(table_type(&e), DataType::Utf8);
+    }
+
+    /// A registry on a local port that answers every request with
+    /// `status` and `body`, for `n` requests.
+    fn answering(status: &str, body: &'static str, n: usize) -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let status = status.to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(n) {
+                let Ok(mut stream) = stream else { return };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => request.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes());
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    fn failed(fetch: Result<AvroSchema, Fetch>) -> RegistryError {
+        match fetch {
+            Err(Fetch::Failed(e)) => e,
+            Err(Fetch::Missing(why)) => panic!("missing: {why}"),
+            Ok(_) => panic!("a schema"),
+        }
+    }
+
+    #[test]
+    fn a_registry_that_may_answer_later_is_retryable_and_one_that_refuses_is_not() {
+        use sluice_core::error::Kind;
+        let registry = |url: &str| Registry::new(url).unwrap_or_else(|e| panic!("{e}"));
+        // Overloaded: 503 is worth another try, and names the request.
+        let url = answering("503 Service Unavailable", r#"{"error_code":50301,"message":"busy"}"#, 1);
+        let e = failed(registry(&url).schema_by_id(7));
+        assert_eq!((e.fault, e.kind()), (RegistryFault::Status(503), ErrorKind::Retryable), "{e}");
+        assert!(e.message.contains("/schemas/ids/7") && e.message.contains("busy (error_code 50301)"), "{e}");
+        assert_eq!(e.url, format!("{url}/schemas/ids/7"));
+        // Credentials refused: the job's to fix.
+        let url = answering("401 Unauthorized", r#"{"error_code":401,"message":"no"}"#, 1);
+        assert_eq!(failed(registry(&url).schema_by_id(7)).kind(), ErrorKind::Config);
+        // A request the registry calls malformed: nothing to retry.
+        let url = answering("422 Unprocessable Entity", r#"{"error_code":42201,"message":"bad"}"#, 1);
+        assert_eq!(failed(registry(&url).schema_by_id(7)).kind(), ErrorKind::Fatal);
+        // A success that is not the API's answer.
+        let url = answering("200 OK", "<html>a proxy</html>", 1);
+        let e = failed(registry(&url).schema_by_id(7));
+        assert_eq!((e.fault, e.kind()), (RegistryFault::Malformed, ErrorKind::Fatal), "{e}");
+        // Nobody listens: may answer later.
+        let e = failed(registry("http://127.0.0.1:9").schema_by_id(7));
+        assert_eq!((e.fault, e.kind()), (RegistryFault::Unreachable, ErrorKind::Retryable), "{e}");
+        assert!(e.message.contains("GET http://127.0.0.1:9/schemas/ids/7"), "{e}");
+        // An id the registry does not have is the message's fault, not the registry's.
+        let url = answering("404 Not Found", r#"{"error_code":40403,"message":"Schema not found"}"#, 1);
+        assert!(matches!(registry(&url).schema_by_id(7), Err(Fetch::Missing(w)) if w.contains("Schema not found")));
+    }
+
+    #[test]
+    fn the_kind_of_a_registry_failure_reaches_the_source_error() {
+        use sluice_core::error::Kind;
+        let topics = Topics::List(vec!["orders".into()]);
+        // No subject for the topic: the job must give avro_schema.
+        let url = answering("404 Not Found", r#"{"error_code":40401,"message":"Subject not found"}"#, 1);
+        let e = Registry::new(&url).and_then(|r| r.latest_of(&topics)).err().unwrap_or_else(|| panic!("a schema"));
+        assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        assert!(e.to_string().contains("source.avro_schema") && e.to_string().contains("Subject not found"), "{e}");
+        // The registry failing: a rerun may succeed.
+        let url = answering("502 Bad Gateway", "", 1);
+        let e = Registry::new(&url).and_then(|r| r.latest_of(&topics)).err().unwrap_or_else(|| panic!("a schema"));
+        assert_eq!(e.kind(), ErrorKind::Retryable, "{e}");
+        assert!(e.to_string().contains("\"orders-value\"") && e.to_string().contains("502"), "{e}");
+        // A message naming an id the registry cannot be asked about fails
+        // the read (no dead letter): a rerun may succeed.
+        let codec = registry(V1, &[(1, V1)]);
+        let e = codec.decode("orders", &[msg(3, framed(5, &datum(3, None, None)))]).err();
+        let e = e.unwrap_or_else(|| panic!("decoded"));
+        assert!(matches!(e, SourceError::Registry { .. }), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Retryable, "{e}");
+        assert!(e.to_string().contains("partition 1 offset 3: cannot fetch schema id 5"), "{e}");
+    }
+
+    #[test]
+    fn a_reader_schema_that_cannot_be_the_tables_is_a_config_error() {
+        use sluice_core::error::Kind;
+        let e = AvroCodec::new(r#"{"type":"string"}"#.into(), "the job's avro_schema", Framing::Bare, 1)
+            .err()
+            .unwrap_or_else(|| panic!("a codec"));
+        assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        assert!(e.to_string().contains("the job's avro_schema: is not an Avro record schema"), "{e}");
+        // A message's own fault is invalid data.
+        let e = bare(V1, 2).decode("orders", &[msg(1, vec![0x80])]).err().unwrap_or_else(|| panic!("decoded"));
+        assert_eq!(e.kind(), ErrorKind::InvalidData, "{e}");
     }
 
     #[test]

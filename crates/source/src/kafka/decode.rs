@@ -74,7 +74,7 @@ impl Codec {
             Decoding::Json(schema) => Ok(Codec::Json(schema.clone())),
             Decoding::Raw => Ok(Codec::Raw(raw_schema())),
             // `with_table_columns` turns it into `Json` before the source opens.
-            Decoding::JsonOfTable => Err(SourceError::Other(
+            Decoding::JsonOfTable => Err(SourceError::Internal(
                 "kafka: the target table's columns were not loaded before the source opened".into(),
             )),
             Decoding::Avro { .. } => Ok(Codec::Avro(AvroCodec::open(config)?)),
@@ -105,7 +105,9 @@ impl Codec {
                 _ => Err(json_culprit(schema, topic, messages)),
             },
             Codec::Avro(avro) => avro.decode(topic, messages),
-            Codec::Raw(schema) => raw_batch(schema, messages).map_err(|e| SourceError::Other(format!("kafka: {e}"))),
+            // The raw columns take any message: a failure is Sluice's own.
+            Codec::Raw(schema) => raw_batch(schema, messages)
+                .map_err(|e| SourceError::Internal(format!("kafka: topic {topic:?}: raw records: {e}"))),
         }
     }
 }
@@ -145,8 +147,10 @@ impl Codec {
             }
         }
         let schema = self.table_schema();
-        let batch = arrow_select::concat::concat_batches(&schema, &rows)
-            .map_err(|e| SourceError::Other(format!("kafka: topic {topic:?}: the rows around a bad message: {e}")))?;
+        let batch = arrow_select::concat::concat_batches(&schema, &rows).map_err(|e| SourceError::Rows {
+            topic: topic.to_string(),
+            message: format!("the rows around a bad message: {e}"),
+        })?;
         Ok((batch, bad))
     }
 }
@@ -201,7 +205,7 @@ fn json_culprit(schema: &SchemaRef, topic: &str, messages: &[Message]) -> Source
     // Each message decodes alone but not together: a value split over two.
     match messages.first() {
         Some(m) => refused(topic, m, "its JSON value runs on into the next message"),
-        None => SourceError::Other(format!("kafka: topic {topic:?}: an empty batch failed to decode")),
+        None => SourceError::Internal(format!("kafka: topic {topic:?}: an empty batch failed to decode")),
     }
 }
 

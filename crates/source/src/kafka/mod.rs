@@ -43,12 +43,16 @@ use std::time::Duration;
 use arrow_schema::SchemaRef;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
+use sluice_core::ErrorKind;
 
 use super::{BadRows, SourceChange, SourceError};
 use crate::kafka::config::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt, raw_schema};
 
+pub use avro::{RegistryError, RegistryFault};
 pub use reader::KafkaReader;
 
 /// How long a metadata or watermark request may take.
@@ -182,11 +186,12 @@ fn client(config: &KafkaConfig, group: Option<&str>) -> ClientConfig {
 /// not created.
 pub fn with_table_columns(target: &crate::TargetTables, config: &KafkaConfig) -> Result<KafkaConfig, SourceError> {
     use sluice_capability::config::CatalogConfig;
-    let refuse = |why: String| {
-        SourceError::Other(format!(
+    let refuse = |why: String| SourceError::Config {
+        key: "source.columns".into(),
+        message: format!(
             "kafka: source.columns are not given, so they come from the target table, but {why}; \
              declare the columns in [source] (or create the table first)"
-        ))
+        ),
     };
     let catalog_config = target.catalog.as_ref().ok_or_else(|| refuse("the sink has no [sink.catalog]".into()))?;
     let crate::kafka::config::Topics::List(topics) = &config.topics else {
@@ -237,8 +242,55 @@ pub fn with_table_columns(target: &crate::TargetTables, config: &KafkaConfig) ->
     Ok(resolved)
 }
 
-pub(crate) fn kafka_error(context: &str, e: impl std::fmt::Display) -> SourceError {
-    SourceError::Other(format!("kafka: {context}: {e}"))
+pub(crate) fn kafka_error(context: &str, e: KafkaError) -> SourceError {
+    SourceError::Kafka { context: context.to_string(), source: e }
+}
+
+/// The kind of a Kafka client error, from its error code: a broker that
+/// cannot be reached or answered too late may answer later
+/// ([`ErrorKind::Retryable`]); settings or credentials the brokers refuse
+/// are the job's ([`ErrorKind::Config`]); anything else is fatal.
+pub fn kind_of(e: &KafkaError) -> ErrorKind {
+    match e {
+        KafkaError::ClientConfig(..) | KafkaError::ClientCreation(_) => ErrorKind::Config,
+        KafkaError::MessageConsumptionFatal(_) => ErrorKind::Fatal,
+        _ => e.rdkafka_error_code().map_or(ErrorKind::Fatal, kind_of_code),
+    }
+}
+
+/// The kind of a Kafka error code (see [`kind_of`]).
+pub fn kind_of_code(code: RDKafkaErrorCode) -> ErrorKind {
+    use RDKafkaErrorCode as C;
+    match code {
+        C::BrokerTransportFailure
+        | C::AllBrokersDown
+        | C::Resolve
+        | C::OperationTimedOut
+        | C::MessageTimedOut
+        | C::TimedOutQueue
+        | C::RequestTimedOut
+        | C::NetworkException
+        | C::LeaderNotAvailable
+        | C::NotLeaderForPartition
+        | C::BrokerNotAvailable
+        | C::ReplicaNotAvailable
+        | C::CoordinatorLoadInProgress
+        | C::CoordinatorNotAvailable
+        | C::NotCoordinator
+        | C::WaitingForCoordinator
+        | C::NotEnoughReplicas
+        | C::KafkaStorageError
+        | C::Retry => ErrorKind::Retryable,
+        C::Authentication
+        | C::SaslAuthenticationFailed
+        | C::UnsupportedSASLMechanism
+        | C::SSL
+        | C::TopicAuthorizationFailed
+        | C::GroupAuthorizationFailed
+        | C::ClusterAuthorizationFailed
+        | C::InvalidArgument => ErrorKind::Config,
+        _ => ErrorKind::Fatal,
+    }
 }
 
 impl KafkaSource {
@@ -276,10 +328,13 @@ impl KafkaSource {
         if let crate::kafka::config::Topics::List(list) = &source.config.topics {
             for t in list {
                 if !topics.contains_key(t) {
-                    return Err(SourceError::Other(format!(
-                        "kafka: topic {t:?} does not exist on {} (Sluice never creates topics)",
-                        source.config.brokers
-                    )));
+                    return Err(SourceError::Config {
+                        key: "source.topics".into(),
+                        message: format!(
+                            "kafka: topic {t:?} does not exist on {} (Sluice never creates topics)",
+                            source.config.brokers
+                        ),
+                    });
                 }
             }
         }
@@ -288,7 +343,8 @@ impl KafkaSource {
 
     /// The topics that match, each with its partitions, as the brokers list them now.
     pub fn partitions(&self) -> Result<BTreeMap<String, Vec<i32>>, SourceError> {
-        let meta = self.meta.lock().map_err(|_| SourceError::Other("kafka: metadata client poisoned".into()))?;
+        let meta =
+            self.meta.lock().map_err(|_| SourceError::Internal("kafka: the metadata client is poisoned".into()))?;
         partitions_of(&meta, &self.config, false)
     }
 
@@ -472,7 +528,7 @@ pub(crate) fn partitions_of(
                 tracing::info!(topic = %name, error = ?e, "kafka: the brokers cannot serve this topic yet; looking again later");
                 continue;
             }
-            return Err(kafka_error(&format!("topic {name:?}"), format!("{e:?}")));
+            return Err(SourceError::KafkaTopic { topic: name.to_string(), code: RDKafkaErrorCode::from(e) });
         }
         let mut parts: Vec<i32> = topic.partitions().iter().map(|p| p.id()).collect();
         parts.sort_unstable();
@@ -521,7 +577,7 @@ impl GroupCommitter {
                 }
                 let _ = done_tx.send(());
             })
-            .map_err(|e| SourceError::Other(format!("kafka: cannot start the group-commit thread: {e}")))?;
+            .map_err(|e| SourceError::Thread { what: "the Kafka group-commit thread", source: e })?;
         Ok(Self { tx: Some(tx), done, group })
     }
 
@@ -557,6 +613,58 @@ mod tests {
         let spread: std::collections::BTreeSet<u32> = (0..6).map(|p| owner("events", p, 3)).collect();
         assert_eq!(spread.len(), 3);
         assert_eq!(owner("orders", 5, 1), 0);
+    }
+
+    fn config(brokers: &str, client: Vec<(String, config::ClientValue)>) -> KafkaConfig {
+        KafkaConfig {
+            brokers: brokers.into(),
+            topics: config::Topics::List(vec!["orders".into()]),
+            start: StartAt::Earliest,
+            start_timestamp_ms: None,
+            format: MessageFormat::Raw,
+            columns: Vec::new(),
+            decoding: Decoding::Raw,
+            group_id: None,
+            bounded: true,
+            batch_rows: 10,
+            discover_every: Duration::from_secs(1),
+            client,
+        }
+    }
+
+    #[test]
+    fn client_errors_take_their_kind_from_the_error_code() {
+        use RDKafkaErrorCode as C;
+        for code in [C::BrokerTransportFailure, C::AllBrokersDown, C::RequestTimedOut, C::LeaderNotAvailable] {
+            assert_eq!(kind_of(&KafkaError::MetadataFetch(code)), ErrorKind::Retryable, "{code:?}");
+        }
+        for code in [C::SaslAuthenticationFailed, C::TopicAuthorizationFailed, C::SSL] {
+            assert_eq!(kind_of(&KafkaError::MessageConsumption(code)), ErrorKind::Config, "{code:?}");
+        }
+        assert_eq!(kind_of(&KafkaError::MetadataFetch(C::UnknownTopicOrPartition)), ErrorKind::Fatal);
+        // The client gave up for good, whatever the code.
+        assert_eq!(kind_of(&KafkaError::MessageConsumptionFatal(C::AllBrokersDown)), ErrorKind::Fatal);
+        assert_eq!(kind_of(&KafkaError::Canceled), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn a_client_setting_librdkafka_refuses_is_the_jobs_to_fix() {
+        use sluice_core::error::Kind;
+        let client = vec![("no.such.property".to_string(), config::ClientValue::Plain("1".into()))];
+        let e = KafkaSource::open(&config("127.0.0.1:9", client), 1).err().unwrap_or_else(|| panic!("opened"));
+        assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        assert!(e.to_string().contains("cannot make a client for 127.0.0.1:9"), "{e}");
+        assert!(e.to_string().contains("no.such.property"), "{e}");
+    }
+
+    #[test]
+    fn brokers_that_do_not_answer_may_answer_later() {
+        use sluice_core::error::Kind;
+        // Nothing listens on the discard port: the metadata request times out.
+        let e = KafkaSource::open(&config("127.0.0.1:9", Vec::new()), 1).err().unwrap_or_else(|| panic!("opened"));
+        assert!(matches!(e, SourceError::Kafka { .. }), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Retryable, "{e}");
+        assert!(e.to_string().contains("cannot list the topics of 127.0.0.1:9"), "{e}");
     }
 
     #[test]
