@@ -472,19 +472,18 @@ impl<'a> Coordinator<'a> {
         if more == 0 || before + more <= n {
             return Ok(());
         }
-        let after =
-            self.restored.as_ref().map_or_else(|| "the start".to_string(), |r| format!("checkpoint {}", r.checkpoint));
-        let sample: Vec<String> =
-            fresh.iter().take(3).map(|(file, record)| format!("{file} record {}", record + 1)).collect();
-        Err(EngineError::TooManyBadRows(format!(
-            "job {job}: the sink rejected {more} rows as invalid data after {after}; as dead letters, with the \
-             {before} before them, they would be more than job.max_bad_rows allows ({max}); nothing after {after} \
-             was committed (earlier checkpoints stay committed, and their dead letters are in table {table:?}). \
-             Rejected: {sample}",
-            job = self.job.spec.job.id,
-            table = dl.table,
-            sample = sample.join(", "),
-        )))
+        let sample = fresh.iter().take(3).map(|(file, record)| format!("{file} record {}", record + 1)).collect();
+        Err(EngineError::TooManyBadRows(Box::new(crate::BadRowLimit {
+            job: self.job.spec.job.id.clone(),
+            limit: max,
+            dead_letter_table: dl.table.clone(),
+            passed: crate::BadRowsPassed::Rejected {
+                rejected: more,
+                before,
+                after: self.restored.as_ref().map(|r| r.checkpoint),
+                sample,
+            },
+        })))
     }
 
     /// Stops the job before checkpoint `c` when its dead letters pass
@@ -511,15 +510,14 @@ impl<'a> Coordinator<'a> {
         if !over {
             return Ok(());
         }
-        Err(EngineError::TooManyBadRows(format!(
-            "job {job}: {total} bad rows of {read} records read over the job ({bad} in checkpoint {c}), more than \
-             job.max_bad_rows allows ({max}); nothing of checkpoint {c} was committed (earlier checkpoints stay \
-             committed, and their dead letters are in table {table:?}). First bad rows of checkpoint {c}: {sample}",
-            job = self.job.spec.job.id,
-            table = dl.table,
-            sample =
-                if round.bad_sample.is_empty() { "none".to_string() } else { dead_letter::sample(&round.bad_sample) },
-        )))
+        let sample =
+            if round.bad_sample.is_empty() { "none".to_string() } else { dead_letter::sample(&round.bad_sample) };
+        Err(EngineError::TooManyBadRows(Box::new(crate::BadRowLimit {
+            job: self.job.spec.job.id.clone(),
+            limit: max,
+            dead_letter_table: dl.table.clone(),
+            passed: crate::BadRowsPassed::Checkpoint { checkpoint: c, bad: total, read, in_checkpoint: bad, sample },
+        })))
     }
 
     /// The writers' memory and the source's lag, as round reports and the

@@ -185,9 +185,32 @@ pub enum EngineError {
     SubtaskLost(u32),
     #[error("could not start the job's maintenance thread: {0}")]
     MaintenanceThread(std::io::Error),
-    /// Maintenance refused before it ran (the message says why).
-    #[error("{0}")]
-    Maintain(String),
+    /// `sluice maintain` refused a short orphan retention before it ran:
+    /// whether a run of `job` holds its state directory could not be read.
+    #[error(
+        "--remove-orphans-older-than {age}: cannot tell whether a run of job {job:?} holds its state directory \
+         {state_dir} ({source}), so a retention this short is refused (a running round's files are named by no \
+         checkpoint yet); use at least {least}, or try again once it can be read"
+    )]
+    OrphanAgeUnchecked {
+        /// The retention asked for, as the flag is shown.
+        age: String,
+        job: String,
+        state_dir: String,
+        /// The least retention that is safe beside a run of `job`.
+        least: String,
+        #[source]
+        source: Box<CheckpointError>,
+    },
+    /// `sluice maintain` refused a short orphan retention before it ran: a
+    /// run of `job` (`holder`) holds its state directory.
+    #[error(
+        "--remove-orphans-older-than {age} is too short while job {job:?} runs ({holder}): the files of its round \
+         under way are named by no checkpoint yet, so only their age protects them, and a round of this job may \
+         last {least} (3 checkpoint intervals and its commit retries); use at least {least}, or run it while no \
+         job writes"
+    )]
+    OrphanAgeTooShort { age: String, job: String, holder: String, least: String },
     #[error("writer {subtask} was lost: {message}")]
     WriterLost { subtask: u32, message: String },
     /// Writers of a pool were lost, not one named writer.
@@ -201,19 +224,94 @@ pub enum EngineError {
     Pool { message: String },
     #[error("cannot read {what} from another process: {message}")]
     Wire { what: String, message: String },
+    /// Another process speaks another version of the wire documents.
+    #[error(
+        "cannot read {what} from another process: it is of wire version {peer}, this host speaks {ours}: run the \
+         same Sluice version on every node"
+    )]
+    WireVersion { what: String, peer: u32, ours: u32 },
     #[error("cannot start a thread: {0}")]
     Thread(#[source] std::io::Error),
     #[error("encoding rows as Arrow IPC: {0}")]
     Ipc(#[from] arrow_schema::ArrowError),
     /// `job.max_bad_rows` was passed; nothing of the checkpoint was
-    /// committed (the message says how many, and shows a sample).
+    /// committed.
     #[error("{0}")]
-    TooManyBadRows(String),
+    TooManyBadRows(Box<BadRowLimit>),
     /// The sink rejected rows as invalid data, every one found in the
     /// source: with dead letters, the run starts again from its last
     /// checkpoint with them read as dead letters.
     #[error("{}", .0.message)]
     SinkRejected(Box<SinkRejected>),
+}
+
+/// A job's dead letters passed `job.max_bad_rows` ([`BadRowLimit::KEY`]):
+/// how many, the limit, and where the run stopped.
+#[derive(Debug, Clone)]
+pub struct BadRowLimit {
+    pub job: String,
+    /// `job.max_bad_rows`.
+    pub limit: config::MaxBadRows,
+    /// The table the job's dead letters land in.
+    pub dead_letter_table: String,
+    pub passed: BadRowsPassed,
+}
+
+/// Where a job's dead letters passed `job.max_bad_rows`.
+#[derive(Debug, Clone)]
+pub enum BadRowsPassed {
+    /// Before checkpoint `checkpoint` was committed: `bad` bad rows of
+    /// `read` records read over the job, `in_checkpoint` of them in it.
+    Checkpoint {
+        checkpoint: u64,
+        bad: u64,
+        read: u64,
+        in_checkpoint: u64,
+        /// The first bad rows of the checkpoint, each with its position and reason.
+        sample: String,
+    },
+    /// Before a run started again after the sink rejected `rejected` rows
+    /// as invalid data past checkpoint `after` (`None`: the job's start),
+    /// with `before` dead letters before them.
+    Rejected { rejected: u64, before: u64, after: Option<u64>, sample: Vec<String> },
+}
+
+impl BadRowLimit {
+    /// The job file's key of the limit.
+    pub const KEY: &str = "job.max_bad_rows";
+
+    /// The bad rows the limit is held against: over the job, with the new ones.
+    pub fn count(&self) -> u64 {
+        match &self.passed {
+            BadRowsPassed::Checkpoint { bad, .. } => *bad,
+            BadRowsPassed::Rejected { rejected, before, .. } => before + rejected,
+        }
+    }
+}
+
+impl std::fmt::Display for BadRowLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (job, key, limit, table) = (&self.job, Self::KEY, self.limit, &self.dead_letter_table);
+        match &self.passed {
+            BadRowsPassed::Checkpoint { checkpoint: c, bad, read, in_checkpoint, sample } => write!(
+                f,
+                "job {job}: {bad} bad rows of {read} records read over the job ({in_checkpoint} in checkpoint {c}), \
+                 more than {key} allows ({limit}); nothing of checkpoint {c} was committed (earlier checkpoints stay \
+                 committed, and their dead letters are in table {table:?}). First bad rows of checkpoint {c}: {sample}"
+            ),
+            BadRowsPassed::Rejected { rejected, before, after, sample } => {
+                let after = after.map_or_else(|| "the start".to_string(), |c| format!("checkpoint {c}"));
+                write!(
+                    f,
+                    "job {job}: the sink rejected {rejected} rows as invalid data after {after}; as dead letters, \
+                     with the {before} before them, they would be more than {key} allows ({limit}); nothing after \
+                     {after} was committed (earlier checkpoints stay committed, and their dead letters are in table \
+                     {table:?}). Rejected: {}",
+                    sample.join(", ")
+                )
+            }
+        }
+    }
 }
 
 /// Rows a sink rejected, by file and record, with its reasons.

@@ -309,24 +309,21 @@ pub fn maintain(job: &EngineConfig, host: &PluginHost, opts: &MaintainOptions) -
             }
             let least = humantime::format_duration(least);
             let holder = CheckpointStore::run_holds(&running.state, &running.state_stores).map_err(|e| {
-                EngineError::Maintain(format!(
-                    "--remove-orphans-older-than {}: cannot tell whether a run of job {:?} holds its state \
-                     directory {} ({e}), so a retention this short is refused (a running round's files are \
-                     named by no checkpoint yet); use at least {least}, or try again once it can be read",
-                    humantime::format_duration(age),
-                    running.spec.job.id,
-                    running.state
-                ))
+                EngineError::OrphanAgeUnchecked {
+                    age: humantime::format_duration(age).to_string(),
+                    job: running.spec.job.id.clone(),
+                    state_dir: running.state.to_string(),
+                    least: least.to_string(),
+                    source: Box::new(e),
+                }
             })?;
             if let Some(holder) = holder {
-                return Err(EngineError::Maintain(format!(
-                    "--remove-orphans-older-than {} is too short while job {:?} runs ({holder}): the files of \
-                     its round under way are named by no checkpoint yet, so only their age protects them, and \
-                     a round of this job may last {least} (3 checkpoint intervals and its commit retries); use \
-                     at least {least}, or run it while no job writes",
-                    humantime::format_duration(age),
-                    running.spec.job.id
-                )));
+                return Err(EngineError::OrphanAgeTooShort {
+                    age: humantime::format_duration(age).to_string(),
+                    job: running.spec.job.id.clone(),
+                    holder,
+                    least: least.to_string(),
+                });
             }
         }
     }

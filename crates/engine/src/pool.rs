@@ -201,10 +201,11 @@ fn decode<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T, E
     let wire = |message: String| EngineError::Wire { what: what.to_string(), message };
     let envelope: Envelope<T> = serde_json::from_slice(bytes).map_err(|e| wire(e.to_string()))?;
     if envelope.sluice_wire != WIRE_VERSION {
-        return Err(wire(format!(
-            "it is of wire version {}, this host speaks {WIRE_VERSION}: run the same Sluice version on every node",
-            envelope.sluice_wire
-        )));
+        return Err(EngineError::WireVersion {
+            what: what.to_string(),
+            peer: envelope.sluice_wire,
+            ours: WIRE_VERSION,
+        });
     }
     Ok(envelope.body)
 }
@@ -329,5 +330,23 @@ impl Worker {
     /// Ray worker reports that one only).
     pub fn close(&mut self) -> Result<u64, EngineError> {
         self.subtask.close().map(|(linear, _host)| linear)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::{ErrorKind, Kind};
+
+    #[test]
+    fn a_peer_of_another_wire_version_is_a_config_error_and_garbage_is_fatal() {
+        let e = decode_changes(br#"{"sluice_wire":2,"changes":[]}"#).err().unwrap_or_else(|| panic!("decoded"));
+        assert!(matches!(e, EngineError::WireVersion { peer: 2, ours: WIRE_VERSION, .. }), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.to_string().contains("a barrier's changes") && e.to_string().contains("wire version 2"), "{e}");
+        let e = decode_changes(b"not json").err().unwrap_or_else(|| panic!("decoded"));
+        assert_eq!(e.kind(), ErrorKind::Fatal, "{e}");
+        let same = encode_changes(&[]).and_then(|b| decode_changes(&b)).map(|c| c.len());
+        assert_eq!(same.ok(), Some(0));
     }
 }
