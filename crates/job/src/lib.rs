@@ -298,7 +298,7 @@ impl Loading {
                 return Err(self.invalid(
                     "job.max_bad_rows",
                     format!(
-                        "{other} is neither a count of rows (an integer, 0 or more) nor a fraction of a checkpoint's rows (between 0 and 1, such as 0.01)"
+                        "{other} is neither a count of bad rows over the job (an integer, 0 or more) nor a share of the records read over the job (a fraction between 0 and 1, such as 0.01)"
                     ),
                 ));
             }
