@@ -378,7 +378,9 @@ pub fn sluice_bin() -> PathBuf {
     BIN.get_or_init(|| {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf();
-        let out = Command::new(cargo)
+        let mut command = Command::new(cargo);
+        nested_cargo::clear_outer_cargo_env(&mut command);
+        let out = command
             .current_dir(&workspace)
             // `--workspace` resolves features as the outer `cargo test --workspace`
             // does, so most crates are already built (`-p sluice` alone would

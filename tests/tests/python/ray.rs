@@ -66,7 +66,11 @@ fn install_wheel(python: &Path) -> PathBuf {
     let site = Path::new(TARGET).join("python-site");
     let _ = std::fs::remove_dir_all(&wheels);
     let started = Instant::now();
-    let out = Command::new(python)
+    let mut maturin = Command::new(python);
+    // Its cargo must not see this test's CARGO_MANIFEST_DIR and CARGO_PKG_*,
+    // or it rebuilds ring and all above it (`nested_cargo`'s invariants).
+    sluice_tests::nested_cargo::clear_outer_cargo_env(&mut maturin);
+    let out = maturin
         .args(["-m", "maturin", "build", "--profile", "dev", "--features", "fault-injection", "--quiet"])
         .arg("--manifest-path")
         .arg(root.join("python/Cargo.toml"))
