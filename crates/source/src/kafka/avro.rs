@@ -435,7 +435,8 @@ pub enum RegistryFault {
     Unreachable,
     /// A success whose body is not what the registry's API says.
     Malformed,
-    /// This host could not make an HTTP client (its TLS setup).
+    /// This host could not make an HTTP client (its TLS setup) or run the
+    /// request (its I/O runtime).
     Client,
 }
 
@@ -502,7 +503,7 @@ impl Registry {
         let failed =
             |fault, why: String| RegistryError { url: url.clone(), fault, message: format!("GET {url}: {why}") };
         match sluice_core::runtime::wait(call) {
-            Err(e) => Err(failed(RegistryFault::Unreachable, e.to_string())),
+            Err(e) => Err(failed(RegistryFault::Client, e.to_string())),
             Ok(Err(e)) => {
                 let fault = match e.status() {
                     Some(status) => RegistryFault::Status(status.as_u16()),
