@@ -368,7 +368,7 @@ fn max_bad_rows_stops_the_job_before_the_checkpoint_that_passed_it() {
     let summary = job.run_with(&["job.max_bad_rows=1000"], None).expect("resumes");
     assert!(summary.resumed_from.is_some() || summary.recovered.is_empty(), "{summary}");
 
-    // A fraction of each checkpoint's rows: 1 in 97 is over 0.5%.
+    // A share of the records read over the job: 1 in 97 is over 0.5%.
     let (job, _) = files_job("dl-fraction", "max_bad_rows = 0.005");
     let err = job.run(None).expect_err("too large a share").to_string();
     assert!(err.contains("a share of 0.005 of the records read over the job"), "{err}");
