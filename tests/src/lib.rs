@@ -41,6 +41,24 @@ macro_rules! crash_tests {
     )*};
 }
 
+/// What the Iceberg sink's recovery reports after a crash at `point` of
+/// `checkpoint` and a rerun: the checkpoint persisted but not (wholly)
+/// committed is committed by the rerun; one already committed is found so;
+/// a crash before the record leaves the previous checkpoint, already
+/// committed, to be found so (nothing, for the first). The same on local
+/// disk and in a bucket.
+pub fn assert_iceberg_recovery(point: CrashPoint, checkpoint: u64, recovered: &[(u64, CommitOutcome)]) {
+    match point {
+        // The crash hit after the snapshot's first manifest was written, before the catalog commit.
+        CrashPoint::AfterPersist | CrashPoint::DuringCommit => {
+            assert_eq!(recovered, [(checkpoint, CommitOutcome::Committed)])
+        }
+        CrashPoint::AfterCommit => assert_eq!(recovered, [(checkpoint, CommitOutcome::AlreadyCommitted)]),
+        _ if checkpoint == 1 => assert!(recovered.is_empty(), "nothing was pending: {recovered:?}"),
+        _ => assert_eq!(recovered, [(checkpoint - 1, CommitOutcome::AlreadyCommitted)]),
+    }
+}
+
 /// The files sink component, built by this crate's build script.
 pub const FILES_PLUGIN: &str = env!("SLUICE_PLUGIN_SINK_FILES");
 /// The Iceberg sink component.

@@ -20,7 +20,6 @@ use std::path::Path;
 use std::process::Child;
 use std::time::Duration;
 
-use sluice::bindings::CommitOutcome;
 use sluice::capability::catalog::CatalogGrant;
 use sluice::capability::file_io::StoreConfig;
 use sluice::engine::{CrashPoint, Fault};
@@ -157,15 +156,7 @@ pub(crate) fn crash_then_recover(b: Backend, point: CrashPoint, checkpoint: u64)
     table.assert_no_checkpoint_twice();
     let checkpoints: Vec<u64> = table.commits.iter().filter(|(j, _)| *j == id).map(|(_, c)| *c).collect();
     assert_eq!(checkpoints, vec![1, 2, 3, 4], "one snapshot per non-empty checkpoint");
-    let recovered = restored.summary.recovered.clone();
-    match point {
-        CrashPoint::AfterPersist | CrashPoint::DuringCommit => {
-            assert_eq!(recovered, vec![(checkpoint, CommitOutcome::Committed)])
-        }
-        CrashPoint::AfterCommit => assert_eq!(recovered, vec![(checkpoint, CommitOutcome::AlreadyCommitted)]),
-        _ if checkpoint == 1 => assert!(recovered.is_empty(), "nothing was pending: {recovered:?}"),
-        _ => assert_eq!(recovered, vec![(checkpoint - 1, CommitOutcome::AlreadyCommitted)]),
-    }
+    sluice_tests::assert_iceberg_recovery(point, checkpoint, &restored.summary.recovered);
     // The state is in the bucket too: the run's records are objects there.
     let state = block(bucket(b).list(&format!("{prefix}/state"))).expect("listing the state");
     assert!(state.iter().any(|o| o.key.contains("/checkpoints/")), "checkpoint records in the bucket: {state:?}");

@@ -46,16 +46,7 @@ fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert_landed_once(warehouse.path(), &id);
-    let recovered = restored.summary.recovered.clone();
-    match point {
-        // The crash hit after the snapshot's first manifest was written, before the catalog commit.
-        CrashPoint::AfterPersist | CrashPoint::DuringCommit => {
-            assert_eq!(recovered, vec![(checkpoint, CommitOutcome::Committed)])
-        }
-        CrashPoint::AfterCommit => assert_eq!(recovered, vec![(checkpoint, CommitOutcome::AlreadyCommitted)]),
-        _ if checkpoint == 1 => assert!(recovered.is_empty(), "nothing was pending: {recovered:?}"),
-        _ => assert_eq!(recovered, vec![(checkpoint - 1, CommitOutcome::AlreadyCommitted)]),
-    }
+    sluice_tests::assert_iceberg_recovery(point, checkpoint, &restored.summary.recovered);
 }
 
 sluice_tests::crash_tests! {
