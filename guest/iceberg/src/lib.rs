@@ -28,12 +28,12 @@
 
 mod committer;
 mod config;
+mod filter;
 mod host_io;
 mod host_parquet;
 mod maintenance;
 mod runtime;
 mod schema;
-mod snapshot;
 mod writer;
 
 use sluice_guest_sdk::{Guest, PluginInfo, SinkContext, SinkError, Table, ipc};
