@@ -5,29 +5,38 @@
 //! (inclusive, cumulative), FinalizeWriteStream, GetWriteStream,
 //! BatchCommitWriteStreams, and a way to read back the **visible** rows;
 //! and, on a second port, the BigQuery API's table methods (`tables.get`,
-//! `tables.insert`, `tables.patch`; see [`rest`]) over the same tables.
+//! `tables.insert`, `tables.patch`; see [`rest`]) over the same tables,
+//! with time-unit column partitioning ([`partition`]), and copy jobs
+//! (`jobs.insert`, `jobs.get`; see [`jobs`]) that can replace one partition.
 //!
 //! Invariants:
 //! - rows become visible only as the stream type says (see [`state`]);
-//! - an append is applied whole or not at all;
-//! - injected faults ([`Fault`]) act at a precise point: before applying, or
-//!   after applying and instead of the reply.
+//! - an append is applied whole or not at all, and so is a copy job;
+//! - a job id is applied at most once per project;
+//! - injected faults ([`Fault`], [`RestFault`], [`JobFault`]) act at a
+//!   precise point: before applying, or after applying and instead of the
+//!   reply.
 //!
 //! Quotes in the code come from the API reference,
 //! https://cloud.google.com/bigquery/docs/reference/storage/rpc/google.cloud.bigquery.storage.v1.
 
 pub mod arrow_rows;
+pub mod jobs;
+pub mod partition;
 mod rest;
 pub mod schema;
 mod service;
 pub mod state;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::serve::ListenerExt as _;
 pub use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1 as proto;
+pub use jobs::{Job, JobError, JobState};
+pub use partition::{PartitionType, TimePartitioning};
 use proto::table_field_schema::{Mode, Type};
 use proto::{TableFieldSchema, TableSchema};
 use thiserror::Error;
@@ -105,6 +114,29 @@ pub enum RestFault {
     FailBeforeApply,
 }
 
+/// A fault of the nth `jobs.insert` call (counted from 1), whatever the
+/// job (https://cloud.google.com/bigquery/docs/troubleshooting-errors,
+/// `backendError`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobFault {
+    /// Answer 503 `backendError` before anything: no job is created, and
+    /// the same job id may be inserted again.
+    FailBeforeApply,
+    /// Create and run the job, then lose the reply: the client gets 503
+    /// `backendError` ("If you receive this error when making a
+    /// jobs.insert() call, it's unclear if the job succeeded"). A retry
+    /// with the same id gets 409 `duplicate`; `jobs.get` tells the outcome.
+    ApplyThenDropReply,
+    /// Create the job, which ends DONE with `errorResult.reason`
+    /// `backendError` and applies nothing ("the job failed. You can safely
+    /// retry the job without concerns about data consistency"). Its id is
+    /// taken: a retry needs a new one.
+    DoneWithBackendError,
+    /// Create the job and keep it RUNNING for this many `jobs.get` polls;
+    /// the next poll runs it (whole) and answers DONE.
+    RunningFor(u32),
+}
+
 /// Whether `tables.patch` honours `If-Match` with the table's etag. The
 /// reference does not say, so the double does either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -171,6 +203,9 @@ pub(crate) struct Shared {
     pub(crate) rest_faults: Mutex<Vec<(&'static str, u64, RestFault)>>,
     /// The client address (the connection) of each AppendRows call, in order.
     pub(crate) append_peers: Mutex<Vec<SocketAddr>>,
+    pub(crate) job_faults: Mutex<Vec<(u64, JobFault)>>,
+    /// Numbers the ids of jobs inserted without a `jobReference.jobId`.
+    pub(crate) next_job_id: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -190,6 +225,18 @@ impl Shared {
         };
         let faults = self.rest_faults.lock().unwrap_or_else(|p| p.into_inner());
         faults.iter().find(|(m, nth, _)| *m == method && *nth == n).map(|(_, _, f)| *f)
+    }
+
+    /// Counts a `jobs.insert` call and returns the fault aimed at it, if any.
+    pub(crate) fn next_job_fault(&self) -> Option<JobFault> {
+        let n = {
+            let mut calls = self.rest_calls.lock().unwrap_or_else(|p| p.into_inner());
+            let n = calls.entry("jobs.insert").or_insert(0);
+            *n += 1;
+            *n
+        };
+        let faults = self.job_faults.lock().unwrap_or_else(|p| p.into_inner());
+        faults.iter().find(|(nth, _)| *nth == n).map(|(_, f)| *f)
     }
 
     /// Counts a call and returns the fault aimed at it, if any.
@@ -288,8 +335,9 @@ impl BigQueryDouble {
         format!("http://{}", self.rest_addr)
     }
 
-    /// Aims `fault` at the `nth` call of a REST table method
-    /// (`tables.insert`, `tables.patch`, `tables.get`).
+    /// Aims `fault` at the `nth` call of a REST method (`tables.insert`,
+    /// `tables.patch`, `tables.get`, `jobs.get`). On `jobs.get`,
+    /// `ApplyThenFail` counts the poll (a RUNNING job may end) and answers 503.
     pub fn inject_rest(&self, method: &'static str, nth: u64, fault: RestFault) {
         self.shared.rest_faults.lock().unwrap_or_else(|p| p.into_inner()).push((method, nth, fault));
     }
@@ -305,8 +353,8 @@ impl BigQueryDouble {
         self.shared.append_peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// How many calls of a REST table method (`tables.get`, `tables.insert`,
-    /// `tables.patch`) the double answered.
+    /// How many calls of a REST method (`tables.get`, `tables.insert`,
+    /// `tables.patch`, `jobs.insert`, `jobs.get`) the double answered.
     pub fn rest_calls(&self, method: &str) -> u64 {
         self.shared.rest_calls.lock().unwrap_or_else(|p| p.into_inner()).get(method).copied().unwrap_or(0)
     }
@@ -328,6 +376,75 @@ impl BigQueryDouble {
     /// Creates (or replaces) a table: `projects/{p}/datasets/{d}/tables/{t}`.
     pub fn create_table(&self, table: &str, schema: TableSchema) {
         self.shared.inner().tables.insert(table.to_string(), state::Table::new(schema));
+    }
+
+    /// Creates (or replaces) a time-unit column partitioned table, as
+    /// `tables.insert` with `timePartitioning` does; refused as that is
+    /// (the column must be a top-level DATE, TIMESTAMP or DATETIME).
+    pub fn create_partitioned_table(
+        &self,
+        table: &str,
+        schema: TableSchema,
+        partitioning: TimePartitioning,
+    ) -> Result<(), String> {
+        partitioning.check(&schema)?;
+        let mut t = state::Table::new(schema);
+        t.time_partitioning = Some(partitioning);
+        self.shared.inner().tables.insert(table.to_string(), t);
+        Ok(())
+    }
+
+    /// The table's `timePartitioning`, if it exists and is partitioned.
+    pub fn time_partitioning(&self, table: &str) -> Option<TimePartitioning> {
+        self.shared.inner().tables.get(table).and_then(|t| t.time_partitioning.clone())
+    }
+
+    /// Adds rows to a table as a load job with WRITE_APPEND would: at once
+    /// and whole, checked against the table's columns (types, REQUIRED).
+    /// For tests that need rows in a table before a job replaces them.
+    pub fn load_rows(&self, table: &str, rows: arrow_array::RecordBatch) -> Result<(), String> {
+        let mut inner = self.shared.inner();
+        let Some(t) = inner.tables.get(table) else { return Err(format!("Not found: Table {table}")) };
+        arrow_rows::check(&rows.schema(), &t.schema)?;
+        if let Some((row, why)) = arrow_rows::check_rows(&rows, &t.schema).into_iter().next() {
+            return Err(format!("row {row}: {why}"));
+        }
+        inner.absorb(table);
+        if let Some(t) = inner.tables.get_mut(table) {
+            t.materialized.push(state::StoredRows::Arrow(rows));
+            t.version += 1;
+        }
+        Ok(())
+    }
+
+    /// How many visible rows each partition of a partitioned table holds,
+    /// by partition id (`20240131`, or `__NULL__`).
+    pub fn partition_counts(&self, table: &str) -> Result<BTreeMap<String, u64>, String> {
+        let inner = self.shared.inner();
+        let Some(t) = inner.tables.get(table) else { return Err(format!("Not found: Table {table}")) };
+        let Some(partitioning) = &t.time_partitioning else { return Err(format!("Table {table} is not partitioned")) };
+        let mut counts = BTreeMap::new();
+        for batch in inner.visible_batches(table) {
+            for row in batch.to_json() {
+                *counts.entry(partitioning.partition_of(&row, &t.schema)?).or_insert(0) += 1;
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Aims `fault` at the `nth` `jobs.insert` call (counted from 1).
+    pub fn inject_job(&self, nth: u64, fault: JobFault) {
+        self.shared.job_faults.lock().unwrap_or_else(|p| p.into_inner()).push((nth, fault));
+    }
+
+    /// The job `job_id` of `project`, as the double keeps it.
+    pub fn job(&self, project: &str, job_id: &str) -> Option<Job> {
+        self.shared.inner().jobs.get(&(project.to_string(), job_id.to_string())).cloned()
+    }
+
+    /// Every job, by project then job id.
+    pub fn jobs(&self) -> Vec<Job> {
+        self.shared.inner().jobs.values().cloned().collect()
     }
 
     /// Requires `authorization: Bearer <token>` on every call; others get

@@ -19,13 +19,23 @@
 //! - a table resource's `labels` and `description` are kept as `insert`
 //!   gave them and returned by `get`, left out when absent, as the API does;
 //!   labels are checked against the documented requirements;
+//! - `timePartitioning` (time-unit column partitioning, see
+//!   [`crate::partition`]) is read by `insert`, checked against the schema
+//!   and returned by `get`; ingestion-time and integer-range partitioning
+//!   are refused with 400 "not supported by this double". `patch` leaves
+//!   the partitioning as it is;
 //! - errors are Google API error bodies: `{"error": {"code", "message", "status", "errors": [{"reason"}]}}`.
+//!
+//! The job methods (`jobs.insert`, `jobs.get`) live in [`crate::jobs`] and
+//! are routed here.
 //!
 //! Write streams keep the schema they were created with; only streams
 //! created after a change see it, as the Storage Write API documents.
 //!
 //! `tabledata.list` (https://cloud.google.com/bigquery/docs/reference/rest/v2/tabledata/list)
-//! answers `{"kind": "bigquery#tableDataList", "totalRows", "rows": [{"f": [{"v"}]}]}`
+//! answers the table's rows (materialized rows, then visible stream rows:
+//! [`crate::state::Inner::visible_batches`]) as
+//! `{"kind": "bigquery#tableDataList", "totalRows", "rows": [{"f": [{"v"}]}]}`
 //! with cells in the schema's column order and scalars as strings, as the
 //! API does. The API pages at a size of its choosing; the double answers
 //! with one page (no `pageToken`), which a client must accept.
@@ -45,9 +55,10 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 };
 use serde_json::{Value, json};
 
-use crate::{EtagMode, RestFault, Shared, state};
+use crate::partition::TimePartitioning;
+use crate::{EtagMode, RestFault, Shared, jobs, state};
 
-fn error(code: StatusCode, status: &str, reason: &str, message: String) -> Response {
+pub(crate) fn error(code: StatusCode, status: &str, reason: &str, message: String) -> Response {
     let body = json!({
         "error": {
             "code": code.as_u16(),
@@ -189,7 +200,7 @@ fn check_patch(old: &[TableFieldSchema], new: &[TableFieldSchema], prefix: &str)
     Ok(())
 }
 
-fn unavailable() -> Response {
+pub(crate) fn unavailable() -> Response {
     error(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", "backendError", "Backend error. Please try again.".into())
 }
 
@@ -212,6 +223,9 @@ fn resource(p: &str, d: &str, t: &str, table: &state::Table) -> Value {
     }
     if let Some(description) = &table.description {
         resource["description"] = Value::String(description.clone());
+    }
+    if let Some(partitioning) = &table.time_partitioning {
+        resource["timePartitioning"] = partitioning.to_json();
     }
     resource
 }
@@ -239,7 +253,7 @@ fn etag(table: &state::Table) -> String {
 }
 
 /// UNAUTHENTICATED unless the call carries the token the double requires.
-fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+pub(crate) fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
     let token = shared.token.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
     let given = headers.get("authorization").and_then(|v| v.to_str().ok());
     if token.accepts(given) {
@@ -311,7 +325,24 @@ async fn insert_table(
         Ok(l) => l,
         Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
     };
-    let mut table = state::Table::new(TableSchema { fields });
+    if body.get("rangePartitioning").is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            "invalid",
+            "rangePartitioning is not supported by this double".into(),
+        );
+    }
+    let schema = TableSchema { fields };
+    let time_partitioning = match body.get("timePartitioning") {
+        None | Some(Value::Null) => None,
+        Some(v) => match TimePartitioning::from_json(v, &schema) {
+            Ok(tp) => Some(tp),
+            Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
+        },
+    };
+    let mut table = state::Table::new(schema);
+    table.time_partitioning = time_partitioning;
     table.labels = labels;
     table.description = body.get("description").and_then(Value::as_str).map(str::to_string);
     let reply = resource(&p, &d, &t, &table);
@@ -425,6 +456,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}", get(get_table).patch(patch_table))
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}/data", get(list_table_data))
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables", post(insert_table))
+        .route("/bigquery/v2/projects/{p}/jobs", post(jobs::insert_job))
+        .route("/bigquery/v2/projects/{p}/jobs/{j}", get(jobs::get_job))
         .with_state(shared)
 }
 

@@ -12,14 +12,26 @@
 //!   append is acknowledged. PENDING: visible after BatchCommitWriteStreams,
 //!   which needs the streams finalized.
 //! - A finalized stream takes no more appends (`STREAM_FINALIZED`).
+//!
+//! A table's rows are its **materialized** rows (written by copy jobs, or
+//! loaded by a test) followed by the visible rows of its streams, streams
+//! in name (creation) order. When a job writes a table, the table first
+//! absorbs its streams' visible rows into the materialized ones (each
+//! stream remembers how many it gave, `absorbed`), so that truncating a
+//! partition drops streamed rows too. Absorbing changes neither what
+//! readers see nor the order they see it in, nor any stream's offsets.
+//!
+//! Jobs ([`crate::jobs`]) are kept by (project, job id).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     TableSchema, write_stream::Type as StreamType,
 };
 use prost_reflect::MessageDescriptor;
+
+use crate::partition::TimePartitioning;
 
 /// Rows of one acknowledged append: proto rows with the descriptor that
 /// decodes them, or an Arrow record batch.
@@ -43,11 +55,49 @@ impl StoredRows {
 
     /// The first `n` rows.
     pub fn head(&self, n: usize) -> StoredRows {
+        self.slice(0, n)
+    }
+
+    /// Up to `len` rows from row `start` (clamped to the rows there are).
+    pub fn slice(&self, start: usize, len: usize) -> StoredRows {
+        let start = start.min(self.len());
+        let len = len.min(self.len() - start);
         match self {
             StoredRows::Proto { descriptor, rows } => {
-                StoredRows::Proto { descriptor: descriptor.clone(), rows: rows[..n.min(rows.len())].to_vec() }
+                StoredRows::Proto { descriptor: descriptor.clone(), rows: rows[start..start + len].to_vec() }
             }
-            StoredRows::Arrow(batch) => StoredRows::Arrow(batch.slice(0, n.min(batch.num_rows()))),
+            StoredRows::Arrow(batch) => StoredRows::Arrow(batch.slice(start, len)),
+        }
+    }
+
+    /// The rows whose `keep` is true, in order. Arrow rows are cut into
+    /// slices of consecutive kept rows (zero-copy) rather than filtered
+    /// with `arrow-select`, which this crate does not otherwise need.
+    pub fn select(&self, keep: &[bool]) -> Vec<StoredRows> {
+        match self {
+            StoredRows::Proto { descriptor, rows } => {
+                let rows: Vec<Vec<u8>> = rows.iter().zip(keep).filter(|(_, k)| **k).map(|(r, _)| r.clone()).collect();
+                if rows.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![StoredRows::Proto { descriptor: descriptor.clone(), rows }]
+                }
+            }
+            StoredRows::Arrow(_) => {
+                let mut out = Vec::new();
+                let mut run: Option<usize> = None;
+                for (i, k) in keep.iter().copied().chain(std::iter::once(false)).enumerate() {
+                    match (k, run) {
+                        (true, None) => run = Some(i),
+                        (false, Some(start)) => {
+                            out.push(self.slice(start, i - start));
+                            run = None;
+                        }
+                        _ => {}
+                    }
+                }
+                out
+            }
         }
     }
 
@@ -79,6 +129,9 @@ pub struct Stream {
     /// Deleted by the service: every call naming it is NOT_FOUND. Rows it
     /// made visible stay in the table.
     pub deleted: bool,
+    /// Leading visible rows the table absorbed into its materialized rows
+    /// (`absorbed <= visible()` always: visibility only grows).
+    pub absorbed: i64,
 }
 
 impl Stream {
@@ -93,6 +146,7 @@ impl Stream {
             finalized: false,
             committed: false,
             deleted: false,
+            absorbed: 0,
         }
     }
 
@@ -119,11 +173,23 @@ pub struct Table {
     /// The table resource's `labels` and `description`, kept as given.
     pub labels: serde_json::Map<String, serde_json::Value>,
     pub description: Option<String>,
+    /// `timePartitioning`, for a time-unit column partitioned table.
+    pub time_partitioning: Option<TimePartitioning>,
+    /// Rows written by jobs (and absorbed from streams), before the
+    /// streams' unabsorbed visible rows.
+    pub materialized: Vec<StoredRows>,
 }
 
 impl Table {
     pub fn new(schema: TableSchema) -> Self {
-        Table { schema, version: 1, labels: serde_json::Map::new(), description: None }
+        Table {
+            schema,
+            version: 1,
+            labels: serde_json::Map::new(),
+            description: None,
+            time_partitioning: None,
+            materialized: Vec::new(),
+        }
     }
 }
 
@@ -132,25 +198,45 @@ pub struct Inner {
     pub tables: HashMap<String, Table>,
     pub streams: HashMap<String, Stream>,
     pub next_stream: u64,
+    /// Jobs by (project, job id).
+    pub jobs: BTreeMap<(String, String), crate::jobs::Job>,
 }
 
 impl Inner {
-    /// The rows readers of `table` see now: each stream's rows up to what
-    /// is visible of it (flushed, committed, or all for `_default`).
+    /// The rows readers of `table` see now: its materialized rows, then
+    /// each stream's rows from what it gave the table up to what is visible
+    /// of it (flushed, committed, or all for `_default`), streams in name
+    /// order (creation order).
     pub fn visible_batches(&self, table: &str) -> Vec<StoredRows> {
-        let mut out = Vec::new();
-        for stream in self.streams.values().filter(|s| s.table == table) {
-            let mut left = stream.visible();
-            for b in &stream.batches {
-                if left <= 0 {
-                    break;
-                }
-                let take = (b.len() as i64).min(left);
-                left -= take;
-                out.push(b.head(take as usize));
-            }
+        let mut out: Vec<StoredRows> = self.tables.get(table).map(|t| t.materialized.clone()).unwrap_or_default();
+        for (_, stream) in self.table_streams(table) {
+            out.extend(stream_rows(stream, stream.absorbed, stream.visible()));
         }
         out
+    }
+
+    /// `table`'s streams, in name order.
+    fn table_streams(&self, table: &str) -> Vec<(&String, &Stream)> {
+        let mut streams: Vec<(&String, &Stream)> = self.streams.iter().filter(|(_, s)| s.table == table).collect();
+        streams.sort_by(|a, b| a.0.cmp(b.0));
+        streams
+    }
+
+    /// Moves the visible rows of `table`'s streams that the table has not
+    /// absorbed yet to the end of its materialized rows. Readers see the
+    /// same rows in the same order before and after.
+    pub fn absorb(&mut self, table: &str) {
+        let mut names: Vec<String> =
+            self.streams.iter().filter(|(_, s)| s.table == table).map(|(n, _)| n.clone()).collect();
+        names.sort();
+        let Some(target) = self.tables.get_mut(table) else { return };
+        for name in names {
+            if let Some(stream) = self.streams.get_mut(&name) {
+                let visible = stream.visible();
+                target.materialized.extend(stream_rows(stream, stream.absorbed, visible));
+                stream.absorbed = visible;
+            }
+        }
     }
 
     /// The table a stream name belongs to, and whether it names `_default`.
@@ -174,4 +260,22 @@ impl Inner {
         }
         self.streams.get_mut(name).filter(|s| !s.deleted)
     }
+}
+
+/// A stream's rows at offsets `from..to`.
+fn stream_rows(stream: &Stream, from: i64, to: i64) -> Vec<StoredRows> {
+    let mut out = Vec::new();
+    let mut start = 0_i64;
+    for b in &stream.batches {
+        let end = start + b.len() as i64;
+        let (lo, hi) = (from.max(start), to.min(end));
+        if lo < hi {
+            out.push(b.slice((lo - start) as usize, (hi - lo) as usize));
+        }
+        start = end;
+        if start >= to {
+            break;
+        }
+    }
+    out
 }
