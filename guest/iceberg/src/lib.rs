@@ -34,6 +34,7 @@ mod host_parquet;
 mod maintenance;
 mod runtime;
 mod schema;
+mod snapshot;
 mod writer;
 
 use sluice_guest_sdk::{Guest, PluginInfo, SinkContext, SinkError, Table, ipc};

@@ -41,9 +41,9 @@
 //!   asks only for the names.
 //!
 //! iceberg-rust 0.10 has no rewrite transaction: the `replace` snapshot is
-//! built here from its public manifest and manifest-list writers, the way
-//! its `fast_append` builds an append (`transaction::snapshot`, which is
-//! crate-private).
+//! built by [`crate::snapshot::build_snapshot`] from its public manifest and
+//! manifest-list writers, the way its `fast_append` builds an append
+//! (`transaction::snapshot`, which is crate-private).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -52,9 +52,8 @@ use futures::TryStreamExt;
 use iceberg::arrow::ArrowReaderBuilder;
 use iceberg::scan::FileScanTask;
 use iceberg::spec::{
-    DataContentType, DataFile, DataFileFormat, FormatVersion, MAIN_BRANCH, ManifestContentType, ManifestEntryRef,
-    ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation, PartitionKey, Snapshot, SnapshotReference,
-    SnapshotRetention, SnapshotSummaryCollector, Struct, Summary, TableMetadata,
+    DataContentType, DataFile, DataFileFormat, ManifestContentType, Operation, PartitionKey, Snapshot, Struct, Summary,
+    TableMetadata,
 };
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
@@ -62,7 +61,7 @@ use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter as _, IcebergWriterBuilder};
-use iceberg::{TableIdent, TableRequirement, TableUpdate};
+use iceberg::{TableIdent, TableRequirement};
 use sluice_guest_sdk::bindings::sluice::connector::file_io as fio;
 use sluice_guest_sdk::bindings::sluice::connector::iceberg_catalog::CatalogError;
 use sluice_guest_sdk::{Expiry, MaintainRequest, Orphans, SinkContext, SinkError, TableReport, error, log};
@@ -71,6 +70,7 @@ use crate::config::Config;
 use crate::host_io::{self, LoadError, PinnedCatalog, catalog_message};
 use crate::host_parquet::{HostParquetWriterBuilder, SharedHostFiles};
 use crate::runtime::{block_on, iceberg_runtime};
+use crate::snapshot::{Built, LoadedManifest, build_snapshot, manifests_cached, manifests_of};
 use crate::writer::{iceberg_error, parquet_options};
 
 /// How many times a compaction or an expiry is rebuilt on a newer head
@@ -167,43 +167,6 @@ fn with_done(e: SinkError, reports: &[TableReport]) -> SinkError {
 
 fn load(ident: &TableIdent) -> Result<Table, SinkError> {
     block_on(host_io::load_table(ident)).map_err(|e| e.into_sink_error(ident))
-}
-
-/// A manifest of a snapshot with its entries (inherited values filled in).
-struct LoadedManifest {
-    file: ManifestFile,
-    entries: Vec<ManifestEntryRef>,
-}
-
-fn manifests_of(table: &Table, snapshot: &Arc<Snapshot>) -> Result<Vec<LoadedManifest>, SinkError> {
-    manifests_cached(table, snapshot, &mut HashMap::new())
-}
-
-/// Manifests are immutable: `cache` keeps the entries of those read
-/// before, by path, so that a retry on a newer head reads only the
-/// manifests appended since.
-fn manifests_cached(
-    table: &Table,
-    snapshot: &Arc<Snapshot>,
-    cache: &mut HashMap<String, Vec<ManifestEntryRef>>,
-) -> Result<Vec<LoadedManifest>, SinkError> {
-    block_on(async {
-        let list = table.manifest_list_reader(snapshot).load().await?;
-        let mut out = Vec::new();
-        for file in list.consume_entries() {
-            let entries = match cache.get(&file.manifest_path) {
-                Some(entries) => entries.clone(),
-                None => {
-                    let (entries, _) = file.load_manifest(table.file_io()).await?.into_parts();
-                    cache.insert(file.manifest_path.clone(), entries.clone());
-                    entries
-                }
-            };
-            out.push(LoadedManifest { file, entries });
-        }
-        Ok::<_, iceberg::Error>(out)
-    })
-    .map_err(|e| iceberg_error(&format!("reading the manifests of table {}", table.identifier()), e))
 }
 
 /// Where a location points, spelled one way (`file://` dropped).
@@ -478,7 +441,13 @@ fn commit_replace(
         if !gone.iter().all(|f| live.contains(f)) {
             return Ok(None);
         }
-        let (snapshot, mut requirements, updates) = build_replace(&table, &head, &manifests, &gone, replaced, written)?;
+        let added: Vec<(i32, DataFile)> = written.iter().map(|f| (spec_id, f.clone())).collect();
+        let summary = Summary {
+            operation: Operation::Replace,
+            additional_properties: HashMap::from([(SUMMARY_MAINTENANCE.to_string(), "compaction".to_string())]),
+        };
+        let Built { snapshot_id: snapshot, mut requirements, updates } =
+            build_snapshot(&table, Some(&head), &manifests, &gone, &added, summary, HashMap::new())?;
         // The partition spec the new files were written for, checked by the
         // catalog in the same atomic step as the head.
         requirements.push(TableRequirement::DefaultSpecIdMatch { default_spec_id: spec_id });
@@ -516,191 +485,6 @@ fn commit_replace(
     Err(error::retryable(format!(
         "committing the compaction of table {ident}: it conflicted {ATTEMPTS} times with other writers ({last}); {outcome}"
     )))
-}
-
-type Built = (i64, Vec<TableRequirement>, Vec<TableUpdate>);
-
-/// The manifests, manifest list and snapshot of a replace on `head`.
-fn build_replace(
-    table: &Table,
-    head: &Arc<Snapshot>,
-    manifests: &[LoadedManifest],
-    gone: &HashSet<&str>,
-    replaced: &[DataFile],
-    written: &[DataFile],
-) -> Result<Built, SinkError> {
-    let metadata = table.metadata();
-    let snapshot_id = new_snapshot_id(metadata);
-    let commit = uuid::Uuid::new_v4();
-    let version = metadata.format_version();
-    let schema = metadata.current_schema().clone();
-    let meta_dir = format!("{}/metadata", metadata.location().trim_end_matches('/'));
-    let next_seq = metadata.next_sequence_number();
-    let fail =
-        |e: iceberg::Error| iceberg_error(&format!("building the compaction snapshot of {}", table.identifier()), e);
-    let mut counter = 0u32;
-    let mut next_path = || {
-        counter += 1;
-        format!("{meta_dir}/{commit}-c{counter}.avro")
-    };
-    let builder = |path: String, spec: iceberg::spec::PartitionSpec| -> Result<_, SinkError> {
-        let output = table.file_io().new_output(path).map_err(fail)?;
-        let b = ManifestWriterBuilder::new(output, Some(snapshot_id), schema.clone(), spec);
-        Ok(match version {
-            FormatVersion::V1 => b.build_v1(),
-            FormatVersion::V2 => b.build_v2_data(),
-            FormatVersion::V3 => b.build_v3_data(),
-        })
-    };
-    let result: Result<Vec<ManifestFile>, SinkError> = block_on(async {
-        let mut out = Vec::new();
-        // The live entries of every manifest that names a replaced file go
-        // into one new manifest per partition spec (entries keep the
-        // snapshot and sequence numbers that added them), so an attempt
-        // writes a few manifests however many small ones it replaces.
-        let mut merged: BTreeMap<i32, _> = BTreeMap::new();
-        for m in manifests {
-            let touches = m.entries.iter().any(|e| e.is_alive() && gone.contains(e.file_path()));
-            if !touches {
-                out.push(m.file.clone());
-                continue;
-            }
-            let spec_id = m.file.partition_spec_id;
-            let writer = match merged.entry(spec_id) {
-                std::collections::btree_map::Entry::Occupied(w) => w.into_mut(),
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    let spec = metadata.partition_spec_by_id(spec_id).ok_or_else(|| {
-                        error::fatal(format!("manifest {} names an unknown partition spec", m.file.manifest_path))
-                    })?;
-                    v.insert(builder(next_path(), spec.as_ref().clone())?)
-                }
-            };
-            for entry in &m.entries {
-                if !entry.is_alive() {
-                    // Deleted entries belong to the snapshot that deleted them.
-                    continue;
-                }
-                let seq = entry.sequence_number().unwrap_or(0);
-                let file_seq = entry.file_sequence_number.or(Some(seq));
-                let file = entry.data_file().clone();
-                if gone.contains(entry.file_path()) {
-                    writer.add_delete_file(file, seq, file_seq).map_err(fail)?;
-                } else {
-                    let added_by = entry.snapshot_id().unwrap_or(m.file.added_snapshot_id);
-                    writer.add_existing_file(file, added_by, seq, file_seq).map_err(fail)?;
-                }
-            }
-        }
-        for (_, writer) in merged {
-            out.push(writer.write_manifest_file().await.map_err(fail)?);
-        }
-        let spec = metadata.default_partition_spec().as_ref().clone();
-        let mut writer = builder(next_path(), spec)?;
-        for file in written {
-            writer.add_file(file.clone(), -1).map_err(fail)?;
-        }
-        out.push(writer.write_manifest_file().await.map_err(fail)?);
-        Ok(out)
-    });
-    let new_manifests = result?;
-    let list_path = format!("{meta_dir}/snap-{snapshot_id}-0-{commit}.avro");
-    let first_row_id = metadata.next_row_id();
-    let (next_row_id, list_written) = block_on(async {
-        let out = table.file_io().new_output(list_path.clone())?.writer().await?;
-        let mut list = match version {
-            FormatVersion::V1 => ManifestListWriter::v1(out, snapshot_id, Some(head.snapshot_id())),
-            FormatVersion::V2 => ManifestListWriter::v2(out, snapshot_id, Some(head.snapshot_id()), next_seq),
-            FormatVersion::V3 => {
-                ManifestListWriter::v3(out, snapshot_id, Some(head.snapshot_id()), next_seq, Some(first_row_id))
-            }
-        };
-        list.add_manifests(new_manifests.into_iter())?;
-        let next = list.next_row_id();
-        list.close().await?;
-        Ok::<_, iceberg::Error>((next, ()))
-    })
-    .map_err(fail)?;
-    let () = list_written;
-    let summary = replace_summary(metadata, head, replaced, written);
-    let snapshot = Snapshot::builder()
-        .with_manifest_list(list_path)
-        .with_snapshot_id(snapshot_id)
-        .with_parent_snapshot_id(Some(head.snapshot_id()))
-        .with_sequence_number(next_seq)
-        .with_summary(summary)
-        .with_schema_id(metadata.current_schema_id())
-        .with_timestamp_ms(now_ms().max(head.timestamp_ms() + 1));
-    let snapshot = match next_row_id {
-        Some(next) => snapshot.with_row_range(first_row_id, next - first_row_id).build(),
-        None => snapshot.build(),
-    };
-    let updates = vec![
-        TableUpdate::AddSnapshot { snapshot },
-        TableUpdate::SetSnapshotRef {
-            ref_name: MAIN_BRANCH.to_string(),
-            reference: SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
-        },
-    ];
-    let requirements = vec![
-        TableRequirement::UuidMatch { uuid: metadata.uuid() },
-        TableRequirement::RefSnapshotIdMatch { r#ref: MAIN_BRANCH.to_string(), snapshot_id: Some(head.snapshot_id()) },
-    ];
-    Ok((snapshot_id, requirements, updates))
-}
-
-/// The summary of a replace: what it added and removed, and the table's
-/// totals carried on from the head.
-fn replace_summary(metadata: &TableMetadata, head: &Snapshot, replaced: &[DataFile], written: &[DataFile]) -> Summary {
-    let mut collector = SnapshotSummaryCollector::default();
-    let schema = metadata.current_schema().clone();
-    for file in written {
-        collector.add_file(file, schema.clone(), metadata.default_partition_spec().clone());
-    }
-    // Compaction replaces files of the default spec only.
-    for file in replaced {
-        collector.remove_file(file, schema.clone(), metadata.default_partition_spec().clone());
-    }
-    let mut properties: HashMap<String, String> = collector.build();
-    let previous = &head.summary().additional_properties;
-    let total = |key: &str, added: u64, removed: u64| -> Option<String> {
-        let before: u64 = previous.get(key)?.parse().ok()?;
-        Some((before + added).saturating_sub(removed).to_string())
-    };
-    let sum = |files: &[DataFile], f: fn(&DataFile) -> u64| files.iter().map(f).sum::<u64>();
-    let rows = (sum(written, DataFile::record_count), sum(replaced, DataFile::record_count));
-    let bytes = (sum(written, DataFile::file_size_in_bytes), sum(replaced, DataFile::file_size_in_bytes));
-    for (key, (added, removed)) in [
-        ("total-records", rows),
-        ("total-files-size", bytes),
-        ("total-data-files", (written.len() as u64, replaced.len() as u64)),
-    ] {
-        if let Some(value) = total(key, added, removed) {
-            properties.insert(key.to_string(), value);
-        }
-    }
-    for key in ["total-delete-files", "total-position-deletes", "total-equality-deletes"] {
-        if let Some(value) = previous.get(key) {
-            properties.insert(key.to_string(), value.clone());
-        }
-    }
-    properties.insert(SUMMARY_MAINTENANCE.to_string(), "compaction".to_string());
-    Summary { operation: Operation::Replace, additional_properties: properties }
-}
-
-fn new_snapshot_id(metadata: &TableMetadata) -> i64 {
-    loop {
-        let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
-        let id = ((a ^ b) & (i64::MAX as u64)) as i64;
-        if id != 0 && metadata.snapshot_by_id(id).is_none() {
-            return id;
-        }
-    }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 // -------------------------------------------------------------------- expiry
