@@ -12,16 +12,17 @@
 //! so a guest blocked in a host call never stalls another guest.
 
 /// The versions this host serves, newest first.
-pub const SUPPORTED: &[&str] = &["0.2.2", "0.2.1", "0.2.0", "0.1.0"];
+pub const SUPPORTED: &[&str] = &["0.2.3", "0.2.2", "0.2.1", "0.2.0", "0.1.0"];
 
-/// `sluice:connector@0.2.2`: many tables per sink, schema evolution, the
+/// `sluice:connector@0.2.3`: many tables per sink, schema evolution, the
 /// incarnation in the context, the `codec` capability (0.2.0), the
-/// `columnar` capability (0.2.1), and `file-io.list-tree` with the optional
-/// `maintenance` export (0.2.2). A 0.2.0 or 0.2.1 plugin links against it
-/// unchanged: wasmtime matches `@0.2.0` imports and exports to `@0.2.2`
-/// (semver within 0.2), and each minor version only added imports such a
-/// plugin never asks for, and an export the host looks for separately
-/// ([`v0_2_maintenance`]).
+/// `columnar` capability (0.2.1), `file-io.list-tree` with the optional
+/// `maintenance` export (0.2.2), and the optional `committer-state` export
+/// (0.2.3). A 0.2.0, 0.2.1 or 0.2.2 plugin links against it unchanged:
+/// wasmtime matches `@0.2.0` imports and exports to `@0.2.3` (semver within
+/// 0.2), and each minor version only added imports such a plugin never asks
+/// for, and exports the host looks for separately ([`v0_2_maintenance`],
+/// [`v0_2_state`]).
 pub mod v0_2 {
     wasmtime::component::bindgen!({
         path: "../../wit/0.2",
@@ -69,6 +70,28 @@ pub mod v0_2_maintenance {
     pub use exports::sluice::connector::maintenance::{
         Compaction, Expiry, Orphans, Request, SinkContext, SinkError, TableReport,
     };
+}
+
+/// The `committer-state` export of 0.2.3, bound on its own world
+/// (`committer-state-holder`) so that a component without it still links.
+/// Unlike `maintenance`, it is called in the committer's own instance (it
+/// reads that committer's memory): the host loads it from the same
+/// instance as the `sink` export.
+pub mod v0_2_state {
+    wasmtime::component::bindgen!({
+        path: "../../wit/0.2",
+        world: "committer-state-holder",
+        with: {
+            "sluice:connector/log": super::v0_2::sluice::connector::log,
+            "sluice:connector/file-io": super::v0_2::sluice::connector::file_io,
+            "sluice:connector/iceberg-catalog": super::v0_2::sluice::connector::iceberg_catalog,
+            "sluice:connector/grpc": super::v0_2::sluice::connector::grpc,
+            "sluice:connector/codec": super::v0_2::sluice::connector::codec,
+            "sluice:connector/columnar": super::v0_2::sluice::connector::columnar,
+        },
+    });
+
+    pub use exports::sluice::connector::committer_state::SinkError;
 }
 
 /// `sluice:connector@0.1.0`, as released: one table, a fixed schema.

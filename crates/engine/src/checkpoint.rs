@@ -283,6 +283,12 @@ pub struct CheckpointRecord {
     /// before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letters: Option<String>,
+    /// The committer's own state (contract 0.2.3's `committer-state`), as
+    /// of every commit answered before the record was written: handed back
+    /// to the committer when the job resumes. `None` for a plugin that
+    /// keeps none, and in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committer_state: Option<Blob>,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
 }
@@ -892,6 +898,7 @@ mod tests {
             tables: vec![TableRecord { name: "orders".into(), schema: Blob(vec![1, 2]) }],
             source: None,
             dead_letters: Some("dead_letters".into()),
+            committer_state: None,
             created_at_ms: 0,
         }
     }

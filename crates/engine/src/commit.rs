@@ -125,6 +125,25 @@ impl Committer {
         Ok(self.instance.combine(c, infos)?)
     }
 
+    /// Hands the committer its state from the newest record (0.2.3's
+    /// `committer-state`; nothing for a committer that keeps none).
+    pub(super) fn restore_state(&mut self, state: Option<&[u8]>) -> Result<(), EngineError> {
+        Ok(self.instance.restore_state(state)?)
+    }
+
+    /// The committer's state for the record of checkpoint `c`; `None` when
+    /// it keeps none (an empty state is none: the contract's stateless
+    /// default, which records need not carry).
+    pub(super) fn snapshot_state(&mut self, c: u64) -> Result<Option<Vec<u8>>, EngineError> {
+        Ok(self.instance.snapshot_state(c)?.filter(|state| !state.is_empty()))
+    }
+
+    /// The combined commit that the end of a bounded input calls for, when
+    /// its last round `c` prepared nothing (see `committer-state.finish`).
+    pub(super) fn finish(&mut self, c: u64) -> Result<Option<Vec<u8>>, EngineError> {
+        Ok(self.instance.finish(c)?)
+    }
+
     /// Releases a combined commit that will never be committed (its record
     /// could not be persisted). Best effort.
     pub(super) fn abort(&mut self, c: u64, combined: &[u8]) {

@@ -323,8 +323,11 @@ impl<'a> Coordinator<'a> {
         let options = plugin.options_for(job.sink_options(), &ctx);
         let instance = plugin.instantiate("committer", &grants, Limits::of(&job.spec.sink.sandbox))?;
         let committer = CommitterInstance::open(instance, &ctx, &options, &tables.source_tables()?)?;
-        let committer =
+        let mut committer =
             Committer::new(committer, job, opts.faults.clone()).reporting(opts.metrics.clone(), grants.catalog.clone());
+        // Before the pending checkpoints are committed again: their commits
+        // fold themselves into this state.
+        committer.restore_state(restored.as_ref().and_then(|r| r.committer_state.as_ref()).map(|b| b.0.as_slice()))?;
         if who.new_incarnation {
             // The committer found no other incarnation in the target (or was told to accept one).
             store.set_incarnation(&who.incarnation)?;
@@ -407,7 +410,8 @@ impl<'a> Coordinator<'a> {
         let gathered = Instant::now();
         let cut = gathered.checked_sub(round.prepare).unwrap_or(gathered);
         self.report_writers(&round);
-        let combined = match self.combine(c, &round.infos) {
+        let ends = round.records.iter().all(|r| r.finished);
+        let combined = match self.combine(c, &round.infos, ends) {
             Ok(combined) => combined,
             Err(e) => {
                 // Justified: the combine failed before any record of
@@ -567,13 +571,18 @@ impl<'a> Coordinator<'a> {
     /// says so (nothing pending), so that `sluice state` shows what the run
     /// reported. A crash before this leaves the record as persisted, and the
     /// next run commits it again (already committed).
-    fn settle_last_record(&self) -> Result<(), EngineError> {
+    fn settle_last_record(&mut self) -> Result<(), EngineError> {
         let Some(mut record) = self.store.latest()? else { return Ok(()) };
         if record.pending.is_empty() || !self.at.pending.is_empty() {
             return Ok(());
         }
         record.pending.clear();
         record.last_committed = self.at.last_committed;
+        // The committer's state now holds the commits the record had
+        // pending; a resume must not find it without them.
+        if let Some(state) = self.committer.snapshot_state(record.checkpoint)? {
+            record.committer_state = Some(Blob(state));
+        }
         self.store.persist(&record)?;
         Ok(())
     }
@@ -588,9 +597,15 @@ impl<'a> Coordinator<'a> {
         self.committer.evolve(c, &contract)
     }
 
-    /// The committer's fan-in of checkpoint `c` (none when no writer has rows).
-    fn combine(&mut self, c: u64, infos: &[Vec<u8>]) -> Result<Option<Vec<u8>>, EngineError> {
+    /// The committer's fan-in of checkpoint `c`. When no writer has rows it
+    /// is none, unless `c` `ends` a bounded input and the committer asks
+    /// for a commit at the end (`committer-state.finish`: an overwrite of
+    /// an input that was entirely empty).
+    fn combine(&mut self, c: u64, infos: &[Vec<u8>], ends: bool) -> Result<Option<Vec<u8>>, EngineError> {
         if infos.is_empty() {
+            if ends && !self.source.streaming() {
+                return self.committer.finish(c);
+            }
             return Ok(None);
         }
         Ok(Some(self.committer.combine(c, infos)?))
@@ -613,7 +628,8 @@ impl<'a> Coordinator<'a> {
         tables: &BTreeMap<String, Tally>,
     ) -> Result<CheckpointRecord, EngineError> {
         let rows: u64 = subtask_records.iter().map(|s| s.rows).sum();
-        let record = self.record(c, subtask_records, combined.as_deref(), rows, tables)?;
+        let state = self.committer.snapshot_state(c)?;
+        let record = self.record(c, subtask_records, combined.as_deref(), rows, tables, state)?;
         if let Err(e) = self.store.persist(&record) {
             if e.outcome_unknown() {
                 tracing::error!(checkpoint = c, error = %e, "whether the checkpoint's record is durable is unknown; its files are kept, and the next run decides");
@@ -643,6 +659,7 @@ impl<'a> Coordinator<'a> {
         combined: Option<&[u8]>,
         rows: u64,
         tables: &BTreeMap<String, Tally>,
+        committer_state: Option<Vec<u8>>,
     ) -> Result<CheckpointRecord, EngineError> {
         let mut pending = self.at.pending.clone();
         if let Some(bytes) = combined {
@@ -664,6 +681,7 @@ impl<'a> Coordinator<'a> {
             tables: self.tables.records()?,
             source,
             dead_letters: self.job.dead_letters.as_ref().map(|dl| dl.table.clone()),
+            committer_state: committer_state.map(Blob),
             created_at_ms: now_ms(),
         })
     }

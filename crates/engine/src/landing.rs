@@ -128,7 +128,9 @@ impl Landing {
         if self.committer.is_some() {
             return Ok(());
         }
-        let committer = self.committer_for(schema, self.refuse_others)?;
+        // A landing is one checkpoint: nothing of its incarnation was
+        // committed before it, so its committer starts with no state.
+        let committer = self.committer_for(schema, self.refuse_others, None)?;
         self.committer = Some(committer);
         if !self.adopted {
             self.store.set_incarnation(&self.incarnation)?;
@@ -153,12 +155,21 @@ impl Landing {
             rows,
             outcome: None,
         };
-        if infos.is_empty() {
-            tracing::info!(job = %summary.job_id, "the dataset had no rows; nothing to commit");
-            return Ok(summary);
-        }
-        let combined = self.committer_mut()?.combine(CHECKPOINT, &infos)?;
-        let mut record = self.record(parts, schema, combined.clone());
+        let combined = if infos.is_empty() {
+            // The end of an empty input may still call for a commit (an
+            // overwrite of an empty dataset: `committer-state.finish`).
+            match self.committer_mut()?.finish(CHECKPOINT)? {
+                Some(combined) => combined,
+                None => {
+                    tracing::info!(job = %summary.job_id, "the dataset had no rows; nothing to commit");
+                    return Ok(summary);
+                }
+            }
+        } else {
+            self.committer_mut()?.combine(CHECKPOINT, &infos)?
+        };
+        let state = self.committer_mut()?.snapshot_state(CHECKPOINT)?;
+        let mut record = self.record(parts, schema, combined.clone(), state);
         if let Err(e) = self.store.persist(&record) {
             // Justified only by a definite "not written": a record whose
             // outcome is unknown may be durable, and the next landing then
@@ -184,7 +195,8 @@ impl Landing {
         let pending = record.pending.clone();
         if !pending.is_empty() {
             let schema = record.tables.first().map(|t| t.schema.0.clone()).unwrap_or_default();
-            self.committer = Some(self.committer_for(&schema, false)?);
+            let state = record.committer_state.clone().map(|b| b.0);
+            self.committer = Some(self.committer_for(&schema, false, state.as_deref())?);
             for p in &pending {
                 let outcome = self.commit(p, Commit::Recovered)?;
                 tracing::info!(checkpoint = p.checkpoint, outcome = ?outcome, "committed the pending checkpoint of an earlier landing");
@@ -199,13 +211,20 @@ impl Landing {
         })
     }
 
-    fn committer_for(&self, schema: &[u8], refuse_others: bool) -> Result<Committer, EngineError> {
+    fn committer_for(
+        &self,
+        schema: &[u8],
+        refuse_others: bool,
+        state: Option<&[u8]>,
+    ) -> Result<Committer, EngineError> {
         let ctx = sink_ctx(&self.job, &self.incarnation, refuse_others, 0, self.attempt);
         let options = self.plugin.options_for(self.job.sink_options(), &ctx);
         let instance = self.plugin.instantiate("committer", &self.grants, Limits::of(&self.job.spec.sink.sandbox))?;
         let tables = [SourceTable { name: String::new(), schema: schema.to_vec() }];
         let instance = CommitterInstance::open(instance, &ctx, &options, &tables)?;
-        Ok(Committer::new(instance, &self.job, self.faults.clone()))
+        let mut committer = Committer::new(instance, &self.job, self.faults.clone());
+        committer.restore_state(state)?;
+        Ok(committer)
     }
 
     fn committer_mut(&mut self) -> Result<&mut Committer, EngineError> {
@@ -213,7 +232,7 @@ impl Landing {
     }
 
     /// The record of checkpoint 1: one finished subtask per part.
-    fn record(&self, parts: &[Part], schema: &[u8], combined: Vec<u8>) -> CheckpointRecord {
+    fn record(&self, parts: &[Part], schema: &[u8], combined: Vec<u8>, state: Option<Vec<u8>>) -> CheckpointRecord {
         let spec = &self.job.spec;
         let rows = parts.iter().map(|p| p.rows).sum();
         CheckpointRecord {
@@ -245,16 +264,26 @@ impl Landing {
             // A dataset written elsewhere: no source of the job's to resume.
             source: None,
             dead_letters: None,
+            committer_state: state.map(Blob),
             created_at_ms: now_ms(),
         }
     }
 
-    /// Persists `record` with its pending commits done. Best effort: if it
-    /// fails, the next landing commits them again (idempotently).
-    fn note_committed(&self, record: &mut CheckpointRecord) {
+    /// Persists `record` with its pending commits done, and the committer's
+    /// state that holds them. Best effort: if it fails, the next landing
+    /// commits them again (idempotently).
+    fn note_committed(&mut self, record: &mut CheckpointRecord) {
         record.last_committed = record.pending.last().map(|p| p.checkpoint).or(record.last_committed);
         record.pending.clear();
         record.created_at_ms = now_ms();
+        let c = record.checkpoint;
+        match self.committer.as_mut().map(|committer| committer.snapshot_state(c)) {
+            Some(Ok(Some(state))) => record.committer_state = Some(Blob(state)),
+            Some(Ok(None)) | None => {}
+            // The commit is done; a landing's state directory lands nothing
+            // more, so the record keeps the state from before it.
+            Some(Err(e)) => tracing::warn!(error = %e, "could not take the committer's state after the commit"),
+        }
         if let Err(e) = self.store.persist(record) {
             tracing::warn!(error = %e, "could not note the commit in the state directory; the next landing commits it again");
         }

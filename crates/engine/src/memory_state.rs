@@ -223,6 +223,7 @@ mod tests {
             tables: vec![TableRecord { name: "orders".into(), schema: Blob(vec![1, 2, 3]) }],
             source: None,
             dead_letters: None,
+            committer_state: None,
             created_at_ms: 1_000 + c,
         }
     }

@@ -408,6 +408,33 @@ impl CommitterInstance {
         self.inst.with(|a, g| a.abort(g, h, c, combined))
     }
 
+    /// Whether the committer keeps state across checkpoints (the plugin
+    /// exports `committer-state`, 0.2.3).
+    pub fn keeps_state(&self) -> bool {
+        self.inst.adapter.keeps_state()
+    }
+
+    /// Hands the committer the state of the newest record of its
+    /// incarnation (`None` on the incarnation's first run). Call it right
+    /// after [`open`](Self::open), before any other call. Nothing for a
+    /// committer that keeps no state.
+    pub fn restore_state(&mut self, state: Option<&[u8]>) -> Result<(), PluginError> {
+        self.inst.with(|a, g| a.restore_state(g, state))
+    }
+
+    /// The state to persist in the record of checkpoint `c`; `None` for a
+    /// committer that keeps no state.
+    pub fn snapshot_state(&mut self, c: u64) -> Result<Option<Vec<u8>>, PluginError> {
+        self.inst.with(|a, g| a.snapshot_committer_state(g, c))
+    }
+
+    /// A bounded input ended with round `c`, in which no writer prepared
+    /// anything: the combined commit the end of the input calls for, if
+    /// any (always `None` for a committer that keeps no state).
+    pub fn finish(&mut self, c: u64) -> Result<Option<Vec<u8>>, PluginError> {
+        self.inst.with(|a, g| a.finish(g, c))
+    }
+
     pub fn instance_mut(&mut self) -> &mut Instance {
         &mut self.inst
     }

@@ -36,7 +36,7 @@ pub use cache::{ComponentCache, LoadedFrom};
 use host_state::HostState;
 pub use instance::{CommitterInstance, Instance, MaintainRequest, MaintainerInstance, WriterInstance};
 use sandbox::{EpochTicker, TrapCause};
-use sluice_capability::bindings::{self, PluginInfo, v0_1, v0_2, v0_2_maintenance};
+use sluice_capability::bindings::{self, PluginInfo, v0_1, v0_2, v0_2_maintenance, v0_2_state};
 use sluice_capability::limits::HostLimits;
 use sluice_capability::{self as capability, Granted};
 
@@ -51,7 +51,7 @@ impl std::fmt::Display for ContractVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ContractVersion::V0_1 => "0.1.0",
-            ContractVersion::V0_2 => "0.2.2",
+            ContractVersion::V0_2 => "0.2.3",
         })
     }
 }
@@ -279,10 +279,15 @@ impl PluginHost {
         let incompatible = |message: String| PluginError::Incompatible { path: path.to_path_buf(), message };
         let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| incompatible(format!("{e:#}")))?;
         // Newest first, as Spin finds the world a component targets.
-        // A 0.2.2 plugin may export `maintenance` beside `sink`.
+        // A 0.2.2 plugin may export `maintenance` beside `sink`, and a
+        // 0.2.3 plugin `committer-state`.
         let maintainer = v0_2_maintenance::MaintainerPre::new(instance_pre.clone()).ok();
-        let pre = match v0_2::SinkPluginPre::new(instance_pre.clone()) {
-            Ok(pre) => Pre::V0_2(pre),
+        let pre = match v0_2::SinkPluginIndices::new(&instance_pre) {
+            Ok(sink) => Pre::V0_2 {
+                state: v0_2_state::CommitterStateHolderIndices::new(&instance_pre).ok(),
+                instance_pre,
+                sink,
+            },
             Err(newest) => match v0_1::SinkPluginPre::new(instance_pre) {
                 Ok(pre) => Pre::V0_1(pre),
                 Err(_) => {
@@ -319,7 +324,13 @@ impl PluginHost {
 /// A component linked and typechecked against one contract version.
 #[derive(Clone)]
 enum Pre {
-    V0_2(v0_2::SinkPluginPre<HostState>),
+    V0_2 {
+        instance_pre: wasmtime::component::InstancePre<HostState>,
+        sink: v0_2::SinkPluginIndices,
+        /// The `committer-state` export (0.2.3), when the plugin has one:
+        /// loaded from the same instance as `sink`.
+        state: Option<v0_2_state::CommitterStateHolderIndices>,
+    },
     V0_1(v0_1::SinkPluginPre<HostState>),
 }
 
@@ -347,9 +358,16 @@ impl Plugin {
     /// The contract version the plugin implements.
     pub fn version(&self) -> ContractVersion {
         match self.pre {
-            Pre::V0_2(_) => ContractVersion::V0_2,
+            Pre::V0_2 { .. } => ContractVersion::V0_2,
             Pre::V0_1(_) => ContractVersion::V0_1,
         }
+    }
+
+    /// Whether the plugin's committer keeps state across checkpoints (the
+    /// `committer-state` export of 0.2.3), which the host persists in every
+    /// checkpoint record.
+    pub fn keeps_committer_state(&self) -> bool {
+        matches!(self.pre, Pre::V0_2 { state: Some(_), .. })
     }
 
     /// Whether the plugin writes several tables and follows schema changes.

@@ -1,11 +1,12 @@
 //! Shared helpers for Sluice sink plugins (WebAssembly components).
 //!
 //! Invariants:
-//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.2`);
+//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.3`);
 //!   [`bindings`] is generated from it and is the only way a plugin talks to
-//!   the host. Every plugin built with this crate exports `maintenance`
-//!   (world `maintained-sink-plugin`); one that keeps no tables answers it
-//!   with a `config` error ([`export_plugin!`]).
+//!   the host. Every plugin built with this crate exports `maintenance` and
+//!   `committer-state` (world `stateful-sink-plugin`): one that keeps no
+//!   tables answers `maintain` with a `config` error, and one whose
+//!   committer keeps no state has an empty one ([`export_plugin!`]).
 //! - Rows cross the boundary only as Arrow IPC streams ([`ipc`]).
 //! - Helpers never panic on input: every failure becomes a [`SinkError`] whose
 //!   message names the cause.
@@ -13,7 +14,7 @@
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit/0.2",
-        world: "maintained-sink-plugin",
+        world: "stateful-sink-plugin",
         pub_export_macro: true,
         export_macro_name: "export_sink",
         default_bindings_module: "sluice_guest_sdk::bindings",
@@ -29,6 +30,7 @@ pub mod ipc;
 pub mod log;
 pub mod options;
 
+pub use bindings::exports::sluice::connector::committer_state::Guest as GuestCommitterState;
 pub use bindings::exports::sluice::connector::maintenance::{
     Compaction, Expiry, Guest as GuestMaintenance, Orphans, Request as MaintainRequest, TableReport,
 };
@@ -38,17 +40,38 @@ pub use bindings::sluice::connector::types::{
     ChangeKind, CommitOutcome, OptionSpec, PluginInfo, SinkContext, SinkError, Table, TableChange,
 };
 
-/// Exports a plugin type as the component's `sink` interface, and as its
-/// `maintenance` interface: `maintains` when the type implements
-/// [`GuestMaintenance`] itself, otherwise an answer that it keeps no tables.
+/// Exports a plugin type as the component's `sink` interface, its
+/// `maintenance` interface and its `committer-state` interface (0.2.3).
+/// `maintains`: the type implements [`GuestMaintenance`] itself, otherwise
+/// `maintain` answers that it keeps no tables. `keeps_state`: the type
+/// implements [`GuestCommitterState`] itself, otherwise its committer keeps
+/// no state (nothing to restore, an empty state, nothing to commit at the
+/// end of an empty input).
 ///
 /// ```ignore
 /// sluice_guest_sdk::export_plugin!(MyPlugin);
 /// sluice_guest_sdk::export_plugin!(MyTablePlugin, maintains);
+/// sluice_guest_sdk::export_plugin!(MyOverwritingPlugin, maintains, keeps_state);
 /// ```
 #[macro_export]
 macro_rules! export_plugin {
     ($ty:ident) => {
+        $crate::export_plugin!(@no_maintenance $ty);
+        $crate::export_plugin!(@no_state $ty);
+        $crate::bindings::export_sink!($ty with_types_in $crate::bindings);
+    };
+    ($ty:ident, maintains) => {
+        $crate::export_plugin!(@no_state $ty);
+        $crate::bindings::export_sink!($ty with_types_in $crate::bindings);
+    };
+    ($ty:ident, keeps_state) => {
+        $crate::export_plugin!(@no_maintenance $ty);
+        $crate::bindings::export_sink!($ty with_types_in $crate::bindings);
+    };
+    ($ty:ident, maintains, keeps_state) => {
+        $crate::bindings::export_sink!($ty with_types_in $crate::bindings);
+    };
+    (@no_maintenance $ty:ident) => {
         impl $crate::GuestMaintenance for $ty {
             fn maintain(
                 _ctx: $crate::SinkContext,
@@ -61,10 +84,21 @@ macro_rules! export_plugin {
                 )))
             }
         }
-        $crate::bindings::export_sink!($ty with_types_in $crate::bindings);
     };
-    ($ty:ident, maintains) => {
-        $crate::bindings::export_sink!($ty with_types_in $crate::bindings);
+    (@no_state $ty:ident) => {
+        impl $crate::GuestCommitterState for $ty {
+            fn restore(_state: ::std::option::Option<::std::vec::Vec<u8>>) -> ::std::result::Result<(), $crate::SinkError> {
+                ::std::result::Result::Ok(())
+            }
+            fn snapshot(_c: u64) -> ::std::result::Result<::std::vec::Vec<u8>, $crate::SinkError> {
+                ::std::result::Result::Ok(::std::vec::Vec::new())
+            }
+            fn finish(
+                _c: u64,
+            ) -> ::std::result::Result<::std::option::Option<::std::vec::Vec<u8>>, $crate::SinkError> {
+                ::std::result::Result::Ok(::std::option::Option::None)
+            }
+        }
     };
 }
 

@@ -35,13 +35,19 @@ fn lifecycle_order() {
         assert_eq!(written, 1000);
     }
 
+    // The committer's state (contract 0.2.3): restored right after open,
+    // taken for each record after combine and before commit (so the record
+    // of `c` holds the commits before `c`), and once more after the last
+    // commit, for the record that settles the run.
     let committer = job.journal("a1-committer");
-    let mut expected = vec!["open".to_string()];
-    for c in 1..=4 {
+    let mut expected = vec!["open".to_string(), "restore none checkpoints=[] rows=0".to_string()];
+    for c in 1..=4u64 {
         let rows = if c == 4 { 200 } else { 600 };
         expected.push(format!("combine {c} infos=2 rows={rows}"));
+        expected.push(format!("state-snapshot {c} checkpoints={:?}", (1..c).collect::<Vec<_>>()));
         expected.push(format!("commit {c} rows={rows}"));
     }
+    expected.push("state-snapshot 4 checkpoints=[1, 2, 3, 4]".to_string());
     assert_eq!(entries(&committer), expected);
 
     // combine(c) only after every writer's snapshot-state(c). (commit(c) after
@@ -64,7 +70,15 @@ fn restore_recommits_before_reopening_writers() {
     job.run(None).expect("recovers");
 
     let committer = job.journal("a2-committer");
-    assert_eq!(entries(&committer)[..2], ["open".to_string(), "commit 2 rows=600".to_string()]);
+    assert_eq!(
+        entries(&committer)[..3],
+        [
+            "open".to_string(),
+            // The record of checkpoint 2 holds the state before its commit.
+            "restore some checkpoints=[1] rows=600".to_string(),
+            "commit 2 rows=600".to_string()
+        ]
+    );
     let recommit = time_of(&committer, "commit 2 ");
     for w in 0..2 {
         let journal = job.journal(&format!("a2-writer{w}"));

@@ -10,6 +10,7 @@
 mod checkpoint_files;
 mod cli;
 mod columnar;
+mod committer_state;
 mod contention;
 mod contract;
 mod dead_letters;

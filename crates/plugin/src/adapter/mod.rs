@@ -96,7 +96,14 @@ pub(super) struct Failure {
 /// `store`.
 pub(super) fn instantiate(pre: &Pre, store: &mut Store<HostState>) -> wasmtime::Result<Box<dyn Adapter>> {
     Ok(match pre {
-        Pre::V0_2(pre) => Box::new(v0_2::Adapter(pre.instantiate(store)?)),
+        Pre::V0_2 { instance_pre, sink, state } => {
+            // One instance serves both exports: `committer-state` reads the
+            // memory of the committer that `sink` opened.
+            let instance = instance_pre.instantiate(&mut *store)?;
+            let bindings = sink.load(&mut *store, &instance)?;
+            let state = state.as_ref().map(|s| s.load(&mut *store, &instance)).transpose()?;
+            Box::new(v0_2::Adapter(bindings, state))
+        }
         Pre::V0_1(pre) => Box::new(v0_1::Adapter(pre.instantiate(store)?)),
     })
 }
@@ -153,4 +160,25 @@ pub(super) trait Adapter: Send + Sync {
     fn commit(&self, g: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<CommitOutcome, PluginError>;
 
     fn abort(&self, guest: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<(), PluginError>;
+
+    /// Whether the instance exports `committer-state` (0.2.3).
+    fn keeps_state(&self) -> bool {
+        false
+    }
+
+    /// `committer-state.restore`; nothing for a plugin without the export.
+    fn restore_state(&self, _guest: &mut Guest<'_>, _state: Option<&[u8]>) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    /// `committer-state.snapshot`; `None` for a plugin without the export.
+    fn snapshot_committer_state(&self, _guest: &mut Guest<'_>, _c: u64) -> Result<Option<Vec<u8>>, PluginError> {
+        Ok(None)
+    }
+
+    /// `committer-state.finish`; `None` (nothing to commit) for a plugin
+    /// without the export.
+    fn finish(&self, _guest: &mut Guest<'_>, _c: u64) -> Result<Option<Vec<u8>>, PluginError> {
+        Ok(None)
+    }
 }

@@ -6,12 +6,14 @@ use wasmtime::component::ResourceAny;
 use super::{Failure, Opening};
 use crate::instance::Guest;
 use crate::{ChangeKind, PluginError, SinkCtx, SourceTable, TableChange};
-use sluice_capability::bindings::{CommitOutcome, PluginInfo, v0_2};
+use sluice_capability::bindings::{CommitOutcome, PluginInfo, v0_2, v0_2_state};
 
 failure_from!(v0_2);
+failure_from!(v0_2_state);
 
-/// The bindings of a 0.2 instance.
-pub(super) struct Adapter(pub(super) v0_2::SinkPlugin);
+/// The bindings of a 0.2 instance: its `sink` export, and its
+/// `committer-state` export (0.2.3) when it has one, both of one instance.
+pub(super) struct Adapter(pub(super) v0_2::SinkPlugin, pub(super) Option<v0_2_state::CommitterStateHolder>);
 
 fn context(ctx: &SinkCtx) -> v0_2::SinkContext<'_> {
     v0_2::SinkContext {
@@ -108,5 +110,26 @@ impl super::Adapter for Adapter {
 
     fn commit(&self, g: &mut Guest<'_>, h: ResourceAny, c: u64, combined: &[u8]) -> Result<CommitOutcome, PluginError> {
         g.call("commit", |s| self.0.sluice_connector_sink().committer().call_commit(s, h, c, combined))
+    }
+
+    fn keeps_state(&self) -> bool {
+        self.1.is_some()
+    }
+
+    fn restore_state(&self, guest: &mut Guest<'_>, state: Option<&[u8]>) -> Result<(), PluginError> {
+        let Some(holder) = &self.1 else { return Ok(()) };
+        guest.call("committer-state.restore", |s| holder.sluice_connector_committer_state().call_restore(s, state))
+    }
+
+    fn snapshot_committer_state(&self, guest: &mut Guest<'_>, c: u64) -> Result<Option<Vec<u8>>, PluginError> {
+        let Some(holder) = &self.1 else { return Ok(None) };
+        guest
+            .call("committer-state.snapshot", |s| holder.sluice_connector_committer_state().call_snapshot(s, c))
+            .map(Some)
+    }
+
+    fn finish(&self, guest: &mut Guest<'_>, c: u64) -> Result<Option<Vec<u8>>, PluginError> {
+        let Some(holder) = &self.1 else { return Ok(None) };
+        guest.call("committer-state.finish", |s| holder.sluice_connector_committer_state().call_finish(s, c))
     }
 }

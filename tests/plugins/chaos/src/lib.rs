@@ -7,9 +7,11 @@
 //! to reach files outside its grants.
 //!
 //! Options: `journal` (directory location), `misbehave`
-//! (`none|trap|panic|loop|memory-bomb|escape|already-committed`, the last
-//! answering every `commit` `already-committed`, as a plugin whose keys
-//! collide with an earlier incarnation's would; or one of the host-limit
+//! (`none|trap|panic|loop|memory-bomb|escape|already-committed|finish-commits`,
+//! `already-committed` answering every `commit` `already-committed`, as a
+//! plugin whose keys collide with an earlier incarnation's would, and
+//! `finish-commits` (with `at = "commit"`) asking for a commit of no rows at
+//! the end of an input whose last round had none; or one of the host-limit
 //! probes: `sleep` (a WASI sleep of an hour), `exit` (`exit(0)`),
 //! `file-io-probe` (file-io under `target`, see `file_io_probe`),
 //! `grpc-hang` and `http-hang` (a call to the granted endpoint `hang`, which
@@ -21,8 +23,14 @@
 //! in: `open|write|prepare-commit|commit`), `target` (a location outside the
 //! grants, for `escape`), `state_dir` (the job's state directory: `commit(c)`
 //! fails unless the record of `c` is already on disk).
+//!
+//! Its committer keeps state (contract 0.2.3's `committer-state`): the
+//! checkpoints it committed and their rows, journalled on `restore` and
+//! `snapshot`, so the runner can check that the state outlives crashes and
+//! never holds a checkpoint that was not committed.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice_guest_sdk::bindings::sluice::connector::codec::{self, Algorithm};
@@ -33,8 +41,8 @@ use sluice_guest_sdk::bindings::sluice::connector::log::{Level, log};
 use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{
-    CommitOutcome, Committer, Guest, GuestCommitter, GuestWriter, OptionSpec, PluginInfo, SinkContext, SinkError,
-    Table, TableChange, Writer, error, ipc, option_spec,
+    CommitOutcome, Committer, Guest, GuestCommitter, GuestCommitterState, GuestWriter, OptionSpec, PluginInfo,
+    SinkContext, SinkError, Table, TableChange, Writer, error, ipc, option_spec,
 };
 
 /// `name:kind` of each change, for the journal.
@@ -48,7 +56,7 @@ fn specs() -> Vec<OptionSpec> {
         option_spec("journal", "directory location for the call journals", false, None),
         option_spec(
             "misbehave",
-            "none, trap, panic, loop, memory-bomb, escape, already-committed, or a host-limit probe \
+            "none, trap, panic, loop, memory-bomb, escape, already-committed, finish-commits, or a host-limit probe \
              (sleep, exit, grpc-hang, http-hang, grpc-streams, http-requests, open-files, log-flood, \
              codec-levels, decompress-bomb)",
             false,
@@ -105,7 +113,7 @@ impl Cfg {
             }
             "escape" => self.escape(),
             "file-io-probe" => self.file_io_probe(),
-            "already-committed" => Ok(()),
+            "already-committed" | "finish-commits" => Ok(()),
             "sleep" => {
                 std::thread::sleep(Duration::from_secs(3600));
                 Err(error::fatal("chaos: woke up after an hour"))
@@ -342,9 +350,67 @@ struct ChaosWriter {
 }
 
 struct ChaosCommitter {
+    inner: Rc<CommitterInner>,
+}
+
+struct CommitterInner {
     cfg: Cfg,
     journal: RefCell<Journal>,
-    committed: RefCell<Vec<u64>>,
+    /// The committer's state (contract 0.2.3's `committer-state`): each
+    /// checkpoint this incarnation committed, once, oldest first, and the
+    /// rows they carried. The host persists it in every record and hands it
+    /// back on resume, so it outlives crashes.
+    state: RefCell<Committed>,
+}
+
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Committed {
+    checkpoints: Vec<u64>,
+    rows: u64,
+}
+
+thread_local! {
+    /// The committer opened in this instance: the `committer-state`
+    /// functions act on it (the host opens one committer per instance).
+    static OPEN: RefCell<Option<Rc<CommitterInner>>> = const { RefCell::new(None) };
+}
+
+fn open_committer() -> Result<Rc<CommitterInner>, SinkError> {
+    OPEN.with(|open| open.borrow().clone()).ok_or_else(|| error::fatal("committer-state called before committer.open"))
+}
+
+impl GuestCommitterState for Chaos {
+    fn restore(state: Option<Vec<u8>>) -> Result<(), SinkError> {
+        let inner = open_committer()?;
+        let restored: Committed = match &state {
+            Some(bytes) => serde_json::from_slice(bytes)
+                .map_err(|e| error::fatal(format!("restored committer state is not valid: {e}")))?,
+            None => Committed::default(),
+        };
+        inner.journal.borrow_mut().note(format!(
+            "restore {} checkpoints={:?} rows={}",
+            if state.is_some() { "some" } else { "none" },
+            restored.checkpoints,
+            restored.rows
+        ))?;
+        *inner.state.borrow_mut() = restored;
+        Ok(())
+    }
+
+    fn snapshot(c: u64) -> Result<Vec<u8>, SinkError> {
+        let inner = open_committer()?;
+        let state = inner.state.borrow();
+        inner.journal.borrow_mut().note(format!("state-snapshot {c} checkpoints={:?}", state.checkpoints))?;
+        serde_json::to_vec(&*state).map_err(|e| error::fatal(format!("encoding the committer state: {e}")))
+    }
+
+    fn finish(c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+        let inner = open_committer()?;
+        inner.journal.borrow_mut().note(format!("finish {c}"))?;
+        // `misbehave = "finish-commits"`: the end of an empty input calls
+        // for a commit of no rows.
+        Ok(inner.cfg.misbehave_is("finish-commits", "commit").then(|| b"0".to_vec()))
+    }
 }
 
 struct Chaos;
@@ -427,36 +493,47 @@ impl GuestCommitter for ChaosCommitter {
         let cfg = Cfg::parse(options)?;
         let mut journal = Journal::new(&cfg, &format!("a{}-committer", ctx.attempt));
         journal.note("open".into())?;
-        Ok(Committer::new(ChaosCommitter { cfg, journal: RefCell::new(journal), committed: RefCell::new(Vec::new()) }))
+        let inner = Rc::new(CommitterInner { cfg, journal: RefCell::new(journal), state: RefCell::default() });
+        OPEN.with(|open| *open.borrow_mut() = Some(inner.clone()));
+        Ok(Committer::new(ChaosCommitter { inner }))
     }
 
     fn combine(&self, c: u64, infos: Vec<Vec<u8>>) -> Result<Vec<u8>, SinkError> {
         let rows: u64 = infos.iter().filter_map(|i| String::from_utf8_lossy(i).parse::<u64>().ok()).sum();
-        self.journal.borrow_mut().note(format!("combine {c} infos={} rows={rows}", infos.len()))?;
+        self.inner.journal.borrow_mut().note(format!("combine {c} infos={} rows={rows}", infos.len()))?;
         Ok(format!("{rows}").into_bytes())
     }
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
-        if let Some(dir) = &self.cfg.state_dir {
+        let inner = &self.inner;
+        if let Some(dir) = &inner.cfg.state_dir {
             let record = join(dir, &format!("checkpoints/chk-{c:020}.json"));
             if !files::exists(&record).map_err(|e| files::to_sink_error("state_dir", e))? {
                 return Err(error::fatal(format!("commit({c}) called before its record {record} was persisted")));
             }
         }
-        self.cfg.maybe_misbehave("commit")?;
-        let already = self.committed.borrow().contains(&c) || self.cfg.misbehave_is("already-committed", "commit");
-        self.committed.borrow_mut().push(c);
-        self.journal.borrow_mut().note(format!("commit {c} rows={}", String::from_utf8_lossy(&combined)))?;
+        inner.cfg.maybe_misbehave("commit")?;
+        let rows = String::from_utf8_lossy(&combined).parse::<u64>().unwrap_or(0);
+        let mut state = inner.state.borrow_mut();
+        // A checkpoint committed before a crash comes again on resume, after
+        // a record whose state was taken before its commit: folded once.
+        let already = state.checkpoints.contains(&c) || inner.cfg.misbehave_is("already-committed", "commit");
+        if !state.checkpoints.contains(&c) {
+            state.checkpoints.push(c);
+            state.rows += rows;
+        }
+        drop(state);
+        inner.journal.borrow_mut().note(format!("commit {c} rows={}", String::from_utf8_lossy(&combined)))?;
         Ok(if already { CommitOutcome::AlreadyCommitted } else { CommitOutcome::Committed })
     }
 
     fn abort(&self, c: u64, _combined: Vec<u8>) -> Result<(), SinkError> {
-        self.journal.borrow_mut().note(format!("abort {c}"))
+        self.inner.journal.borrow_mut().note(format!("abort {c}"))
     }
 
     fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
-        self.journal.borrow_mut().note(format!("evolve {}", changes_text(&changes)))
+        self.inner.journal.borrow_mut().note(format!("evolve {}", changes_text(&changes)))
     }
 }
 
-sluice_guest_sdk::export_plugin!(Chaos);
+sluice_guest_sdk::export_plugin!(Chaos, keeps_state);
