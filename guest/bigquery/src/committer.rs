@@ -29,6 +29,16 @@
 //! incarnations of one job (two fresh state directories started at once, or
 //! one started over) from both landing the source is the dataset's claim
 //! ([`crate::claim`]): checked at open, and taken before the first flush.
+//!
+//! With `mode = "overwrite-partitions"` the flushed streams belong to the
+//! incarnation's staging tables, and after every flush of checkpoint `c`
+//! each partition `c` touched is copied over the target's with a copy job
+//! of a deterministic id ([`crate::overwrite`]): a commit asked again finds
+//! its jobs by id, so no partition is replaced twice by one checkpoint, and
+//! the final table is exact. Partitions are replaced one job at a time, so
+//! a crash between two jobs shows some partitions new and some old until
+//! the recovery commits `c` again. A target that is not partitioned by a
+//! column is refused at open, before anything is written.
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     FlushRowsRequest, FlushRowsResponse,
@@ -37,7 +47,8 @@ use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, Table, TableChange, error, log};
 
 use crate::claim::Claims;
-use crate::config::Config;
+use crate::config::{Config, WriteMode};
+use crate::overwrite::{self, Partitioning};
 use crate::rpc::{self, FlushFailure};
 use crate::tables;
 use crate::writer::{CommitInfo, Flush};
@@ -115,7 +126,7 @@ impl GuestCommitter for BigQueryCommitter {
         }
         // The tables the job starts with: created, or evolved to take the rows.
         for table in &tables {
-            tables::prepare(&cfg, table)?;
+            prepare(&cfg, &ctx, table)?;
         }
         let known = std::cell::RefCell::new(known);
         Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg, ctx, claims, known }))
@@ -126,7 +137,7 @@ impl GuestCommitter for BigQueryCommitter {
             let path = self.cfg.table_path(&change.table.name)?;
             self.claims.check(&self.cfg, &self.ctx, &path)?;
             self.known.borrow_mut().insert(path);
-            tables::prepare(&self.cfg, &change.table)?;
+            prepare(&self.cfg, &self.ctx, &change.table)?;
         }
         Ok(())
     }
@@ -154,6 +165,12 @@ impl GuestCommitter for BigQueryCommitter {
         for info in &combined.flushes {
             self.flush(c, info)?;
         }
+        // Then the partitions the checkpoint touched, in order, each from
+        // the staging table that now holds every committed row of it.
+        for (target, d) in replacements(&self.cfg, &combined)? {
+            let stage = overwrite::staging_path(&self.ctx, &target);
+            overwrite::replace_partition(&self.cfg, &self.ctx, c, &target, &stage, &d)?;
+        }
         Ok(CommitOutcome::Committed)
     }
 
@@ -161,6 +178,35 @@ impl GuestCommitter for BigQueryCommitter {
         // Unflushed rows never become visible; BUFFERED streams need no cleanup.
         Ok(())
     }
+}
+
+/// Whether rows of `table` overwrite partitions (the dead-letter table stays append).
+fn overwrites(cfg: &Config, table: &str) -> bool {
+    cfg.mode == WriteMode::OverwritePartitions && !overwrite::is_dead_letter(table)
+}
+
+/// Makes the table of `source` take its rows; when its rows overwrite
+/// partitions, first checks that the target is partitioned by a column
+/// (before creating or changing anything), then makes its staging table.
+fn prepare(cfg: &Config, ctx: &SinkContext, source: &Table) -> Result<(), SinkError> {
+    if !overwrites(cfg, &source.name) {
+        return tables::prepare(cfg, source);
+    }
+    let target = cfg.table_path(&source.name)?;
+    Partitioning::read(cfg, &target)?;
+    tables::prepare(cfg, source)?;
+    let arrow = sluice_guest_sdk::ipc::decode_schema(&source.schema)?;
+    overwrite::prepare_staging(cfg, ctx, &target, &arrow)
+}
+
+/// The `(target, partition)` pairs a combined commit replaces, in order.
+fn replacements(cfg: &Config, combined: &Combined) -> Result<std::collections::BTreeSet<(String, String)>, SinkError> {
+    let mut out = std::collections::BTreeSet::new();
+    for f in combined.flushes.iter().filter(|f| !f.partitions.is_empty()) {
+        let target = cfg.table_path(&f.table)?;
+        out.extend(f.partitions.iter().map(|d| (target.clone(), d.clone())));
+    }
+    Ok(out)
 }
 
 /// What a combined commit will make visible, one line per stream.
@@ -178,5 +224,8 @@ pub fn describe(cfg: Option<&Config>, combined: &[u8]) -> Vec<String> {
                 f.stream, f.offset, f.offset
             )
         })
+        .chain(cfg.and_then(|cfg| replacements(cfg, &combined).ok()).into_iter().flatten().map(|(target, d)| {
+            format!("table {target}: partition {d} replaced (WRITE_TRUNCATE) by the staged rows of the incarnation")
+        }))
         .collect()
 }

@@ -70,6 +70,12 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("100"),
         ),
+        option_spec(
+            "mode",
+            "`append` (every row is added) or `overwrite-partitions`: the rows a run lands replace every partition of a column time-partitioned table they touch, exactly once (staged, then copied with WRITE_TRUNCATE per partition); partitions the run does not touch keep their rows",
+            false,
+            Some("append"),
+        ),
         claim::option_spec(),
     ]
 }
@@ -93,6 +99,16 @@ pub(crate) struct Config {
     /// How this incarnation treats the datasets' claims.
     pub claim: claim::Mode,
     pub format: RowFormat,
+    pub mode: WriteMode,
+}
+
+/// What the rows a run lands do to the table (option `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteMode {
+    /// Every row is added.
+    Append,
+    /// The rows replace each partition they touch (see [`crate::overwrite`]).
+    OverwritePartitions,
 }
 
 /// How rows cross to the API.
@@ -138,7 +154,17 @@ impl Config {
                 return Err(error::config(format!("option `format` = {other:?} must be `proto` or `arrow`")));
             }
         };
+        let mode = match o.required("mode")? {
+            "append" => WriteMode::Append,
+            "overwrite-partitions" => WriteMode::OverwritePartitions,
+            other => {
+                return Err(error::config(format!(
+                    "option `mode` = {other:?} must be `append` or `overwrite-partitions`"
+                )));
+            }
+        };
         Ok(Self {
+            mode,
             format,
             table_schema,
             max_inflight,

@@ -18,6 +18,7 @@
 mod claim;
 mod committer;
 mod config;
+mod overwrite;
 mod rest;
 mod rpc;
 mod tables;
@@ -57,6 +58,9 @@ impl Guest for BigQuerySink {
         let claims = claim::Claims::default();
         for table in &tables {
             tables::check(&cfg, table)?;
+            if cfg.mode == config::WriteMode::OverwritePartitions && !overwrite::is_dead_letter(&table.name) {
+                overwrite::Partitioning::read(&cfg, &cfg.table_path(&table.name)?)?;
+            }
             // What `committer.open` would refuse, `sluice check` refuses too.
             claims.check(&cfg, &ctx, &cfg.table_path(&table.name)?)?;
         }

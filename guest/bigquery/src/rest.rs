@@ -15,6 +15,15 @@
 //!   the request carries it and the caller survives both: a 412 (someone
 //!   changed the table) and a refusal are answered by reading the table again.
 //!
+//! - jobs.insert (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/insert)
+//!   with a client-chosen `jobReference.jobId` answers 409 `duplicate` for
+//!   an id it has seen ("If the BigQuery REST API receives a jobs.insert
+//!   request for a job with the same ID, the REST API fails because the job
+//!   already exists"); jobs.get
+//!   (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/get)
+//!   answers 404 for an unknown id. [`Jobs`] keeps those answers apart,
+//!   because they are what tells a lost insert from one never made.
+//!
 //! The `wasi:http` client is written here rather than taken from a crate:
 //! the crates that wrap it (waki, wstd) are async runtimes or pull in more
 //! than these three calls need, and the raw bindings come with `wasip2`.
@@ -175,6 +184,8 @@ pub(crate) struct RestTable {
     pub labels: serde_json::Map<String, Value>,
     /// `expirationTime` (ms since the epoch, as a string), when the table expires.
     pub expires: Option<String>,
+    /// `timePartitioning` as the API returns it (absent: not time-partitioned).
+    pub time_partitioning: Option<Value>,
 }
 
 impl RestTable {
@@ -184,6 +195,7 @@ impl RestTable {
             etag: v.get("etag").and_then(Value::as_str).map(str::to_string),
             labels: v.get("labels").and_then(Value::as_object).cloned().unwrap_or_default(),
             expires: v.get("expirationTime").and_then(Value::as_str).map(str::to_string),
+            time_partitioning: v.get("timePartitioning").filter(|t| t.is_object()).cloned(),
         }
     }
 }
@@ -198,7 +210,7 @@ pub(crate) struct Tables<'a> {
 }
 
 /// `projects/P/datasets/D/tables/T` → (`P`, `D`, `T`).
-fn parts(table: &str) -> (&str, &str, &str) {
+pub(crate) fn parts(table: &str) -> (&str, &str, &str) {
     let p: Vec<&str> = table.split('/').collect();
     match p.as_slice() {
         [_, project, _, dataset, _, id] => (project, dataset, id),
@@ -231,6 +243,25 @@ impl Tables<'_> {
         self.insert_with(table, json!({ "description": description, "labels": labels }))
     }
 
+    /// `tables.insert` of a table with `fields`, `timePartitioning` and an
+    /// expiration (ms since the epoch): `Ok(false)` when it exists already (409).
+    pub fn insert_partitioned(
+        &self,
+        table: &str,
+        fields: &Value,
+        time_partitioning: &Value,
+        expires_ms: u64,
+    ) -> Result<bool, RestError> {
+        self.insert_with(
+            table,
+            json!({
+                "schema": { "fields": fields },
+                "timePartitioning": time_partitioning,
+                "expirationTime": expires_ms.to_string(),
+            }),
+        )
+    }
+
     /// `tables.insert` of `resource` (given without its `tableReference`).
     fn insert_with(&self, table: &str, mut resource: Value) -> Result<bool, RestError> {
         let (project, dataset, id) = parts(table);
@@ -252,5 +283,48 @@ impl Tables<'_> {
         let reply =
             send(self.endpoint, Method::Patch, &path, &headers, Some(body.to_string().as_bytes()), self.timeout_ms)?;
         json_reply(reply).map(|_| ())
+    }
+}
+
+/// How `jobs.insert` answered.
+#[derive(Debug, Clone)]
+pub(crate) enum Inserted {
+    /// The job was created; its resource as the reply gives it.
+    Created(Value),
+    /// 409: a job with this id exists already (ours, from a try whose reply
+    /// was lost, or from a run before a crash).
+    Duplicate,
+}
+
+/// The job methods of one endpoint.
+pub(crate) struct Jobs<'a> {
+    pub endpoint: &'a str,
+    pub timeout_ms: u32,
+}
+
+impl Jobs<'_> {
+    /// `jobs.insert` of `job` (a Job resource with its `jobReference`) in
+    /// `project`. An error may be an unknown outcome: only `jobs.get` of
+    /// the same id can tell whether the job exists.
+    pub fn insert(&self, project: &str, job: &Value) -> Result<Inserted, RestError> {
+        let path = format!("/bigquery/v2/projects/{project}/jobs");
+        let reply = send(self.endpoint, Method::Post, &path, &[], Some(job.to_string().as_bytes()), self.timeout_ms)?;
+        if reply.status == 409 {
+            return Ok(Inserted::Duplicate);
+        }
+        json_reply(reply).map(Inserted::Created)
+    }
+
+    /// `jobs.get`: `None` when no job has this id (404).
+    pub fn get(&self, project: &str, job_id: &str, location: Option<&str>) -> Result<Option<Value>, RestError> {
+        let mut path = format!("/bigquery/v2/projects/{project}/jobs/{job_id}");
+        if let Some(location) = location {
+            path.push_str(&format!("?location={location}"));
+        }
+        let reply = send(self.endpoint, Method::Get, &path, &[], None, self.timeout_ms)?;
+        if reply.status == 404 {
+            return Ok(None);
+        }
+        json_reply(reply).map(Some)
     }
 }

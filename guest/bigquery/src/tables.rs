@@ -149,7 +149,7 @@ fn create_table(cfg: &Config, path: &str, arrow: &Schema, why: &str) -> Result<(
 
 /// Reads the table through the REST API and patches its schema until it
 /// takes rows of `arrow`.
-fn evolve_table(cfg: &Config, path: &str, arrow: &Schema) -> Result<(), SinkError> {
+pub(crate) fn evolve_table(cfg: &Config, path: &str, arrow: &Schema) -> Result<(), SinkError> {
     let api = tables(cfg);
     let mut last = String::new();
     for attempt in 1..=cfg.attempts {

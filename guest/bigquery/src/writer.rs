@@ -22,10 +22,14 @@
 //! - `OUT_OF_RANGE` fails the writer: the stream and the writer disagree;
 //! - the commit info of checkpoint `c` is `(table, stream, next_offset - 1)`
 //!   for every stream that took rows since the last checkpoint; nothing is
-//!   flushed here, so nothing is visible before the committer.
+//!   flushed here, so nothing is visible before the committer;
+//! - with `mode = "overwrite-partitions"` a table's stream is opened on the
+//!   incarnation's staging table ([`crate::overwrite`]), not the target, and
+//!   its part of the commit info also names the partitions of every row
+//!   appended since the last checkpoint (the dead-letter table excepted).
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -44,7 +48,8 @@ use sluice_bigquery_rows::{ArrowEncoder, RowEncoder, SchemaError, split_by_size}
 use sluice_guest_sdk::bindings::sluice::connector::grpc::{BidiStream, Received};
 use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, Table, TableChange, error, incarnation, ipc, log};
 
-use crate::config::{Config, RowFormat};
+use crate::config::{Config, RowFormat, WriteMode};
+use crate::overwrite::{self, Partitioning};
 use crate::rpc::{self, Failure};
 
 /// What a writer persists with a checkpoint: positions and names, never
@@ -73,6 +78,11 @@ pub(crate) struct Flush {
     pub stream: String,
     /// Last offset to flush (inclusive).
     pub offset: i64,
+    /// With `mode = "overwrite-partitions"`: the partition ids (`20240105`)
+    /// of the rows appended since the last checkpoint, which the commit
+    /// copies from the staging table to the target. Absent: append.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<String>,
 }
 
 /// What the committer needs to make a writer's rows of a checkpoint visible.
@@ -115,12 +125,21 @@ struct StreamWriter {
     conn: Option<BidiStream>,
     /// Requests in flight on `conn`, in offset order (replies come in order).
     in_flight: VecDeque<InFlight>,
+    /// The target's partitioning, when the rows overwrite partitions.
+    partitioning: Option<Partitioning>,
+    /// Partitions of the rows sent since the last `prepare-commit`.
+    touched: BTreeSet<String>,
 }
 
 /// A table this writer knows: where it lands, its rows' schema, and its
 /// stream once rows arrived.
 struct TableWriter {
+    /// Where the rows land: the target, or its staging table when they
+    /// overwrite partitions.
     path: String,
+    /// The target's partitioning is read (at the first rows) only when the
+    /// rows overwrite partitions; the target's path.
+    overwrite: Option<String>,
     arrow: Arc<Schema>,
     stream: Option<StreamWriter>,
 }
@@ -226,7 +245,14 @@ enum Trouble {
 
 impl StreamWriter {
     /// Opens a new stream on `path` for rows of `arrow`.
-    fn open(cfg: Rc<Config>, subtask: u32, table: &str, path: &str, arrow: Arc<Schema>) -> Result<Self, SinkError> {
+    fn open(
+        cfg: Rc<Config>,
+        subtask: u32,
+        table: &str,
+        path: &str,
+        arrow: Arc<Schema>,
+        partitioning: Option<Partitioning>,
+    ) -> Result<Self, SinkError> {
         let ws = create_stream(&cfg, path)?;
         // The stream's schema is the table's own; the option stands in when it is absent.
         let encoding = Encoding::new(cfg.format, arrow, ws.table_schema.as_ref().or(cfg.table_schema.as_ref()))
@@ -244,6 +270,8 @@ impl StreamWriter {
             rows_in: 0,
             conn: None,
             in_flight: VecDeque::new(),
+            partitioning,
+            touched: BTreeSet::new(),
         })
     }
 
@@ -493,6 +521,9 @@ impl StreamWriter {
 impl StreamWriter {
     /// Sends the rows of one IPC batch.
     fn write(&mut self, batches: &[RecordBatch]) -> Result<(), SinkError> {
+        if let Some(p) = &self.partitioning {
+            overwrite::partition_ids(p, &self.table, batches, &mut self.touched)?;
+        }
         let max = self.cfg.max_request_bytes;
         for (n, rows) in self.encoding.requests(batches, max)? {
             self.append(n, rows)?;
@@ -509,17 +540,26 @@ impl StreamWriter {
             return Ok(None);
         }
         self.prepared_offset = self.next_offset;
-        Ok(Some(Flush { table: self.table.clone(), stream: self.stream.clone(), offset: self.next_offset - 1 }))
+        let partitions = std::mem::take(&mut self.touched).into_iter().collect();
+        Ok(Some(Flush {
+            table: self.table.clone(),
+            stream: self.stream.clone(),
+            offset: self.next_offset - 1,
+            partitions,
+        }))
     }
 }
 
 impl Inner {
     fn table_writer(&self, table: &Table) -> Result<TableWriter, SinkError> {
-        Ok(TableWriter {
-            path: self.cfg.table_path(&table.name)?,
-            arrow: ipc::decode_schema(&table.schema)?,
-            stream: None,
-        })
+        let target = self.cfg.table_path(&table.name)?;
+        let (path, overwrite) =
+            if self.cfg.mode == WriteMode::OverwritePartitions && !overwrite::is_dead_letter(&table.name) {
+                (overwrite::staging_path(&self.ctx, &target), Some(target))
+            } else {
+                (target, None)
+            };
+        Ok(TableWriter { path, overwrite, arrow: ipc::decode_schema(&table.schema)?, stream: None })
     }
 }
 
@@ -560,7 +600,11 @@ impl GuestWriter for BigQueryWriter {
             error::invalid_data(format!("rows of table {table:?}, which the engine has not announced to this writer"))
         })?;
         if t.stream.is_none() {
-            t.stream = Some(StreamWriter::open(cfg, subtask, &table, &t.path, t.arrow.clone())?);
+            let partitioning = match &t.overwrite {
+                Some(target) => Some(Partitioning::read(&cfg, target)?),
+                None => None,
+            };
+            t.stream = Some(StreamWriter::open(cfg, subtask, &table, &t.path, t.arrow.clone(), partitioning)?);
         }
         match &mut t.stream {
             Some(stream) => stream.write(&batches),
