@@ -1,0 +1,224 @@
+//! The BigQuery sink with `mode = "overwrite-partitions"` against the test
+//! double (real gRPC and REST over loopback): a day-partitioned target
+//! seeded with rows, then a job whose rows replace the days they touch,
+//! through the crash matrix, lost and failed copy jobs, and a rerun as a
+//! new incarnation. Every check reads the target back: rows per partition
+//! (`partition_counts`) and the rows' ids and values against the source.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Decimal128Type, Int32Type};
+use arrow_array::{ArrayRef, Date32Array, Decimal128Array, Int64Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use sluice::engine::{CrashPoint, Fault, RunOptions};
+use sluice::source::generator::Generator;
+use sluice_bigquery_double::{BigQueryDouble, JobFault, PartitionType, TimePartitioning, generator_schema};
+use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows};
+
+/// 1800 rows over 30 days (the generator puts id `i` on 2024-01-01 + i % 30):
+/// 60 a day. Per writer 600 rows in rounds of 150: checkpoints 1..=4 hold
+/// rows, and every day is spread over all four.
+const ROWS: u64 = 1800;
+const PARALLELISM: u32 = 3;
+const EVERY: u64 = 150;
+const LAST: u64 = 4;
+const TABLE: &str = "projects/p/datasets/d/tables/orders";
+/// 2023-12-31, 2024-01-01 and 2024-01-02 as days since the epoch.
+const D1: i32 = 19_722;
+/// Seeded rows: ids from here, `SEED_PER_DAY` on each of D1, D1+1, D1+2.
+const SEED_FIRST: u64 = 1_000_000;
+const SEED_PER_DAY: u64 = 20;
+
+fn double() -> BigQueryDouble {
+    let d = BigQueryDouble::start().expect("starting the BigQuery double");
+    d.create_partitioned_table(TABLE, generator_schema(), TimePartitioning::new(PartitionType::Day, "day"))
+        .expect("a day-partitioned table");
+    d.load_rows(TABLE, seed_rows()).expect("seeding the table");
+    assert_eq!(
+        d.partition_counts(TABLE).expect("counts"),
+        BTreeMap::from([
+            ("20231231".to_string(), SEED_PER_DAY),
+            ("20240101".to_string(), SEED_PER_DAY),
+            ("20240102".to_string(), SEED_PER_DAY)
+        ])
+    );
+    d
+}
+
+/// Generator rows with ids `SEED_FIRST..`, moved onto D1..D3.
+fn seed_rows() -> RecordBatch {
+    let n = 3 * SEED_PER_DAY;
+    let base = Generator::batch_for(SEED_FIRST, SEED_FIRST + n);
+    let days: Vec<i32> = (0..n).map(|i| D1 + (i / SEED_PER_DAY) as i32).collect();
+    let mut columns: Vec<ArrayRef> = base.columns().to_vec();
+    columns[6] = Arc::new(Date32Array::from(days));
+    // The table's `qty` is INT64, which takes Arrow Int64 only.
+    let qty = columns[1].as_primitive::<Int32Type>().values().iter().map(|v| i64::from(*v));
+    columns[1] = Arc::new(Int64Array::from_iter_values(qty));
+    // NUMERIC is Decimal128(38, 9): the same amounts at scale 9.
+    let amount = columns[3].as_primitive::<Decimal128Type>().values().iter().map(|v| v * 10_000_000);
+    let amount = Decimal128Array::from_iter_values(amount).with_precision_and_scale(38, 9).expect("NUMERIC");
+    columns[3] = Arc::new(amount);
+    let mut fields: Vec<Field> = base.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields[1] = Field::new("qty", DataType::Int64, false);
+    fields[3] = Field::new("amount", DataType::Decimal128(38, 9), false);
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).expect("seed batch")
+}
+
+fn job(id: &str, d: &BigQueryDouble) -> TestJob {
+    let mut job = TestJob::bigquery(id, &d.address(), TABLE, ROWS, PARALLELISM, EVERY);
+    job.toml = job.toml.replacen("[sink.options]\n", "[sink.options]\nmode = \"overwrite-partitions\"\n", 1);
+    job.toml.push_str(&format!("[sink.http.bigquery]\naddress = {:?}\n", d.rest_address()));
+    job
+}
+
+/// The target holds D1's seeded rows untouched, and every day the job
+/// touched holds exactly the job's rows of that day (ids and values).
+fn assert_replaced(d: &BigQueryDouble) {
+    let mut expected: BTreeMap<String, u64> = (0..30)
+        .map(|k| {
+            let day = 20240101 + k;
+            (day.to_string(), ROWS / 30)
+        })
+        .collect();
+    expected.insert("20231231".to_string(), SEED_PER_DAY);
+    assert_eq!(d.partition_counts(TABLE).expect("counts"), expected, "rows per day");
+    let rows = d.visible_rows(TABLE);
+    let id = |r: &serde_json::Map<String, serde_json::Value>| r.get("id").and_then(|v| v.as_i64()).expect("id");
+    let (seeded, landed): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| id(r) >= SEED_FIRST as i64);
+    // What is left of the seed is D1's rows, exactly (the first SEED_PER_DAY ids).
+    let mut seeded: Vec<i64> = seeded.iter().map(id).collect();
+    seeded.sort();
+    let want: Vec<i64> = (SEED_FIRST as i64..(SEED_FIRST + SEED_PER_DAY) as i64).collect();
+    assert_eq!(seeded, want, "D1 keeps its seeded rows; D2 and D3 lost theirs");
+    // The job's rows, once each, with the source's values.
+    assert_exactly_once_range(&bigquery_rows(&landed), 0, ROWS);
+}
+
+/// Every copy job the double ran, by id.
+fn job_ids(d: &BigQueryDouble) -> Vec<String> {
+    d.jobs().into_iter().map(|j| j.id).collect()
+}
+
+#[test]
+fn overwrite_replaces_the_touched_days_and_keeps_the_others() {
+    let d = double();
+    let summary = job("bq-ow", &d).run(None).expect("run");
+    assert_eq!(summary.rows_total, ROWS);
+    assert_replaced(&d);
+    // One copy job per day per checkpoint, each its first attempt, each applied.
+    let ids = job_ids(&d);
+    assert_eq!(ids.len(), 30 * LAST as usize, "{ids:?}");
+    assert!(ids.iter().all(|id| id.starts_with("sluice_") && id.ends_with("_0")), "{ids:?}");
+    assert!(d.jobs().iter().all(|j| j.error.is_none()));
+    assert_eq!(d.rest_calls("jobs.insert"), 30 * LAST);
+    // Each day was spread over every checkpoint: its first copy replaced the
+    // seeded rows, the later ones added (the staging partition is cumulative).
+    let day1 = |j: &sluice_bigquery_double::Job| {
+        j.configuration.pointer("/copy/destinationTable/tableId").and_then(|v| v.as_str()) == Some("orders$20240101")
+    };
+    assert_eq!(d.jobs().iter().filter(|j| day1(j)).count(), LAST as usize);
+    // Staged, not streamed into the target.
+    let streams: Vec<String> = d.streams(TABLE).into_iter().filter(|s| !s.ends_with("/_default")).collect();
+    assert!(streams.is_empty(), "no stream was opened on the target: {streams:?}");
+}
+
+fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+    let d = double();
+    let job = job(&format!("bq-ow-{point}-{checkpoint}"), &d);
+    let fault = Fault { point, checkpoint, subtask: 1 };
+    job.run(Some(fault)).expect_err("crash");
+    let summary = job.run(None).expect("recovery");
+    let recovered: Vec<u64> = summary.recovered.iter().map(|(c, _)| *c).collect();
+    assert_eq!(recovered, vec![checkpoint], "recovery commits the pending checkpoint again");
+    assert_replaced(&d);
+    // A job asked again is found by its id: never two jobs for one (checkpoint, day).
+    assert_eq!(job_ids(&d).len(), 30 * LAST as usize);
+}
+
+sluice_tests::crash_tests! {
+    crash_after_persist_middle: CrashPoint::AfterPersist, 2;
+    crash_after_persist_last: CrashPoint::AfterPersist, LAST;
+    crash_during_commit_middle: CrashPoint::DuringCommit, 2;
+    crash_during_commit_last: CrashPoint::DuringCommit, LAST;
+    crash_after_commit_middle: CrashPoint::AfterCommit, 2;
+    crash_after_commit_last: CrashPoint::AfterCommit, LAST;
+}
+
+/// A copy job applied whose insert reply was lost is found again by its
+/// id (409, then jobs.get), not inserted under another.
+#[test]
+fn a_lost_copy_job_reply_is_settled_by_its_id_and_applies_once() {
+    let d = double();
+    d.inject_job(5, JobFault::ApplyThenDropReply);
+    d.inject_job(40, JobFault::FailBeforeApply);
+    job("bq-ow-lost", &d).run_with(&["job.commit.initial_backoff_ms=1"], None).expect("run");
+    assert_replaced(&d);
+    let ids = job_ids(&d);
+    assert_eq!(ids.len(), 30 * LAST as usize, "{ids:?}");
+    assert!(ids.iter().all(|id| id.ends_with("_0")), "{ids:?}");
+    // The lost reply was settled by jobs.get alone (the job existed); the
+    // insert refused before applying was found missing by jobs.get and
+    // sent again under the same id.
+    assert_eq!(d.rest_calls("jobs.insert"), 30 * LAST + 1);
+    assert!(d.rest_calls("jobs.get") >= 2);
+}
+
+/// A copy job that ended with a transient `errorResult` applied nothing;
+/// the same partition is copied by the next attempt, `_1`.
+#[test]
+fn a_copy_job_done_with_backend_error_continues_with_the_next_attempt() {
+    let d = double();
+    d.inject_job(3, JobFault::DoneWithBackendError);
+    d.inject_job(50, JobFault::RunningFor(2));
+    job("bq-ow-backend", &d).run(None).expect("run");
+    assert_replaced(&d);
+    let jobs = d.jobs();
+    let failed: Vec<_> = jobs.iter().filter(|j| j.error.is_some()).collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].error.as_ref().map(|e| e.reason.as_str()), Some("backendError"));
+    let retried = failed[0].id.strip_suffix("_0").expect("the first attempt failed").to_string() + "_1";
+    assert!(jobs.iter().any(|j| j.id == retried && j.error.is_none()), "{retried} ran: {:?}", job_ids(&d));
+    assert_eq!(jobs.len(), 30 * LAST as usize + 1);
+}
+
+/// A rerun of the same backfill as a new incarnation (fresh state
+/// directory) replaces the same days again and leaves the same table.
+#[test]
+fn a_rerun_as_a_new_incarnation_leaves_the_same_table() {
+    let d = double();
+    let job = job("bq-ow-rerun", &d);
+    job.run(None).expect("first run");
+    assert_replaced(&d);
+    let before = d.visible_rows(TABLE).len();
+    std::fs::remove_dir_all(job.state()).expect("a fresh state directory");
+    let summary = job.run_opts(&[], RunOptions { new_incarnation: true, ..RunOptions::default() }).expect("the rerun");
+    assert!(summary.new_incarnation);
+    assert_replaced(&d);
+    assert_eq!(d.visible_rows(TABLE).len(), before);
+    // Each run copied from its own staging table.
+    let sources: std::collections::BTreeSet<String> = d
+        .jobs()
+        .iter()
+        .filter_map(|j| j.configuration.pointer("/copy/sourceTable/tableId").and_then(|v| v.as_str()))
+        .filter_map(|t| t.split_once('$').map(|(t, _)| t.to_string()))
+        .collect();
+    assert_eq!(sources.len(), 2, "{sources:?}");
+}
+
+/// A target that is not partitioned by a column is refused before any
+/// row is written, naming the table and the option.
+#[test]
+fn an_unpartitioned_target_is_refused_before_writing() {
+    let d = BigQueryDouble::start().expect("starting the BigQuery double");
+    d.create_table(TABLE, generator_schema());
+    let err = job("bq-ow-flat", &d).run(None).expect_err("refused").to_string();
+    for part in [TABLE, "overwrite-partitions", "not time-partitioned"] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert_eq!(d.stats().rows_appended, 0);
+    assert_eq!(d.stats().streams_created, 0);
+    assert!(d.jobs().is_empty());
+}
