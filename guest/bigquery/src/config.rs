@@ -23,7 +23,7 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
         ),
         option_spec(
             "rest_endpoint",
-            "Name of the HTTP endpoint in the job's [sink.http] that serves the BigQuery API (tables.get/insert/patch), used to create tables and evolve their schemas",
+            "Name of the HTTP endpoint in the job's [sink.http] that serves the BigQuery API (tables.get/insert/patch, and jobs.insert/get with `mode = \"overwrite-partitions\"`), used to create tables, evolve their schemas and replace partitions",
             false,
             Some("bigquery"),
         ),
