@@ -104,6 +104,8 @@ struct InFlight {
     sent_before: bool,
     /// Transient failures of this request so far.
     failures: u32,
+    /// The partitions of its rows (overwrite mode), counted once it lands.
+    partitions: Vec<String>,
 }
 
 /// One table's stream, as this writer appends to it.
@@ -127,7 +129,8 @@ struct StreamWriter {
     in_flight: VecDeque<InFlight>,
     /// The target's partitioning, when the rows overwrite partitions.
     partitioning: Option<Partitioning>,
-    /// Partitions of the rows sent since the last `prepare-commit`.
+    /// Partitions of the rows acknowledged since the last `prepare-commit`
+    /// (a request the service rejects names none).
     touched: BTreeSet<String>,
 }
 
@@ -369,6 +372,7 @@ impl StreamWriter {
     fn acknowledge(&mut self) {
         if let Some(done) = self.in_flight.pop_front() {
             self.next_offset = done.offset + done.rows;
+            self.touched.extend(done.partitions);
         }
     }
 
@@ -487,7 +491,7 @@ impl StreamWriter {
 
     /// Appends `n` rows at the next offset, keeping at most `max_inflight`
     /// requests unacknowledged.
-    fn append(&mut self, n: i64, rows: Rows) -> Result<(), SinkError> {
+    fn append(&mut self, n: i64, rows: Rows, partitions: Vec<String>) -> Result<(), SinkError> {
         while self.in_flight.len() >= self.cfg.max_inflight {
             self.settle_one()?;
         }
@@ -503,7 +507,15 @@ impl StreamWriter {
         self.rows_in += n as u64;
         self.send_offset += n;
         let sent = self.send(&request);
-        self.in_flight.push_back(InFlight { offset, rows: n, first_row, request, sent_before: false, failures: 0 });
+        self.in_flight.push_back(InFlight {
+            offset,
+            rows: n,
+            first_row,
+            request,
+            sent_before: false,
+            failures: 0,
+            partitions,
+        });
         if let Err(f) = sent {
             // The connection broke while sending: whatever is in flight goes again.
             self.conn = None;
@@ -521,12 +533,18 @@ impl StreamWriter {
 impl StreamWriter {
     /// Sends the rows of one IPC batch.
     fn write(&mut self, batches: &[RecordBatch]) -> Result<(), SinkError> {
-        if let Some(p) = &self.partitioning {
-            overwrite::partition_ids(p, &self.table, batches, &mut self.touched)?;
-        }
+        let partitions = match &self.partitioning {
+            Some(p) => Some(overwrite::row_partitions(p, &self.table, batches)?),
+            None => None,
+        };
         let max = self.cfg.max_request_bytes;
+        // Requests hold the batches' rows in order, so request k's rows are
+        // the next `n` after request k-1's.
+        let mut first = 0usize;
         for (n, rows) in self.encoding.requests(batches, max)? {
-            self.append(n, rows)?;
+            let of = partitions.as_ref().map(|p| p.of(first, n as usize)).unwrap_or_default();
+            first += n as usize;
+            self.append(n, rows, of)?;
         }
         Ok(())
     }
