@@ -43,16 +43,27 @@
 //! in name order, after a check of every table's claim, so two runs of one
 //! job meet on the same first table.
 //!
+//! In `mode = "overwrite-partitions"` (see [`crate::overwrite`] for its
+//! invariants) step 4 differs: `combine(c)` has decided which partitions
+//! `c` replaces; the history since the incarnation's base is validated on
+//! exactly the head loaded in step 1, and the snapshot is one `overwrite`
+//! that removes every live data and delete file of those partitions and adds
+//! the checkpoint's files (an `append` when it replaces none), built by
+//! [`crate::snapshot::build_snapshot`] with the watermark and claim in the
+//! same commit, under the same `assert-ref-snapshot-id` requirement. The
+//! job's dead-letter table is always appended to.
+//!
 //! `evolve` creates new tables and evolves schemas with the REST spec's
 //! `add-schema` and `set-current-schema` updates, guarded by
 //! `assert-current-schema-id`; a table that already has the schema is left
 //! alone, so a replay after a crash changes nothing.
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::rc::Rc;
 
 use iceberg::TableIdent;
-use iceberg::spec::{DataContentType, DataFile, TableMetadata, deserialize_data_file_from_json};
+use iceberg::spec::{DataContentType, DataFile, Operation, Summary, TableMetadata, deserialize_data_file_from_json};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{TableRequirement, TableUpdate};
@@ -65,8 +76,10 @@ use sluice_guest_sdk::{
 
 use crate::config::Config;
 use crate::host_io::{self, PinnedCatalog, catalog_message};
+use crate::overwrite::{self, Plan, State};
 use crate::runtime::block_on;
 use crate::schema;
+use crate::snapshot::{Built, build_snapshot, manifests_cached};
 use crate::writer::{CommitInfo, TableFiles, ensure_table, iceberg_error};
 use crate::{SUMMARY_CHECKPOINT, SUMMARY_INCARNATION, SUMMARY_JOB, SUMMARY_SINK};
 
@@ -86,6 +99,11 @@ struct Combined {
     spec_id: Option<i32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     files: Vec<String>,
+    /// `mode = "overwrite-partitions"`: what the checkpoint does to each
+    /// table (by source name), decided at combine. Absent in appends and in
+    /// commits of builds before overwrite.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    overwrite: BTreeMap<String, Plan>,
 }
 
 impl Combined {
@@ -109,6 +127,41 @@ pub struct IcebergCommitter {
     known: RefCell<BTreeSet<String>>,
     /// Anchor claims (one per namespace directory) held by this incarnation.
     anchors: RefCell<HashSet<String>>,
+    /// The overwrite state (empty in append mode), shared with the
+    /// `committer-state` export through [`OPEN`].
+    state: Rc<RefCell<State>>,
+    /// Manifests of the head read before, by path (only the last head's).
+    manifests: RefCell<HashMap<String, Vec<iceberg::spec::ManifestEntryRef>>>,
+}
+
+thread_local! {
+    /// The state of the committer opened in this instance (the host opens
+    /// one committer per instance), for `committer-state`.
+    static OPEN: RefCell<Option<(bool, Rc<RefCell<State>>)>> = const { RefCell::new(None) };
+}
+
+fn open_state() -> Result<(bool, Rc<RefCell<State>>), SinkError> {
+    OPEN.with(|open| open.borrow().clone()).ok_or_else(|| error::fatal("committer-state called before committer.open"))
+}
+
+/// `committer-state.restore`: the state of the newest record of this
+/// incarnation replaces what `open` saw (the bases it froze win).
+pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
+    let (_, state) = open_state()?;
+    let Some(bytes) = bytes.filter(|b| !b.is_empty()) else { return Ok(()) };
+    let restored: State = serde_json::from_slice(&bytes)
+        .map_err(|e| error::fatal(format!("the restored committer state of the Iceberg sink is not valid: {e}")))?;
+    state.borrow_mut().tables.extend(restored.tables);
+    Ok(())
+}
+
+/// `committer-state.snapshot`: the overwrite state (nothing in append mode).
+pub(crate) fn snapshot_state() -> Result<Vec<u8>, SinkError> {
+    let (overwrites, state) = open_state()?;
+    if !overwrites {
+        return Ok(Vec::new());
+    }
+    serde_json::to_vec(&*state.borrow()).map_err(|e| error::fatal(format!("encoding the committer state: {e}")))
 }
 
 /// The anchor claim of the namespace directory `table` lives in.
@@ -333,6 +386,7 @@ impl IcebergCommitter {
         c: u64,
         incarnation: Option<&str>,
         part: &TableFiles,
+        plan: Option<&Plan>,
         problems: &mut Vec<String>,
     ) -> Result<Option<(TableIdent, Table, Vec<DataFile>)>, SinkError> {
         if part.files.is_empty() {
@@ -341,6 +395,9 @@ impl IcebergCommitter {
         let ident = self.cfg.ident(&part.table)?;
         let table = self.load(&ident)?;
         if holds_checkpoint(table.metadata(), &self.ctx, incarnation, c) {
+            if let Some(plan) = plan {
+                self.state.borrow_mut().fold(&ident.to_string(), plan);
+            }
             return Ok(None);
         }
         let files = decode_files(&table, part)?;
@@ -404,6 +461,142 @@ impl IcebergCommitter {
             // Failed before the catalog was asked (writing manifests): nothing was committed.
             (Err(e), None) => Err(iceberg_error(&format!("preparing the snapshot of checkpoint {c} for {ident}"), e)),
         }
+    }
+
+    /// Commits checkpoint `c`'s `files` (of spec `spec_id`) of table `ident`
+    /// as planned: validated on exactly the head of `table` (as
+    /// [`Self::to_commit`] loaded and checked it), then one `overwrite`
+    /// snapshot removing every live file of the partitions `plan` replaces
+    /// (an `append` when it replaces none), moving the watermark in the same
+    /// commit. Folds the plan into the state once committed.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_overwrite(
+        &self,
+        c: u64,
+        incarnation: &str,
+        ident: &TableIdent,
+        table: &Table,
+        spec_id: i32,
+        files: Vec<DataFile>,
+        plan: &Plan,
+    ) -> Result<(), SinkError> {
+        let key = ident.to_string();
+        let take_claim = self.judge_claim(ident, table.metadata())?;
+        let head = table.metadata().current_snapshot().cloned();
+        {
+            let mut state = self.state.borrow_mut();
+            // Every table is seen (open, evolve, combine) before its first
+            // plan, and the record of a plan holds what combine saw.
+            let Some(tstate) = state.tables.get_mut(&key) else {
+                return Err(error::fatal(format!(
+                    "checkpoint {c} overwrites table {ident}, but this incarnation's committer state has no base \
+                     snapshot for it, so it cannot tell another writer's rows from those it replaces; nothing was \
+                     committed"
+                )));
+            };
+            overwrite::validate(table, &self.ctx, head.as_deref(), tstate, &plan.touched)?;
+        }
+        let manifests = match &head {
+            Some(h) => {
+                let mut cache = self.manifests.borrow_mut();
+                let manifests = manifests_cached(table, h, &mut cache)?;
+                // Keep only the head's: a later head shares most of them.
+                let current: HashSet<&str> = manifests.iter().map(|m| m.file.manifest_path.as_str()).collect();
+                cache.retain(|path, _| current.contains(path.as_str()));
+                manifests
+            }
+            None => Vec::new(),
+        };
+        let mut gone: HashSet<&str> = HashSet::new();
+        if !plan.replace.is_empty() {
+            for m in &manifests {
+                for entry in m.entries.iter().filter(|e| e.is_alive()) {
+                    // A manifest holds files of its own spec.
+                    let spec = m.file.partition_spec_id;
+                    if plan.replace.contains(&overwrite::part_key(table, spec, entry.data_file().partition())?) {
+                        gone.insert(entry.file_path());
+                    }
+                }
+            }
+        }
+        let mut props = HashMap::from([
+            (SUMMARY_JOB.to_string(), self.ctx.job_id.clone()),
+            (SUMMARY_SINK.to_string(), self.ctx.sink_id.clone()),
+            (SUMMARY_CHECKPOINT.to_string(), c.to_string()),
+            (SUMMARY_INCARNATION.to_string(), incarnation.to_string()),
+        ]);
+        let operation = if plan.replace.is_empty() {
+            Operation::Append
+        } else {
+            props.insert(overwrite::REPLACE_PARTITIONS.to_string(), "true".to_string());
+            props.insert("sluice.overwrite".to_string(), "partitions".to_string());
+            Operation::Overwrite
+        };
+        let mut properties = HashMap::from([(watermark_key(&self.ctx, incarnation), c.to_string())]);
+        if take_claim {
+            properties.insert(claim_key(&self.ctx), self.ctx.incarnation.clone());
+        }
+        let added: Vec<(i32, DataFile)> = files.into_iter().map(|f| (spec_id, f)).collect();
+        let removed = gone.len();
+        let Built { requirements, updates, .. } = build_snapshot(
+            table,
+            head.as_deref(),
+            &manifests,
+            &gone,
+            &added,
+            Summary { operation, additional_properties: props },
+            properties,
+        )?;
+        match host_io::commit_updates(ident, &requirements, &updates) {
+            Ok(()) => {
+                if plan.replace.is_empty() {
+                    log::debug(&format!("checkpoint {c}: snapshot committed to {ident}"));
+                } else {
+                    let names: Vec<String> = plan.replace.iter().map(ToString::to_string).collect();
+                    log::info(&format!(
+                        "checkpoint {c}: table {ident}: replaced {} partition(s) ({}), removing {removed} file(s) and adding {}",
+                        plan.replace.len(),
+                        names.join(", "),
+                        added.len()
+                    ));
+                }
+                if take_claim {
+                    log::info(&format!("incarnation {} claimed table {ident}", self.ctx.incarnation));
+                    self.claimed.borrow_mut().insert(key.clone());
+                }
+                self.state.borrow_mut().fold(&key, plan);
+                Ok(())
+            }
+            Err(e) => Err(catalog_failure(format!("committing checkpoint {c} to table {ident}"), e)),
+        }
+    }
+
+    /// Notes the current snapshot of table `ident` as the incarnation's base
+    /// for it, unless it has one (overwrite mode).
+    fn see_table(&self, name: &str) -> Result<(), SinkError> {
+        if !self.cfg.overwrites(name) {
+            return Ok(());
+        }
+        let ident = self.cfg.ident(name)?;
+        let key = ident.to_string();
+        if self.state.borrow().tables.contains_key(&key) {
+            return Ok(());
+        }
+        let table = self.load(&ident)?;
+        let head = table.metadata().current_snapshot_id();
+        self.state.borrow_mut().see(&key, head);
+        let before = match other_incarnation(table.metadata(), &self.ctx) {
+            Some(Some(other)) => format!("; incarnation {other} of this job landed there before, and is replaced too"),
+            Some(None) => "; an earlier run of this job landed there before, and is replaced too".to_string(),
+            None => String::new(),
+        };
+        log::info(&format!(
+            "mode overwrite-partitions: incarnation {} of job {:?} replaces the partitions it touches in table \
+             {ident} (the first checkpoint touching a partition replaces it, later ones add); partitions it does \
+             not touch keep their rows{before}",
+            self.ctx.incarnation, self.ctx.job_id
+        ));
+        Ok(())
     }
 
     /// Whether the claim of table `ident` (as `metadata` has it) is free and
@@ -514,6 +707,8 @@ impl GuestCommitter for IcebergCommitter {
             claimed: RefCell::new(HashSet::new()),
             known: RefCell::new(tables.iter().map(|t| t.name.clone()).collect()),
             anchors: RefCell::new(HashSet::new()),
+            state: Rc::new(RefCell::new(State::default())),
+            manifests: RefCell::new(HashMap::new()),
         };
         for table in &tables {
             let ident = committer.cfg.ident(&table.name)?;
@@ -530,7 +725,11 @@ impl GuestCommitter for IcebergCommitter {
         // source's rows (a job may start on a table an older run made).
         for table in &tables {
             committer.evolve_table(table)?;
+            committer.see_table(&table.name)?;
         }
+        let overwrites = committer.cfg.mode == crate::config::Mode::OverwritePartitions;
+        let state = committer.state.clone();
+        OPEN.with(|open| *open.borrow_mut() = Some((overwrites, state)));
         Ok(Committer::new(committer))
     }
 
@@ -543,6 +742,7 @@ impl GuestCommitter for IcebergCommitter {
                 log::info(&format!("the source has a new table {:?}", change.table.name));
             }
             self.evolve_table(&change.table)?;
+            self.see_table(&change.table.name)?;
         }
         Ok(())
     }
@@ -565,15 +765,30 @@ impl GuestCommitter for IcebergCommitter {
                 }
             }
         }
-        let combined =
-            Combined { tables, incarnation: Some(self.ctx.incarnation.clone()), spec_id: None, files: Vec::new() };
+        let mut plans = BTreeMap::new();
+        for part in tables.iter().filter(|p| !p.files.is_empty() && self.cfg.overwrites(&p.table)) {
+            self.see_table(&part.table)?;
+            let ident = self.cfg.ident(&part.table)?;
+            let table = self.load(&ident)?;
+            let touched = overwrite::touched(&table, part.spec_id, &decode_files(&table, part)?)?;
+            let state = self.state.borrow();
+            plans.insert(part.table.clone(), overwrite::plan(state.tables.get(&ident.to_string()), touched));
+        }
+        let combined = Combined {
+            tables,
+            incarnation: Some(self.ctx.incarnation.clone()),
+            spec_id: None,
+            files: Vec::new(),
+            overwrite: plans,
+        };
         serde_json::to_vec(&combined).map_err(|e| error::fatal(format!("encoding combined commit: {e}")))
     }
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
-        let combined: Combined = serde_json::from_slice(&combined)
+        let mut combined: Combined = serde_json::from_slice(&combined)
             .map_err(|e| error::fatal(format!("combined commit of checkpoint {c} is not valid: {e}")))?;
         let incarnation = combined.incarnation.clone();
+        let plans = std::mem::take(&mut combined.overwrite);
         let mut parts = combined.parts();
         parts.sort_by(|a, b| a.table.cmp(&b.table));
         self.check_claims(&parts)?;
@@ -583,7 +798,9 @@ impl GuestCommitter for IcebergCommitter {
         let mut todo = Vec::with_capacity(parts.len());
         let mut problems = Vec::new();
         for part in &parts {
-            todo.extend(self.to_commit(c, incarnation.as_deref(), part, &mut problems)?);
+            let plan = plans.get(&part.table);
+            let found = self.to_commit(c, incarnation.as_deref(), part, plan, &mut problems)?;
+            todo.extend(found.map(|(ident, table, files)| (ident, table, files, part.spec_id, plan)));
         }
         if !problems.is_empty() {
             return Err(sluice_guest_sdk::files::refuse_missing(
@@ -593,8 +810,16 @@ impl GuestCommitter for IcebergCommitter {
             ));
         }
         let committed = !todo.is_empty();
-        for (ident, table, files) in todo {
-            self.commit_table(c, incarnation.as_deref(), &ident, &table, files)?;
+        for (ident, table, files, spec_id, plan) in todo {
+            match (plan, incarnation.as_deref()) {
+                (Some(plan), Some(inc)) => self.commit_overwrite(c, inc, &ident, &table, spec_id, files, plan)?,
+                (Some(_), None) => {
+                    return Err(error::fatal(format!(
+                        "checkpoint {c} overwrites table {ident} but names no incarnation; it is not a commit of this build"
+                    )));
+                }
+                (None, _) => self.commit_table(c, incarnation.as_deref(), &ident, &table, files)?,
+            }
         }
         Ok(if committed { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }
@@ -625,6 +850,7 @@ pub fn describe(cfg: Option<&Config>, combined: &[u8]) -> Vec<String> {
     let Ok(combined) = serde_json::from_slice::<Combined>(combined) else {
         return vec!["(not an Iceberg-sink commit)".to_string()];
     };
+    let plans = combined.overwrite.clone();
     combined
         .parts()
         .iter()
@@ -632,7 +858,22 @@ pub fn describe(cfg: Option<&Config>, combined: &[u8]) -> Vec<String> {
             let target = cfg
                 .and_then(|cfg| cfg.ident(&part.table).ok())
                 .map_or_else(|| format!("{:?}", part.table), |i| i.to_string());
-            format!("table {target}: one snapshot of {} data file(s)", part.files.len())
+            match plans.get(&part.table) {
+                Some(plan) if !plan.replace.is_empty() => {
+                    let names: Vec<String> = plan.replace.iter().map(ToString::to_string).collect();
+                    format!(
+                        "table {target}: overwrite of {} partition(s) ({}) with {} data file(s)",
+                        plan.replace.len(),
+                        names.join(", "),
+                        part.files.len()
+                    )
+                }
+                Some(_) => format!(
+                    "table {target}: one snapshot of {} data file(s) adding to partitions this incarnation replaced",
+                    part.files.len()
+                ),
+                None => format!("table {target}: one snapshot of {} data file(s)", part.files.len()),
+            }
         })
         .collect()
 }

@@ -40,8 +40,35 @@ pub fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("64"),
         ),
+        option_spec(
+            "mode",
+            "`append` adds the rows to the table; `overwrite-partitions` makes the rows a run lands replace every \
+             partition they touch (the first checkpoint of an incarnation that touches a partition replaces it, later \
+             ones add to it; an unpartitioned table is replaced whole), in one `overwrite` snapshot per checkpoint, \
+             refused when another writer added rows to such a partition since the run began",
+            false,
+            Some("append"),
+        ),
+        option_spec(
+            DEAD_LETTER_TABLE,
+            "set by the host, not the job file: the job's dead-letter table, which always takes appends",
+            false,
+            None,
+        ),
         claim::option_spec(),
     ]
+}
+
+/// The reserved option naming the job's dead-letter table (`[job.dead_letter] table`).
+pub const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
+
+/// How the rows of a run meet the rows a table holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Added to them.
+    Append,
+    /// They replace every partition they touch (dynamic partition overwrite).
+    OverwritePartitions,
 }
 
 /// One partition field as the user wrote it.
@@ -63,6 +90,9 @@ pub struct Config {
     pub compression: parquet::basic::Compression,
     /// How this incarnation treats the tables' claims.
     pub claim: claim::Mode,
+    pub mode: Mode,
+    /// The job's dead-letter table as the source names it (always appended to).
+    pub dead_letter_table: Option<String>,
 }
 
 impl Config {
@@ -91,8 +121,21 @@ impl Config {
         if buffer_mb == 0 {
             return Err(error::config("option `buffer_mb` must be at least 1"));
         }
+        let mode = match opts.required("mode")? {
+            "append" => Mode::Append,
+            "overwrite-partitions" => Mode::OverwritePartitions,
+            other => {
+                return Err(error::config(format!(
+                    "[sink.options] mode = {other:?} is not a mode of the Iceberg sink; use \"append\" (the default) \
+                     or \"overwrite-partitions\""
+                )));
+            }
+        };
+        let dead_letter_table = opts.get(DEAD_LETTER_TABLE).map(str::to_string);
         Ok(Self {
             table,
+            mode,
+            dead_letter_table,
             create_table,
             partition_by,
             target_file_bytes: target_mb * 1024 * 1024,
@@ -100,6 +143,12 @@ impl Config {
             compression,
             claim: claim::Mode::from_options(&opts)?,
         })
+    }
+
+    /// Whether the rows of source table `table` replace the partitions they
+    /// touch: in overwrite mode, except the job's dead-letter table.
+    pub fn overwrites(&self, table: &str) -> bool {
+        self.mode == Mode::OverwritePartitions && self.dead_letter_table.as_deref() != Some(table)
     }
 
     /// The Iceberg table a source table lands in.
@@ -196,6 +245,20 @@ mod tests {
         assert!(parse_partition_by("week(ts)").is_err());
         assert!(parse_partition_by("day ts").is_err());
         assert!(parse_partition_by("bucket[0](id)").is_err());
+    }
+
+    #[test]
+    fn parses_the_mode() {
+        let cfg = |extra: &[(&str, &str)]| {
+            let mut raw = vec![("table".to_string(), "lake.t".to_string())];
+            raw.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            Config::parse(raw)
+        };
+        assert_eq!(cfg(&[]).unwrap().mode, Mode::Append);
+        let over = cfg(&[("mode", "overwrite-partitions"), (DEAD_LETTER_TABLE, "lake.dead")]).unwrap();
+        assert!(over.overwrites("") && !over.overwrites("lake.dead"));
+        let Err(SinkError::Config(m)) = cfg(&[("mode", "replace")]) else { panic!("replace is no mode") };
+        assert!(m.contains("[sink.options] mode") && m.contains("overwrite-partitions"), "{m}");
     }
 
     #[test]

@@ -32,6 +32,7 @@ mod filter;
 mod host_io;
 mod host_parquet;
 mod maintenance;
+mod overwrite;
 mod runtime;
 mod schema;
 mod snapshot;
@@ -121,4 +122,20 @@ impl sluice_guest_sdk::GuestMaintenance for IcebergSink {
     }
 }
 
-sluice_guest_sdk::export_plugin!(IcebergSink, maintains);
+impl sluice_guest_sdk::GuestCommitterState for IcebergSink {
+    fn restore(state: Option<Vec<u8>>) -> Result<(), SinkError> {
+        committer::restore_state(state)
+    }
+
+    fn snapshot(_c: u64) -> Result<Vec<u8>, SinkError> {
+        committer::snapshot_state()
+    }
+
+    /// Without a filter, an empty input replaces nothing (as PyIceberg's
+    /// `dynamic_partition_overwrite` of an empty frame does).
+    fn finish(_c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+        Ok(None)
+    }
+}
+
+sluice_guest_sdk::export_plugin!(IcebergSink, maintains, keeps_state);
