@@ -37,6 +37,7 @@ pub(crate) fn sink_ctx(d: &Bound<'_, PyDict>) -> PyResult<SinkCtx> {
         subtask: get(d, "subtask")?.ok_or_else(|| required("subtask"))?,
         parallelism: get(d, "parallelism")?.ok_or_else(|| required("parallelism"))?,
         attempt: get(d, "attempt")?.unwrap_or(0),
+        dead_letter_table: get(d, "dead_letter_table")?,
     })
 }
 

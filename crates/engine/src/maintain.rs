@@ -190,6 +190,7 @@ pub(super) fn probe(job: &EngineConfig, plugin: &Plugin) -> Result<(), EngineErr
         subtask: 0,
         parallelism: 1,
         attempt: 0,
+        dead_letter_table: None,
     };
     let mut maintainer = Maintainer::open(plugin, &grants, Limits::of(&job.spec.sink.sandbox), ctx, job)?;
     maintainer.pass(&MaintainRequest::default()).map(drop)
@@ -344,6 +345,7 @@ pub fn maintain(job: &EngineConfig, host: &PluginHost, opts: &MaintainOptions) -
         subtask: 0,
         parallelism: 1,
         attempt: attempt.saturating_add(1),
+        dead_letter_table: None,
     };
     let mut maintainer = Maintainer::open(&plugin, &grants, limits, ctx, job)?;
     let plan = Plan {

@@ -91,6 +91,7 @@ pub(super) fn sink_ctx(
         subtask,
         parallelism: job.spec.job.parallelism,
         attempt,
+        dead_letter_table: job.dead_letters.as_ref().map(|d| d.table.clone()),
     }
 }
 

@@ -186,6 +186,10 @@ pub struct SinkCtx {
     pub subtask: u32,
     pub parallelism: u32,
     pub attempt: u32,
+    /// The job's dead-letter table ([`reserved::DEAD_LETTER_TABLE`]).
+    /// Host-side only: plugins get it as an option.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_table: Option<String>,
 }
 
 /// A table of the job's source, as plugins are told of it.
@@ -423,6 +427,11 @@ impl Plugin {
         if self.declares(reserved::CLAIM) {
             let mode = if ctx.beside { "beside" } else { "exclusive" };
             options.push((reserved::CLAIM.to_string(), mode.to_string()));
+        }
+        if let Some(table) = &ctx.dead_letter_table
+            && self.declares(reserved::DEAD_LETTER_TABLE)
+        {
+            options.push((reserved::DEAD_LETTER_TABLE.to_string(), table.clone()));
         }
         options
     }

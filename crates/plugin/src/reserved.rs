@@ -27,6 +27,11 @@ pub const OTHER_INCARNATIONS: &str = "sluice.other-incarnations";
 /// The guest SDK's `claim` module is the plugin side.
 pub const CLAIM: &str = "sluice.claim";
 
+/// The job's dead-letter table (`[job.dead_letter] table`), as the source
+/// names it, when the job sets bad records aside: a sink that changes what
+/// a table holds (an overwrite) keeps that table append-only.
+pub const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
+
 /// Prefix no job-file option may use.
 pub const PREFIX: &str = "sluice.";
 

@@ -188,6 +188,7 @@ fn open_and_prepare_tables(
         subtask: 0,
         parallelism: 1,
         attempt: 1,
+        dead_letter_table: None,
     };
     let options = plugin.options_for(loaded.sink_options(), &ctx);
     let schema = sluice::ipc::encode_schema(&Generator::schema_ref()).expect("schema");
