@@ -25,6 +25,7 @@ mod locations;
 mod maintenance;
 mod memory;
 mod metrics;
+mod overwrite;
 mod plugin_test;
 mod race;
 mod sandbox;

@@ -1,0 +1,306 @@
+//! The Iceberg sink's `mode = "overwrite-partitions"` (issue 40, dynamic
+//! mode): the rows a run lands replace every day they touch, exactly once,
+//! across checkpoints, crashes, reruns, concurrent jobs on other days, and
+//! a foreign writer in a day being replaced (refused, naming both).
+//!
+//! Every table is read back by PyIceberg and by DuckDB's `iceberg_scan`,
+//! which must agree, and compared by day, id and value.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use sluice::engine::{CrashPoint, Fault, RunOptions};
+use sluice_tests::{DUCKDB_ICEBERG, ICEBERG_PLUGIN, TestJob, python};
+
+const TABLE: &str = "db.daily";
+
+/// A CSV file-source job (files under its `in/`) into `TABLE` of
+/// `warehouse`, partitioned by `identity(day)`, in `mode`.
+fn job(id: &str, warehouse: &Path, mode: &str, every_rows: u64) -> TestJob {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("in")).expect("in/");
+    let warehouse = warehouse.display();
+    let toml = format!(
+        r#"[job]
+id = "{id}"
+parallelism = 1
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every_rows}
+[source]
+kind = "file"
+path = "in"
+batch_rows = 5
+[sink]
+id = "lake"
+plugin = "{ICEBERG_PLUGIN}"
+[sink.options]
+table = "{TABLE}"
+partition_by = "identity(day)"
+mode = "{mode}"
+[sink.catalog]
+database = "{warehouse}/catalog.db"
+warehouse = "{warehouse}"
+[sink.sandbox]
+memory_mb = 512
+"#
+    );
+    TestJob { dir, toml }
+}
+
+/// A row: `(id, day, v)`.
+type Row = (i64, String, i64);
+
+/// `rows` for `ids` of day `2024-01-<day>`, with value `v`.
+fn day_rows(day: u32, ids: std::ops::Range<i64>, v: i64) -> Vec<Row> {
+    ids.map(|i| (i, format!("2024-01-{day:02}"), v)).collect()
+}
+
+/// Writes `rows` as `in/<name>` (`id,day,v`).
+fn write_csv(job: &TestJob, name: &str, rows: &[Row]) {
+    let text: String = std::iter::once("id,day,v\n".to_string())
+        .chain(rows.iter().map(|(i, d, v)| format!("{i},{d},{v}\n")))
+        .collect();
+    std::fs::write(job.dir.path().join("in").join(name), text).expect("csv");
+}
+
+/// Every row of the table by day (`(id, v)` sorted), as PyIceberg reads it;
+/// panics when DuckDB's `iceberg_scan` reads anything else.
+fn by_day(warehouse: &Path) -> BTreeMap<String, Vec<(i64, i64)>> {
+    let script = format!(
+        "{DUCKDB_ICEBERG}\n\
+         import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w, name = sys.argv[1], sys.argv[2]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table(name)\n\
+         a = t.scan(selected_fields=('id', 'day', 'v')).to_arrow()\n\
+         py = sorted([str(d), i, v] for i, d, v in zip(a.column('id').to_pylist(), a.column('day').to_pylist(), a.column('v').to_pylist()))\n\
+         con = _duckdb.connect()\n\
+         con.execute('SET enable_progress_bar = false')\n\
+         for ext in ('avro', 'iceberg'):\n\
+         \x20   con.load_extension(_duckdb_extension(ext))\n\
+         path = t.metadata_location.removeprefix('file://')\n\
+         dd = sorted([str(d), i, v] for i, d, v in con.execute('select id, day, v from iceberg_scan(?)', [path]).fetchall())\n\
+         if py != dd:\n\
+         \x20   sys.exit(f'PyIceberg reads {{len(py)}} rows, DuckDB {{len(dd)}}: {{py}} / {{dd}}')\n\
+         print(json.dumps(py))"
+    );
+    let out = python(&script, &[&warehouse.display().to_string(), TABLE])
+        .unwrap_or_else(|e| panic!("reading {TABLE} with PyIceberg and DuckDB: {e}"));
+    let rows: Vec<(String, i64, i64)> = serde_json::from_str(out.trim()).expect("rows as JSON");
+    let mut days: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    for (day, id, v) in rows {
+        days.entry(day).or_default().push((id, v));
+    }
+    days
+}
+
+/// `rows` by day, as [`by_day`] reads them.
+fn expected(rows: &[Row]) -> BTreeMap<String, Vec<(i64, i64)>> {
+    let mut days: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    for (id, day, v) in rows {
+        days.entry(day.clone()).or_default().push((*id, *v));
+    }
+    for rows in days.values_mut() {
+        rows.sort_unstable();
+    }
+    days
+}
+
+/// The table's snapshots of job `id`, oldest first: (checkpoint, operation,
+/// replace-partitions).
+fn snapshots_of(warehouse: &Path, id: &str) -> Vec<(u64, String, bool)> {
+    let ident = iceberg::TableIdent::from_strs(TABLE.split('.')).expect("table name");
+    let table = sluice_tests::catalog(warehouse).load(&ident).expect("loading the table");
+    let metadata = table.metadata();
+    let mut out = Vec::new();
+    let mut next = metadata.current_snapshot_id();
+    while let Some(s) = next.and_then(|id| metadata.snapshot_by_id(id)) {
+        let props = &s.summary().additional_properties;
+        if props.get("sluice.job-id").map(String::as_str) == Some(id) {
+            let c = props.get("sluice.checkpoint-id").and_then(|c| c.parse().ok()).unwrap_or(0);
+            let op = s.summary().operation.as_str().to_string();
+            out.push((c, op, props.get("replace-partitions").is_some_and(|v| v == "true")));
+        }
+        next = s.parent_snapshot_id();
+    }
+    out.reverse();
+    out
+}
+
+/// Days 1..=3, ten rows each, value 1, appended by job `base`.
+fn baseline(warehouse: &Path) -> Vec<Row> {
+    let rows: Vec<Row> = (1..=3).flat_map(|d| day_rows(d, (d as i64 * 100)..(d as i64 * 100 + 10), 1)).collect();
+    let base = job("base", warehouse, "append", 1000);
+    write_csv(&base, "a.csv", &rows);
+    base.run(None).expect("the append run");
+    assert_eq!(by_day(warehouse), expected(&rows));
+    rows
+}
+
+/// The rows of `rows` whose day is not one of `days`.
+fn except_days(rows: &[Row], days: &[u32]) -> Vec<Row> {
+    let days: Vec<String> = days.iter().map(|d| format!("2024-01-{d:02}")).collect();
+    rows.iter().filter(|(_, d, _)| !days.contains(d)).cloned().collect()
+}
+
+/// Days 2 and 3 appended, then overwritten with other rows and values: day
+/// 1 keeps its rows, days 2 and 3 hold exactly the new ones, in one
+/// `overwrite` snapshot.
+#[test]
+fn an_overwrite_replaces_the_days_it_touches_and_keeps_the_others() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let new: Vec<Row> = [day_rows(2, 1000..1004, 2), day_rows(3, 2000..2003, 3)].concat();
+    let over = job("backfill", warehouse.path(), "overwrite-partitions", 1000);
+    write_csv(&over, "a.csv", &new);
+    over.run(None).expect("the overwrite run");
+    let want = expected(&[except_days(&old, &[2, 3]), new].concat());
+    assert_eq!(by_day(warehouse.path()), want);
+    assert_eq!(snapshots_of(warehouse.path(), "backfill"), vec![(1, "overwrite".to_string(), true)]);
+}
+
+/// A day spread over several checkpoints ends with exactly that day's rows:
+/// the first checkpoint touching it replaces it, later ones add.
+#[test]
+fn a_day_spread_over_checkpoints_ends_with_exactly_its_rows() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    // Checkpoints of 5 rows: day 2 in 1..=3, day 3 from 3 on.
+    let new: Vec<Row> = [day_rows(2, 1000..1012, 2), day_rows(3, 2000..2013, 3)].concat();
+    let over = job("spread", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&over, "a.csv", &new);
+    over.run(None).expect("the overwrite run");
+    assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[2, 3]), new].concat()));
+    let snapshots = snapshots_of(warehouse.path(), "spread");
+    assert!(snapshots.len() >= 3, "{snapshots:?}");
+    // The first checkpoint replaces day 2; the one where day 3 begins replaces it.
+    assert!(snapshots[0].2, "{snapshots:?}");
+    assert_eq!(snapshots.iter().filter(|s| s.2).count(), 2, "{snapshots:?}");
+    assert!(snapshots.iter().filter(|s| !s.2).all(|s| s.1 == "append"), "{snapshots:?}");
+}
+
+/// Each day of `now` is wholly old (as `old` has it), or new rows only, each
+/// once (a day of the run still landing may be partly there).
+fn assert_never_mixed(now: &BTreeMap<String, Vec<(i64, i64)>>, old: &[Row], new: &[Row]) {
+    let (old, new) = (expected(old), expected(new));
+    for (day, rows) in now {
+        let mut dedup = rows.clone();
+        dedup.dedup();
+        assert_eq!(&dedup, rows, "day {day} holds a row twice");
+        let wholly_old = old.get(day) == Some(rows);
+        let only_new = new.get(day).is_some_and(|n| rows.iter().all(|r| n.contains(r)));
+        assert!(wholly_old || only_new, "day {day} mixes old and new rows: {rows:?}");
+    }
+}
+
+fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    // Days 2, 3 and 4 (4 is new), over checkpoints of 5 rows.
+    let new: Vec<Row> = [day_rows(2, 1000..1007, 2), day_rows(3, 2000..2008, 3), day_rows(4, 3000..3006, 4)].concat();
+    let over = job(&format!("crash-{point}-{checkpoint}"), warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&over, "a.csv", &new);
+    let err = over.run(Some(Fault { point, checkpoint, subtask: 0 })).expect_err("the crash");
+    assert!(err.is_injected_crash(), "{err}");
+    assert_never_mixed(&by_day(warehouse.path()), &old, &new);
+    over.run(None).expect("the recovery run");
+    assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[2, 3]), new].concat()));
+}
+
+sluice_tests::crash_tests! {
+    crash_after_write: CrashPoint::AfterWrite, 2;
+    crash_after_prepare_commit: CrashPoint::AfterPrepareCommit, 1;
+    crash_after_snapshot_state: CrashPoint::AfterSnapshotState, 3;
+    crash_after_persist_first: CrashPoint::AfterPersist, 1;
+    crash_after_persist: CrashPoint::AfterPersist, 2;
+    crash_during_commit: CrashPoint::DuringCommit, 3;
+    crash_after_commit_first: CrashPoint::AfterCommit, 1;
+    crash_after_commit_middle: CrashPoint::AfterCommit, 2;
+    crash_after_commit_last: CrashPoint::AfterCommit, 5;
+}
+
+/// The same backfill rerun as a new incarnation (a fresh state directory,
+/// `--new-incarnation`) leaves the table as the first run did.
+#[test]
+fn a_rerun_as_a_new_incarnation_leaves_the_table_as_the_first_run_did() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let new: Vec<Row> = [day_rows(2, 1000..1008, 2), day_rows(3, 2000..2009, 3)].concat();
+    let first = job("rerun", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&first, "a.csv", &new);
+    first.run(None).expect("the first run");
+    let after_first = by_day(warehouse.path());
+    assert_eq!(after_first, expected(&[except_days(&old, &[2, 3]), new.clone()].concat()));
+    // Without the flag, a fresh state directory is refused (the first run's checkpoints are there).
+    let refused = job("rerun", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&refused, "a.csv", &new);
+    let err = refused.run(None).expect_err("a fresh state directory without --new-incarnation");
+    assert!(err.to_string().contains("incarnation"), "{err}");
+    assert_eq!(by_day(warehouse.path()), after_first);
+    let again = job("rerun", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&again, "a.csv", &new);
+    again.run_opts(&[], RunOptions { new_incarnation: true, ..RunOptions::default() }).expect("the rerun");
+    assert_eq!(by_day(warehouse.path()), after_first);
+}
+
+/// Two overwrite jobs at once on disjoint days both land, whatever their
+/// commits' order (a conflict on the head is retried and re-validated).
+#[test]
+fn two_jobs_at_once_on_disjoint_days_both_land() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let a_rows: Vec<Row> = [day_rows(1, 5000..5011, 5), day_rows(2, 6000..6012, 6)].concat();
+    let b_rows: Vec<Row> = [day_rows(3, 7000..7013, 7), day_rows(4, 8000..8009, 8)].concat();
+    let a = job("window-a", warehouse.path(), "overwrite-partitions", 5);
+    let b = job("window-b", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&a, "a.csv", &a_rows);
+    write_csv(&b, "a.csv", &b_rows);
+    let sets = ["job.commit.max_attempts=50", "job.commit.max_backoff_ms=200"];
+    std::thread::scope(|scope| {
+        let ha = scope.spawn(|| a.run_with(&sets, None));
+        let hb = scope.spawn(|| b.run_with(&sets, None));
+        ha.join().expect("thread a").expect("window a");
+        hb.join().expect("thread b").expect("window b");
+    });
+    assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[1, 2, 3]), a_rows, b_rows].concat()));
+}
+
+/// Another writer appends to a day this run is replacing, between two of
+/// its checkpoints: the run's next commit touching that day is refused as
+/// `fatal`, naming the partition and the writer; the other writer's rows
+/// stay and nothing of the refused checkpoint is visible.
+#[test]
+fn a_foreign_append_into_a_replaced_day_is_refused_naming_it() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    // Day 2 over checkpoints 1..=3.
+    let new: Vec<Row> = day_rows(2, 1000..1015, 2);
+    let over = job("replacer", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&over, "a.csv", &new);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 1, subtask: 0 };
+    assert!(over.run(Some(crash)).expect_err("stopped after checkpoint 1").is_injected_crash());
+    let foreign: Vec<Row> = day_rows(2, 9000..9002, 9);
+    let other = job("intruder", warehouse.path(), "append", 1000);
+    write_csv(&other, "a.csv", &foreign);
+    other.run(None).expect("the foreign append");
+    let before = by_day(warehouse.path());
+    let err = over.run(None).expect_err("the next commit into day 2 is refused");
+    let message = err.to_string();
+    for part in ["db.daily", "day=2024-01-02", "\"intruder\"", "another writer", "--new-incarnation"] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(by_day(warehouse.path()), before, "nothing changes after the refusal");
+    assert!(before["2024-01-02"].contains(&(9000, 9)), "the other writer's rows are kept: {before:?}");
+    assert_eq!(before["2024-01-01"], expected(&old)["2024-01-01"]);
+}
+
+/// An unknown `mode` is a config error naming the option and the modes.
+#[test]
+fn an_unknown_mode_is_refused_naming_the_option() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let bad = job("bad-mode", warehouse.path(), "replace", 1000);
+    write_csv(&bad, "a.csv", &day_rows(1, 0..3, 1));
+    let message = bad.run(None).expect_err("refused").to_string();
+    assert!(message.contains("[sink.options] mode") && message.contains("overwrite-partitions"), "{message}");
+}
