@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, Table, TableChange, error, log};
 
 use crate::claim::Claims;
-use crate::config::{Config, WriteMode};
+use crate::config::Config;
 use crate::overwrite::{self, Partitioning};
 use crate::rpc::{self, FlushFailure};
 use crate::tables;
@@ -180,16 +180,11 @@ impl GuestCommitter for BigQueryCommitter {
     }
 }
 
-/// Whether rows of `table` overwrite partitions (the dead-letter table stays append).
-fn overwrites(cfg: &Config, table: &str) -> bool {
-    cfg.mode == WriteMode::OverwritePartitions && !overwrite::is_dead_letter(table)
-}
-
 /// Makes the table of `source` take its rows; when its rows overwrite
 /// partitions, first checks that the target is partitioned by a column
 /// (before creating or changing anything), then makes its staging table.
 fn prepare(cfg: &Config, ctx: &SinkContext, source: &Table) -> Result<(), SinkError> {
-    if !overwrites(cfg, &source.name) {
+    if !cfg.overwrites(&source.name) {
         return tables::prepare(cfg, source);
     }
     let target = cfg.table_path(&source.name)?;

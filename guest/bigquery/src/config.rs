@@ -76,9 +76,18 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("append"),
         ),
+        option_spec(
+            DEAD_LETTER_TABLE,
+            "set by the host, not the job file: the job's dead-letter table, which always takes appends",
+            false,
+            None,
+        ),
         claim::option_spec(),
     ]
 }
+
+/// The reserved option naming the job's dead-letter table (`[job.dead_letter] table`).
+pub const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
 
 /// The API's own limit on one AppendRows request.
 const API_LIMIT: u64 = 10 * 1024 * 1024;
@@ -100,6 +109,9 @@ pub(crate) struct Config {
     pub claim: claim::Mode,
     pub format: RowFormat,
     pub mode: WriteMode,
+    /// The job's dead-letter table as the source names it (reserved option
+    /// `sluice.dead-letter-table`): always append.
+    pub dead_letter_table: Option<String>,
 }
 
 /// What the rows a run lands do to the table (option `mode`).
@@ -164,6 +176,7 @@ impl Config {
             }
         };
         Ok(Self {
+            dead_letter_table: o.get(DEAD_LETTER_TABLE).map(str::to_string),
             mode,
             format,
             table_schema,
@@ -178,6 +191,12 @@ impl Config {
             backoff_ms: o.parsed("backoff_ms")?.unwrap_or(100),
             claim: claim::Mode::from_options(&o)?,
         })
+    }
+
+    /// Whether rows of the source's `table` overwrite partitions: in
+    /// `overwrite-partitions` mode, every table but the dead-letter table.
+    pub fn overwrites(&self, table: &str) -> bool {
+        self.mode == WriteMode::OverwritePartitions && self.dead_letter_table.as_deref() != Some(table)
     }
 
     /// How appends and stream creations are retried on transient failures.

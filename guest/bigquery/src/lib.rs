@@ -58,7 +58,7 @@ impl Guest for BigQuerySink {
         let claims = claim::Claims::default();
         for table in &tables {
             tables::check(&cfg, table)?;
-            if cfg.mode == config::WriteMode::OverwritePartitions && !overwrite::is_dead_letter(&table.name) {
+            if cfg.overwrites(&table.name) {
                 overwrite::Partitioning::read(&cfg, &cfg.table_path(&table.name)?)?;
             }
             // What `committer.open` would refuse, `sluice check` refuses too.

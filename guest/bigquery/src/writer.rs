@@ -48,7 +48,7 @@ use sluice_bigquery_rows::{ArrowEncoder, RowEncoder, SchemaError, split_by_size}
 use sluice_guest_sdk::bindings::sluice::connector::grpc::{BidiStream, Received};
 use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, Table, TableChange, error, incarnation, ipc, log};
 
-use crate::config::{Config, RowFormat, WriteMode};
+use crate::config::{Config, RowFormat};
 use crate::overwrite::{self, Partitioning};
 use crate::rpc::{self, Failure};
 
@@ -571,12 +571,11 @@ impl StreamWriter {
 impl Inner {
     fn table_writer(&self, table: &Table) -> Result<TableWriter, SinkError> {
         let target = self.cfg.table_path(&table.name)?;
-        let (path, overwrite) =
-            if self.cfg.mode == WriteMode::OverwritePartitions && !overwrite::is_dead_letter(&table.name) {
-                (overwrite::staging_path(&self.ctx, &target), Some(target))
-            } else {
-                (target, None)
-            };
+        let (path, overwrite) = if self.cfg.overwrites(&table.name) {
+            (overwrite::staging_path(&self.ctx, &target), Some(target))
+        } else {
+            (target, None)
+        };
         Ok(TableWriter { path, overwrite, arrow: ipc::decode_schema(&table.schema)?, stream: None })
     }
 }

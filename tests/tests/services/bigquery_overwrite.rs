@@ -222,3 +222,121 @@ fn an_unpartitioned_target_is_refused_before_writing() {
     assert_eq!(d.stats().streams_created, 0);
     assert!(d.jobs().is_empty());
 }
+
+/// With dead letters on, the dead-letter table (not partitioned, named to
+/// the plugin by the reserved option `sluice.dead-letter-table`) is left
+/// append: it is not refused for lacking partitions, and gets no staging
+/// table and no copy job.
+///
+/// (Rows the service rejects cannot be shown here to replace no day: the
+/// double's tables.get/insert do not carry a column's `maxLength`, its
+/// only per-row rejection, so the staging table takes them.)
+#[test]
+fn the_dead_letter_table_stays_append() {
+    use sluice_bigquery_double::proto::table_field_schema::{Mode, Type};
+    use sluice_bigquery_double::proto::{TableFieldSchema, TableSchema};
+    let d = BigQueryDouble::start().expect("double");
+    let field = |name: &str, ty: Type, max_length: i64| TableFieldSchema {
+        name: name.into(),
+        r#type: ty as i32,
+        mode: Mode::Nullable as i32,
+        max_length,
+        ..Default::default()
+    };
+    let orders = "projects/p/datasets/d/tables/orders";
+    let letters = "projects/p/datasets/d/tables/dead_letters";
+    let schema = TableSchema {
+        fields: vec![field("id", Type::Int64, 0), field("name", Type::String, 9), field("day", Type::Date, 0)],
+    };
+    d.create_partitioned_table(orders, schema, TimePartitioning::new(PartitionType::Day, "day")).expect("orders");
+    // Seeded: one row on each of 2024-01-01, -02 and -03.
+    let seed_schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("day", DataType::Date32, true),
+    ]));
+    let seed = RecordBatch::try_new(
+        seed_schema,
+        vec![
+            Arc::new(Int64Array::from(vec![9001, 9002, 9003])),
+            Arc::new(arrow_array::StringArray::from(vec!["seed", "seed", "seed"])),
+            Arc::new(Date32Array::from(vec![19_723, 19_724, 19_725])),
+        ],
+    )
+    .expect("seed");
+    d.load_rows(orders, seed).expect("seeding");
+    let text = |n: &str| field(n, Type::String, 0);
+    d.create_table(
+        letters,
+        TableSchema {
+            fields: vec![
+                text("raw"),
+                text("source_position"),
+                text("reason"),
+                text("target_table"),
+                text("job"),
+                text("incarnation"),
+                field("checkpoint", Type::Int64, 0),
+            ],
+        },
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let input = dir.path().join("in/orders");
+    std::fs::create_dir_all(&input).expect("input");
+    let csv: String = std::iter::once("id,name,day\n".to_string())
+        .chain((0..60u64).map(|id| format!("{id},ok,2024-01-01\n")))
+        .collect();
+    std::fs::write(input.join("part-0.csv"), csv).expect("csv");
+    let toml = format!(
+        r#"[job]
+id = "bq-ow-dl"
+parallelism = 1
+state_dir = "state"
+bad_rows = "dead-letter"
+[job.checkpoint]
+every_rows = 20
+[job.dead_letter]
+table = "dead_letters"
+[source]
+kind = "file"
+path = "in"
+batch_rows = 10
+[sink]
+id = "bq"
+plugin = "{plugin}"
+[sink.options]
+table = "projects/p/datasets/d/tables/{{table}}"
+mode = "overwrite-partitions"
+rpc_timeout_ms = 10000
+backoff_ms = 10
+[sink.grpc.bigquery]
+address = "{address}"
+[sink.http.bigquery]
+address = {rest:?}
+[sink.sandbox]
+memory_mb = 512
+"#,
+        plugin = sluice_tests::BIGQUERY_PLUGIN,
+        address = d.address(),
+        rest = d.rest_address(),
+    );
+    let job = TestJob { dir, toml };
+    let summary = job.run(None).expect("the dead-letter table is not refused");
+    assert_eq!(summary.dead_letters, Some(("dead_letters".to_string(), 0)), "{summary}");
+    assert_eq!(
+        d.partition_counts(orders).expect("counts"),
+        BTreeMap::from([("20240101".to_string(), 60), ("20240102".to_string(), 1), ("20240103".to_string(), 1)]),
+        "2024-01-01 replaced by the job's rows; -02 and -03 kept"
+    );
+    let id = |r: &serde_json::Map<String, serde_json::Value>| {
+        r.get("id").and_then(|v| v.as_i64().or_else(|| v.as_str()?.parse().ok())).expect("id")
+    };
+    let mut ids: Vec<i64> = d.visible_rows(orders).iter().map(id).collect();
+    ids.sort_unstable();
+    let mut want: Vec<i64> = (0..60).collect();
+    want.extend([9002, 9003]);
+    assert_eq!(ids, want);
+    assert!(d.jobs().iter().all(|j| {
+        j.configuration.pointer("/copy/destinationTable/tableId").and_then(|v| v.as_str()) == Some("orders$20240101")
+    }));
+}
