@@ -1,0 +1,530 @@
+//! Partition overwrite (`mode = "overwrite-partitions"`): the rows a run
+//! lands replace every partition of a column time-partitioned table they
+//! touch, exactly once.
+//!
+//! How (the design is `docs/src/sinks/bigquery.md`, "Partition overwrite"):
+//! - writers stream into a **staging table** of the incarnation,
+//!   `<dataset>._sluice_stage_<hash(job, sink, incarnation, table)>`, made
+//!   by the committer with the target's schema and `timePartitioning`; each
+//!   writer's commit info names the partitions its rows of the checkpoint
+//!   fall in ([`partition_ids`]);
+//! - the commit of checkpoint `c` flushes the staging streams, then copies
+//!   each touched partition `stage$D → target$D` with `WRITE_TRUNCATE` and
+//!   `CREATE_NEVER`, one job per partition, in order ([`replace_partition`]).
+//!
+//! Invariants:
+//! - the staging table holds exactly the rows of the incarnation's
+//!   committed checkpoints plus `c` (rows after a checkpoint are never
+//!   flushed), so truncating `target$D` to `stage$D` makes the first
+//!   checkpoint that touches `D` replace it and later ones add to it, with
+//!   no state in the committer; a rerun (a new incarnation) has a new
+//!   staging table and replaces again;
+//! - a copy job's id is derived from (job, sink, incarnation, table, c, D)
+//!   and an attempt index `k`, so a retried or recovered commit names the
+//!   same job: BigQuery answers 409 `duplicate` for an id it has seen, and
+//!   `jobs.get` tells how that job ended;
+//! - an unanswered `jobs.insert` (a 5xx, a timeout) is an unknown outcome:
+//!   it is settled by `jobs.get` of the same id, never by inserting another;
+//! - a job that ended with `errorResult` applied nothing (copy jobs are
+//!   atomic); after a transient reason the next index is inserted, and
+//!   recovery walks the indexes from 0 through `jobs.get`, so the sequence
+//!   stays deterministic; any other reason fails the job naming the job id;
+//! - the job's dead-letter table (reserved option `sluice.dead-letter-table`)
+//!   stays append: it has no staging table and no copy jobs.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arrow_array::cast::AsArray;
+use arrow_array::temporal_conversions::{as_datetime, date32_to_datetime, date64_to_datetime};
+use arrow_array::types::{
+    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType,
+};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::{DataType, Schema, TimeUnit};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use sluice_guest_sdk::{SinkContext, SinkError, error, log};
+
+use crate::config::Config;
+use crate::rest::{self, Inserted, Jobs, RestError};
+use crate::tables;
+
+/// The partition id of rows whose partitioning column is NULL.
+const NULL_PARTITION: &str = "__NULL__";
+
+/// How long a staging table lives after it is made (ms): a run must end
+/// (or resume) within this time.
+const STAGING_LIFETIME_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// `errorResult.reason`s after which a job may be tried again under a new
+/// id (https://cloud.google.com/bigquery/docs/troubleshooting-errors).
+const TRANSIENT_REASONS: [&str; 3] = ["backendError", "rateLimitExceeded", "internalError"];
+
+/// The granularity of a table's time-unit partitioning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    Hour,
+    Day,
+    Month,
+    Year,
+}
+
+/// A table's time-unit column partitioning: `timePartitioning {type, field}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Partitioning {
+    pub unit: Unit,
+    pub field: String,
+}
+
+fn sha_hex(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            h.update(b"|");
+        }
+        h.update(p.as_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The staging table of `target` for this incarnation, in the target's dataset.
+pub(crate) fn staging_path(ctx: &SinkContext, target: &str) -> String {
+    let (project, dataset, _) = rest::parts(target);
+    let hash = sha_hex(&[&ctx.job_id, &ctx.sink_id, &ctx.incarnation, target]);
+    format!("projects/{project}/datasets/{dataset}/tables/_sluice_stage_{}", &hash[..24])
+}
+
+/// The id of the copy job that replaces partition `d` of `target` for
+/// checkpoint `c`, attempt `k`.
+pub(crate) fn job_id(ctx: &SinkContext, target: &str, c: u64, d: &str, k: u32) -> String {
+    let hash = sha_hex(&[&ctx.job_id, &ctx.sink_id, &ctx.incarnation, target, &c.to_string(), d]);
+    format!("sluice_{}_{k}", &hash[..40])
+}
+
+fn rest_failure(context: &str, e: RestError) -> SinkError {
+    match e {
+        RestError::Denied(m) => error::config(format!("{context}: {m}")),
+        e if e.is_transient() => error::retryable(format!("{context}: {e}")),
+        e => error::fatal(format!("{context}: {e}")),
+    }
+}
+
+impl Partitioning {
+    /// Reads `timePartitioning` of a table resource; a config error naming
+    /// the table unless it is partitioned by a column.
+    fn from_table(path: &str, tp: Option<&Value>) -> Result<Self, SinkError> {
+        let refuse = |why: String| {
+            error::config(format!(
+                "option `mode` = \"overwrite-partitions\" needs table {path} to be partitioned by a DATE, TIMESTAMP \
+                 or DATETIME column (timePartitioning with a `field`), but {why}; nothing was written"
+            ))
+        };
+        let Some(tp) = tp else { return Err(refuse("it is not time-partitioned".into())) };
+        let Some(field) = tp.get("field").and_then(Value::as_str).filter(|f| !f.is_empty()) else {
+            return Err(refuse("it is partitioned by ingestion time (timePartitioning has no `field`)".into()));
+        };
+        let unit = match tp.get("type").and_then(Value::as_str) {
+            Some("HOUR") => Unit::Hour,
+            // The API's default type is DAY.
+            Some("DAY") | None => Unit::Day,
+            Some("MONTH") => Unit::Month,
+            Some("YEAR") => Unit::Year,
+            Some(other) => {
+                return Err(refuse(format!("its partitioning type {other:?} is not HOUR, DAY, MONTH or YEAR")));
+            }
+        };
+        Ok(Partitioning { unit, field: field.to_string() })
+    }
+
+    /// The partitioning of the target `path`, read with `tables.get`.
+    pub fn read(cfg: &Config, path: &str) -> Result<Self, SinkError> {
+        let context = format!("reading the partitioning of table {path}");
+        let table = tables::api(cfg).get(path).map_err(|e| rest_failure(&context, e))?.ok_or_else(|| {
+            error::config(format!("option `mode` = \"overwrite-partitions\": table {path} does not exist"))
+        })?;
+        Self::from_table(path, table.time_partitioning.as_ref())
+    }
+
+    fn to_json(&self) -> Value {
+        let unit = match self.unit {
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        };
+        json!({ "type": unit, "field": self.field })
+    }
+
+    fn format(&self) -> &'static str {
+        match self.unit {
+            Unit::Hour => "%Y%m%d%H",
+            Unit::Day => "%Y%m%d",
+            Unit::Month => "%Y%m",
+            Unit::Year => "%Y",
+        }
+    }
+}
+
+/// Checks that `target` can be overwritten by partition and makes its
+/// staging table (or, when it exists, evolves its schema to take rows of
+/// `arrow`). Idempotent: a 409 on insert means it exists.
+pub(crate) fn prepare_staging(cfg: &Config, ctx: &SinkContext, target: &str, arrow: &Schema) -> Result<(), SinkError> {
+    let api = tables::api(cfg);
+    let context = format!("reading table {target}");
+    let table = api.get(target).map_err(|e| rest_failure(&context, e))?.ok_or_else(|| {
+        error::config(format!("option `mode` = \"overwrite-partitions\": table {target} does not exist"))
+    })?;
+    let partitioning = Partitioning::from_table(target, table.time_partitioning.as_ref())?;
+    let stage = staging_path(ctx, target);
+    let expires = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+        .saturating_add(STAGING_LIFETIME_MS);
+    let context = format!("creating the staging table {stage} of {target}");
+    let created = cfg
+        .retry()
+        .run(
+            |_| api.insert_partitioned(&stage, &table.fields, &partitioning.to_json(), expires),
+            RestError::is_transient,
+            |e, _, _| log::warn(&format!("{context}: {e}; retrying")),
+        )
+        .map_err(|failed| rest_failure(&context, failed.error))?;
+    if created {
+        log::info(&format!("overwrite-partitions: rows for {target} are staged in {stage}"));
+        Ok(())
+    } else {
+        // It exists (an earlier run of this incarnation, or a lost reply):
+        // make sure it takes rows of the current shape.
+        tables::evolve_table(cfg, &stage, arrow)
+    }
+}
+
+/// The partition of every row of some batches, in row order.
+#[derive(Debug, Default)]
+pub(crate) struct RowPartitions {
+    /// The distinct partition ids.
+    ids: Vec<String>,
+    /// Per row, its partition's index in `ids`.
+    rows: Vec<usize>,
+}
+
+impl RowPartitions {
+    /// The partition ids of rows `first..first + n`, in order, once each.
+    pub fn of(&self, first: usize, n: usize) -> Vec<String> {
+        let end = first.saturating_add(n).min(self.rows.len());
+        let at: BTreeSet<usize> = self.rows.get(first..end).unwrap_or_default().iter().copied().collect();
+        let mut out: Vec<String> = at.into_iter().filter_map(|i| self.ids.get(i).cloned()).collect();
+        out.sort();
+        out
+    }
+
+    fn push(&mut self, id: String) {
+        let i = match self.ids.iter().position(|x| *x == id) {
+            Some(i) => i,
+            None => {
+                self.ids.push(id);
+                self.ids.len() - 1
+            }
+        };
+        self.rows.push(i);
+    }
+}
+
+/// The partition id (`20240105`, `__NULL__`) of every row of `batches`,
+/// by the partitioning column.
+pub(crate) fn row_partitions(
+    p: &Partitioning,
+    table: &str,
+    batches: &[RecordBatch],
+) -> Result<RowPartitions, SinkError> {
+    let mut into = RowPartitions::default();
+    let fmt = p.format();
+    for batch in batches {
+        let schema: Arc<Schema> = batch.schema();
+        let Some((i, field)) =
+            schema.fields().iter().enumerate().find(|(_, f)| f.name().eq_ignore_ascii_case(&p.field))
+        else {
+            return Err(error::config(format!(
+                "table {table}: the rows have no column {:?}, which partitions the table",
+                p.field
+            )));
+        };
+        let column = batch.column(i);
+        let bad =
+            |v: i64| error::invalid_data(format!("table {table}: column {:?} value {v} is not a valid time", p.field));
+        for row in 0..column.len() {
+            if column.is_null(row) {
+                into.push(NULL_PARTITION.to_string());
+                continue;
+            }
+            let time = match field.data_type() {
+                DataType::Date32 => {
+                    let v = column.as_primitive::<arrow_array::types::Date32Type>().value(row);
+                    date32_to_datetime(v).ok_or_else(|| bad(i64::from(v)))?
+                }
+                DataType::Date64 => {
+                    let v = column.as_primitive::<arrow_array::types::Date64Type>().value(row);
+                    date64_to_datetime(v).ok_or_else(|| bad(v))?
+                }
+                DataType::Timestamp(unit, _) => {
+                    // Stored as UTC instants; BigQuery partitions TIMESTAMP by UTC.
+                    let (v, t) = match unit {
+                        TimeUnit::Second => {
+                            let v = column.as_primitive::<TimestampSecondType>().value(row);
+                            (v, as_datetime::<TimestampSecondType>(v))
+                        }
+                        TimeUnit::Millisecond => {
+                            let v = column.as_primitive::<TimestampMillisecondType>().value(row);
+                            (v, as_datetime::<TimestampMillisecondType>(v))
+                        }
+                        TimeUnit::Microsecond => {
+                            let v = column.as_primitive::<TimestampMicrosecondType>().value(row);
+                            (v, as_datetime::<TimestampMicrosecondType>(v))
+                        }
+                        TimeUnit::Nanosecond => {
+                            let v = column.as_primitive::<TimestampNanosecondType>().value(row);
+                            (v, as_datetime::<TimestampNanosecondType>(v))
+                        }
+                    };
+                    t.ok_or_else(|| bad(v))?
+                }
+                other => {
+                    return Err(error::config(format!(
+                        "table {table}: column {:?} partitions the table but the rows hold it as {other}, \
+                         not a date or a timestamp",
+                        p.field
+                    )));
+                }
+            };
+            into.push(time.format(fmt).to_string());
+        }
+    }
+    Ok(into)
+}
+
+/// What `jobs.get` says of a job.
+enum Outcome {
+    /// DONE without `errorResult`: the partition was replaced.
+    Done,
+    /// DONE with a transient `errorResult`: nothing was applied; the next
+    /// index may be tried.
+    FailedTransient(String),
+    /// PENDING or RUNNING.
+    Running,
+}
+
+fn outcome(job_id: &str, job: &Value) -> Result<Outcome, SinkError> {
+    let state = job.pointer("/status/state").and_then(Value::as_str).unwrap_or("");
+    if state != "DONE" {
+        return Ok(Outcome::Running);
+    }
+    let Some(err) = job.pointer("/status/errorResult").filter(|e| !e.is_null()) else {
+        return Ok(Outcome::Done);
+    };
+    let reason = err.get("reason").and_then(Value::as_str).unwrap_or("");
+    let message = err.get("message").and_then(Value::as_str).unwrap_or("");
+    if TRANSIENT_REASONS.contains(&reason) {
+        Ok(Outcome::FailedTransient(format!("{reason}: {message}")))
+    } else {
+        Err(error::fatal(format!("copy job {job_id} failed ({reason}: {message}); it applied nothing")))
+    }
+}
+
+/// Replaces partition `d` of `target` with `stage$d` for checkpoint `c`,
+/// exactly once however often it is called (see the module invariants).
+pub(crate) fn replace_partition(
+    cfg: &Config,
+    ctx: &SinkContext,
+    c: u64,
+    target: &str,
+    stage: &str,
+    d: &str,
+) -> Result<(), SinkError> {
+    let (project, dataset, table) = rest::parts(target);
+    let (_, _, stage_table) = rest::parts(stage);
+    let jobs = Jobs { endpoint: &cfg.rest_endpoint, timeout_ms: cfg.rpc_timeout_ms };
+    // How many transient job failures (new indexes) and unknown outcomes one call absorbs.
+    let budget = cfg.attempts.max(1);
+    let (mut failures, mut unknown) = (0u32, 0u32);
+    let mut k = 0u32;
+    loop {
+        let id = job_id(ctx, target, c, d, k);
+        let body = json!({
+            "jobReference": { "projectId": project, "jobId": id },
+            "configuration": { "copy": {
+                "sourceTable": { "projectId": project, "datasetId": dataset, "tableId": format!("{stage_table}${d}") },
+                "destinationTable": { "projectId": project, "datasetId": dataset, "tableId": format!("{table}${d}") },
+                "writeDisposition": "WRITE_TRUNCATE",
+                "createDisposition": "CREATE_NEVER",
+            }},
+        });
+        let context = format!("checkpoint {c}: copy job {id} ({stage}${d} → {target}${d})");
+        let job = match jobs.insert(project, &body) {
+            Ok(Inserted::Created(job)) => job,
+            // Ours from an earlier try or run, or the one a lost reply hid.
+            Ok(Inserted::Duplicate) => match jobs.get(project, &id, None) {
+                Ok(Some(job)) => job,
+                Ok(None) => {
+                    return Err(error::retryable(format!(
+                        "{context}: jobs.insert answered 409 duplicate but jobs.get finds no such job"
+                    )));
+                }
+                Err(e) => return Err(rest_failure(&context, e)),
+            },
+            Err(RestError::Denied(m)) => return Err(error::config(format!("{context}: {m}"))),
+            // A definite refusal (400 invalid, 403, 404 dataset): no job was made.
+            Err(e) if !e.is_transient() => return Err(error::fatal(format!("{context}: refused: {e}"))),
+            Err(e) => {
+                // An unknown outcome: the job may exist. Only jobs.get of this id settles it.
+                log::warn(&format!("{context}: jobs.insert got no answer ({e}); asking jobs.get"));
+                match jobs.get(project, &id, None) {
+                    Ok(Some(job)) => job,
+                    Ok(None) => {
+                        unknown += 1;
+                        if unknown >= budget {
+                            return Err(error::retryable(format!(
+                                "{context}: jobs.insert failed {unknown} times: {e}"
+                            )));
+                        }
+                        if let Some(wait) = cfg.retry().delay(unknown) {
+                            std::thread::sleep(wait);
+                        }
+                        // Not created: insert the same id again.
+                        continue;
+                    }
+                    Err(e) => return Err(rest_failure(&context, e)),
+                }
+            }
+        };
+        match wait_done(cfg, &jobs, project, &id, job, &context)? {
+            Outcome::Done => {
+                log::info(&format!("checkpoint {c}: partition {target}${d} replaced by copy job {id}"));
+                return Ok(());
+            }
+            Outcome::FailedTransient(why) => {
+                failures += 1;
+                log::warn(&format!("{context} failed and applied nothing ({why}); trying it as attempt {}", k + 1));
+                if failures >= budget {
+                    return Err(error::retryable(format!("{context}: failed {failures} times in a row, last: {why}")));
+                }
+                k += 1;
+            }
+            Outcome::Running => {
+                return Err(error::retryable(format!("{context}: still running; its commit is asked again")));
+            }
+        }
+    }
+}
+
+/// Polls `jobs.get` until the job is DONE, or gives up with `Running`
+/// (the commit is retried and finds the same job by its id).
+fn wait_done(
+    cfg: &Config,
+    jobs: &Jobs,
+    project: &str,
+    id: &str,
+    mut job: Value,
+    context: &str,
+) -> Result<Outcome, SinkError> {
+    // Polls in all, at the retry policy's growing delays (some minutes with
+    // the defaults); then the commit is asked again and finds the same job.
+    const POLLS: u32 = 120;
+    for poll in 1..=POLLS {
+        match outcome(id, &job)? {
+            Outcome::Running => {}
+            done => return Ok(done),
+        }
+        let wait = cfg
+            .retry()
+            .delay(poll.min(cfg.attempts.saturating_sub(1)).max(1))
+            .unwrap_or(Duration::from_millis(cfg.backoff_ms.max(10)));
+        std::thread::sleep(wait);
+        job = match jobs.get(project, id, None) {
+            Ok(Some(job)) => job,
+            Ok(None) => {
+                return Err(error::fatal(format!("{context}: the job is gone (jobs.get answers 404)")));
+            }
+            Err(e) if e.is_transient() => continue,
+            Err(e) => return Err(rest_failure(context, e)),
+        };
+    }
+    Ok(Outcome::Running)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Date32Array, TimestampMicrosecondArray};
+    use arrow_schema::Field;
+
+    fn p(unit: Unit, field: &str) -> Partitioning {
+        Partitioning { unit, field: field.into() }
+    }
+
+    #[test]
+    fn partition_ids_follow_the_unit_and_the_column() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("Day", DataType::Date32, true),
+            Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
+        ]));
+        // 2024-01-01 is day 19723; 2024-02-29T23:30Z in µs.
+        let ts = 1_709_249_400_000_000i64;
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Date32Array::from(vec![Some(19_723), None, Some(19_724)])),
+                Arc::new(TimestampMicrosecondArray::from(vec![ts, ts, ts]).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        let ids = |part: Partitioning| row_partitions(&part, "t", std::slice::from_ref(&batch)).unwrap().of(0, 3);
+        assert_eq!(ids(p(Unit::Day, "day")), vec!["20240101", "20240102", "__NULL__"]);
+        assert_eq!(ids(p(Unit::Hour, "ts")), vec!["2024022923"]);
+        assert_eq!(ids(p(Unit::Month, "ts")), vec!["202402"]);
+        assert_eq!(ids(p(Unit::Year, "ts")), vec!["2024"]);
+        // A request's rows name only their own partitions.
+        let days = row_partitions(&p(Unit::Day, "day"), "t", std::slice::from_ref(&batch)).unwrap();
+        assert_eq!(days.of(0, 1), vec!["20240101"]);
+        assert_eq!(days.of(1, 2), vec!["20240102", "__NULL__"]);
+        assert_eq!(days.of(2, 9), vec!["20240102"]);
+        let err = row_partitions(&p(Unit::Day, "nope"), "t", &[batch]).unwrap_err();
+        assert!(format!("{err:?}").contains("nope"));
+    }
+
+    #[test]
+    fn an_unpartitioned_or_ingestion_time_table_is_refused_naming_it() {
+        for tp in [None, Some(json!({"type": "DAY"}))] {
+            let err = Partitioning::from_table("projects/p/datasets/d/tables/t", tp.as_ref()).unwrap_err();
+            let text = format!("{err:?}");
+            assert!(text.contains("projects/p/datasets/d/tables/t") && text.contains("overwrite-partitions"), "{text}");
+        }
+        let got = Partitioning::from_table("x", Some(&json!({"type": "MONTH", "field": "ts"}))).unwrap();
+        assert_eq!(got, p(Unit::Month, "ts"));
+    }
+
+    #[test]
+    fn job_ids_are_deterministic_valid_and_distinct() {
+        let ctx = |inc: &str| SinkContext {
+            job_id: "j".into(),
+            sink_id: "s".into(),
+            incarnation: inc.into(),
+            refuse_other_incarnations: false,
+            subtask: 0,
+            parallelism: 1,
+            attempt: 1,
+        };
+        let a = job_id(&ctx("i1"), "projects/p/datasets/d/tables/t", 3, "20240101", 0);
+        assert_eq!(a, job_id(&ctx("i1"), "projects/p/datasets/d/tables/t", 3, "20240101", 0));
+        assert!(a.starts_with("sluice_") && a.ends_with("_0") && a.len() == "sluice_".len() + 40 + 2);
+        assert!(a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+        assert_ne!(a, job_id(&ctx("i2"), "projects/p/datasets/d/tables/t", 3, "20240101", 0));
+        assert_ne!(a, job_id(&ctx("i1"), "projects/p/datasets/d/tables/t", 4, "20240101", 0));
+        assert_ne!(a, job_id(&ctx("i1"), "projects/p/datasets/d/tables/t", 3, "20240102", 0));
+        let stage = staging_path(&ctx("i1"), "projects/p/datasets/d/tables/t");
+        assert!(stage.starts_with("projects/p/datasets/d/tables/_sluice_stage_"), "{stage}");
+        assert_ne!(stage, staging_path(&ctx("i2"), "projects/p/datasets/d/tables/t"));
+    }
+}
