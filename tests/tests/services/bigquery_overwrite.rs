@@ -340,3 +340,28 @@ memory_mb = 512
         j.configuration.pointer("/copy/destinationTable/tableId").and_then(|v| v.as_str()) == Some("orders$20240101")
     }));
 }
+
+/// A schema change halfway (a widened `qty`, a new nullable `tag`) evolves
+/// the target and the staging table alike, so later copies still fit; the
+/// days end exact.
+#[test]
+fn a_schema_change_evolves_the_target_and_its_staging_table() {
+    let d = double();
+    let job = job("bq-ow-evolve", &d);
+    job.run_with(&[&format!("source.evolve_at={}", ROWS / 2)], None).expect("run");
+    assert_replaced(&d);
+    let stage = d
+        .jobs()
+        .iter()
+        .filter_map(|j| j.configuration.pointer("/copy/sourceTable/tableId").and_then(|v| v.as_str()))
+        .filter_map(|t| t.split_once('$').map(|(t, _)| format!("projects/p/datasets/d/tables/{t}")))
+        .next()
+        .expect("a copy job");
+    for table in [TABLE, stage.as_str()] {
+        let schema = d.table_schema(table).unwrap_or_else(|| panic!("{table} exists"));
+        assert!(schema.fields.iter().any(|f| f.name == "tag"), "{table} took `tag`: {schema:?}");
+    }
+    // The rows after the change carry `tag` in the target.
+    let tagged = d.visible_rows(TABLE).iter().filter(|r| r.get("tag").is_some_and(|v| !v.is_null())).count();
+    assert!(tagged > 0, "no row of the new shape landed");
+}
