@@ -304,3 +304,56 @@ fn an_unknown_mode_is_refused_naming_the_option() {
     let message = bad.run(None).expect_err("refused").to_string();
     assert!(message.contains("[sink.options] mode") && message.contains("overwrite-partitions"), "{message}");
 }
+
+/// [`job`] unpartitioned, setting bad records aside in `db.dead`.
+fn unpartitioned_with_dead_letters(id: &str, warehouse: &Path, mode: &str) -> TestJob {
+    let mut job = job(id, warehouse, mode, 1000);
+    job.toml = job
+        .toml
+        .replace("partition_by = \"identity(day)\"\n", "")
+        .replace("state_dir = \"state\"\n", "state_dir = \"state\"\nbad_rows = \"dead-letter\"\n");
+    job.toml.push_str("[job.dead_letter]\ntable = \"db.dead\"\n");
+    job
+}
+
+/// The `source_position` of every row of `db.dead`, sorted, as PyIceberg reads them.
+fn dead_letters(warehouse: &Path) -> Vec<String> {
+    let out = python(
+        "import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w = sys.argv[1]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table('db.dead')\n\
+         print(json.dumps(sorted(t.scan().to_arrow().column('source_position').to_pylist())))",
+        &[&warehouse.display().to_string()],
+    )
+    .unwrap_or_else(|e| panic!("reading db.dead with PyIceberg: {e}"));
+    serde_json::from_str(out.trim()).expect("positions as JSON")
+}
+
+/// An unpartitioned table is one partition: the first checkpoint of an
+/// overwrite replaces it whole. The job's dead-letter table beside it is
+/// appended to, never replaced: the letters of both runs stay.
+#[test]
+fn an_unpartitioned_table_is_replaced_whole_and_the_dead_letters_are_appended() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let first = unpartitioned_with_dead_letters("first", warehouse.path(), "append");
+    let old: Vec<Row> = [day_rows(1, 0..10, 1), day_rows(2, 10..20, 1)].concat();
+    write_csv(&first, "a.csv", &old);
+    std::fs::write(first.dir.path().join("in/b.csv"), "id,day,v\n20,2024-01-02,1\n21,2024-01-02,oops\n").expect("csv");
+    first.run(None).expect("the append run");
+    let with_20 = [old, day_rows(2, 20..21, 1)].concat();
+    assert_eq!(by_day(warehouse.path()), expected(&with_20));
+    let letters = dead_letters(warehouse.path());
+    assert!(letters.len() == 1 && letters[0].contains("b.csv line 3"), "{letters:?}");
+
+    let second = unpartitioned_with_dead_letters("second", warehouse.path(), "overwrite-partitions");
+    let new: Vec<Row> = day_rows(3, 100..104, 3);
+    write_csv(&second, "a.csv", &new);
+    std::fs::write(second.dir.path().join("in/b.csv"), "id,day,v\n104,2024-01-03,3\n105,2024-01-03,bad\n")
+        .expect("csv");
+    second.run(None).expect("the overwrite run");
+    assert_eq!(by_day(warehouse.path()), expected(&[new, day_rows(3, 104..105, 3)].concat()));
+    let letters = dead_letters(warehouse.path());
+    assert_eq!(letters.len(), 2, "both runs' dead letters stay: {letters:?}");
+    assert_eq!(snapshots_of(warehouse.path(), "second")[0].1, "overwrite");
+}
