@@ -357,3 +357,38 @@ fn an_unpartitioned_table_is_replaced_whole_and_the_dead_letters_are_appended() 
     assert_eq!(letters.len(), 2, "both runs' dead letters stay: {letters:?}");
     assert_eq!(snapshots_of(warehouse.path(), "second")[0].1, "overwrite");
 }
+
+/// Catalog faults on the overwrite commits: a lost reply (applied) is
+/// settled by the watermark, not re-applied (the partition it replaced is
+/// not replaced again); a conflict is retried on the new head; a crash
+/// right after the catalog applied a commit is recovered as already
+/// committed. Every checkpoint lands once and the days end exact.
+#[test]
+fn lost_replies_conflicts_and_a_crash_after_apply_land_each_checkpoint_once() {
+    use sluice::fault::{CatalogFaults, CommitFault, Faults};
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let new: Vec<Row> = [day_rows(2, 1000..1012, 2), day_rows(3, 2000..2013, 3)].concat();
+    let over = job("faulty", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&over, "a.csv", &new);
+    // Catalog commit calls: 1 is c1 (reply lost), 2 and 3 are c2 (a
+    // conflict, then the retry), 4 is c3 (reply lost), 5 is c4 (crash after apply).
+    let faults = vec![
+        (1, CommitFault::LoseReply),
+        (2, CommitFault::Conflict),
+        (4, CommitFault::LoseReply),
+        (5, CommitFault::CrashAfterApply),
+    ];
+    let catalog = CatalogFaults { faults, ..CatalogFaults::default() };
+    let opts = RunOptions { faults: Faults { catalog, ..Faults::default() }, ..RunOptions::default() };
+    let err = over.run_opts(&[], opts).expect_err("the crash after apply");
+    assert!(err.is_injected_crash(), "{err}");
+    assert_never_mixed(&by_day(warehouse.path()), &old, &new);
+    over.run(None).expect("the recovery run");
+    assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[2, 3]), new].concat()));
+    let snapshots = snapshots_of(warehouse.path(), "faulty");
+    let mut checkpoints: Vec<u64> = snapshots.iter().map(|s| s.0).collect();
+    checkpoints.dedup();
+    assert_eq!(checkpoints.len(), snapshots.len(), "a checkpoint committed twice: {snapshots:?}");
+    assert_eq!(snapshots.iter().filter(|s| s.2).count(), 2, "each day replaced once: {snapshots:?}");
+}
