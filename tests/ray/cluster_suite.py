@@ -176,7 +176,33 @@ def scenario_datasink(spec, cache_dir, cluster):
     # The same state directory again: refused, nothing lands twice.
     again = write_again(spec, cache_dir)
     ids_after, _ = pyiceberg_ids(spec["warehouse"], spec["table"])
-    return dict(first, second_write_error=again, rows_after_second=len(ids_after))
+    # The dataset again as an overwrite (`mode`), from a fresh state
+    # directory as a new incarnation: it replaces what it touches (the whole
+    # unpartitioned table), so every id is there once, in one more snapshot.
+    rerun = [f"job.state_dir={json.dumps(spec['rerun_state_dir'])}"]
+    over = sluice.ray.Datasink(
+        spec["job"], overrides=rerun, cache_dir=cache_dir, new_incarnation=True, mode="overwrite-partitions"
+    )
+    dataset(rows).write_datasink(over)
+    ids_over, checkpoints_over = pyiceberg_ids(spec["warehouse"], spec["table"])
+    # A mode the plugin does not know is refused, naming the option.
+    try:
+        elsewhere = [f"job.state_dir={json.dumps(spec['bad_mode_state_dir'])}"]
+        dataset(10).write_datasink(
+            sluice.ray.Datasink(spec["job"], overrides=elsewhere, cache_dir=cache_dir, mode="sideways")
+        )
+        bad_mode = None
+    except Exception as e:  # Ray wraps the driver-side error
+        bad_mode = str(e)
+    return dict(
+        first,
+        second_write_error=again,
+        rows_after_second=len(ids_after),
+        overwrite_outcome=over.outcome,
+        overwrite_problem=exactly_once(ids_over, 0, rows),
+        overwrite_snapshots=len(checkpoints_over),
+        bad_mode_error=bad_mode,
+    )
 
 
 def scenario_datasink_kill(spec, cache_dir, cluster):

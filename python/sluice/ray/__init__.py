@@ -26,6 +26,7 @@ a shared file system in production).
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from typing import Any, Dict, List, Optional, Sequence
@@ -217,6 +218,16 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def _with_mode(overrides: Sequence[str], mode: Optional[str]) -> List[str]:
+    """The overrides, plus ``sink.options.mode`` when ``mode`` is given (a
+    TOML string, so any text reaches the plugin as it is, and the plugin
+    refuses a mode it does not know, naming the option)."""
+    out = list(overrides)
+    if mode is not None:
+        out.append(f"sink.options.mode={json.dumps(mode)}")
+    return out
+
+
 def run(
     job_file: str,
     address: Optional[str] = None,
@@ -227,14 +238,17 @@ def run(
     open_timeout: float = 600.0,
     new_incarnation: bool = False,
     quiet: bool = False,
+    mode: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Runs a job file on a Ray cluster to the end of its source, resuming
     from its last checkpoint; returns the run's summary (``text`` is what
     ``sluice run`` prints). A lost writer (actor or node) costs a recovery:
-    at most ``max_recoveries`` of them."""
+    at most ``max_recoveries`` of them. ``mode`` sets the sink's
+    ``[sink.options] mode`` (``"append"`` or ``"overwrite-partitions"``, as
+    the plugin takes them), as in the job file."""
     if not ray.is_initialized():
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    job = Job.load(job_file, list(overrides))
+    job = Job.load(job_file, _with_mode(overrides, mode))
     host = Host(cache_dir)
     recoveries: List[str] = []
     while True:
@@ -268,7 +282,11 @@ class Datasink(ray.data.Datasink):
     A state directory lands one dataset: a second write with the same state
     directory first finishes a commit the first left pending, then refuses
     to write the dataset again. ``new_incarnation`` lands beside the job's
-    other incarnations on purpose (``sluice run --new-incarnation``)."""
+    other incarnations on purpose (``sluice run --new-incarnation``).
+    ``mode`` sets the sink's ``[sink.options] mode`` (``"append"`` or
+    ``"overwrite-partitions"``, as the plugin takes them): a rerun of an
+    overwrite with ``new_incarnation`` and a fresh state directory replaces
+    the partitions the dataset touches again."""
 
     def __init__(
         self,
@@ -277,8 +295,9 @@ class Datasink(ray.data.Datasink):
         cache_dir: Optional[str] = None,
         schema=None,
         new_incarnation: bool = False,
+        mode: Optional[str] = None,
     ):
-        self._job = _job_parts(Job.load(job_file, list(overrides)))
+        self._job = _job_parts(Job.load(job_file, _with_mode(overrides, mode)))
         self._cache_dir = cache_dir
         self._new_incarnation = new_incarnation
         # The writers' sink context, from the landing (set on the driver).

@@ -216,7 +216,11 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         },
         "files": {"job": job_file(&files)},
         "bigquery": {"job": job_file(&bq)},
-        "datasink": {"job": job_file(&datasink), "warehouse": ds_wh.path(), "table": "ray.dataset", "rows": 50_000},
+        "datasink": {
+            "job": job_file(&datasink), "warehouse": ds_wh.path(), "table": "ray.dataset", "rows": 50_000,
+            "rerun_state_dir": state_url("ray-datasink-rerun"),
+            "bad_mode_state_dir": state_url("ray-datasink-bad-mode"),
+        },
         "datasink_kill": {"job": job_file(&killed), "warehouse": kill_wh.path(), "table": "ray.killed", "rows": 30_000},
         "kafka": {"job": job_file(&kafka), "warehouse": kafka_wh, "table": "lake.rayorders", "rows": KAFKA_ROWS},
     });
@@ -345,6 +349,15 @@ fn writers_as_ray_actors_on_three_nodes_land_every_row_exactly_once() {
         "a second write into the same state directory was not refused: {r}"
     );
     assert_eq!(r["rows_after_second"], 50_000, "{r}");
+    // The same dataset again with mode = "overwrite-partitions" from a fresh
+    // state directory (a new incarnation): it replaces, in one snapshot.
+    assert_eq!(r["overwrite_outcome"], "committed", "{r}");
+    assert_eq!(r["overwrite_problem"], Value::Null, "PyIceberg after the overwrite: {r}");
+    assert_eq!(r["overwrite_snapshots"], 2, "the overwrite commits one snapshot: {r}");
+    assert!(
+        r["bad_mode_error"].as_str().is_some_and(|e| e.contains("mode") && e.contains("sideways")),
+        "an unknown mode was not refused by name: {r}"
+    );
 
     // A driver SIGKILLed after its checkpoint was persisted and before the
     // commit: nothing visible, the commit pending; the next write finishes
