@@ -717,7 +717,16 @@ impl GuestCommitter for IcebergCommitter {
                 && let Some(found) = other_incarnation(existing.metadata(), &committer.ctx)
             {
                 let target = format!("table {ident}");
-                return Err(incarnation::refuse(&committer.ctx, &target, "committed checkpoints", found.as_deref()));
+                let refused = incarnation::refuse(&committer.ctx, &target, "committed checkpoints", found.as_deref());
+                return Err(match refused {
+                    SinkError::Config(m) if committer.cfg.mode == crate::config::Mode::OverwritePartitions => {
+                        error::config(format!(
+                            "{m}. In mode overwrite-partitions that rerun replaces every partition it touches \
+                             again (and keeps those it does not touch), so it leaves the table as a first run would"
+                        ))
+                    }
+                    other => other,
+                });
             }
             committer.refuse_claimed(&ident, &existing)?;
         }

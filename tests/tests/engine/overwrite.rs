@@ -236,7 +236,8 @@ fn a_rerun_as_a_new_incarnation_leaves_the_table_as_the_first_run_did() {
     let refused = job("rerun", warehouse.path(), "overwrite-partitions", 5);
     write_csv(&refused, "a.csv", &new);
     let err = refused.run(None).expect_err("a fresh state directory without --new-incarnation");
-    assert!(err.to_string().contains("incarnation"), "{err}");
+    assert!(err.to_string().contains("--new-incarnation"), "{err}");
+    assert!(err.to_string().contains("overwrite-partitions that rerun replaces every partition"), "{err}");
     assert_eq!(by_day(warehouse.path()), after_first);
     let again = job("rerun", warehouse.path(), "overwrite-partitions", 5);
     write_csv(&again, "a.csv", &new);
