@@ -579,9 +579,17 @@ impl<'a> Coordinator<'a> {
         record.pending.clear();
         record.last_committed = self.at.last_committed;
         // The committer's state now holds the commits the record had
-        // pending; a resume must not find it without them.
-        if let Some(state) = self.committer.snapshot_state(record.checkpoint)? {
-            record.committer_state = Some(Blob(state));
+        // pending; a resume must not find it without them. When it cannot
+        // be taken, the record stays as persisted: the next run commits its
+        // pending checkpoints again (already committed), which folds them
+        // into the state it restores, so nothing is lost by leaving it.
+        match self.committer.snapshot_state(record.checkpoint) {
+            Ok(Some(state)) => record.committer_state = Some(Blob(state)),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(checkpoint = record.checkpoint, error = %e, "could not take the committer's state after the last commit; the record keeps its pending checkpoints, which the next run commits again");
+                return Ok(());
+            }
         }
         self.store.persist(&record)?;
         Ok(())
@@ -628,7 +636,18 @@ impl<'a> Coordinator<'a> {
         tables: &BTreeMap<String, Tally>,
     ) -> Result<CheckpointRecord, EngineError> {
         let rows: u64 = subtask_records.iter().map(|s| s.rows).sum();
-        let state = self.committer.snapshot_state(c)?;
+        let state = match self.committer.snapshot_state(c) {
+            Ok(state) => state,
+            Err(e) => {
+                // Justified: no record of checkpoint `c` was written (the
+                // state goes into it), so nothing names what it prepared.
+                if let Some(bytes) = &combined {
+                    self.committer.abort(c, bytes);
+                }
+                abort_prepare(pool, c);
+                return Err(e);
+            }
+        };
         let record = self.record(c, subtask_records, combined.as_deref(), rows, tables, state)?;
         if let Err(e) = self.store.persist(&record) {
             if e.outcome_unknown() {
