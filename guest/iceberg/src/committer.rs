@@ -147,8 +147,24 @@ fn open_state() -> Result<(bool, Rc<RefCell<State>>), SinkError> {
 /// `committer-state.restore`: the state of the newest record of this
 /// incarnation replaces what `open` saw (the bases it froze win).
 pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
-    let (_, state) = open_state()?;
-    let Some(bytes) = bytes.filter(|b| !b.is_empty()) else { return Ok(()) };
+    let (overwrites, state) = open_state()?;
+    let Some(bytes) = bytes.filter(|b| !b.is_empty()) else {
+        // An overwrite always records its state, so none after this
+        // incarnation's own checkpoints means they were landed in append
+        // mode (or by a build before overwrite): replacing the partitions
+        // they touched now would delete rows already delivered.
+        let before = &state.borrow().committed_before;
+        if overwrites && !before.is_empty() {
+            return Err(error::config(format!(
+                "[sink.options] mode = \"overwrite-partitions\": this incarnation already landed checkpoints in \
+                 table(s) {} without overwrite, and replacing the partitions they touched would delete rows already \
+                 delivered; finish it in the mode it started with, or land the backfill again as a new incarnation \
+                 (a fresh job.state_dir and --new-incarnation), which replaces every partition it touches",
+                before.join(", ")
+            )));
+        }
+        return Ok(());
+    };
     let restored: State = serde_json::from_slice(&bytes)
         .map_err(|e| error::fatal(format!("the restored committer state of the Iceberg sink is not valid: {e}")))?;
     state.borrow_mut().tables.extend(restored.tables);
@@ -538,7 +554,7 @@ impl IcebergCommitter {
         }
         let added: Vec<(i32, DataFile)> = files.into_iter().map(|f| (spec_id, f)).collect();
         let removed = gone.len();
-        let Built { requirements, updates, .. } = build_snapshot(
+        let Built { snapshot_id, requirements, updates } = build_snapshot(
             table,
             head.as_deref(),
             &manifests,
@@ -564,7 +580,16 @@ impl IcebergCommitter {
                     log::info(&format!("incarnation {} claimed table {ident}", self.ctx.incarnation));
                     self.claimed.borrow_mut().insert(key.clone());
                 }
-                self.state.borrow_mut().fold(&key, plan);
+                let mut state = self.state.borrow_mut();
+                state.fold(&key, plan);
+                // Its parent is the head validated above, and it is ours:
+                // the next walk starts from it, so expiry of the snapshots
+                // before it (ours or anyone's) cannot break that walk. (A
+                // commit found landed only after an unknown outcome keeps
+                // the older mark: what came between is walked again.)
+                if let Some(tstate) = state.tables.get_mut(&key) {
+                    tstate.checked_through = Some(snapshot_id);
+                }
                 Ok(())
             }
             Err(e) => Err(catalog_failure(format!("committing checkpoint {c} to table {ident}"), e)),
@@ -729,6 +754,9 @@ impl GuestCommitter for IcebergCommitter {
                 });
             }
             committer.refuse_claimed(&ident, &existing)?;
+            if holds_own(existing.metadata(), &committer.ctx) {
+                committer.state.borrow_mut().committed_before.push(ident.to_string());
+            }
         }
         // The tables the job starts with: created, or evolved to take the
         // source's rows (a job may start on a table an older run made).

@@ -114,6 +114,11 @@ pub(crate) struct TableState {
 pub(crate) struct State {
     #[serde(default)]
     pub(crate) tables: BTreeMap<String, TableState>,
+    /// Tables where `committer.open` found checkpoints of this very
+    /// incarnation (its watermark): never persisted, only to refuse an
+    /// overwrite that restores no state after them (see `restore_state`).
+    #[serde(skip)]
+    pub(crate) committed_before: Vec<String>,
 }
 
 impl State {

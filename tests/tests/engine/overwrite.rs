@@ -393,3 +393,56 @@ fn lost_replies_conflicts_and_a_crash_after_apply_land_each_checkpoint_once() {
     assert_eq!(checkpoints.len(), snapshots.len(), "a checkpoint committed twice: {snapshots:?}");
     assert_eq!(snapshots.iter().filter(|s| s.2).count(), 2, "each day replaced once: {snapshots:?}");
 }
+
+/// An incarnation that landed checkpoints in append mode is not resumed in
+/// overwrite mode: its first overwrite would replace the days those
+/// checkpoints delivered. It is refused, naming the way out, and the table
+/// keeps every row.
+#[test]
+fn switching_an_incarnation_from_append_to_overwrite_is_refused() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    // Days 2 and 3 appended again in checkpoints of 5 rows; stopped after
+    // checkpoint 2 is committed.
+    let more: Vec<Row> = [day_rows(2, 1000..1008, 2), day_rows(3, 2000..2008, 3)].concat();
+    let run = job("switch", warehouse.path(), "append", 5);
+    write_csv(&run, "a.csv", &more);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 0 };
+    assert!(run.run(Some(crash)).expect_err("the crash").is_injected_crash());
+    let before = by_day(warehouse.path());
+    let err = run
+        .run_with(&["sink.options.mode=overwrite-partitions"], None)
+        .expect_err("the switch to overwrite is refused")
+        .to_string();
+    assert!(
+        err.contains("already landed checkpoints") && err.contains(TABLE) && err.contains("--new-incarnation"),
+        "{err}"
+    );
+    assert_eq!(by_day(warehouse.path()), before, "the refused run changed the table");
+    // Finished in the mode it started with, every row is there once.
+    run.run(None).expect("the append run resumes");
+    assert_eq!(by_day(warehouse.path()), expected(&[old, more].concat()));
+}
+
+/// Snapshot expiry between two runs of one overwrite incarnation, down to
+/// the head alone, leaves the resumed run able to tell the table's history:
+/// the check of other writers starts from the incarnation's own last
+/// snapshot, so it never needs one that expired. Every day ends exact.
+#[test]
+fn expiry_between_runs_of_an_overwrite_leaves_the_resume_exact() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    // Five checkpoints of 5 rows; stopped after checkpoint 3 is committed.
+    let new: Vec<Row> = [day_rows(2, 1000..1007, 2), day_rows(3, 2000..2008, 3), day_rows(4, 3000..3006, 4)].concat();
+    let over = job("expire", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&over, "a.csv", &new);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 3, subtask: 0 };
+    assert!(over.run(Some(crash)).expect_err("the crash").is_injected_crash());
+    let path = over.path().display().to_string();
+    let (code, out, err) =
+        sluice_tests::run_cli(&["maintain", &path, "--no-compact", "--keep-last", "1"], over.dir.path());
+    assert_eq!(code, 0, "sluice maintain failed:\n{out}\n{err}");
+    assert!(out.contains("expired"), "{out}");
+    over.run(None).expect("the resume after expiry");
+    assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[2, 3]), new].concat()));
+}
