@@ -362,11 +362,19 @@ pub(crate) fn replace_partition(
             }},
         });
         let context = format!("checkpoint {c}: copy job {id} ({stage}${d} → {target}${d})");
+        // Whether this call made the job (or may have: a lost reply), as
+        // against one an earlier try or run made: only this call's
+        // failures count against its budget, so a walk past the ids that
+        // failed before always reaches a new one.
+        let mut fresh = true;
         let job = match jobs.insert(project, &body) {
             Ok(Inserted::Created(job)) => job,
             // Ours from an earlier try or run, or the one a lost reply hid.
             Ok(Inserted::Duplicate) => match jobs.get(project, &id, None) {
-                Ok(Some(job)) => job,
+                Ok(Some(job)) => {
+                    fresh = false;
+                    job
+                }
                 Ok(None) => {
                     return Err(error::retryable(format!(
                         "{context}: jobs.insert answered 409 duplicate but jobs.get finds no such job"
@@ -405,10 +413,18 @@ pub(crate) fn replace_partition(
                 return Ok(());
             }
             Outcome::FailedTransient(why) => {
-                failures += 1;
                 log::warn(&format!("{context} failed and applied nothing ({why}); trying it as attempt {}", k + 1));
-                if failures >= budget {
-                    return Err(error::retryable(format!("{context}: failed {failures} times in a row, last: {why}")));
+                if fresh {
+                    failures += 1;
+                    if failures >= budget {
+                        return Err(error::retryable(format!(
+                            "{context}: failed {failures} times in a row, last: {why}"
+                        )));
+                    }
+                    // A rate limit or a backend error: wait before the next id.
+                    if let Some(wait) = cfg.retry().delay(failures) {
+                        std::thread::sleep(wait);
+                    }
                 }
                 k += 1;
             }
@@ -432,6 +448,9 @@ fn wait_done(
     // Polls in all, at the retry policy's growing delays (some minutes with
     // the defaults); then the commit is asked again and finds the same job.
     const POLLS: u32 = 120;
+    // A job outside the US and EU multi-regions is found only with its
+    // location, which the job resource names.
+    let location = job["jobReference"]["location"].as_str().map(str::to_string);
     for poll in 1..=POLLS {
         match outcome(id, &job)? {
             Outcome::Running => {}
@@ -442,10 +461,16 @@ fn wait_done(
             .delay(poll.min(cfg.attempts.saturating_sub(1)).max(1))
             .unwrap_or(Duration::from_millis(cfg.backoff_ms.max(10)));
         std::thread::sleep(wait);
-        job = match jobs.get(project, id, None) {
+        job = match jobs.get(project, id, location.as_deref()) {
             Ok(Some(job)) => job,
+            // Not proof that it did not run (a job just made, or asked for
+            // in the wrong location, may be answered 404): unknown, so the
+            // commit is asked again, which finds the job by its id.
             Ok(None) => {
-                return Err(error::fatal(format!("{context}: the job is gone (jobs.get answers 404)")));
+                return Err(error::retryable(format!(
+                    "{context}: jobs.get answers 404 for a job that was made; whether it ran is unknown, and the \
+                     commit is asked again"
+                )));
             }
             Err(e) if e.is_transient() => continue,
             Err(e) => return Err(rest_failure(context, e)),
