@@ -53,6 +53,17 @@
 //! same commit, under the same `assert-ref-snapshot-id` requirement. The
 //! job's dead-letter table is always appended to.
 //!
+//! With `overwrite_filter`, the incarnation's first checkpoint with rows in
+//! a table removes every live file inside the filter instead, and later
+//! ones add; validation takes the filter as its conflict detection filter.
+//! The filter is checked against the table (its columns partition it, no
+//! live file straddles it) when the committer opens and at every commit.
+//! When a bounded input was entirely empty, `committer-state.finish`
+//! refuses (`config`, naming the job, tables, filter and what would go)
+//! unless `allow_empty_overwrite`, with which it returns a commit that only
+//! removes the filter's files: a `delete` snapshot carrying the watermark
+//! and claim like any other, so it lands once across crashes.
+//!
 //! `evolve` creates new tables and evolves schemas with the REST spec's
 //! `add-schema` and `set-current-schema` updates, guarded by
 //! `assert-current-schema-id`; a table that already has the schema is left
@@ -79,7 +90,7 @@ use crate::host_io::{self, PinnedCatalog, catalog_message};
 use crate::overwrite::{self, Plan, State};
 use crate::runtime::block_on;
 use crate::schema;
-use crate::snapshot::{Built, build_snapshot, manifests_cached};
+use crate::snapshot::{Built, build_snapshot, manifests_cached, manifests_of};
 use crate::writer::{CommitInfo, TableFiles, ensure_table, iceberg_error};
 use crate::{SUMMARY_CHECKPOINT, SUMMARY_INCARNATION, SUMMARY_JOB, SUMMARY_SINK};
 
@@ -124,7 +135,7 @@ pub struct IcebergCommitter {
     /// never moved, so a table in here needs no second look).
     claimed: RefCell<HashSet<String>>,
     /// Every source table the committer was told of (open, evolve).
-    known: RefCell<BTreeSet<String>>,
+    known: Rc<RefCell<BTreeSet<String>>>,
     /// Anchor claims (one per namespace directory) held by this incarnation.
     anchors: RefCell<HashSet<String>>,
     /// The overwrite state (empty in append mode), shared with the
@@ -134,27 +145,37 @@ pub struct IcebergCommitter {
     manifests: RefCell<HashMap<String, Vec<iceberg::spec::ManifestEntryRef>>>,
 }
 
-thread_local! {
-    /// The state of the committer opened in this instance (the host opens
-    /// one committer per instance), for `committer-state`.
-    static OPEN: RefCell<Option<(bool, Rc<RefCell<State>>)>> = const { RefCell::new(None) };
+/// What `committer-state` needs of the committer opened in this instance.
+struct Opened {
+    overwrites: bool,
+    state: Rc<RefCell<State>>,
+    cfg: Config,
+    ctx: SinkContext,
+    known: Rc<RefCell<BTreeSet<String>>>,
 }
 
-fn open_state() -> Result<(bool, Rc<RefCell<State>>), SinkError> {
+thread_local! {
+    /// The committer opened in this instance (the host opens one committer
+    /// per instance), for `committer-state`.
+    static OPEN: RefCell<Option<Rc<Opened>>> = const { RefCell::new(None) };
+}
+
+fn open_state() -> Result<Rc<Opened>, SinkError> {
     OPEN.with(|open| open.borrow().clone()).ok_or_else(|| error::fatal("committer-state called before committer.open"))
 }
 
 /// `committer-state.restore`: the state of the newest record of this
 /// incarnation replaces what `open` saw (the bases it froze win).
 pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
-    let (overwrites, state) = open_state()?;
+    let open = open_state()?;
+    let state = &open.state;
     let Some(bytes) = bytes.filter(|b| !b.is_empty()) else {
         // An overwrite always records its state, so none after this
         // incarnation's own checkpoints means they were landed in append
         // mode (or by a build before overwrite): replacing the partitions
         // they touched now would delete rows already delivered.
         let before = &state.borrow().committed_before;
-        if overwrites && !before.is_empty() {
+        if open.overwrites && !before.is_empty() {
             return Err(error::config(format!(
                 "[sink.options] mode = \"overwrite-partitions\": this incarnation already landed checkpoints in \
                  table(s) {} without overwrite, and replacing the partitions they touched would delete rows already \
@@ -173,11 +194,76 @@ pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
 
 /// `committer-state.snapshot`: the overwrite state (nothing in append mode).
 pub(crate) fn snapshot_state() -> Result<Vec<u8>, SinkError> {
-    let (overwrites, state) = open_state()?;
-    if !overwrites {
+    let open = open_state()?;
+    if !open.overwrites {
         return Ok(Vec::new());
     }
-    serde_json::to_vec(&*state.borrow()).map_err(|e| error::fatal(format!("encoding the committer state: {e}")))
+    serde_json::to_vec(&*open.state.borrow()).map_err(|e| error::fatal(format!("encoding the committer state: {e}")))
+}
+
+/// `committer-state.finish(c)`: a bounded input ended with round `c`, where
+/// no writer prepared anything. With `overwrite_filter`, an input that was
+/// entirely empty (no table's filter replaced, no partition replaced, by
+/// this incarnation) is refused unless `allow_empty_overwrite`; with it,
+/// the answer is a commit that removes every live file inside the filter
+/// of each table, one `delete` snapshot per table. Otherwise nothing.
+pub(crate) fn finish_state(c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+    let open = open_state()?;
+    let cfg = &open.cfg;
+    let Some(filter) = cfg.overwrite_filter.as_ref().filter(|_| open.overwrites) else { return Ok(None) };
+    if open.state.borrow().landed_any() {
+        // Rows landed in earlier checkpoints: the end adds nothing.
+        return Ok(None);
+    }
+    let names: Vec<String> = open.known.borrow().iter().filter(|n| cfg.filter_for(n).is_some()).cloned().collect();
+    let mut tables = Vec::new();
+    let mut plans = BTreeMap::new();
+    let mut found = Vec::new();
+    for name in names {
+        let ident = cfg.ident(&name)?;
+        let table = block_on(host_io::load_table(&ident)).map_err(|e| e.into_sink_error(&ident))?;
+        let bound = overwrite::bind_filter(filter, &table)?;
+        let manifests = match table.metadata().current_snapshot() {
+            Some(head) => manifests_of(&table, head)?,
+            None => Vec::new(),
+        };
+        let scan = overwrite::scan_filter(&table, &manifests, &bound)?;
+        found.push(format!("table {ident}: {} data file(s) holding {} row(s)", scan.data_files, scan.rows));
+        tables.push(TableFiles {
+            table: name.clone(),
+            spec_id: table.metadata().default_partition_spec_id(),
+            files: Vec::new(),
+        });
+        plans.insert(name, overwrite::filter_plan(None, filter, BTreeSet::new()));
+    }
+    if tables.is_empty() {
+        return Ok(None);
+    }
+    if !cfg.allow_empty_overwrite {
+        return Err(error::config(format!(
+            "job {:?}: the input was entirely empty, and with [sink.options] overwrite_filter `{}` landing it would \
+             delete every row matching the filter: {}. Nothing was committed. If that is meant (the range really has \
+             no rows now), set [sink.options] allow_empty_overwrite = true; otherwise check the input upstream",
+            open.ctx.job_id,
+            filter.source(),
+            found.join("; ")
+        )));
+    }
+    log::warn(&format!(
+        "job {:?}: the input was entirely empty; allow_empty_overwrite = true, so checkpoint {c} deletes every row \
+         matching overwrite_filter `{}`: {}",
+        open.ctx.job_id,
+        filter.source(),
+        found.join("; ")
+    ));
+    let combined = Combined {
+        tables,
+        incarnation: Some(open.ctx.incarnation.clone()),
+        spec_id: None,
+        files: Vec::new(),
+        overwrite: plans,
+    };
+    serde_json::to_vec(&combined).map(Some).map_err(|e| error::fatal(format!("encoding combined commit: {e}")))
 }
 
 /// The anchor claim of the namespace directory `table` lives in.
@@ -405,7 +491,9 @@ impl IcebergCommitter {
         plan: Option<&Plan>,
         problems: &mut Vec<String>,
     ) -> Result<Option<(TableIdent, Table, Vec<DataFile>)>, SinkError> {
-        if part.files.is_empty() {
+        // The filter's first commit removes files even with none to add
+        // (an entirely empty input, allowed).
+        if part.files.is_empty() && !plan.is_some_and(|p| p.filter_first) {
             return Ok(None);
         }
         let ident = self.cfg.ident(&part.table)?;
@@ -497,6 +585,7 @@ impl IcebergCommitter {
         plan: &Plan,
     ) -> Result<(), SinkError> {
         let key = ident.to_string();
+        let filter = self.plan_filter(c, ident, table, plan)?;
         let take_claim = self.judge_claim(ident, table.metadata())?;
         let head = table.metadata().current_snapshot().cloned();
         {
@@ -510,7 +599,11 @@ impl IcebergCommitter {
                      committed"
                 )));
             };
-            overwrite::validate(table, &self.ctx, head.as_deref(), tstate, &plan.touched)?;
+            let scope = match &filter {
+                Some(f) => overwrite::Scope::Filter(f),
+                None => overwrite::Scope::Partitions(&plan.touched),
+            };
+            overwrite::validate(table, &self.ctx, head.as_deref(), tstate, scope)?;
         }
         let manifests = match &head {
             Some(h) => {
@@ -524,7 +617,9 @@ impl IcebergCommitter {
             None => Vec::new(),
         };
         let mut gone: HashSet<&str> = HashSet::new();
-        if !plan.replace.is_empty() {
+        if let (Some(f), true) = (&filter, plan.filter_first) {
+            gone = overwrite::scan_filter(table, &manifests, f)?.gone;
+        } else if !plan.replace.is_empty() {
             for m in &manifests {
                 for entry in m.entries.iter().filter(|e| e.is_alive()) {
                     // A manifest holds files of its own spec.
@@ -541,12 +636,18 @@ impl IcebergCommitter {
             (SUMMARY_CHECKPOINT.to_string(), c.to_string()),
             (SUMMARY_INCARNATION.to_string(), incarnation.to_string()),
         ]);
-        let operation = if plan.replace.is_empty() {
-            Operation::Append
-        } else {
-            props.insert(overwrite::REPLACE_PARTITIONS.to_string(), "true".to_string());
-            props.insert("sluice.overwrite".to_string(), "partitions".to_string());
-            Operation::Overwrite
+        let operation = match &plan.filter {
+            Some(text) if plan.filter_first => {
+                props.insert("sluice.overwrite".to_string(), "filter".to_string());
+                props.insert("sluice.overwrite-filter".to_string(), text.clone());
+                if files.is_empty() { Operation::Delete } else { Operation::Overwrite }
+            }
+            _ if plan.replace.is_empty() => Operation::Append,
+            _ => {
+                props.insert(overwrite::REPLACE_PARTITIONS.to_string(), "true".to_string());
+                props.insert("sluice.overwrite".to_string(), "partitions".to_string());
+                Operation::Overwrite
+            }
         };
         let mut properties = HashMap::from([(watermark_key(&self.ctx, incarnation), c.to_string())]);
         if take_claim {
@@ -565,7 +666,13 @@ impl IcebergCommitter {
         )?;
         match host_io::commit_updates(ident, &requirements, &updates) {
             Ok(()) => {
-                if plan.replace.is_empty() {
+                if let (Some(text), true) = (&plan.filter, plan.filter_first) {
+                    log::info(&format!(
+                        "checkpoint {c}: table {ident}: replaced the rows of overwrite_filter `{text}`, removing \
+                         {removed} file(s) and adding {}",
+                        added.len()
+                    ));
+                } else if plan.replace.is_empty() {
                     log::debug(&format!("checkpoint {c}: snapshot committed to {ident}"));
                 } else {
                     let names: Vec<String> = plan.replace.iter().map(ToString::to_string).collect();
@@ -596,6 +703,28 @@ impl IcebergCommitter {
         }
     }
 
+    /// The job's `overwrite_filter` bound to `table`, for a commit whose
+    /// plan has one (`None` in dynamic mode); refused when the plan was made
+    /// with another filter than the job file has now.
+    fn plan_filter(
+        &self,
+        c: u64,
+        ident: &TableIdent,
+        table: &Table,
+        plan: &Plan,
+    ) -> Result<Option<crate::filter::BoundFilter>, SinkError> {
+        let Some(planned) = &plan.filter else { return Ok(None) };
+        match &self.cfg.overwrite_filter {
+            Some(f) if f.source() == planned => overwrite::bind_filter(f, table).map(Some),
+            now => Err(error::config(format!(
+                "checkpoint {c} of table {ident} is pending with overwrite_filter `{planned}`, and the job now has {}; \
+                 restore [sink.options] overwrite_filter to `{planned}` so the run can finish (nothing of checkpoint \
+                 {c} is visible yet)",
+                now.as_ref().map_or_else(|| "none".to_string(), |f| format!("`{}`", f.source()))
+            ))),
+        }
+    }
+
     /// Notes the current snapshot of table `ident` as the incarnation's base
     /// for it, unless it has one (overwrite mode).
     fn see_table(&self, name: &str) -> Result<(), SinkError> {
@@ -615,11 +744,32 @@ impl IcebergCommitter {
             Some(None) => "; an earlier run of this job landed there before, and is replaced too".to_string(),
             None => String::new(),
         };
+        let Some(filter) = self.cfg.filter_for(name) else {
+            log::info(&format!(
+                "mode overwrite-partitions: incarnation {} of job {:?} replaces the partitions it touches in table \
+                 {ident} (the first checkpoint touching a partition replaces it, later ones add); partitions it does \
+                 not touch keep their rows{before}",
+                self.ctx.incarnation, self.ctx.job_id
+            ));
+            return Ok(());
+        };
+        // Before anything is written: the filter's columns partition the
+        // table, and no live file straddles it.
+        let bound = overwrite::bind_filter(filter, &table)?;
+        let manifests = match table.metadata().current_snapshot() {
+            Some(head) => manifests_of(&table, head)?,
+            None => Vec::new(),
+        };
+        let scan = overwrite::scan_filter(&table, &manifests, &bound)?;
         log::info(&format!(
-            "mode overwrite-partitions: incarnation {} of job {:?} replaces the partitions it touches in table \
-             {ident} (the first checkpoint touching a partition replaces it, later ones add); partitions it does \
-             not touch keep their rows{before}",
-            self.ctx.incarnation, self.ctx.job_id
+            "mode overwrite-partitions: incarnation {} of job {:?} replaces every row of table {ident} matching \
+             overwrite_filter `{}` (now {} data file(s), {} row(s)) with the rows it lands; rows outside the filter \
+             are kept{before}",
+            self.ctx.incarnation,
+            self.ctx.job_id,
+            filter.source(),
+            scan.data_files,
+            scan.rows
         ));
         Ok(())
     }
@@ -730,7 +880,7 @@ impl GuestCommitter for IcebergCommitter {
             cfg,
             ctx,
             claimed: RefCell::new(HashSet::new()),
-            known: RefCell::new(tables.iter().map(|t| t.name.clone()).collect()),
+            known: Rc::new(RefCell::new(tables.iter().map(|t| t.name.clone()).collect())),
             anchors: RefCell::new(HashSet::new()),
             state: Rc::new(RefCell::new(State::default())),
             manifests: RefCell::new(HashMap::new()),
@@ -764,9 +914,14 @@ impl GuestCommitter for IcebergCommitter {
             committer.evolve_table(table)?;
             committer.see_table(&table.name)?;
         }
-        let overwrites = committer.cfg.mode == crate::config::Mode::OverwritePartitions;
-        let state = committer.state.clone();
-        OPEN.with(|open| *open.borrow_mut() = Some((overwrites, state)));
+        let opened = Opened {
+            overwrites: committer.cfg.mode == crate::config::Mode::OverwritePartitions,
+            state: committer.state.clone(),
+            cfg: committer.cfg.clone(),
+            ctx: committer.ctx.clone(),
+            known: committer.known.clone(),
+        };
+        OPEN.with(|open| *open.borrow_mut() = Some(Rc::new(opened)));
         Ok(Committer::new(committer))
     }
 
@@ -809,7 +964,14 @@ impl GuestCommitter for IcebergCommitter {
             let table = self.load(&ident)?;
             let touched = overwrite::touched(&table, part.spec_id, &decode_files(&table, part)?)?;
             let state = self.state.borrow();
-            plans.insert(part.table.clone(), overwrite::plan(state.tables.get(&ident.to_string()), touched));
+            let tstate = state.tables.get(&ident.to_string());
+            let filter = self.cfg.filter_for(&part.table);
+            overwrite::check_scope(&ident.to_string(), tstate, filter.map(|f| f.source()))?;
+            let plan = match filter {
+                Some(f) => overwrite::filter_plan(tstate, f, touched),
+                None => overwrite::plan(tstate, touched),
+            };
+            plans.insert(part.table.clone(), plan);
         }
         let combined = Combined {
             tables,
@@ -896,6 +1058,10 @@ pub fn describe(cfg: Option<&Config>, combined: &[u8]) -> Vec<String> {
                 .and_then(|cfg| cfg.ident(&part.table).ok())
                 .map_or_else(|| format!("{:?}", part.table), |i| i.to_string());
             match plans.get(&part.table) {
+                Some(Plan { filter: Some(text), filter_first: true, .. }) => format!(
+                    "table {target}: overwrite of every row matching overwrite_filter `{text}` with {} data file(s)",
+                    part.files.len()
+                ),
                 Some(plan) if !plan.replace.is_empty() => {
                     let names: Vec<String> = plan.replace.iter().map(ToString::to_string).collect();
                     format!(

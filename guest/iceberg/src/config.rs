@@ -7,6 +7,8 @@ use iceberg::{NamespaceIdent, TableIdent};
 use sluice_guest_sdk::options::Options;
 use sluice_guest_sdk::{OptionSpec, SinkError, claim, error, option_spec};
 
+use crate::filter::OverwriteFilter;
+
 pub fn option_specs() -> Vec<OptionSpec> {
     vec![
         option_spec(
@@ -48,6 +50,23 @@ pub fn option_specs() -> Vec<OptionSpec> {
              refused when another writer added rows to such a partition since the run began",
             false,
             Some("append"),
+        ),
+        option_spec(
+            "overwrite_filter",
+            "only with mode = \"overwrite-partitions\": the rows the run replaces, as an Iceberg predicate in the \
+             subset PyIceberg's string filters accept (comparisons, `in`, `is null`, `and`/`or`/`not` on columns, e.g. \
+             `day >= '2024-01-01' and day < '2024-02-01'`). Every row matching it is replaced by what the run lands \
+             (a day in it without input rows ends empty); an input row outside it is refused. Its columns must be \
+             sources of the table's partition fields, since whole data files are replaced",
+            false,
+            None,
+        ),
+        option_spec(
+            "allow_empty_overwrite",
+            "with `overwrite_filter`: let an input that is entirely empty delete every row matching the filter \
+             (otherwise refused, so an upstream outage cannot wipe the filter's range)",
+            false,
+            Some("false"),
         ),
         option_spec(
             DEAD_LETTER_TABLE,
@@ -93,6 +112,12 @@ pub struct Config {
     pub mode: Mode,
     /// The job's dead-letter table as the source names it (always appended to).
     pub dead_letter_table: Option<String>,
+    /// `overwrite_filter`: the explicit scope of an overwrite (only with
+    /// [`Mode::OverwritePartitions`]).
+    pub overwrite_filter: Option<OverwriteFilter>,
+    /// `allow_empty_overwrite`: an entirely empty input may delete the
+    /// filter's rows.
+    pub allow_empty_overwrite: bool,
 }
 
 impl Config {
@@ -132,10 +157,29 @@ impl Config {
             }
         };
         let dead_letter_table = opts.get(DEAD_LETTER_TABLE).map(str::to_string);
+        let overwrite_filter = opts
+            .get("overwrite_filter")
+            .map(|text| OverwriteFilter::parse(text).map_err(|e| error::config(format!("[sink.options] {e}"))))
+            .transpose()?;
+        if overwrite_filter.is_some() && mode != Mode::OverwritePartitions {
+            return Err(error::config(
+                "[sink.options] overwrite_filter is set but mode is \"append\"; a filter scopes an overwrite, so set \
+                 [sink.options] mode = \"overwrite-partitions\" or drop overwrite_filter",
+            ));
+        }
+        let allow_empty_overwrite = opts.flag("allow_empty_overwrite")?;
+        if allow_empty_overwrite && overwrite_filter.is_none() {
+            return Err(error::config(
+                "[sink.options] allow_empty_overwrite = true needs [sink.options] overwrite_filter (with mode = \
+                 \"overwrite-partitions\"): without a filter an empty input replaces nothing",
+            ));
+        }
         Ok(Self {
             table,
             mode,
             dead_letter_table,
+            overwrite_filter,
+            allow_empty_overwrite,
             create_table,
             partition_by,
             target_file_bytes: target_mb * 1024 * 1024,
@@ -149,6 +193,12 @@ impl Config {
     /// touch: in overwrite mode, except the job's dead-letter table.
     pub fn overwrites(&self, table: &str) -> bool {
         self.mode == Mode::OverwritePartitions && self.dead_letter_table.as_deref() != Some(table)
+    }
+
+    /// The filter scoping the overwrite of source table `table`, if any
+    /// (never for the job's dead-letter table).
+    pub fn filter_for(&self, table: &str) -> Option<&OverwriteFilter> {
+        self.overwrite_filter.as_ref().filter(|_| self.overwrites(table))
     }
 
     /// The Iceberg table a source table lands in.
@@ -259,6 +309,30 @@ mod tests {
         assert!(over.overwrites("") && !over.overwrites("lake.dead"));
         let Err(SinkError::Config(m)) = cfg(&[("mode", "replace")]) else { panic!("replace is no mode") };
         assert!(m.contains("[sink.options] mode") && m.contains("overwrite-partitions"), "{m}");
+    }
+
+    #[test]
+    fn parses_the_overwrite_filter() {
+        let cfg = |extra: &[(&str, &str)]| {
+            let mut raw = vec![("table".to_string(), "lake.t".to_string())];
+            raw.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            Config::parse(raw)
+        };
+        let filter = [("mode", "overwrite-partitions"), ("overwrite_filter", "day >= '2024-01-01'")];
+        let ok = cfg(&filter).unwrap();
+        assert_eq!(ok.filter_for("").map(OverwriteFilter::source), Some("day >= '2024-01-01'"));
+        assert!(!ok.allow_empty_overwrite);
+        assert!(cfg(&[filter[0], filter[1], ("allow_empty_overwrite", "true")]).unwrap().allow_empty_overwrite);
+        let Err(SinkError::Config(m)) = cfg(&[filter[1]]) else { panic!("a filter in append mode") };
+        assert!(m.contains("overwrite_filter") && m.contains("mode"), "{m}");
+        let Err(SinkError::Config(m)) = cfg(&[filter[0], ("overwrite_filter", "day >>= 1")]) else {
+            panic!("a filter that does not parse")
+        };
+        assert!(m.contains("overwrite_filter") && m.contains("character"), "{m}");
+        let Err(SinkError::Config(m)) = cfg(&[filter[0], ("allow_empty_overwrite", "true")]) else {
+            panic!("allow_empty_overwrite without a filter")
+        };
+        assert!(m.contains("allow_empty_overwrite") && m.contains("overwrite_filter"), "{m}");
     }
 
     #[test]

@@ -35,9 +35,10 @@
 //!   column and literal for binding, the column and table for the partition
 //!   check.
 //!
-//! Nothing outside this module calls it yet (the overwrite committer and the
-//! writer's row check will), hence the module-wide `dead_code` allowance and
-//! the `unused_imports` ones on the re-exports below.
+//! Used by `config.rs` (parse), the writer (bind, partition check, row
+//! check) and the overwrite committer (`overwrite.rs`: bind, projections).
+//! A few accessors serve only the tests and error texts, hence the
+//! `dead_code` allowance.
 #![allow(dead_code)]
 
 mod bind;
@@ -50,8 +51,6 @@ use std::fmt;
 use iceberg::expr::BoundPredicate;
 use iceberg::spec::SchemaRef;
 
-// The names the committer and the writer will use; unused until they do.
-#[allow(unused_imports)]
 pub(crate) use partition::{PartitionFilter, Placement};
 #[allow(unused_imports)]
 pub(crate) use rows::RowOutside;
@@ -99,6 +98,22 @@ pub(crate) enum FilterError {
         #[source]
         source: arrow_schema::ArrowError,
     },
+}
+
+impl FilterError {
+    /// As the contract's error: what the user wrote or chose is `config`;
+    /// a failure evaluating a filter that bound is `fatal`.
+    pub(crate) fn into_sink_error(self) -> sluice_guest_sdk::SinkError {
+        use sluice_guest_sdk::error;
+        match self {
+            Self::Syntax { .. }
+            | Self::Unsupported { .. }
+            | Self::UnknownColumn { .. }
+            | Self::Literal { .. }
+            | Self::NotPartitioned { .. } => error::config(format!("[sink.options] {self}")),
+            Self::Iceberg { .. } | Self::Evaluation { .. } | Self::Arrow { .. } => error::fatal(self.to_string()),
+        }
+    }
 }
 
 /// A parsed `overwrite_filter`, not yet tied to a table.

@@ -92,6 +92,9 @@ fn validate_table(cfg: &config::Config, ctx: &SinkContext, source: &Table) -> Re
                 // Fails on anything narrower; a wider source is evolved at open.
                 schema::evolved_schema(&table, &arrow)?;
                 schema::check_partitioning(cfg, &table)?;
+                if let Some(filter) = cfg.filter_for(&source.name) {
+                    overwrite::bind_filter(filter, &table)?;
+                }
                 // What `committer.open` would refuse, `sluice check` refuses too.
                 committer::refuse_claimed(ctx, cfg.claim, &ident, &table)?;
                 host_io::check_writable(&table)
@@ -132,9 +135,10 @@ impl sluice_guest_sdk::GuestCommitterState for IcebergSink {
     }
 
     /// Without a filter, an empty input replaces nothing (as PyIceberg's
-    /// `dynamic_partition_overwrite` of an empty frame does).
-    fn finish(_c: u64) -> Result<Option<Vec<u8>>, SinkError> {
-        Ok(None)
+    /// `dynamic_partition_overwrite` of an empty frame does); with one, see
+    /// [`committer::finish_state`].
+    fn finish(c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+        committer::finish_state(c)
     }
 }
 

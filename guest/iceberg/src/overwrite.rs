@@ -22,8 +22,26 @@
 //! - a partition is `(spec id, the partition's values rendered by their
 //!   transforms)`: an unpartitioned table is one partition, so the first
 //!   checkpoint of an incarnation replaces the whole table.
+//!
+//! With `overwrite_filter` (explicit scope) instead:
+//! - the incarnation's first commit to a table (its first checkpoint with
+//!   rows, or the end of an entirely empty input when
+//!   `allow_empty_overwrite` lets it) removes every live data and delete
+//!   file whose partition lies wholly inside the filter, in the same one
+//!   snapshot that adds its files; later ones add. Whether that first
+//!   commit landed is [`TableState::filter_replaced`], folded in like a
+//!   replaced partition, so a resume never replaces again;
+//! - a live file whose partition straddles the filter (or cannot be placed,
+//!   being of a spec the filter's columns do not partition) is refused with
+//!   a `config` error before anything is committed: whole files are
+//!   replaced, never rows inside them ([`scan_filter`]);
+//! - validation uses the filter as the conflict detection filter, as Java's
+//!   `BaseOverwriteFiles` does: another writer's data in any partition the
+//!   filter may match conflicts;
+//! - one incarnation keeps one scope: a resume with another filter, or
+//!   switching between a filter and none, is refused ([`check_scope`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use iceberg::spec::{DataContentType, DataFile, ManifestContentType, ManifestStatus, Operation, Snapshot, Struct};
@@ -31,7 +49,9 @@ use iceberg::table::Table;
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::{SinkContext, SinkError, error};
 
+use crate::filter::{BoundFilter, FilterError, OverwriteFilter, PartitionFilter, Placement};
 use crate::runtime::block_on;
+use crate::snapshot::LoadedManifest;
 use crate::writer::iceberg_error;
 use crate::{SUMMARY_CHECKPOINT, SUMMARY_INCARNATION, SUMMARY_JOB, SUMMARY_SINK};
 
@@ -90,6 +110,14 @@ pub(crate) struct Foreign {
     pub(crate) partition: PartKey,
     /// Who added it, as its snapshot's summary tells.
     pub(crate) writer: String,
+    /// With `overwrite_filter`: the partition may hold rows the filter
+    /// matches (its inclusive projection is true).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(crate) in_filter: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What the incarnation knows of one table.
@@ -107,6 +135,13 @@ pub(crate) struct TableState {
     /// Partitions other writers added data to since `base`.
     #[serde(default)]
     pub(crate) foreign: Vec<Foreign>,
+    /// With `overwrite_filter`: the filter's rows were replaced (the
+    /// incarnation's first commit to the table landed).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(crate) filter_replaced: bool,
+    /// The filter they were replaced with, as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) filter: Option<String>,
 }
 
 /// The committer state of an overwrite job, per table ident (`ns.name`).
@@ -127,11 +162,22 @@ impl State {
         self.tables.entry(ident.to_string()).or_insert_with(|| TableState { base: head, ..TableState::default() });
     }
 
-    /// Folds a committed plan in: its partitions are replaced.
+    /// Folds a committed plan in: its partitions are replaced (and, for
+    /// the filter's first commit, the filter's rows).
     pub(crate) fn fold(&mut self, ident: &str, plan: &Plan) {
         if let Some(t) = self.tables.get_mut(ident) {
             t.replaced.extend(plan.replace.iter().cloned());
+            if plan.filter_first {
+                t.filter_replaced = true;
+                t.filter.clone_from(&plan.filter);
+            }
         }
+    }
+
+    /// Whether the input has landed anything in any table yet (filter
+    /// replaced, or a partition replaced).
+    pub(crate) fn landed_any(&self) -> bool {
+        self.tables.values().any(|t| t.filter_replaced || !t.replaced.is_empty())
     }
 }
 
@@ -144,13 +190,168 @@ pub(crate) struct Plan {
     /// Every partition `c` adds files to.
     #[serde(default)]
     pub(crate) touched: BTreeSet<PartKey>,
+    /// With `overwrite_filter`: the filter as written (its presence is the
+    /// filter mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) filter: Option<String>,
+    /// With `overwrite_filter`: `c` is the incarnation's first commit to
+    /// the table, which removes every live file inside the filter.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(crate) filter_first: bool,
 }
 
 /// The plan of a checkpoint touching `touched`, given `state`.
 pub(crate) fn plan(state: Option<&TableState>, touched: BTreeSet<PartKey>) -> Plan {
     let replace =
         touched.iter().filter(|p| state.is_none_or(|s| !s.replaced.contains(*p))).cloned().collect::<BTreeSet<_>>();
-    Plan { replace, touched }
+    Plan { replace, touched, ..Plan::default() }
+}
+
+/// The plan of a checkpoint of a filter overwrite touching `touched`.
+pub(crate) fn filter_plan(state: Option<&TableState>, filter: &OverwriteFilter, touched: BTreeSet<PartKey>) -> Plan {
+    Plan {
+        replace: BTreeSet::new(),
+        touched,
+        filter: Some(filter.source().to_string()),
+        filter_first: state.is_none_or(|s| !s.filter_replaced),
+    }
+}
+
+/// Refuses a checkpoint of table `ident` whose scope (`filter`, as the job
+/// file has it now) is not the one this incarnation has replaced with: a
+/// resume may not switch between dynamic partitions and a filter, nor to
+/// another filter, since the rows replaced so far would no longer be the
+/// ones the job describes.
+pub(crate) fn check_scope(ident: &str, state: Option<&TableState>, filter: Option<&str>) -> Result<(), SinkError> {
+    let Some(state) = state else { return Ok(()) };
+    let before = if state.filter_replaced {
+        Some(state.filter.as_deref().unwrap_or("?"))
+    } else if !state.replaced.is_empty() {
+        None
+    } else {
+        // Nothing replaced yet: any scope is still the first.
+        return Ok(());
+    };
+    if before == filter {
+        return Ok(());
+    }
+    let shown = |f: Option<&str>| {
+        f.map_or_else(|| "no overwrite_filter (dynamic partitions)".to_string(), |f| format!("overwrite_filter `{f}`"))
+    };
+    Err(error::config(format!(
+        "table {ident}: this incarnation already replaced rows with {}, and the job now has {}; finish the run with \
+         the option as it was, or land the backfill again as a new incarnation (a fresh job.state_dir and \
+         --new-incarnation). Nothing was committed",
+        shown(before),
+        shown(filter)
+    )))
+}
+
+/// `filter` bound to `table`'s current schema, refused (`config`) when it
+/// names a column that no partition field of the table's default spec is
+/// derived from.
+pub(crate) fn bind_filter(filter: &OverwriteFilter, table: &Table) -> Result<BoundFilter, SinkError> {
+    let ident = table.identifier().to_string();
+    let metadata = table.metadata();
+    let bound = filter.bind(metadata.current_schema(), &ident).map_err(FilterError::into_sink_error)?;
+    bound.check_partitioned_by(metadata.default_partition_spec()).map_err(FilterError::into_sink_error)?;
+    Ok(bound)
+}
+
+/// The filter projected onto each partition spec of a table, made once per spec.
+pub(crate) struct Projections<'a> {
+    table: &'a Table,
+    filter: &'a BoundFilter,
+    by_spec: HashMap<i32, PartitionFilter>,
+}
+
+impl<'a> Projections<'a> {
+    pub(crate) fn new(table: &'a Table, filter: &'a BoundFilter) -> Self {
+        Self { table, filter, by_spec: HashMap::new() }
+    }
+
+    /// Where a partition tuple of spec `spec` lies with respect to the filter.
+    pub(crate) fn classify(&mut self, spec: i32, partition: &Struct) -> Result<Placement, SinkError> {
+        if !self.by_spec.contains_key(&spec) {
+            let Some(s) = self.table.metadata().partition_spec_by_id(spec) else {
+                return Err(error::fatal(format!(
+                    "table {} has no partition spec {spec}, which a data file names",
+                    self.table.identifier()
+                )));
+            };
+            let projected = self.filter.project(s).map_err(FilterError::into_sink_error)?;
+            self.by_spec.insert(spec, projected);
+        }
+        match self.by_spec.get(&spec) {
+            Some(p) => p.classify(partition).map_err(FilterError::into_sink_error),
+            None => Err(error::fatal("a projection made just before is gone")),
+        }
+    }
+}
+
+/// What the filter's first commit removes from a head: every live data and
+/// delete file wholly inside the filter.
+pub(crate) struct FilterScan<'m> {
+    pub(crate) gone: HashSet<&'m str>,
+    /// Of `gone`, the data files and their rows.
+    pub(crate) data_files: usize,
+    pub(crate) rows: u64,
+}
+
+/// Scans the live files of `manifests` (a head of `table`) against `filter`:
+/// the files inside it, or a `config` error naming the first files that
+/// straddle it (Sluice replaces whole files, never rows inside them).
+pub(crate) fn scan_filter<'m>(
+    table: &Table,
+    manifests: &'m [LoadedManifest],
+    filter: &BoundFilter,
+) -> Result<FilterScan<'m>, SinkError> {
+    let mut projections = Projections::new(table, filter);
+    let mut scan = FilterScan { gone: HashSet::new(), data_files: 0, rows: 0 };
+    let mut straddling = Vec::new();
+    for m in manifests {
+        // A manifest holds files of its own spec.
+        let spec = m.file.partition_spec_id;
+        for entry in m.entries.iter().filter(|e| e.is_alive()) {
+            let file = entry.data_file();
+            match projections.classify(spec, file.partition())? {
+                Placement::Inside => {
+                    scan.gone.insert(entry.file_path());
+                    if file.content_type() == DataContentType::Data {
+                        scan.data_files += 1;
+                        scan.rows += file.record_count();
+                    }
+                }
+                Placement::Outside => {}
+                Placement::Straddles => {
+                    if straddling.len() < 3 {
+                        let part = part_key(table, spec, file.partition())?;
+                        straddling.push(format!("{} (partition spec {spec}, {part})", entry.file_path()));
+                    }
+                }
+            }
+        }
+    }
+    if straddling.is_empty() {
+        return Ok(scan);
+    }
+    Err(error::config(format!(
+        "table {}: data file(s) {} hold rows on both sides of overwrite_filter `{}` (or rows the table's partitions \
+         cannot place on one side); Sluice replaces whole data files only, never rows inside them, so partition the \
+         table by the filter's columns and write the filter on partition boundaries (e.g. whole days of a \
+         day-partitioned column). Nothing was committed",
+        table.identifier(),
+        straddling.join(", "),
+        filter.source()
+    )))
+}
+
+/// What a commit must not meet in another writer's data since the base.
+pub(crate) enum Scope<'a> {
+    /// Any of these partitions (dynamic mode).
+    Partitions(&'a BTreeSet<PartKey>),
+    /// Any partition the filter may match.
+    Filter(&'a BoundFilter),
 }
 
 /// Whether `snapshot` was committed by this job, sink and incarnation.
@@ -186,9 +387,9 @@ pub(crate) fn writer_of(snapshot: &Snapshot) -> String {
 }
 
 /// Validates the history of `table` down from `head` (the snapshot the
-/// commit pins) for a checkpoint touching `touched`: records in `state`
-/// every partition another writer added data to, moves `checked_through`
-/// to `head`, and refuses (`fatal`) when a touched partition has such data.
+/// commit pins) for a checkpoint of `scope`: records in `state` every
+/// partition another writer added data to, moves `checked_through` to
+/// `head`, and refuses (`fatal`) when a partition in the scope has such data.
 /// Each snapshot is read once per incarnation run: what it added is kept in
 /// `foreign`, and the next walk stops at `head`.
 pub(crate) fn validate(
@@ -196,7 +397,7 @@ pub(crate) fn validate(
     ctx: &SinkContext,
     head: Option<&Snapshot>,
     state: &mut TableState,
-    touched: &BTreeSet<PartKey>,
+    scope: Scope<'_>,
 ) -> Result<(), SinkError> {
     let ident = table.identifier();
     let metadata = table.metadata();
@@ -218,30 +419,47 @@ pub(crate) fn validate(
         history.push(snapshot);
         next = snapshot.parent_snapshot_id();
     }
+    let filter = match scope {
+        Scope::Filter(f) => Some(f),
+        Scope::Partitions(_) => None,
+    };
+    let mut projections = filter.map(|f| Projections::new(table, f));
     for snapshot in history.iter().rev() {
         let op = &snapshot.summary().operation;
         if ours(snapshot, ctx) || !matches!(op, Operation::Append | Operation::Overwrite) {
             continue;
         }
-        let added = added_partitions(table, snapshot)?;
+        let added = added_partitions(table, snapshot, projections.as_mut())?;
         let writer = writer_of(snapshot);
-        for partition in added {
-            if !state.foreign.iter().any(|f| f.partition == partition) {
-                state.foreign.push(Foreign { partition, writer: writer.clone() });
+        for (partition, in_filter) in added {
+            match state.foreign.iter_mut().find(|f| f.partition == partition) {
+                Some(found) => found.in_filter |= in_filter,
+                None => state.foreign.push(Foreign { partition, writer: writer.clone(), in_filter }),
             }
         }
     }
     if let Some(head) = head {
         state.checked_through = Some(head.snapshot_id());
     }
-    let conflicts: Vec<&Foreign> = state.foreign.iter().filter(|f| touched.contains(&f.partition)).collect();
+    let conflicts: Vec<&Foreign> = state
+        .foreign
+        .iter()
+        .filter(|f| match scope {
+            Scope::Partitions(touched) => touched.contains(&f.partition),
+            Scope::Filter(_) => f.in_filter,
+        })
+        .collect();
     if conflicts.is_empty() {
         return Ok(());
     }
     let found: Vec<String> = conflicts.iter().map(|f| format!("partition {} by {}", f.partition, f.writer)).collect();
+    let scoped = match scope {
+        Scope::Partitions(_) => String::new(),
+        Scope::Filter(f) => format!(" (under overwrite_filter `{}`)", f.source()),
+    };
     Err(error::fatal(format!(
         "table {ident}: another writer added rows to {} that this overwrite job (job {:?}, sink {:?}, incarnation {}) \
-         replaces: {}. Nothing of this checkpoint was committed, and the other writer's rows are kept. Wait for the \
+         replaces{scoped}: {}. Nothing of this checkpoint was committed, and the other writer's rows are kept. Wait for the \
          other writer to finish and rerun this backfill as a new incarnation (a fresh state directory and \
          `--new-incarnation`), or drop this pending checkpoint (`sluice state --drop-pending`)",
         if conflicts.len() == 1 { "a partition" } else { "partitions" },
@@ -263,8 +481,13 @@ fn unknown_history(ident: &str, stop: Option<i64>) -> SinkError {
 }
 
 /// The partitions of the data files `snapshot` added (`added` entries of
-/// the data manifests it wrote).
-fn added_partitions(table: &Table, snapshot: &std::sync::Arc<Snapshot>) -> Result<Vec<PartKey>, SinkError> {
+/// the data manifests it wrote), each with whether the filter (when
+/// `projections` has one) may match rows of it.
+fn added_partitions(
+    table: &Table,
+    snapshot: &std::sync::Arc<Snapshot>,
+    mut projections: Option<&mut Projections<'_>>,
+) -> Result<Vec<(PartKey, bool)>, SinkError> {
     let id = snapshot.snapshot_id();
     let entries = block_on(async {
         let list = table.manifest_list_reader(snapshot).load().await?;
@@ -283,7 +506,7 @@ fn added_partitions(table: &Table, snapshot: &std::sync::Arc<Snapshot>) -> Resul
         Ok::<_, iceberg::Error>(out)
     })
     .map_err(|e| iceberg_error(&format!("reading the history of table {}", table.identifier()), e))?;
-    let mut parts = BTreeSet::new();
+    let mut parts: BTreeMap<PartKey, bool> = BTreeMap::new();
     for (spec, entry) in entries {
         if entry.status() != ManifestStatus::Added
             || entry.snapshot_id().is_some_and(|s| s != id)
@@ -292,7 +515,11 @@ fn added_partitions(table: &Table, snapshot: &std::sync::Arc<Snapshot>) -> Resul
             continue;
         }
         let file = entry.data_file();
-        parts.insert(part_key(table, spec, file.partition())?);
+        let in_filter = match projections.as_deref_mut() {
+            Some(p) => p.classify(spec, file.partition())? != Placement::Outside,
+            None => false,
+        };
+        *parts.entry(part_key(table, spec, file.partition())?).or_default() |= in_filter;
     }
     Ok(parts.into_iter().collect())
 }
@@ -321,13 +548,53 @@ mod tests {
         assert_eq!(state.tables["ns.t"].base, Some(7));
     }
 
+    /// The filter's first commit is the first plan until one lands; a
+    /// landed one is folded in with its filter, and later plans add.
+    #[test]
+    fn the_filter_replaces_once_and_keeps_its_scope() {
+        let filter = OverwriteFilter::parse("day >= '2024-01-02'").unwrap();
+        let mut state = State::default();
+        state.see("ns.t", Some(3));
+        assert!(!state.landed_any());
+        let first = filter_plan(state.tables.get("ns.t"), &filter, [key("2024-01-02")].into());
+        assert!(first.filter_first && first.replace.is_empty());
+        // Not landed yet: the next plan is still the first.
+        assert!(filter_plan(state.tables.get("ns.t"), &filter, BTreeSet::new()).filter_first);
+        state.fold("ns.t", &first);
+        assert!(state.landed_any());
+        let t = &state.tables["ns.t"];
+        assert_eq!((t.filter_replaced, t.filter.as_deref()), (true, Some("day >= '2024-01-02'")));
+        assert!(!filter_plan(Some(t), &filter, [key("2024-01-03")].into()).filter_first);
+        // The same scope passes; another filter, or none, is refused by name.
+        check_scope("ns.t", Some(t), Some("day >= '2024-01-02'")).unwrap();
+        let Err(SinkError::Config(m)) = check_scope("ns.t", Some(t), Some("day >= '2024-01-05'")) else {
+            panic!("another filter")
+        };
+        assert!(m.contains("ns.t") && m.contains("2024-01-05") && m.contains("--new-incarnation"), "{m}");
+        assert!(check_scope("ns.t", Some(t), None).is_err());
+        // A dynamic incarnation may not take a filter; a fresh one may.
+        let mut dynamic = State::default();
+        dynamic.see("ns.t", None);
+        check_scope("ns.t", dynamic.tables.get("ns.t"), Some("day = '2024-01-01'")).unwrap();
+        dynamic.fold("ns.t", &plan(None, [key("2024-01-01")].into()));
+        assert!(check_scope("ns.t", dynamic.tables.get("ns.t"), Some("day = '2024-01-01'")).is_err());
+        check_scope("ns.t", dynamic.tables.get("ns.t"), None).unwrap();
+        // The state with the filter round-trips.
+        let bytes = serde_json::to_vec(&state).unwrap();
+        assert_eq!(serde_json::from_slice::<State>(&bytes).unwrap(), state);
+    }
+
     #[test]
     fn the_state_round_trips_as_json() {
         let mut state = State::default();
         state.see("ns.t", None);
         state.fold("ns.t", &plan(None, [key("2024-01-01")].into()));
         if let Some(t) = state.tables.get_mut("ns.t") {
-            t.foreign.push(Foreign { partition: key("2024-01-09"), writer: "snapshot 3 (append)".into() });
+            t.foreign.push(Foreign {
+                partition: key("2024-01-09"),
+                writer: "snapshot 3 (append)".into(),
+                in_filter: false,
+            });
         }
         let bytes = serde_json::to_vec(&state).unwrap();
         assert_eq!(serde_json::from_slice::<State>(&bytes).unwrap(), state);

@@ -19,7 +19,12 @@
 //!   (one per partition it has met), and what the host holds for them all
 //!   is kept within [`HOST_SHARE`] of the budget;
 //! - `close` reports nothing: rows no checkpoint covers stay invisible (their
-//!   files are orphans that table maintenance may remove).
+//!   files are orphans that table maintenance may remove);
+//! - with `overwrite_filter`, every converted batch is checked against the
+//!   filter before any of it is written: a row outside it is `invalid-data`
+//!   named with the contract's phrase (`row N of this writer's input for
+//!   table "T"`, `N` counting the rows given for `T` since it was opened or
+//!   changed), so the host names its file and line.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -41,6 +46,7 @@ use sluice_guest_sdk::{
 };
 
 use crate::config::Config;
+use crate::filter::BoundFilter;
 use crate::host_io::{self, LoadError};
 use crate::host_parquet::{HostParquetWriterBuilder, SharedHostFiles};
 use crate::runtime::block_on;
@@ -106,6 +112,11 @@ struct TableWriter {
     open: Option<OpenFiles>,
     /// The most partitions one checkpoint's rows of this table spread over.
     partitions: usize,
+    /// `overwrite_filter`, bound to the table: every row must match it.
+    filter: Option<BoundFilter>,
+    /// Rows given for this table since it was opened or changed (the
+    /// contract's row numbering).
+    rows: u64,
 }
 
 struct Inner {
@@ -168,7 +179,10 @@ fn table_writer(cfg: &Config, source: &SourceTable) -> Result<TableWriter, SinkE
     let ident = cfg.ident(&source.name)?;
     let arrow = ipc::decode_schema(&source.schema)?;
     let table = block_on(host_io::load_table(&ident)).map_err(|e| e.into_sink_error(&ident))?;
-    prepare_table_writer(cfg, table, &arrow)
+    let filter = cfg.filter_for(&source.name).map(|f| crate::overwrite::bind_filter(f, &table)).transpose()?;
+    let mut writer = prepare_table_writer(cfg, table, &arrow)?;
+    writer.filter = filter;
+    Ok(writer)
 }
 
 fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result<TableWriter, SinkError> {
@@ -186,7 +200,7 @@ fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result
         )
     };
     let converter = BatchConverter::new(&table_schema)?;
-    Ok(TableWriter { table, converter, splitter, open: None, partitions: 1 })
+    Ok(TableWriter { table, converter, splitter, open: None, partitions: 1, filter: None, rows: 0 })
 }
 
 /// Parquet settings for a writer whose rows spread over `partitions` open
@@ -251,6 +265,19 @@ impl Inner {
     fn write_batch(&mut self, table: &str, batch: &arrow_array::RecordBatch) -> Result<(), SinkError> {
         let t = self.table_mut(table)?;
         let batch = t.converter.convert(batch)?;
+        if let Some(filter) = &t.filter
+            && let Some(outside) = filter.first_row_outside(&batch).map_err(|e| e.into_sink_error())?
+        {
+            return Err(error::invalid_data(format!(
+                "row {} of this writer's input for table \"{table}\": {outside} is outside overwrite_filter `{}` of \
+                 table {}, so this run may not replace its rows; widen [sink.options] overwrite_filter or leave the row \
+                 out of the input",
+                t.rows + outside.row as u64,
+                filter.source(),
+                t.table.identifier()
+            )));
+        }
+        t.rows += batch.num_rows() as u64;
         // Split first: how many partitions the rows meet sizes the row groups.
         let parts = match &t.splitter {
             Some(splitter) => {

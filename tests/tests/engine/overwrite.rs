@@ -446,3 +446,227 @@ fn expiry_between_runs_of_an_overwrite_leaves_the_resume_exact() {
     over.run(None).expect("the resume after expiry");
     assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[2, 3]), new].concat()));
 }
+
+// `overwrite_filter` (issue 40, point 2): the explicit scope.
+
+/// The filter the tests below replace with: days 2 to 4 of January.
+const DAYS_2_TO_4: &str = "day >= '2024-01-02' and day <= '2024-01-04'";
+
+/// [`job`] in overwrite-partitions with `overwrite_filter = filter` and
+/// `extra` lines of `[sink.options]`.
+fn filter_job(id: &str, warehouse: &Path, filter: &str, extra: &str, every_rows: u64) -> TestJob {
+    let mut job = job(id, warehouse, "overwrite-partitions", every_rows);
+    job.toml = job.toml.replace(
+        "mode = \"overwrite-partitions\"\n",
+        &format!("mode = \"overwrite-partitions\"\noverwrite_filter = \"{filter}\"\n{extra}"),
+    );
+    job
+}
+
+/// The snapshots of job `id` (oldest first) as (checkpoint, operation,
+/// the `sluice.overwrite` summary key).
+fn filter_snapshots(warehouse: &Path, id: &str) -> Vec<(u64, String, Option<String>)> {
+    let ident = iceberg::TableIdent::from_strs(TABLE.split('.')).expect("table name");
+    let table = sluice_tests::catalog(warehouse).load(&ident).expect("loading the table");
+    let metadata = table.metadata();
+    let mut out = Vec::new();
+    let mut next = metadata.current_snapshot_id();
+    while let Some(s) = next.and_then(|id| metadata.snapshot_by_id(id)) {
+        let props = &s.summary().additional_properties;
+        if props.get("sluice.job-id").map(String::as_str) == Some(id) {
+            let c = props.get("sluice.checkpoint-id").and_then(|c| c.parse().ok()).unwrap_or(0);
+            out.push((c, s.summary().operation.as_str().to_string(), props.get("sluice.overwrite").cloned()));
+        }
+        next = s.parent_snapshot_id();
+    }
+    out.reverse();
+    out
+}
+
+/// Every Parquet file under `dir`, recursively.
+fn parquet_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("reading a directory").map(|e| e.expect("an entry").path()) {
+        if entry.is_dir() {
+            out.extend(parquet_files(&entry));
+        } else if entry.extension().is_some_and(|e| e == "parquet") {
+            out.push(entry);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The filter's days are replaced by what the run lands: day 2 holds
+/// exactly the new rows (over several checkpoints), day 3 (in the filter,
+/// no input rows) ends empty, day 4 (in the filter, not in the table)
+/// holds its new rows, day 1 (outside) keeps its rows. The first
+/// checkpoint is one `overwrite` snapshot, the later ones appends.
+#[test]
+fn a_filter_replaces_its_days_and_empties_those_without_rows() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let new: Vec<Row> = [day_rows(2, 1000..1012, 2), day_rows(4, 3000..3004, 4)].concat();
+    let over = filter_job("filtered", warehouse.path(), DAYS_2_TO_4, "", 5);
+    write_csv(&over, "a.csv", &new);
+    over.run(None).expect("the filter run");
+    let now = by_day(warehouse.path());
+    assert_eq!(now, expected(&[except_days(&old, &[2, 3]), new].concat()));
+    assert!(!now.contains_key("2024-01-03"), "day 3 is in the filter and has no input rows: {now:?}");
+    let snapshots = filter_snapshots(warehouse.path(), "filtered");
+    assert!(snapshots.len() >= 3, "{snapshots:?}");
+    assert_eq!((snapshots[0].1.as_str(), snapshots[0].2.as_deref()), ("overwrite", Some("filter")), "{snapshots:?}");
+    assert!(snapshots[1..].iter().all(|s| s.1 == "append" && s.2.is_none()), "{snapshots:?}");
+}
+
+/// A row of the input outside the filter is refused by its file and line
+/// and its value, and nothing of the run is committed.
+#[test]
+fn a_row_outside_the_filter_is_refused_by_name_and_the_table_is_unchanged() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    // Line 5 of a.csv (after the header and three rows) is day 5.
+    let new: Vec<Row> = [day_rows(2, 1000..1003, 2), day_rows(5, 4000..4001, 5), day_rows(2, 1003..1006, 2)].concat();
+    let over = filter_job("outside", warehouse.path(), DAYS_2_TO_4, "", 1000);
+    write_csv(&over, "a.csv", &new);
+    let message = over.run(None).expect_err("the day-5 row is refused").to_string();
+    for part in ["a.csv line 5", "2024-01-05", "outside overwrite_filter", DAYS_2_TO_4, "db.daily"] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(by_day(warehouse.path()), expected(&old), "the refused run changed the table");
+    assert!(filter_snapshots(warehouse.path(), "outside").is_empty());
+}
+
+/// A filter on a column the table is not partitioned by is refused before
+/// any data file is written, naming the column and the table; so is a
+/// filter in append mode, naming both keys.
+#[test]
+fn a_filter_on_an_unpartitioned_column_is_refused_before_writing() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let files_before = parquet_files(warehouse.path());
+    let over = filter_job("by-value", warehouse.path(), "v = 1", "", 1000);
+    write_csv(&over, "a.csv", &day_rows(2, 1000..1003, 1));
+    let message = over.run(None).expect_err("a filter on v is refused").to_string();
+    for part in ["overwrite_filter names column v", "db.daily", "not partitioned by"] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(parquet_files(warehouse.path()), files_before, "a data file was written");
+    assert_eq!(by_day(warehouse.path()), expected(&old));
+
+    let mut append = filter_job("append-filter", warehouse.path(), DAYS_2_TO_4, "", 1000);
+    append.toml = append.toml.replace("mode = \"overwrite-partitions\"", "mode = \"append\"");
+    write_csv(&append, "a.csv", &day_rows(2, 1000..1003, 1));
+    let message = append.run(None).expect_err("a filter in append mode is refused").to_string();
+    assert!(message.contains("overwrite_filter") && message.contains("mode"), "{message}");
+    assert_eq!(parquet_files(warehouse.path()), files_before, "a data file was written");
+}
+
+/// Writes `in/<name>` as a Parquet file of `id`, `day` and `v` with no rows.
+fn write_empty_parquet(job: &TestJob, name: &str) {
+    let path = job.dir.path().join("in").join(name);
+    python(
+        "import sys, pyarrow as pa, pyarrow.parquet as pq\n\
+         pq.write_table(pa.table({'id': pa.array([], pa.int64()), 'day': pa.array([], pa.date32()), \
+         'v': pa.array([], pa.int64())}), sys.argv[1])",
+        &[&path.display().to_string()],
+    )
+    .unwrap_or_else(|e| panic!("writing an empty Parquet file: {e}"));
+}
+
+/// An entirely empty input with a filter is refused without
+/// `allow_empty_overwrite`, naming the job, table, filter and what it would
+/// delete, and the table is unchanged; with it, the same job empties the
+/// filter's days in one `delete` snapshot, once: a rerun changes nothing.
+#[test]
+fn an_empty_input_is_refused_unless_allowed_and_then_empties_the_filter_once() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let over = filter_job("empty", warehouse.path(), DAYS_2_TO_4, "", 1000);
+    write_empty_parquet(&over, "a.parquet");
+    let message = over.run(None).expect_err("an empty input is refused").to_string();
+    for part in [
+        "\"empty\"",
+        "entirely empty",
+        DAYS_2_TO_4,
+        "db.daily",
+        "2 data file(s) holding 20 row(s)",
+        "allow_empty_overwrite",
+    ] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(by_day(warehouse.path()), expected(&old), "the refused run changed the table");
+    assert!(filter_snapshots(warehouse.path(), "empty").is_empty());
+    // The same job with the option lands the end of the input.
+    over.run_with(&["sink.options.allow_empty_overwrite=true"], None).expect("the allowed empty run");
+    assert_eq!(by_day(warehouse.path()), expected(&except_days(&old, &[2, 3])));
+    let once = vec![(1, "delete".to_string(), Some("filter".to_string()))];
+    assert_eq!(filter_snapshots(warehouse.path(), "empty"), once);
+    over.run_with(&["sink.options.allow_empty_overwrite=true"], None).expect("the rerun of a finished job");
+    assert_eq!(filter_snapshots(warehouse.path(), "empty"), once);
+}
+
+/// The allowed empty input's one commit, crashed at `point`: the recovery
+/// lands it once (the days emptied by one `delete` snapshot).
+fn empty_input_crash_then_recover(point: CrashPoint) {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let over =
+        filter_job(&format!("empty-{point}"), warehouse.path(), DAYS_2_TO_4, "allow_empty_overwrite = true\n", 1000);
+    write_empty_parquet(&over, "a.parquet");
+    let err = over.run(Some(Fault { point, checkpoint: 1, subtask: 0 })).expect_err("the crash");
+    assert!(err.is_injected_crash(), "{err}");
+    let now = by_day(warehouse.path());
+    assert!(now == expected(&old) || now == expected(&except_days(&old, &[2, 3])), "half emptied: {now:?}");
+    over.run(None).expect("the recovery run");
+    assert_eq!(by_day(warehouse.path()), expected(&except_days(&old, &[2, 3])));
+    let once = vec![(1, "delete".to_string(), Some("filter".to_string()))];
+    assert_eq!(filter_snapshots(warehouse.path(), &format!("empty-{point}")), once);
+}
+
+#[test]
+fn an_allowed_empty_input_crashed_after_persist_empties_the_filter_once() {
+    empty_input_crash_then_recover(CrashPoint::AfterPersist);
+}
+
+#[test]
+fn an_allowed_empty_input_crashed_during_its_commit_empties_the_filter_once() {
+    empty_input_crash_then_recover(CrashPoint::DuringCommit);
+}
+
+#[test]
+fn an_allowed_empty_input_crashed_after_its_commit_empties_the_filter_once() {
+    empty_input_crash_then_recover(CrashPoint::AfterCommit);
+}
+
+/// A filter run crashed at a point of its checkpoints and resumed ends
+/// exact: the filter is replaced once (a resume after its first commit
+/// does not replace again, so no row of it is lost or doubled).
+mod filter_crash {
+    use super::*;
+
+    fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+        let warehouse = tempfile::tempdir().expect("warehouse");
+        let old = baseline(warehouse.path());
+        // Day 2 over checkpoints 1 and 2, day 4 over 2 and 3; day 3 ends empty.
+        let new: Vec<Row> = [day_rows(2, 1000..1007, 2), day_rows(4, 3000..3006, 4)].concat();
+        let id = format!("filter-crash-{point}-{checkpoint}");
+        let over = filter_job(&id, warehouse.path(), DAYS_2_TO_4, "", 5);
+        write_csv(&over, "a.csv", &new);
+        let err = over.run(Some(Fault { point, checkpoint, subtask: 0 })).expect_err("the crash");
+        assert!(err.is_injected_crash(), "{err}");
+        assert_never_mixed(&by_day(warehouse.path()), &old, &new);
+        over.run(None).expect("the recovery run");
+        assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[2, 3]), new].concat()));
+        let snapshots = filter_snapshots(warehouse.path(), &id);
+        assert_eq!(snapshots.iter().filter(|s| s.2.is_some()).count(), 1, "the filter replaced once: {snapshots:?}");
+    }
+
+    sluice_tests::crash_tests! {
+        filter_crash_after_persist_first: CrashPoint::AfterPersist, 1;
+        filter_crash_during_commit_first: CrashPoint::DuringCommit, 1;
+        filter_crash_after_commit_first: CrashPoint::AfterCommit, 1;
+        filter_crash_after_snapshot_state: CrashPoint::AfterSnapshotState, 2;
+        filter_crash_after_commit_middle: CrashPoint::AfterCommit, 2;
+    }
+}
