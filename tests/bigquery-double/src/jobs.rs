@@ -505,6 +505,10 @@ pub(crate) async fn insert_job(
             job.state = JobState::Done;
             job.error = Some(JobError::new("backendError", "Backend error. Job aborted; nothing was applied."));
         }
+        Some(JobFault::DoneWithError(reason)) => {
+            job.state = JobState::Done;
+            job.error = Some(JobError::new(reason, format!("{reason}: the job applied nothing.")));
+        }
         Some(JobFault::RunningFor(n)) => job.polls_left = n,
         _ => job.finish(&mut inner),
     }

@@ -132,6 +132,13 @@ pub enum JobFault {
     /// retry the job without concerns about data consistency"). Its id is
     /// taken: a retry needs a new one.
     DoneWithBackendError,
+    /// Create the job, which ends DONE with `errorResult.reason` set to
+    /// this (`rateLimitExceeded`, `quotaExceeded`, ...) and applies
+    /// nothing; its id is taken. "rateLimitExceeded: ... retry the
+    /// operation after a few seconds. Use exponential backoff";
+    /// "quotaExceeded: This error returns when your project exceeds a
+    /// BigQuery quota" (troubleshooting-errors).
+    DoneWithError(&'static str),
     /// Create the job and keep it RUNNING for this many `jobs.get` polls;
     /// the next poll runs it (whole) and answers DONE.
     RunningFor(u32),
@@ -392,6 +399,29 @@ impl BigQueryDouble {
         t.time_partitioning = Some(partitioning);
         self.shared.inner().tables.insert(table.to_string(), t);
         Ok(())
+    }
+
+    /// Deletes a table and its write streams, as `tables.delete`
+    /// (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/delete)
+    /// or the table's expiry ("Expired tables will be deleted") would;
+    /// whether it existed.
+    pub fn delete_table(&self, table: &str) -> bool {
+        let mut inner = self.shared.inner();
+        let prefix = format!("{table}/streams/");
+        inner.streams.retain(|name, _| !name.starts_with(&prefix));
+        inner.tables.remove(table).is_some()
+    }
+
+    /// The table's `expirationTime` (ms since the epoch), if it exists and expires.
+    pub fn expiration_time(&self, table: &str) -> Option<i64> {
+        self.shared.inner().tables.get(table).and_then(|t| t.expiration_time)
+    }
+
+    /// The paths of every table, in order.
+    pub fn tables(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.shared.inner().tables.keys().cloned().collect();
+        out.sort();
+        out
     }
 
     /// The table's `timePartitioning`, if it exists and is partitioned.

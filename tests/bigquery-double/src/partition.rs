@@ -13,7 +13,8 @@
 //!   MONTH or YEAR only
 //!   (https://cloud.google.com/bigquery/docs/partitioned-tables#date_timestamp_partitioned_tables).
 //! - Partitions are in UTC; rows whose column is NULL are in the `__NULL__`
-//!   partition (same page).
+//!   partition, and rows whose value "is earlier than 1960-01-01 or later
+//!   than 2159-12-31" in `__UNPARTITIONED__` (same page).
 //! - "A partition decorator has the form table_name$partition_id where the
 //!   format of the partition_id segment depends on the type of
 //!   partitioning": hourly `yyyymmddhh`, daily `yyyymmdd`, monthly `yyyymm`,
@@ -158,9 +159,9 @@ impl TimePartitioning {
     }
 
     /// Whether `id` is a partition id of this partitioning: a decorator
-    /// of the right length naming a real date (or `__NULL__`).
+    /// of the right length naming a real date (or `__NULL__`, `__UNPARTITIONED__`).
     pub fn check_decorator(&self, id: &str) -> Result<(), String> {
-        if id == NULL_PARTITION {
+        if id == NULL_PARTITION || id == UNPARTITIONED {
             return Ok(());
         }
         let invalid = || format!("Invalid partition decorator ${id} for a table partitioned by {}", self.kind.as_str());
@@ -232,8 +233,19 @@ impl TimePartitioning {
             }
             _ => return Err(unreadable()),
         };
+        if !partitioned(date) {
+            return Ok(UNPARTITIONED.to_string());
+        }
         Ok(self.kind.id(date, hour))
     }
+}
+
+/// The partition of rows whose column lies outside the partitioned range.
+pub const UNPARTITIONED: &str = "__UNPARTITIONED__";
+
+/// Whether `date` lies in the range BigQuery partitions, 1960-01-01 to 2159-12-31.
+fn partitioned(date: NaiveDate) -> bool {
+    (1960..=2159).contains(&date.year())
 }
 
 /// Civil date-time text, with a space or `T`, and optional fractions.
@@ -279,6 +291,12 @@ mod tests {
         assert_eq!(day.partition_of(&row(json!({"day": 19723})), &s), Ok("20240101".into()));
         assert_eq!(day.partition_of(&row(json!({"DAY": "2024-02-29"})), &s), Ok("20240229".into()));
         assert_eq!(day.partition_of(&row(json!({"id": 1})), &s), Ok(NULL_PARTITION.into()));
+        // Outside 1960-01-01..=2159-12-31: __UNPARTITIONED__.
+        for out in ["1959-12-31", "2160-01-01"] {
+            assert_eq!(day.partition_of(&row(json!({"day": out})), &s), Ok(UNPARTITIONED.into()), "{out}");
+        }
+        assert_eq!(day.partition_of(&row(json!({"day": "1960-01-01"})), &s), Ok("19600101".into()));
+        assert_eq!(day.partition_of(&row(json!({"day": "2159-12-31"})), &s), Ok("21591231".into()));
         assert!(day.partition_of(&row(json!({"day": "yesterday"})), &s).is_err_and(|m| m.contains("day")));
         let hour = TimePartitioning::new(PartitionType::Hour, "ts");
         // 2024-01-01T05:30:00Z in microseconds.

@@ -24,6 +24,13 @@
 //!   and returned by `get`; ingestion-time and integer-range partitioning
 //!   are refused with 400 "not supported by this double". `patch` leaves
 //!   the partitioning as it is;
+//! - `expirationTime` ("The time when this table expires, in milliseconds
+//!   since the epoch. If not present, the table will persist indefinitely.
+//!   Expired tables will be deleted and their storage reclaimed", an int64
+//!   sent as a string, https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time)
+//!   is taken by `insert` and by `patch` (alone or beside `schema`) and
+//!   returned by `get`. The double never deletes a table by itself: a test
+//!   that lets one expire deletes it ([`crate::BigQueryDouble::delete_table`]);
 //! - errors are Google API error bodies: `{"error": {"code", "message", "status", "errors": [{"reason"}]}}`.
 //!
 //! The job methods (`jobs.insert`, `jobs.get`) live in [`crate::jobs`] and
@@ -227,7 +234,21 @@ fn resource(p: &str, d: &str, t: &str, table: &state::Table) -> Value {
     if let Some(partitioning) = &table.time_partitioning {
         resource["timePartitioning"] = partitioning.to_json();
     }
+    if let Some(at) = table.expiration_time {
+        resource["expirationTime"] = Value::String(at.to_string());
+    }
     resource
+}
+
+/// `expirationTime` of a table resource: an int64 in ms since the epoch,
+/// which JSON carries as a string (a number is taken too); `Ok(None)` when absent.
+fn expiration(body: &Value) -> Result<Option<i64>, String> {
+    match body.get("expirationTime") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => s.parse().map(Some).map_err(|_| format!("Invalid expirationTime: {s}")),
+        Some(Value::Number(n)) => n.as_i64().map(Some).ok_or_else(|| format!("Invalid expirationTime: {n}")),
+        Some(other) => Err(format!("Invalid expirationTime: {other}")),
+    }
 }
 
 /// The labels of a table resource as given: keys and values of at most 63
@@ -341,8 +362,13 @@ async fn insert_table(
             Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
         },
     };
+    let expiration_time = match expiration(&body) {
+        Ok(at) => at,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
+    };
     let mut table = state::Table::new(schema);
     table.time_partitioning = time_partitioning;
+    table.expiration_time = expiration_time;
     table.labels = labels;
     table.description = body.get("description").and_then(Value::as_str).map(str::to_string);
     let reply = resource(&p, &d, &t, &table);
@@ -397,6 +423,14 @@ async fn patch_table(
         }
         table.schema = TableSchema { fields };
         table.version += 1;
+    }
+    match expiration(&body) {
+        Ok(None) => {}
+        Ok(Some(at)) => {
+            table.expiration_time = Some(at);
+            table.version += 1;
+        }
+        Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
     }
     if fault == Some(RestFault::ApplyThenFail) {
         return unavailable();

@@ -175,6 +175,10 @@ pub struct Table {
     pub description: Option<String>,
     /// `timePartitioning`, for a time-unit column partitioned table.
     pub time_partitioning: Option<TimePartitioning>,
+    /// `expirationTime`: when the table expires, in ms since the epoch
+    /// (absent: never). The double keeps and returns it; a test makes a
+    /// table expire with [`crate::BigQueryDouble::delete_table`].
+    pub expiration_time: Option<i64>,
     /// Rows written by jobs (and absorbed from streams), before the
     /// streams' unabsorbed visible rows.
     pub materialized: Vec<StoredRows>,
@@ -188,6 +192,7 @@ impl Table {
             labels: serde_json::Map::new(),
             description: None,
             time_partitioning: None,
+            expiration_time: None,
             materialized: Vec::new(),
         }
     }

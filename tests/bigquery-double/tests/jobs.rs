@@ -485,3 +485,53 @@ fn a_running_job_applies_at_the_poll_that_ends_it() {
     assert!(body["status"].get("errorResult").is_none(), "{body}");
     assert_eq!(counts(&double, TARGET)[1], ("20240102".into(), 3), "applied once");
 }
+
+/// `expirationTime` is taken by tables.insert, returned by tables.get and
+/// moved by a tables.patch that carries it alone, which leaves the schema
+/// and the rows as they are
+/// (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#Table.FIELDS.expiration_time,
+/// …/tables/patch "only replaces fields that are provided").
+#[test]
+fn expiration_time_is_kept_and_moved_by_a_patch() {
+    let double = setup();
+    let path = "/bigquery/v2/projects/p/datasets/d/tables";
+    let fields = json!([{ "name": "id", "type": "INTEGER", "mode": "REQUIRED" }]);
+    let body = json!({
+        "tableReference": { "projectId": "p", "datasetId": "d", "tableId": "soon" },
+        "schema": { "fields": fields },
+        "expirationTime": "1700000000000",
+    });
+    let (status, reply) = http(&double, "POST", path, Some(body));
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["expirationTime"], "1700000000000");
+    let (_, got) = http(&double, "GET", &format!("{path}/soon"), None);
+    assert_eq!(got["expirationTime"], "1700000000000");
+    let (status, patched) =
+        http(&double, "PATCH", &format!("{path}/soon"), Some(json!({ "expirationTime": "1800000000000" })));
+    assert_eq!(status, 200, "{patched}");
+    assert_eq!(patched["expirationTime"], "1800000000000");
+    assert_eq!(patched["schema"]["fields"][0]["name"], "id", "the schema is left as it was");
+    assert_ne!(patched["etag"], got["etag"], "a change moves the etag");
+    assert_eq!(double.expiration_time("projects/p/datasets/d/tables/soon"), Some(1_800_000_000_000));
+    let (status, bad) = http(&double, "PATCH", &format!("{path}/soon"), Some(json!({ "expirationTime": "soon" })));
+    assert_eq!(status, 400, "{bad}");
+    // A table without one never expires and has none in its resource.
+    let (_, target) = http(&double, "GET", &format!("{path}/target"), None);
+    assert!(target.get("expirationTime").is_none(), "{target}");
+    // Deleted (or expired): gone, with its rows.
+    assert!(double.delete_table("projects/p/datasets/d/tables/soon"));
+    assert_eq!(http(&double, "GET", &format!("{path}/soon"), None).0, 404);
+}
+
+/// A job that ends with a rate or quota limit applied nothing, and its id is taken.
+#[test]
+fn a_job_done_with_a_quota_error_applies_nothing() {
+    let double = setup();
+    double.load_rows(STAGE, batch(&[(20, JAN2, "new")])).unwrap();
+    double.inject_job(1, JobFault::DoneWithError("quotaExceeded"));
+    let (status, body) = insert_job(&double, copy_job("q_0", "stage$20240102", "target$20240102", "WRITE_TRUNCATE"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"]["errorResult"]["reason"], "quotaExceeded", "{body}");
+    assert_eq!(counts(&double, TARGET)[1], ("20240102".into(), 2), "nothing applied");
+    assert_eq!(insert_job(&double, copy_job("q_0", "stage$20240102", "target$20240102", "WRITE_TRUNCATE")).0, 409);
+}
