@@ -39,6 +39,21 @@
 //! a crash between two jobs shows some partitions new and some old until
 //! the recovery commits `c` again. A target that is not partitioned by a
 //! column is refused at open, before anything is written.
+//!
+//! The committer keeps a state (contract 0.2.3 `committer-state`,
+//! [`overwrite::State`]): in overwrite mode, the targets this incarnation
+//! stages rows for and the overwrite marker it holds on each; in append
+//! mode, whether it landed a checkpoint. Staging tables are made (or found,
+//! and their expiration pushed forward) at `restore`, once the state says
+//! which ones this incarnation made before, never at `open`.
+//! - an incarnation that landed checkpoints in append mode is refused in
+//!   overwrite mode (its first copy would delete rows it delivered), by its
+//!   state or by a pending checkpoint whose streams are on the target
+//!   itself; and a checkpoint staged in overwrite mode is refused in append
+//!   mode (its rows would stay in the staging table);
+//! - before any copy of checkpoint `c`, every target it replaces partitions
+//!   of is checked to be still this incarnation's (its newest overwrite
+//!   marker, [`overwrite::Marker`]); otherwise nothing of `c` is copied.
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     FlushRowsRequest, FlushRowsResponse,
@@ -46,9 +61,12 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, Table, TableChange, error, log};
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use crate::claim::Claims;
-use crate::config::Config;
-use crate::overwrite::{self, Partitioning};
+use crate::config::{Config, WriteMode};
+use crate::overwrite::{self, Marker, Partitioning, State};
 use crate::rpc::{self, FlushFailure};
 use crate::tables;
 use crate::writer::{CommitInfo, Flush};
@@ -66,6 +84,83 @@ pub struct BigQueryCommitter {
     claims: Claims,
     /// The paths of every table the committer was told of (open, evolve).
     known: std::cell::RefCell<std::collections::BTreeSet<String>>,
+    /// What the committer shares with the `committer-state` export.
+    shared: Rc<Shared>,
+}
+
+/// The committer's state and the tables whose staging waits for it.
+pub(crate) struct Shared {
+    cfg: Config,
+    ctx: SinkContext,
+    state: RefCell<State>,
+    /// The tables of `open` whose staging tables are prepared at `restore`,
+    /// when the state is known; `None` once restored.
+    unstaged: RefCell<Option<Vec<Table>>>,
+}
+
+thread_local! {
+    /// The committer opened in this instance (the host opens one committer
+    /// per instance), for `committer-state`.
+    static OPEN: RefCell<Option<Rc<Shared>>> = const { RefCell::new(None) };
+}
+
+fn open_shared() -> Result<Rc<Shared>, SinkError> {
+    OPEN.with(|open| open.borrow().clone()).ok_or_else(|| error::fatal("committer-state called before committer.open"))
+}
+
+/// `committer-state.restore`: takes the state of the newest record of the
+/// incarnation, refuses a switch from append to overwrite, then prepares
+/// the staging tables of the tables `open` was given.
+pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
+    let shared = open_shared()?;
+    if let Some(bytes) = bytes.filter(|b| !b.is_empty()) {
+        let restored: State = serde_json::from_slice(&bytes).map_err(|e| {
+            error::fatal(format!("the restored committer state of the BigQuery sink is not valid: {e}"))
+        })?;
+        *shared.state.borrow_mut() = restored;
+    }
+    let unstaged = shared.unstaged.borrow_mut().take().unwrap_or_default();
+    if shared.cfg.mode == WriteMode::OverwritePartitions && shared.state.borrow().appended {
+        let targets: Vec<String> = unstaged
+            .iter()
+            .filter(|t| shared.cfg.overwrites(&t.name))
+            .filter_map(|t| shared.cfg.table_path(&t.name).ok())
+            .collect();
+        return Err(switched_to_overwrite(&targets.join(", ")));
+    }
+    for table in &unstaged {
+        stage(&shared, table)?;
+    }
+    Ok(())
+}
+
+/// `committer-state.snapshot`: the state (empty, so none, until there is something to keep).
+pub(crate) fn snapshot_state() -> Result<Vec<u8>, SinkError> {
+    let shared = open_shared()?;
+    let state = shared.state.borrow();
+    if state.is_empty() {
+        return Ok(Vec::new());
+    }
+    serde_json::to_vec(&*state).map_err(|e| error::fatal(format!("encoding the committer state: {e}")))
+}
+
+fn switched_to_overwrite(tables: &str) -> SinkError {
+    error::config(format!(
+        "[sink.options] mode = \"overwrite-partitions\": this incarnation already landed checkpoints in table(s) \
+         {tables} without overwrite, and replacing the partitions they touched would delete rows already delivered; \
+         nothing was copied. Finish it in the mode it started with, or land the backfill again as a new incarnation \
+         (a fresh job.state_dir and --new-incarnation), which replaces every partition it touches"
+    ))
+}
+
+/// Makes the staging table of `table` (when its rows overwrite partitions).
+fn stage(shared: &Shared, table: &Table) -> Result<(), SinkError> {
+    if !shared.cfg.overwrites(&table.name) {
+        return Ok(());
+    }
+    let target = shared.cfg.table_path(&table.name)?;
+    let arrow = sluice_guest_sdk::ipc::decode_schema(&table.schema)?;
+    overwrite::prepare_staging(&shared.cfg, &shared.ctx, &target, &arrow, &shared.state)
 }
 
 fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
@@ -124,12 +219,20 @@ impl GuestCommitter for BigQueryCommitter {
             claims.check(&cfg, &ctx, &path)?;
             known.insert(path);
         }
-        // The tables the job starts with: created, or evolved to take the rows.
+        // The tables the job starts with: created, or evolved to take the
+        // rows; their staging tables wait for the state (`restore`).
         for table in &tables {
-            prepare(&cfg, &ctx, table)?;
+            prepare(&cfg, table)?;
         }
         let known = std::cell::RefCell::new(known);
-        Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg, ctx, claims, known }))
+        let shared = Rc::new(Shared {
+            cfg: cfg.clone(),
+            ctx: ctx.clone(),
+            state: RefCell::new(State::default()),
+            unstaged: RefCell::new(Some(tables)),
+        });
+        OPEN.with(|open| *open.borrow_mut() = Some(shared.clone()));
+        Ok(sluice_guest_sdk::Committer::new(BigQueryCommitter { cfg, ctx, claims, known, shared }))
     }
 
     fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
@@ -137,7 +240,16 @@ impl GuestCommitter for BigQueryCommitter {
             let path = self.cfg.table_path(&change.table.name)?;
             self.claims.check(&self.cfg, &self.ctx, &path)?;
             self.known.borrow_mut().insert(path);
-            prepare(&self.cfg, &self.ctx, &change.table)?;
+            prepare(&self.cfg, &change.table)?;
+            let mut unstaged = self.shared.unstaged.borrow_mut();
+            match unstaged.as_mut() {
+                // Not restored yet: staged with the others at `restore`.
+                Some(waiting) => waiting.push(change.table.clone()),
+                None => {
+                    drop(unstaged);
+                    stage(&self.shared, &change.table)?;
+                }
+            }
         }
         Ok(())
     }
@@ -154,6 +266,7 @@ impl GuestCommitter for BigQueryCommitter {
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
         let combined = decode(&combined)?;
+        self.check_mode(c, &combined)?;
         // Every dataset the job knows first, in name order (so two racing runs
         // meet on the same first one): nothing is flushed where another
         // incarnation holds the claim.
@@ -166,10 +279,22 @@ impl GuestCommitter for BigQueryCommitter {
             self.flush(c, info)?;
         }
         // Then the partitions the checkpoint touched, in order, each from
-        // the staging table that now holds every committed row of it.
-        for (target, d) in replacements(&self.cfg, &combined)? {
+        // the staging table that now holds every committed row of it; but
+        // first, every target must still be this incarnation's to overwrite
+        // (no newer incarnation began to overwrite it), or nothing is copied.
+        let replaced = replacements(&self.cfg, &combined)?;
+        let targets: std::collections::BTreeSet<&String> = replaced.iter().map(|(t, _)| t).collect();
+        for target in targets {
+            let known = self.shared.state.borrow().staged.get(target.as_str()).copied();
+            let generation = Marker::new(&self.cfg, &self.ctx, target).hold(known)?;
+            self.shared.state.borrow_mut().staged.insert(target.clone(), generation);
+        }
+        for (target, d) in replaced {
             let stage = overwrite::staging_path(&self.ctx, &target);
             overwrite::replace_partition(&self.cfg, &self.ctx, c, &target, &stage, &d)?;
+        }
+        if self.cfg.mode == WriteMode::Append && !combined.flushes.is_empty() {
+            self.shared.state.borrow_mut().appended = true;
         }
         Ok(CommitOutcome::Committed)
     }
@@ -180,18 +305,44 @@ impl GuestCommitter for BigQueryCommitter {
     }
 }
 
+impl BigQueryCommitter {
+    /// Refuses a checkpoint prepared in the other mode: in overwrite mode
+    /// one whose rows were streamed into the target itself (an append
+    /// checkpoint of this incarnation: copying over the partitions it
+    /// touched would delete them), in append mode one whose rows sit in a
+    /// staging table (flushing them there would never reach the target).
+    fn check_mode(&self, c: u64, combined: &Combined) -> Result<(), SinkError> {
+        for f in &combined.flushes {
+            let target = self.cfg.table_path(&f.table)?;
+            let staged = f.stream.contains("/tables/_sluice_stage_");
+            if self.cfg.overwrites(&f.table) && !staged {
+                return Err(switched_to_overwrite(&format!("{target} (checkpoint {c}, stream {})", f.stream)));
+            }
+            if !self.cfg.overwrites(&f.table) && staged {
+                return Err(error::config(format!(
+                    "[sink.options] mode = \"append\": checkpoint {c} of this incarnation was prepared with mode = \
+                     \"overwrite-partitions\" (its rows for table {target} are staged in stream {}), and appending \
+                     would leave them in the staging table; nothing was flushed. Finish the incarnation with mode = \
+                     \"overwrite-partitions\"",
+                    f.stream
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Makes the table of `source` take its rows; when its rows overwrite
 /// partitions, first checks that the target is partitioned by a column
-/// (before creating or changing anything), then makes its staging table.
-fn prepare(cfg: &Config, ctx: &SinkContext, source: &Table) -> Result<(), SinkError> {
+/// (before creating or changing anything). Its staging table is made by
+/// [`stage`].
+fn prepare(cfg: &Config, source: &Table) -> Result<(), SinkError> {
     if !cfg.overwrites(&source.name) {
         return tables::prepare(cfg, source);
     }
     let target = cfg.table_path(&source.name)?;
     Partitioning::read(cfg, &target)?;
-    tables::prepare(cfg, source)?;
-    let arrow = sluice_guest_sdk::ipc::decode_schema(&source.schema)?;
-    overwrite::prepare_staging(cfg, ctx, &target, &arrow)
+    tables::prepare(cfg, source)
 }
 
 /// The `(target, partition)` pairs a combined commit replaces, in order.

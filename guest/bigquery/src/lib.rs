@@ -68,4 +68,22 @@ impl Guest for BigQuerySink {
     }
 }
 
-sluice_guest_sdk::export_plugin!(BigQuerySink);
+/// The committer's state: in overwrite mode the targets this incarnation
+/// stages rows for and the overwrite marker it holds on each, in append
+/// mode whether it landed a checkpoint (see [`committer`]).
+impl sluice_guest_sdk::GuestCommitterState for BigQuerySink {
+    fn restore(state: Option<Vec<u8>>) -> Result<(), SinkError> {
+        committer::restore_state(state)
+    }
+
+    fn snapshot(_c: u64) -> Result<Vec<u8>, SinkError> {
+        committer::snapshot_state()
+    }
+
+    /// An empty input replaces nothing (no `overwrite_filter` here).
+    fn finish(_c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+        Ok(None)
+    }
+}
+
+sluice_guest_sdk::export_plugin!(BigQuerySink, keeps_state);

@@ -30,9 +30,22 @@
 //!   recovery walks the indexes from 0 through `jobs.get`, so the sequence
 //!   stays deterministic; any other reason fails the job naming the job id;
 //! - the job's dead-letter table (reserved option `sluice.dead-letter-table`)
-//!   stays append: it has no staging table and no copy jobs.
+//!   stays append: it has no staging table and no copy jobs;
+//! - a staging table the incarnation's committer state ([`State`]) says it
+//!   made is never made again: one that expired or was deleted holds rows
+//!   of committed checkpoints that are gone, and copying a new, emptier one
+//!   would truncate their partitions, so the run stops naming it. Every
+//!   open pushes the staging table's `expirationTime` forward;
+//! - before any copy into a target, the incarnation checks that it still
+//!   holds the newest overwrite marker of the target ([`Marker`]): an
+//!   incarnation a newer one (a rerun) overtook copies nothing;
+//! - a row whose partitioning column lies outside the range BigQuery
+//!   partitions (1960-01-01 to 2159-12-31) is refused as invalid data
+//!   before it is written: it would land in `__UNPARTITIONED__`, which no
+//!   decorator replaces.
 
-use std::collections::BTreeSet;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -43,6 +56,7 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema, TimeUnit};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sluice_guest_sdk::{SinkContext, SinkError, error, log};
@@ -59,8 +73,41 @@ const NULL_PARTITION: &str = "__NULL__";
 const STAGING_LIFETIME_MS: u64 = 30 * 24 * 3600 * 1000;
 
 /// `errorResult.reason`s after which a job may be tried again under a new
-/// id (https://cloud.google.com/bigquery/docs/troubleshooting-errors).
-const TRANSIENT_REASONS: [&str; 3] = ["backendError", "rateLimitExceeded", "internalError"];
+/// id, after a wait (https://cloud.google.com/bigquery/docs/troubleshooting-errors):
+/// `backendError` and `internalError` ("you can safely retry"), and the
+/// rate and quota limits `rateLimitExceeded` and `quotaExceeded` ("retry
+/// the operation after a few seconds. Use exponential backoff"; a daily
+/// quota, such as the per-table job limits, clears only later: the commit
+/// stays pending and is asked again, and nothing was applied).
+const TRANSIENT_REASONS: [&str; 4] = ["backendError", "internalError", "rateLimitExceeded", "quotaExceeded"];
+
+/// The days (since the epoch) BigQuery's time-unit column partitions
+/// cover: 1960-01-01 up to 2160-01-01 exclusive; rows before 1960-01-01 or
+/// after 2159-12-31 go to `__UNPARTITIONED__`
+/// (https://cloud.google.com/bigquery/docs/partitioned-tables#date_timestamp_partitioned_tables).
+const PARTITION_DAYS: std::ops::Range<i32> = -3653..69_396;
+
+/// The committer state of an overwriting incarnation (contract 0.2.3
+/// `committer-state`), persisted by the host with every checkpoint record.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct State {
+    /// Every target this incarnation stages rows for, with the generation
+    /// of the target's overwrite marker it holds ([`Marker`]). Its staging
+    /// table was made before any checkpoint that names it was combined, so
+    /// a record that may have committed rows through it names it here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub staged: BTreeMap<String, u64>,
+    /// This incarnation landed checkpoints in `append` mode (kept in that
+    /// mode, so a switch to overwrite can be refused).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub appended: bool,
+}
+
+impl State {
+    pub fn is_empty(&self) -> bool {
+        self.staged.is_empty() && !self.appended
+    }
+}
 
 /// The granularity of a table's time-unit partitioning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,10 +214,45 @@ impl Partitioning {
     }
 }
 
+/// The staging table's expiration, `STAGING_LIFETIME_MS` from now (ms
+/// since the epoch).
+fn staging_expiry() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+        .saturating_add(STAGING_LIFETIME_MS)
+}
+
+/// The error of a staging table that the committer state says this
+/// incarnation made and that is gone (expired or deleted).
+fn staging_lost(ctx: &SinkContext, target: &str, stage: &str) -> SinkError {
+    error::config(format!(
+        "option `mode` = \"overwrite-partitions\": the staging table {stage} of table {target} is gone (it expired \
+         or was deleted), but incarnation {} of this job staged rows in it, which its committed checkpoints copied \
+         into {target} and its next copies would copy again. Making it again empty would truncate those partitions \
+         of {target} to the rows staged from now on, so nothing was copied. Land the backfill again as a new \
+         incarnation (a fresh job.state_dir and `sluice run --new-incarnation`), which replaces every partition it \
+         touches",
+        ctx.incarnation
+    ))
+}
+
 /// Checks that `target` can be overwritten by partition and makes its
-/// staging table (or, when it exists, evolves its schema to take rows of
-/// `arrow`). Idempotent: a 409 on insert means it exists.
-pub(crate) fn prepare_staging(cfg: &Config, ctx: &SinkContext, target: &str, arrow: &Schema) -> Result<(), SinkError> {
+/// staging table (or, when it exists, pushes its expiration forward and
+/// evolves its schema to take rows of `arrow`), then makes sure this
+/// incarnation holds the newest overwrite marker of `target`, and records
+/// both in `state`. Idempotent: a 409 on insert means it exists.
+///
+/// A staging table `state` names that is gone is refused, never made again
+/// ([`staging_lost`]).
+pub(crate) fn prepare_staging(
+    cfg: &Config,
+    ctx: &SinkContext,
+    target: &str,
+    arrow: &Schema,
+    state: &RefCell<State>,
+) -> Result<(), SinkError> {
     let api = tables::api(cfg);
     let context = format!("reading table {target}");
     let table = api.get(target).map_err(|e| rest_failure(&context, e))?.ok_or_else(|| {
@@ -178,27 +260,187 @@ pub(crate) fn prepare_staging(cfg: &Config, ctx: &SinkContext, target: &str, arr
     })?;
     let partitioning = Partitioning::from_table(target, table.time_partitioning.as_ref())?;
     let stage = staging_path(ctx, target);
-    let expires = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-        .saturating_add(STAGING_LIFETIME_MS);
-    let context = format!("creating the staging table {stage} of {target}");
-    let created = cfg
-        .retry()
-        .run(
-            |_| api.insert_partitioned(&stage, &table.fields, &partitioning.to_json(), expires),
-            RestError::is_transient,
-            |e, _, _| log::warn(&format!("{context}: {e}; retrying")),
-        )
-        .map_err(|failed| rest_failure(&context, failed.error))?;
-    if created {
-        log::info(&format!("overwrite-partitions: rows for {target} are staged in {stage}"));
-        Ok(())
-    } else {
-        // It exists (an earlier run of this incarnation, or a lost reply):
-        // make sure it takes rows of the current shape.
-        tables::evolve_table(cfg, &stage, arrow)
+    let known = state.borrow().staged.get(target).copied();
+    let context = format!("reading the staging table {stage} of {target}");
+    let existing = api.get(&stage).map_err(|e| rest_failure(&context, e))?;
+    let expires = staging_expiry();
+    match existing {
+        None if known.is_some() => return Err(staging_lost(ctx, target, &stage)),
+        None => {
+            let context = format!("creating the staging table {stage} of {target}");
+            let created = cfg
+                .retry()
+                .run(
+                    |_| api.insert_partitioned(&stage, &table.fields, &partitioning.to_json(), expires),
+                    RestError::is_transient,
+                    |e, _, _| log::warn(&format!("{context}: {e}; retrying")),
+                )
+                .map_err(|failed| rest_failure(&context, failed.error))?;
+            if created {
+                log::info(&format!("overwrite-partitions: rows for {target} are staged in {stage}"));
+            } else {
+                // An earlier, unanswered insert of this run made it.
+                tables::evolve_table(cfg, &stage, arrow)?;
+            }
+        }
+        Some(_) => {
+            // It exists (an earlier run of this incarnation): it must live
+            // as long as the incarnation may still copy from it, and take
+            // rows of the current shape.
+            let context = format!("moving the expiration of the staging table {stage} of {target}");
+            cfg.retry()
+                .run(
+                    |_| api.patch_expiration(&stage, expires),
+                    RestError::is_transient,
+                    |e, _, _| log::warn(&format!("{context}: {e}; retrying")),
+                )
+                .map_err(|failed| rest_failure(&context, failed.error))?;
+            tables::evolve_table(cfg, &stage, arrow)?;
+        }
+    }
+    let generation = Marker::new(cfg, ctx, target).hold(known)?;
+    state.borrow_mut().staged.insert(target.to_string(), generation);
+    Ok(())
+}
+
+/// The overwrite markers of one target for this job's sink: marker tables
+/// `_sluice_overwrite_<hash(job, sink, target)>_<g>` in the target's
+/// dataset, generations `g = 0, 1, ...`, each labelled with the
+/// incarnation that took it when it began to stage rows for the target.
+/// The newest generation is the incarnation whose copies may land; an
+/// older one (resumed after a rerun overtook it) copies nothing.
+///
+/// Why marker tables, and not a label on the target set with `tables.patch`
+/// and `If-Match`: `tables.insert` is documented to answer 409 for a table
+/// that exists (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/insert,
+/// https://cloud.google.com/bigquery/docs/troubleshooting-errors, `duplicate`),
+/// which makes taking generation `g + 1` an exclusive create: two
+/// incarnations never both take it. The reference does not say that
+/// `tables.patch` honours `If-Match`, and where it is ignored two
+/// incarnations would both set their label (the same reasoning as the
+/// dataset claim, [`crate::claim`]).
+///
+/// What it does not give: a copy job cannot be made conditional on another
+/// table, so the check runs right before the commit's copies, not with
+/// them; a rerun that takes its generation in between (two incarnations
+/// of one job running at once) is not stopped by it.
+pub(crate) struct Marker<'a> {
+    cfg: &'a Config,
+    ctx: &'a SinkContext,
+    target: &'a str,
+}
+
+/// The marker table's label naming the incarnation of a generation.
+const MARKER_LABEL: &str = "sluice-incarnation";
+
+impl<'a> Marker<'a> {
+    pub fn new(cfg: &'a Config, ctx: &'a SinkContext, target: &'a str) -> Self {
+        Marker { cfg, ctx, target }
+    }
+
+    fn path(&self, g: u64) -> String {
+        let (project, dataset, _) = rest::parts(self.target);
+        let hash = sha_hex(&[&self.ctx.job_id, &self.ctx.sink_id, self.target]);
+        format!("projects/{project}/datasets/{dataset}/tables/_sluice_overwrite_{}_{g}", &hash[..24])
+    }
+
+    /// The incarnation that took generation `g`, `None` when it is not taken.
+    fn holder(&self, g: u64) -> Result<Option<String>, SinkError> {
+        let path = self.path(g);
+        let context = format!("reading the overwrite marker {path} of {}", self.target);
+        let Some(table) = tables::api(self.cfg).get(&path).map_err(|e| rest_failure(&context, e))? else {
+            return Ok(None);
+        };
+        table.labels.get(MARKER_LABEL).and_then(Value::as_str).map(|s| Some(s.to_string())).ok_or_else(|| {
+            error::fatal(format!(
+                "table {path} has no label `{MARKER_LABEL}`: Sluice keeps there which incarnation of this job last \
+                 began to overwrite partitions of {}, so it will not guess",
+                self.target
+            ))
+        })
+    }
+
+    /// The generations from `from` on that are taken, in order, with their incarnations.
+    fn walk(&self, from: u64) -> Result<Vec<(u64, String)>, SinkError> {
+        let mut out = Vec::new();
+        let mut g = from;
+        while let Some(holder) = self.holder(g)? {
+            out.push((g, holder));
+            g += 1;
+        }
+        Ok(out)
+    }
+
+    fn overtaken(&self, mine: u64, newer: u64, by: &str) -> SinkError {
+        error::config(format!(
+            "option `mode` = \"overwrite-partitions\": incarnation {by} of job `{}` sink `{}` began to overwrite \
+             partitions of table {} after this incarnation ({}) did (overwrite marker {}, after this incarnation's \
+             {}): copying this incarnation's staged rows now would replace the newer run's partitions with older \
+             ones, so nothing was copied. This incarnation is superseded: do not resume it. To land its source \
+             again, start over as a new incarnation (a fresh job.state_dir and `sluice run --new-incarnation`), \
+             which replaces every partition it touches",
+            self.ctx.job_id,
+            self.ctx.sink_id,
+            self.target,
+            self.ctx.incarnation,
+            self.path(newer),
+            self.path(mine),
+        ))
+    }
+
+    /// Refuses when a generation after `mine` is taken by another incarnation.
+    pub fn check(&self, mine: u64) -> Result<(), SinkError> {
+        match self.walk(mine + 1)?.into_iter().find(|(_, inc)| *inc != self.ctx.incarnation) {
+            Some((g, by)) => Err(self.overtaken(mine, g, &by)),
+            None => Ok(()),
+        }
+    }
+
+    /// The generation this incarnation holds (`known`, from its state, or
+    /// found among the markers, or taken as the next one), after checking
+    /// that no other incarnation took a later one.
+    pub fn hold(&self, known: Option<u64>) -> Result<u64, SinkError> {
+        if let Some(mine) = known {
+            self.check(mine)?;
+            return Ok(mine);
+        }
+        for attempt in 1..=self.cfg.attempts.max(1) {
+            let taken = self.walk(0)?;
+            let me = &self.ctx.incarnation;
+            if let Some(mine) = taken.iter().rev().find(|(_, inc)| inc == me).map(|(g, _)| *g) {
+                // Taken by an earlier run of this incarnation.
+                if let Some((g, by)) = taken.iter().find(|(g, inc)| *g > mine && inc != me) {
+                    return Err(self.overtaken(mine, *g, by));
+                }
+                return Ok(mine);
+            }
+            let next = taken.last().map_or(0, |(g, _)| g + 1);
+            let path = self.path(next);
+            let description = format!(
+                "Sluice: incarnation {me} of job `{}` sink `{}` began to overwrite partitions of {} as generation \
+                 {next}; older generations copy nothing more into it. Keep this table while the job runs",
+                self.ctx.job_id, self.ctx.sink_id, self.target
+            );
+            match tables::api(self.cfg).insert_marker(&path, &description, &json!({ MARKER_LABEL: me })) {
+                Ok(true) => {
+                    log::info(&format!("overwrite-partitions: {} holds generation {next} of {}", me, self.target));
+                    return Ok(next);
+                }
+                // Taken meanwhile, or by this run's own unanswered try: read again.
+                Ok(false) => {}
+                Err(e) if e.is_transient() => {
+                    log::warn(&format!("taking the overwrite marker {path}: {e}; reading the markers again"));
+                    if let Some(wait) = self.cfg.retry().delay(attempt) {
+                        std::thread::sleep(wait);
+                    }
+                }
+                Err(e) => return Err(rest_failure(&format!("taking the overwrite marker {path}"), e)),
+            }
+        }
+        Err(error::retryable(format!(
+            "taking an overwrite marker of {}: the markers kept changing or could not be made",
+            self.target
+        )))
     }
 }
 
@@ -242,6 +484,10 @@ pub(crate) fn row_partitions(
 ) -> Result<RowPartitions, SinkError> {
     let mut into = RowPartitions::default();
     let fmt = p.format();
+    let (Some(lo), Some(hi)) = (date32_to_datetime(PARTITION_DAYS.start), date32_to_datetime(PARTITION_DAYS.end))
+    else {
+        return Err(error::fatal("the bounds of BigQuery's partitions cannot be represented"));
+    };
     for batch in batches {
         let schema: Arc<Schema> = batch.schema();
         let Some((i, field)) =
@@ -299,10 +545,31 @@ pub(crate) fn row_partitions(
                     )));
                 }
             };
+            check_range(table, &p.field, &time, &lo, &hi)?;
             into.push(time.format(fmt).to_string());
         }
     }
     Ok(into)
+}
+
+/// Refuses a time outside the partitions BigQuery makes ([`PARTITION_DAYS`],
+/// as arrow's own conversions of its bounds, `[lo, hi)`, so the plugin
+/// needs no date crate of its own).
+fn check_range<T: PartialOrd + std::fmt::Display>(
+    table: &str,
+    column: &str,
+    time: &T,
+    lo: &T,
+    hi: &T,
+) -> Result<(), SinkError> {
+    if time >= lo && time < hi {
+        return Ok(());
+    }
+    Err(error::invalid_data(format!(
+        "table {table}: column {column:?} value {time} lies outside the range BigQuery partitions (1960-01-01 to \
+         2159-12-31); such a row lands in partition __UNPARTITIONED__, which option `mode` = \
+         \"overwrite-partitions\" cannot replace, so it was not written"
+    )))
 }
 
 /// What `jobs.get` says of a job.

@@ -1,6 +1,6 @@
 //! The BigQuery API's table methods (REST, `bigquery/v2`), over `wasi:http`:
-//! `tables.get`, `tables.insert` and `tables.patch`, to create tables and
-//! evolve their schemas. The plugin addresses the host's HTTP endpoint by
+//! `tables.get`, `tables.insert` and `tables.patch`, to create tables,
+//! evolve their schemas and move a staging table's expiration. The plugin addresses the host's HTTP endpoint by
 //! name (`http://<rest_endpoint>/bigquery/v2/...`); the host maps it to the
 //! job's address and adds the credentials.
 //!
@@ -41,15 +41,16 @@ pub(crate) enum RestError {
     Denied(String),
     /// The request did not get an answer (connection, timeout): may be retried.
     Transport(String),
-    /// The service answered with an error status.
-    Status { status: u16, message: String },
+    /// The service answered with an error status; `reason` is the first
+    /// `error.errors[].reason` of the body (`rateLimitExceeded`, `duplicate`, ...).
+    Status { status: u16, message: String, reason: Option<String> },
 }
 
 impl std::fmt::Display for RestError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RestError::Denied(m) | RestError::Transport(m) => f.write_str(m),
-            RestError::Status { status, message } => write!(f, "HTTP {status}: {message}"),
+            RestError::Status { status, message, .. } => write!(f, "HTTP {status}: {message}"),
         }
     }
 }
@@ -58,12 +59,24 @@ impl RestError {
     pub fn is_transient(&self) -> bool {
         match self {
             RestError::Transport(_) => true,
-            // Rate limits and the service's own failures.
-            RestError::Status { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
+            // Rate limits and the service's own failures. BigQuery answers a
+            // rate or quota limit as 403 with reason `rateLimitExceeded` or
+            // `quotaExceeded` ("retry the operation after a few seconds.
+            // Use exponential backoff", https://cloud.google.com/bigquery/docs/troubleshooting-errors);
+            // the request applied nothing.
+            RestError::Status { status, reason, .. } => {
+                matches!(status, 429 | 500 | 502 | 503 | 504)
+                    || (*status == 403 && reason.as_deref().is_some_and(|r| LIMIT_REASONS.contains(&r)))
+            }
             RestError::Denied(_) => false,
         }
     }
 }
+
+/// The `reason`s of a rate or quota limit: nothing was applied, and the
+/// same request may be sent again after a wait
+/// (https://cloud.google.com/bigquery/docs/troubleshooting-errors).
+pub(crate) const LIMIT_REASONS: [&str; 2] = ["rateLimitExceeded", "quotaExceeded"];
 
 /// One answered call: status and body.
 struct Reply {
@@ -166,12 +179,26 @@ fn error_message(body: &[u8]) -> String {
         .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(300).collect())
 }
 
+/// The first `error.errors[].reason` of a Google API error body.
+fn error_reason(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.pointer("/error/errors/0/reason").and_then(Value::as_str).map(str::to_string))
+}
+
 fn json_reply(reply: Reply) -> Result<Value, RestError> {
     if !(200..300).contains(&reply.status) {
-        return Err(RestError::Status { status: reply.status, message: error_message(&reply.body) });
+        return Err(RestError::Status {
+            status: reply.status,
+            message: error_message(&reply.body),
+            reason: error_reason(&reply.body),
+        });
     }
-    serde_json::from_slice(&reply.body)
-        .map_err(|e| RestError::Status { status: reply.status, message: format!("the reply is not JSON: {e}") })
+    serde_json::from_slice(&reply.body).map_err(|e| RestError::Status {
+        status: reply.status,
+        message: format!("the reply is not JSON: {e}"),
+        reason: None,
+    })
 }
 
 /// A table as `tables.get` returns it, as far as Sluice reads it.
@@ -273,6 +300,18 @@ impl Tables<'_> {
             return Ok(false);
         }
         json_reply(reply).map(|_| true)
+    }
+
+    /// `tables.patch` of `expirationTime` alone (ms since the epoch): the
+    /// patch "only replaces fields that are provided in the submitted table
+    /// resource" (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/patch),
+    /// so it leaves the schema and the rows as they are. Setting it again
+    /// to the same time changes nothing, so it may be sent again.
+    pub fn patch_expiration(&self, table: &str, expires_ms: u64) -> Result<(), RestError> {
+        let body = json!({ "expirationTime": expires_ms.to_string() });
+        let path = format!("/bigquery/v2/{table}");
+        let reply = send(self.endpoint, Method::Patch, &path, &[], Some(body.to_string().as_bytes()), self.timeout_ms)?;
+        json_reply(reply).map(|_| ())
     }
 
     /// `tables.patch` of the schema, guarded by `etag` where the service honours it.

@@ -1,9 +1,12 @@
 //! The BigQuery sink with `mode = "overwrite-partitions"` against the test
 //! double (real gRPC and REST over loopback): a day-partitioned target
 //! seeded with rows, then a job whose rows replace the days they touch,
-//! through the crash matrix, lost and failed copy jobs, and a rerun as a
-//! new incarnation. Every check reads the target back: rows per partition
-//! (`partition_counts`) and the rows' ids and values against the source.
+//! through the crash matrix, lost and failed copy jobs (a backend error, a
+//! quota), and a rerun as a new incarnation; and what is refused: a lost
+//! staging table, an incarnation a rerun overtook, a switch from append,
+//! a date outside the partitioned range. Every check reads the target
+//! back: rows per partition (`partition_counts`) and the rows' ids and
+//! values against the source.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -364,4 +367,185 @@ fn a_schema_change_evolves_the_target_and_its_staging_table() {
     // The rows after the change carry `tag` in the target.
     let tagged = d.visible_rows(TABLE).iter().filter(|r| r.get("tag").is_some_and(|v| !v.is_null())).count();
     assert!(tagged > 0, "no row of the new shape landed");
+}
+
+/// The staging table of the target (the one `_sluice_stage_` table).
+fn staging_table(d: &BigQueryDouble) -> String {
+    let stages: Vec<String> = d.tables().into_iter().filter(|t| t.contains("/tables/_sluice_stage_")).collect();
+    assert_eq!(stages.len(), 1, "{stages:?}");
+    stages[0].clone()
+}
+
+/// Stops a run right after checkpoint 2 is committed: days hold the rows
+/// of checkpoints 1 and 2.
+fn crash_after_second(job: &TestJob) {
+    let fault = Fault { point: CrashPoint::AfterCommit, checkpoint: 2, subtask: 1 };
+    job.run(Some(fault)).expect_err("crash");
+}
+
+/// A staging table that expired (or was deleted) between two runs of one
+/// incarnation is not made again empty: the next copies would truncate
+/// each day to the rows staged since. The resume is refused naming the
+/// staging table, the target and the way out, and copies nothing; a rerun
+/// as a new incarnation then leaves the table exact.
+#[test]
+fn a_lost_staging_table_is_refused_not_made_again_empty() {
+    let d = double();
+    let job = job("bq-ow-lost-stage", &d);
+    crash_after_second(&job);
+    let stage = staging_table(&d);
+    let before = d.partition_counts(TABLE).expect("counts");
+    let jobs_before = d.jobs().len();
+    assert!(d.delete_table(&stage), "the staging table existed");
+    let err = job.run(None).expect_err("the resume is refused").to_string();
+    for part in [stage.as_str(), TABLE, "is gone", "--new-incarnation"] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert!(d.time_partitioning(&stage).is_none() && !d.tables().contains(&stage), "not made again");
+    assert_eq!(d.partition_counts(TABLE).expect("counts"), before, "the refused run changed the target");
+    assert_eq!(d.jobs().len(), jobs_before, "the refused run copied nothing");
+    // The way out the error names: land it again as a new incarnation.
+    std::fs::remove_dir_all(job.state()).expect("a fresh state directory");
+    job.run_opts(&[], RunOptions { new_incarnation: true, ..RunOptions::default() }).expect("the rerun");
+    assert_replaced(&d);
+}
+
+/// Every run of an incarnation pushes its staging table's expiration
+/// forward, so a long backfill's staging table does not expire under it.
+#[test]
+fn resuming_pushes_the_staging_tables_expiration_forward() {
+    let d = double();
+    let job = job("bq-ow-expiry", &d);
+    crash_after_second(&job);
+    let stage = staging_table(&d);
+    let first = d.expiration_time(&stage).expect("the staging table expires");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
+    assert!(first > now + 7 * 24 * 3600 * 1000, "{first} is days ahead of {now}");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    job.run(None).expect("recovery");
+    let second = d.expiration_time(&stage).expect("still expires");
+    assert!(second > first, "the resume moved the expiration: {first} → {second}");
+    assert_replaced(&d);
+}
+
+/// An old incarnation resumed after a rerun (a newer incarnation overwrote
+/// the same target) copies nothing: its staging holds part of the backfill
+/// only, and would replace the rerun's days. It is refused naming the
+/// target, the newer incarnation and the way out; the rerun's table stays.
+#[test]
+fn an_older_incarnation_resumed_after_a_rerun_copies_nothing() {
+    let d = double();
+    let old = job("bq-ow-overtaken", &d);
+    crash_after_second(&old);
+    // The rerun: same job, a fresh state directory, a new incarnation.
+    let rerun = job("bq-ow-overtaken", &d);
+    rerun.run_opts(&[], RunOptions { new_incarnation: true, ..RunOptions::default() }).expect("the rerun");
+    assert_replaced(&d);
+    let rows = d.visible_rows(TABLE);
+    let jobs_before = d.jobs().len();
+    let err = old.run(None).expect_err("the old incarnation is refused").to_string();
+    for part in [TABLE, "began to overwrite", "after this incarnation", "--new-incarnation"] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert_eq!(d.jobs().len(), jobs_before, "the old incarnation copied nothing");
+    assert_eq!(d.visible_rows(TABLE), rows, "the rerun's table is unchanged");
+    assert_replaced(&d);
+}
+
+/// An incarnation that landed checkpoints in append mode and is resumed
+/// with `mode = "overwrite-partitions"` is refused (its first copy would
+/// delete rows it delivered), naming the way out; finished in append mode
+/// every row is there once.
+#[test]
+fn switching_an_incarnation_from_append_to_overwrite_is_refused() {
+    let d = double();
+    let mut append = job("bq-switch", &d);
+    append.toml = append.toml.replacen("mode = \"overwrite-partitions\"\n", "", 1);
+    crash_after_second(&append);
+    let before = d.partition_counts(TABLE).expect("counts");
+    let err = append
+        .run_with(&["sink.options.mode=overwrite-partitions"], None)
+        .expect_err("the switch to overwrite is refused")
+        .to_string();
+    for part in ["already landed checkpoints", TABLE, "--new-incarnation"] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert_eq!(d.partition_counts(TABLE).expect("counts"), before, "the refused run changed the table");
+    assert!(d.jobs().is_empty(), "nothing was copied");
+    append.run(None).expect("the append run resumes");
+    let total: u64 = d.partition_counts(TABLE).expect("counts").values().sum();
+    assert_eq!(total, ROWS + 3 * SEED_PER_DAY, "every row once, the seed kept");
+}
+
+/// A row dated outside the range BigQuery partitions (before 1960-01-01)
+/// would land in `__UNPARTITIONED__`, which no copy replaces: it is refused
+/// before it is written, naming the column and the value, and nothing is
+/// copied.
+#[test]
+fn a_date_outside_the_partitioned_range_is_refused_naming_it() {
+    use sluice_bigquery_double::proto::table_field_schema::{Mode, Type};
+    use sluice_bigquery_double::proto::{TableFieldSchema, TableSchema};
+    let d = BigQueryDouble::start().expect("double");
+    let field = |name: &str, ty: Type| TableFieldSchema {
+        name: name.into(),
+        r#type: ty as i32,
+        mode: Mode::Nullable as i32,
+        ..Default::default()
+    };
+    let orders = "projects/p/datasets/d/tables/orders";
+    let schema = TableSchema { fields: vec![field("id", Type::Int64), field("day", Type::Date)] };
+    d.create_partitioned_table(orders, schema, TimePartitioning::new(PartitionType::Day, "day")).expect("orders");
+    let dir = tempfile::tempdir().expect("dir");
+    let input = dir.path().join("in/orders");
+    std::fs::create_dir_all(&input).expect("input");
+    std::fs::write(input.join("part-0.csv"), "id,day\n1,2024-01-01\n2,1959-12-31\n3,2024-01-02\n").expect("csv");
+    let toml = format!(
+        r#"[job]
+id = "bq-ow-range"
+parallelism = 1
+state_dir = "state"
+[source]
+kind = "file"
+path = "in"
+[sink]
+id = "bq"
+plugin = "{plugin}"
+[sink.options]
+table = "projects/p/datasets/d/tables/{{table}}"
+mode = "overwrite-partitions"
+rpc_timeout_ms = 10000
+backoff_ms = 10
+[sink.grpc.bigquery]
+address = "{address}"
+[sink.http.bigquery]
+address = {rest:?}
+"#,
+        plugin = sluice_tests::BIGQUERY_PLUGIN,
+        address = d.address(),
+        rest = d.rest_address(),
+    );
+    let job = TestJob { dir, toml };
+    let err = job.run(None).expect_err("the row is refused").to_string();
+    for part in ["\"day\"", "1959-12-31", "__UNPARTITIONED__"] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert!(d.jobs().is_empty(), "nothing was copied: {:?}", job_ids(&d));
+    assert!(d.visible_rows(orders).is_empty());
+}
+
+/// A copy job that ends with `quotaExceeded` (a per-table job quota)
+/// applied nothing: after a wait the partition is copied by the next
+/// attempt, `_1`, and the run ends exact instead of failing mid-commit.
+#[test]
+fn a_copy_job_done_with_quota_exceeded_waits_and_continues() {
+    let d = double();
+    d.inject_job(4, JobFault::DoneWithError("quotaExceeded"));
+    job("bq-ow-quota", &d).run(None).expect("run");
+    assert_replaced(&d);
+    let jobs = d.jobs();
+    let failed: Vec<_> = jobs.iter().filter(|j| j.error.is_some()).collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].error.as_ref().map(|e| e.reason.as_str()), Some("quotaExceeded"));
+    let retried = failed[0].id.strip_suffix("_0").expect("the first attempt failed").to_string() + "_1";
+    assert!(jobs.iter().any(|j| j.id == retried && j.error.is_none()), "{retried} ran: {:?}", job_ids(&d));
 }
