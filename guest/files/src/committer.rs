@@ -13,13 +13,21 @@
 //!   checkpoint, which stays pending, so no marker ever names a missing file
 //!   and no directory is published without one of its files;
 //! - `abort` deletes staged files only of a checkpoint the host knows was
-//!   never persisted.
+//!   never persisted;
+//! - in `mode = "overwrite-partitions"` a table is published by creating
+//!   the next version of its log instead (see `versions`); a version that
+//!   holds the checkpoint already is found through its `committed` map, and
+//!   every file is checked the same way before any table is published.
 
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::Committer;
 use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::{CommitOutcome, GuestCommitter, SinkContext, SinkError, Table, TableChange, error, log};
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::versions::{self, Plan};
 use crate::writer::{CommitInfo, StagedFile};
 use crate::{Config, Publish, layout};
 
@@ -54,6 +62,12 @@ struct TableCommit {
     /// publishes the way the run that prepared it would have.
     #[serde(default, skip_serializing_if = "is_false")]
     marker: bool,
+    /// Overwrite mode: published as the next version of the table's log
+    /// (`staging_dir` is then the table's directory, which file names are
+    /// relative to), and what the checkpoint replaces, decided by
+    /// `combine` and persisted with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    log: Option<Plan>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -98,6 +112,9 @@ pub struct FilesCommitter {
     /// This committer has seen the output's claim held by its incarnation
     /// (claims are never moved, so once is enough).
     claimed: std::cell::Cell<bool>,
+    /// The overwrite state (empty in append mode), shared with the
+    /// `committer-state` export.
+    state: Rc<RefCell<versions::State>>,
 }
 
 fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
@@ -230,19 +247,27 @@ impl GuestCommitter for FilesCommitter {
         for name in &names {
             layout::check_table_name(name)?;
         }
+        layout::refuse_mixed_layouts(&cfg, &names)?;
         layout::refuse_other_incarnations(&cfg, &ctx, &names)?;
         layout::refuse_if_claimed(&cfg, &ctx)?;
         files::create_dir_all(&cfg.path)
             .map_err(|e| files::to_sink_error(&format!("creating output directory {}", cfg.path), e))?;
-        Ok(Committer::new(FilesCommitter { cfg, ctx, claimed: std::cell::Cell::new(false) }))
+        let state = Rc::new(RefCell::new(versions::State::default()));
+        if cfg.overwrite {
+            versions::see(&cfg, &ctx, &state, &names)?;
+        }
+        versions::open(cfg.overwrite, state.clone());
+        Ok(Committer::new(FilesCommitter { cfg, ctx, claimed: std::cell::Cell::new(false), state }))
     }
 
     fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
         // Each checkpoint's files carry their own schema: a new table or an
         // evolved one needs nothing in the output before its rows come.
         for change in &changes {
-            crate::writer::table_writer(&change.table)?;
+            crate::writer::table_writer(&self.cfg, &change.table)?;
         }
+        let added: Vec<String> = changes.iter().map(|c| c.table.name.clone()).collect();
+        layout::refuse_mixed_layouts(&self.cfg, &added)?;
         Ok(())
     }
 
@@ -264,6 +289,14 @@ impl GuestCommitter for FilesCommitter {
             for part in info.tables {
                 match tables.iter_mut().find(|t| t.table == part.table) {
                     Some(t) => t.files.extend(part.files),
+                    None if self.cfg.overwrite => tables.push(TableCommit {
+                        staging_dir: layout::table_path(&self.cfg, &part.table),
+                        visible_dir: layout::log_dir(&self.cfg, &part.table),
+                        table: part.table,
+                        files: part.files,
+                        marker: false,
+                        log: Some(Plan::default()),
+                    }),
                     None => {
                         let marker = self.cfg.publish != Publish::Rename;
                         let (staging_dir, visible_dir) = if marker {
@@ -283,12 +316,22 @@ impl GuestCommitter for FilesCommitter {
                             table: part.table,
                             files: part.files,
                             marker,
+                            log: None,
                         })
                     }
                 }
             }
         }
         let staging_dir = staging_dir.ok_or_else(|| error::fatal(format!("checkpoint {c} has no commit infos")))?;
+        // Every earlier checkpoint of the incarnation is committed (or the
+        // run failed) when `combine(c)` runs, so the state is final for it.
+        let state = self.state.borrow();
+        for table in tables.iter_mut() {
+            if let Some(plan) = table.log.as_mut() {
+                *plan = versions::plan(state.tables.get(&table.table), &table.files);
+            }
+        }
+        drop(state);
         let combined = Combined { staging_dir, tables, visible_dir: None, files: Vec::new() };
         serde_json::to_vec(&combined).map_err(|e| error::fatal(format!("encoding combined commit: {e}")))
     }
@@ -310,7 +353,7 @@ impl GuestCommitter for FilesCommitter {
                 marker: false,
             });
         }
-        parts.extend(combined.tables.iter().map(|t| Part {
+        parts.extend(combined.tables.iter().filter(|t| t.log.is_none()).map(|t| Part {
             table: &t.table,
             staging_dir: &t.staging_dir,
             visible_dir: &t.visible_dir,
@@ -330,8 +373,27 @@ impl GuestCommitter for FilesCommitter {
             let named = self.check_files(c, &part, &mut problems)?;
             todo.push((part, named));
         }
+        let mut logged = Vec::new();
+        for t in combined.tables.iter() {
+            let Some(plan) = &t.log else { continue };
+            if self.log_holds(c, &t.table)? {
+                versions::commit(&self.cfg, &self.ctx, &self.state, &t.table, c, plan, &t.files)?;
+                continue;
+            }
+            let part = Part {
+                table: &t.table,
+                staging_dir: &t.staging_dir,
+                visible_dir: &t.visible_dir,
+                files: &t.files,
+                marker: true,
+            };
+            self.check_files(c, &part, &mut problems)?;
+            logged.push((t, plan));
+        }
         if !problems.is_empty() {
-            let consequence = if todo.iter().any(|(p, _)| p.marker) {
+            let consequence = if !logged.is_empty() {
+                "create a log version naming files that no reader can read"
+            } else if todo.iter().any(|(p, _)| p.marker) {
                 "publish a commit marker naming files that no reader can read"
             } else {
                 "publish the checkpoint without those files' rows"
@@ -341,6 +403,9 @@ impl GuestCommitter for FilesCommitter {
         let mut published = false;
         for (part, named) in todo {
             published |= if part.marker { self.publish_marker(c, &part, named)? } else { self.publish(c, &part)? };
+        }
+        for (t, plan) in logged {
+            published |= versions::commit(&self.cfg, &self.ctx, &self.state, &t.table, c, plan, &t.files)?;
         }
         Ok(if published { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }
@@ -353,6 +418,9 @@ impl GuestCommitter for FilesCommitter {
     /// then commit it and find its files gone.
     fn abort(&self, c: u64, combined: Vec<u8>) -> Result<(), SinkError> {
         let combined = decode(&combined)?;
+        if combined.tables.iter().any(|t| t.log.is_some()) {
+            return self.abort_logged(c, &combined);
+        }
         if combined.tables.iter().any(|t| t.marker) {
             return self.abort_markers(c, &combined);
         }
@@ -365,6 +433,33 @@ impl GuestCommitter for FilesCommitter {
 }
 
 impl FilesCommitter {
+    /// Whether the newest version of `table`'s log holds checkpoint `c` of
+    /// this incarnation already (then its files are not checked again:
+    /// they may have moved on since, as a visible directory's may).
+    fn log_holds(&self, c: u64, table: &str) -> Result<bool, SinkError> {
+        let latest = versions::Log { cfg: &self.cfg, table }.latest()?;
+        let key = sluice_guest_sdk::incarnation::key(&self.ctx);
+        Ok(latest.and_then(|v| v.committed.get(&key).copied()).is_some_and(|done| done >= c))
+    }
+
+    /// Removes the data files of an overwrite checkpoint that was never
+    /// persisted (the precondition of `abort`): no version can name them,
+    /// since only a persisted checkpoint is ever committed.
+    fn abort_logged(&self, c: u64, combined: &Combined) -> Result<(), SinkError> {
+        for table in combined.tables.iter().filter(|t| t.log.is_some()) {
+            for file in &table.files {
+                let location = join(&table.staging_dir, &file.name);
+                match files::delete(&location) {
+                    Ok(()) | Err(sluice_guest_sdk::IoError::NotFound(_)) => {}
+                    Err(e) => {
+                        return Err(files::to_sink_error(&format!("aborting checkpoint {c}: removing {location}"), e));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Removes the data objects of a checkpoint that was never persisted
     /// (the precondition of `abort`); a table whose marker exists is
     /// committed, and keeps them.
@@ -394,7 +489,26 @@ pub fn describe(combined: &[u8]) -> Vec<String> {
         let name = if table.is_empty() { String::new() } else { format!("table {table}: ") };
         format!("{name}{} file(s), {rows} rows -> {visible}", files.len())
     };
-    let mut lines: Vec<String> = combined.tables.iter().map(|t| line(&t.table, &t.files, &t.visible_dir)).collect();
+    let mut lines: Vec<String> = combined
+        .tables
+        .iter()
+        .map(|t| match &t.log {
+            Some(plan) => {
+                let names = |set: &std::collections::BTreeSet<String>| {
+                    set.iter().map(|p| versions::show(p)).collect::<Vec<_>>().join(", ")
+                };
+                let added: std::collections::BTreeSet<String> =
+                    plan.touched.difference(&plan.replace).cloned().collect();
+                format!(
+                    "{} (next log version; replaces [{}], adds to [{}])",
+                    line(&t.table, &t.files, &t.visible_dir),
+                    names(&plan.replace),
+                    names(&added)
+                )
+            }
+            None => line(&t.table, &t.files, &t.visible_dir),
+        })
+        .collect();
     if let Some(visible) = &combined.visible_dir {
         lines.push(line("", &combined.files, visible));
     }

@@ -12,13 +12,26 @@
 //! - commit markers: `<path>/<key>.c<c>.json` for the single table, and
 //!   `<path>/<table>/<key>.c<c>.json` for a named table.
 //!
+//! `mode = "overwrite-partitions"` ([`Publish::Log`]), local or object
+//! store, everything under the table's directory `<T>` (`<path>` for the
+//! single table, `<path>/<table>` for a named one):
+//! - data files, written once where they stay:
+//!   `<T>/_sluice_data/<key>/attempt-<a>/<col=val>/part-<subtask>-<seq>.parquet`;
+//! - the version log `<T>/_sluice_log/` (see `versions`).
+//!
+//! With `partition_by`, each file's name (relative to its table's staging
+//! or data folder) starts with its partition's path (`day=2024-01-05/`).
+//!
 //! Where `<key>` is `<job>.<sink>.<incarnation>` and `<table>` is `_` for
 //! the single table (in staging and data names).
+//!
+//! A table directory holds one layout: append's checkpoint directories or
+//! markers, or an overwrite log, never both ([`refuse_mixed_layouts`]).
 
 use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::{SinkContext, SinkError, claim, error, incarnation};
 
-use crate::{Config, Publish};
+use crate::{Config, DATA_DIR, Publish};
 
 /// Checks that a table name can name a directory.
 pub fn check_table_name(table: &str) -> Result<(), SinkError> {
@@ -53,11 +66,84 @@ pub fn attempt_dir(cfg: &Config, ctx: &SinkContext, attempt: u32) -> String {
 /// Where a writer streams the open files of `table`: staging's `inprogress`
 /// on a local disk; on an object store the table's data folder of this
 /// attempt, where the objects stay.
+///
+/// In overwrite mode the table's directory: there a file's name carries its
+/// data folder ([`data_name`]), so that the log can name it relative to the
+/// table.
 pub fn inprogress_dir(cfg: &Config, ctx: &SinkContext, table: &str) -> String {
     match cfg.publish {
         Publish::Rename => join(&join(&attempt_dir(cfg, ctx, ctx.attempt), "inprogress"), table_dir(table)),
         Publish::Marker { .. } => data_dir(&attempt_dir(cfg, ctx, ctx.attempt), table),
+        Publish::Log { .. } => table_path(cfg, table),
     }
+}
+
+/// The name of data file `seq` of `subtask` in `partition` (a path, `""`
+/// when unpartitioned), relative to [`inprogress_dir`].
+pub fn data_name(cfg: &Config, ctx: &SinkContext, partition: &str, seq: u64) -> String {
+    let file = file_name(ctx.subtask, seq);
+    let file = if partition.is_empty() { file } else { format!("{partition}/{file}") };
+    match cfg.publish {
+        Publish::Rename | Publish::Marker { .. } => file,
+        Publish::Log { .. } => {
+            format!("{DATA_DIR}/{}/attempt-{}/{file}", incarnation::key(ctx), ctx.attempt)
+        }
+    }
+}
+
+/// The folder of a table's overwrite log.
+pub const LOG_DIR: &str = "_sluice_log";
+
+/// `<T>/_sluice_log`.
+pub fn log_dir(cfg: &Config, table: &str) -> String {
+    join(&table_path(cfg, table), LOG_DIR)
+}
+
+/// Whether `name` is an append checkpoint's visible directory or commit
+/// marker (`<anything>.c<10 digits>` or that with `.json`), of any job.
+fn is_append_checkpoint(name: &str) -> bool {
+    let name = name.strip_suffix(".json").unwrap_or(name);
+    let Some((_, checkpoint)) = name.rsplit_once('.') else { return false };
+    checkpoint.len() == 11 && checkpoint.starts_with('c') && checkpoint[1..].bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Refuses a table directory that holds the other mode's layout: in
+/// overwrite mode one with append checkpoints (directories or markers),
+/// which no version names and a log-following reader would lose; in append
+/// mode one with an overwrite log, whose readers would never see appended
+/// checkpoints. Either way a reader of one layout misreads the other, so
+/// nothing is written.
+pub fn refuse_mixed_layouts(cfg: &Config, tables: &[String]) -> Result<(), SinkError> {
+    for table in tables {
+        let dir = table_path(cfg, table);
+        let label = if table.is_empty() { "the output".to_string() } else { format!("table {table}") };
+        if cfg.overwrite {
+            let names = match files::list_dir(&dir) {
+                Ok(names) => names,
+                Err(sluice_guest_sdk::IoError::NotFound(_)) => continue,
+                Err(e) => return Err(files::to_sink_error(&format!("listing {dir}"), e)),
+            };
+            if let Some(name) = names.iter().find(|n| is_append_checkpoint(n)) {
+                return Err(error::config(format!(
+                    "[sink.options] mode = \"overwrite-partitions\": {label} ({dir}) holds checkpoints landed in \
+                     append mode (e.g. {name}); a table directory cannot mix layouts, because a reader following \
+                     the overwrite log would not see them. Write the overwrite to a new `path` (or table), or keep \
+                     mode = \"append\" here"
+                )));
+            }
+        } else {
+            let log = join(&dir, LOG_DIR);
+            if files::exists(&log).map_err(|e| files::to_sink_error(&format!("checking {log}"), e))? {
+                return Err(error::config(format!(
+                    "[sink.options] mode = \"append\": {label} ({dir}) is an overwrite table (it has a version log, \
+                     {log}); a table directory cannot mix layouts, because readers of it follow the log and would \
+                     never see appended checkpoints. Set mode = \"overwrite-partitions\" to land into it, or write \
+                     to a new `path` (or table)"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Object stores: the folder of `table`'s data objects in an attempt's
@@ -112,6 +198,20 @@ fn incarnation_of<'a>(ctx: &SinkContext, name: &'a str) -> Option<Option<&'a str
 /// a committed checkpoint of this job and sink from another incarnation.
 pub fn refuse_other_incarnations(cfg: &Config, ctx: &SinkContext, tables: &[String]) -> Result<(), SinkError> {
     if !ctx.refuse_other_incarnations {
+        return Ok(());
+    }
+    if cfg.overwrite {
+        for table in tables {
+            let found = crate::versions::incarnations(cfg, ctx, table)?;
+            if let Some(other) = found.iter().find(|inc| **inc != ctx.incarnation) {
+                let dir = log_dir(cfg, table);
+                let err = incarnation::refuse(ctx, &dir, "committed checkpoints", Some(other));
+                let SinkError::Config(message) = err else { return Err(err) };
+                return Err(error::config(format!(
+                    "{message}; in mode overwrite-partitions that rerun replaces every partition it touches"
+                )));
+            }
+        }
         return Ok(());
     }
     for table in tables {
@@ -182,6 +282,24 @@ fn committed_incarnations(cfg: &Config, ctx: &SinkContext) -> Result<(bool, Opti
         if let Ok(names) = files::list_dir(&dir) {
             dirs.push((dir, names));
         }
+    }
+    if cfg.overwrite {
+        // Overwrite tables: the newest version's `committed` map says whose
+        // checkpoints are live.
+        for (dir, names) in &dirs {
+            if !names.iter().any(|n| n == LOG_DIR) {
+                continue;
+            }
+            let table = if dir == &cfg.path { String::new() } else { dir.rsplit('/').next().unwrap_or("").to_string() };
+            for id in crate::versions::incarnations(cfg, ctx, &table)? {
+                if id == ctx.incarnation {
+                    ours = true;
+                } else {
+                    other = other.or(Some(Some(id)));
+                }
+            }
+        }
+        return Ok((ours, other));
     }
     for (_, names) in &dirs {
         for name in names {

@@ -54,6 +54,8 @@
 
 mod committer;
 mod layout;
+mod partition;
+mod versions;
 mod writer;
 
 use sluice_guest_sdk::columnar::Compression;
@@ -87,6 +89,21 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             Some("128"),
         ),
         option_spec("compression", "Parquet compression codec: `snappy`, `zstd` or `none`", false, Some("snappy")),
+        option_spec(
+            "partition_by",
+            "identity columns to partition by, e.g. `day` or `region, day`: each partition's files go under Hive-style \
+             `col=value/` directories (dates and timestamps in ISO 8601); default: unpartitioned",
+            false,
+            None,
+        ),
+        option_spec(
+            "mode",
+            "`append` (every checkpoint adds files) or `overwrite-partitions` (the rows a run lands replace every \
+             partition they touch; the table is then published through a version log, `<table>/_sluice_log/`, that \
+             readers must follow: see \"Reading an overwrite table\" in the files sink's docs)",
+            false,
+            Some("append"),
+        ),
         claim::option_spec(),
     ]
 }
@@ -103,6 +120,11 @@ pub(crate) enum Publish {
     /// can be streamed with an exclusive create (S3 can; opendal's GCS
     /// uploads in parts carry no precondition, see docs/contract.md).
     Marker { exclusive_data: bool },
+    /// `mode = "overwrite-partitions"`, local or object store: data files
+    /// are written once under the table's `_sluice_data/`, and each commit
+    /// of a table creates the next version of its log exclusively (see
+    /// `versions`). `exclusive_data` as for `Marker`.
+    Log { exclusive_data: bool },
 }
 
 impl Publish {
@@ -113,6 +135,19 @@ impl Publish {
             Some(scheme) if scheme == "s3" => Publish::Marker { exclusive_data: true },
             Some(scheme) if scheme == "gs" => Publish::Marker { exclusive_data: false },
             _ => Publish::Rename,
+        }
+    }
+
+    /// Whether data files are written where they stay (not staged and renamed).
+    pub fn in_place(self) -> bool {
+        self != Publish::Rename
+    }
+
+    /// Whether a data file can be streamed with an exclusive create.
+    pub fn exclusive_data(self) -> bool {
+        match self {
+            Publish::Rename => true,
+            Publish::Marker { exclusive_data } | Publish::Log { exclusive_data } => exclusive_data,
         }
     }
 }
@@ -133,6 +168,10 @@ pub(crate) struct Config {
     pub compression: Compression,
     /// How this incarnation treats the output's claim.
     pub claim: claim::Mode,
+    /// `partition_by`: identity columns, in order (empty: unpartitioned).
+    pub partition_by: Vec<String>,
+    /// `mode = "overwrite-partitions"` (then `publish` is [`Publish::Log`]).
+    pub overwrite: bool,
 }
 
 impl Config {
@@ -142,9 +181,36 @@ impl Config {
         if path.is_empty() {
             return Err(error::config("option `path` must not be empty"));
         }
-        let publish = Publish::of(&path);
+        let overwrite = match opts.get("mode").unwrap_or("append") {
+            "append" => false,
+            "overwrite-partitions" => true,
+            other => {
+                return Err(error::config(format!(
+                    "[sink.options] mode = {other:?} is not a mode of the files sink; use \"append\" (the default) or \
+                     \"overwrite-partitions\""
+                )));
+            }
+        };
+        let partition_by = match opts.get("partition_by") {
+            Some(raw) => partition::parse(raw)?,
+            None => Vec::new(),
+        };
+        let publish = match Publish::of(&path) {
+            Publish::Marker { exclusive_data } if overwrite => Publish::Log { exclusive_data },
+            Publish::Rename if overwrite => Publish::Log { exclusive_data: true },
+            publish => publish,
+        };
         let given = opts.get("staging_path").map(|s| s.trim_end_matches('/').to_string());
         let staging = match (publish, given) {
+            (Publish::Log { .. }, Some(staging)) => {
+                return Err(error::config(format!(
+                    "option `staging_path` ({staging}) does not apply with [sink.options] mode = \
+                     \"overwrite-partitions\": each data file is written once under the table's `{DATA_DIR}/` in \
+                     `{path}` and a commit creates the next version of the table's log, so nothing is staged or \
+                     renamed; remove the option"
+                )));
+            }
+            (Publish::Log { .. }, None) => files::join(&path, DATA_DIR),
             (Publish::Marker { .. }, Some(staging)) => {
                 return Err(error::config(format!(
                     "option `staging_path` ({staging}) is for a local `path` only: on an object store ({path}) the \
@@ -179,7 +245,16 @@ impl Config {
             }
         };
         let claim = claim::Mode::from_options(&opts)?;
-        Ok(Self { path, staging, publish, target_file_bytes: target_mb * 1024 * 1024, compression, claim })
+        Ok(Self {
+            path,
+            staging,
+            publish,
+            target_file_bytes: target_mb * 1024 * 1024,
+            compression,
+            claim,
+            partition_by,
+            overwrite,
+        })
     }
 }
 
@@ -209,20 +284,22 @@ impl Guest for FilesSink {
     fn validate(ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<(), SinkError> {
         let cfg = Config::parse(options)?;
         for table in &tables {
-            writer::table_writer(table)?;
+            writer::table_writer(&cfg, table)?;
         }
         let checked: &[(&str, &String)] = match cfg.publish {
             Publish::Rename => &[("path", &cfg.path), ("staging_path", &cfg.staging)],
-            Publish::Marker { .. } => &[("path", &cfg.path)],
+            Publish::Marker { .. } | Publish::Log { .. } => &[("path", &cfg.path)],
         };
         for (what, location) in checked {
             files::exists(location).map_err(|e| files::to_sink_error(&format!("option `{what}` ({location})"), e))?;
         }
         // What `committer.open` would refuse, `sluice check` refuses too.
         layout::refuse_if_claimed(&cfg, &ctx)?;
+        let names: Vec<String> = tables.iter().map(|t| t.name.clone()).collect();
+        layout::refuse_mixed_layouts(&cfg, &names)?;
         match cfg.publish {
             Publish::Rename => probe_rename(&ctx, &cfg),
-            Publish::Marker { .. } => probe_create(&ctx, &cfg),
+            Publish::Marker { .. } | Publish::Log { .. } => probe_create(&ctx, &cfg),
         }
     }
 }
@@ -299,7 +376,22 @@ fn probe_rename(ctx: &SinkContext, cfg: &Config) -> Result<(), SinkError> {
 /// What the host's file-io says when a rename would cross filesystems.
 const CROSS_DEVICE: &str = "different filesystems";
 
-sluice_guest_sdk::export_plugin!(FilesSink);
+impl sluice_guest_sdk::GuestCommitterState for FilesSink {
+    fn restore(state: Option<Vec<u8>>) -> Result<(), SinkError> {
+        versions::restore_state(state)
+    }
+
+    fn snapshot(_c: u64) -> Result<Vec<u8>, SinkError> {
+        versions::snapshot_state()
+    }
+
+    /// Without a filter an empty input replaces nothing.
+    fn finish(_c: u64) -> Result<Option<Vec<u8>>, SinkError> {
+        Ok(None)
+    }
+}
+
+sluice_guest_sdk::export_plugin!(FilesSink, keeps_state);
 
 #[cfg(test)]
 mod tests {

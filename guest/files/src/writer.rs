@@ -4,7 +4,10 @@
 //!
 //! The host encodes the Parquet (the `columnar` capability): the batches the
 //! engine hands over go on to it as they came, never decoded here, and the
-//! host refuses any batch whose schema is not the table's.
+//! host refuses any batch whose schema is not the table's. With
+//! `partition_by` a batch is decoded and split by partition first: each
+//! partition of a table has its own open file, under its `col=value/`
+//! folder, and each staged file records its partition.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -12,11 +15,12 @@ use std::collections::BTreeMap;
 use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowSchemaConverter;
 use serde::{Deserialize, Serialize};
+use sluice_guest_sdk::bindings::sluice::connector::file_io;
 use sluice_guest_sdk::columnar::{self, ParquetFile, WriterOptions};
 use sluice_guest_sdk::files::{self, join};
 use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, Table, TableChange, error, ipc, log};
 
-use crate::{Config, Publish, layout};
+use crate::{Config, Publish, layout, partition};
 
 /// What a writer hands the committer for one checkpoint.
 #[derive(Debug, Serialize, Deserialize)]
@@ -36,7 +40,12 @@ pub struct TableFiles {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StagedFile {
+    /// Relative to the table's staging or data folder (overwrite mode: to
+    /// the table's directory); starts with the partition's path.
     pub name: String,
+    /// The partition's path (`day=2024-01-05`), `""` when unpartitioned.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub partition: String,
     pub rows: u64,
     /// The file's size as written (object stores: the commit checks each
     /// data object against it; local files leave it out, as before).
@@ -61,7 +70,10 @@ struct OpenFile {
 /// One table's files of this writer.
 pub(crate) struct TableWriter {
     schema: SchemaRef,
-    open: Option<OpenFile>,
+    /// The `partition_by` columns' indices in `schema` (empty: unpartitioned).
+    partition_cols: Vec<usize>,
+    /// The open file of each partition (`""` when unpartitioned).
+    open: BTreeMap<String, OpenFile>,
     /// Finished files in `inprogress/<table>/` not yet handed to a checkpoint.
     finished: Vec<StagedFile>,
 }
@@ -90,12 +102,14 @@ pub fn check_schema(table: &str, schema: &SchemaRef) -> Result<(), SinkError> {
         .map_err(|e| error::config(format!("the rows of table {table:?} cannot be written as Parquet: {e}")))
 }
 
-/// A table the engine announced: its name checked, its schema decoded.
-pub fn table_writer(table: &Table) -> Result<(String, TableWriter), SinkError> {
+/// A table the engine announced: its name checked, its schema decoded, its
+/// partition columns found.
+pub fn table_writer(cfg: &Config, table: &Table) -> Result<(String, TableWriter), SinkError> {
     layout::check_table_name(&table.name)?;
     let schema = ipc::decode_schema(&table.schema)?;
     check_schema(&table.name, &schema)?;
-    Ok((table.name.clone(), TableWriter { schema, open: None, finished: Vec::new() }))
+    let partition_cols = partition::indices(&table.name, &schema, &cfg.partition_by)?;
+    Ok((table.name.clone(), TableWriter { schema, partition_cols, open: BTreeMap::new(), finished: Vec::new() }))
 }
 
 impl Inner {
@@ -114,13 +128,13 @@ impl Inner {
     /// not do, but a driver could) skips the names its earlier self took, so
     /// a data object is never written twice, even on GCS, where a streamed
     /// upload cannot be an exclusive create.
-    fn next_name(&mut self, table: &str) -> Result<(String, String), SinkError> {
+    fn next_name(&mut self, table: &str, partition: &str) -> Result<(String, String), SinkError> {
         const MAX_SKIPPED: u32 = 10_000;
         for _ in 0..MAX_SKIPPED {
-            let name = layout::file_name(self.ctx.subtask, self.seq);
+            let name = layout::data_name(&self.cfg, &self.ctx, partition, self.seq);
             self.seq += 1;
             let location = self.inprogress(table, &name);
-            if self.cfg.publish == Publish::Rename {
+            if !self.cfg.publish.in_place() {
                 return Ok((name, location));
             }
             let taken = files::exists(&location)
@@ -136,37 +150,64 @@ impl Inner {
         )))
     }
 
-    fn start_file(&mut self, table: &str) -> Result<(), SinkError> {
-        let (name, location) = self.next_name(table)?;
+    fn start_file(&mut self, table: &str, partition: &str) -> Result<(), SinkError> {
+        let (name, location) = self.next_name(table, partition)?;
         // Exclusive everywhere but on GCS, which cannot stream an exclusive
         // create; there the name was found free just now, and only this
         // subtask of this attempt ever writes it.
-        let overwrite = self.cfg.publish == Publish::Marker { exclusive_data: false };
+        let overwrite = !self.cfg.publish.exclusive_data();
         let props = self.props.clone();
         let t = self.table_mut(table)?;
         let file = ParquetFile::create(&location, t.schema.clone(), &props, overwrite)
             .map_err(|e| columnar::to_sink_error(&format!("creating {location}"), e))?;
-        t.open = Some(OpenFile { file, name, rows: 0 });
+        t.open.insert(partition.to_string(), OpenFile { file, name, rows: 0 });
         Ok(())
     }
 
-    fn finish_file(&mut self, table: &str) -> Result<(), SinkError> {
-        let Some(file) = self.table_mut(table)?.open.take() else { return Ok(()) };
+    fn finish_file(&mut self, table: &str, partition: &str) -> Result<(), SinkError> {
+        let Some(file) = self.table_mut(table)?.open.remove(partition) else { return Ok(()) };
         let location = self.inprogress(table, &file.name);
         let closed = file.file.close().map_err(|e| columnar::to_sink_error(&format!("closing {location}"), e))?;
         if file.rows == 0 {
             // Only empty batches came: no file for them.
             return files::delete(&location).map_err(|e| files::to_sink_error(&format!("removing {location}"), e));
         }
-        let bytes = (self.cfg.publish != Publish::Rename).then_some(closed.size);
-        self.table_mut(table)?.finished.push(StagedFile { name: file.name, rows: file.rows, bytes });
+        let bytes = self.cfg.publish.in_place().then_some(closed.size);
+        let staged = StagedFile { name: file.name, partition: partition.to_string(), rows: file.rows, bytes };
+        self.table_mut(table)?.finished.push(staged);
         Ok(())
     }
 
     fn finish_all(&mut self) -> Result<(), SinkError> {
         let names: Vec<String> = self.tables.keys().cloned().collect();
         for table in names {
-            self.finish_file(&table)?;
+            let partitions: Vec<String> = self.table_mut(&table)?.open.keys().cloned().collect();
+            for partition in partitions {
+                self.finish_file(&table, &partition)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `batch` (rows of one partition of `table`) into that
+    /// partition's open file, rolling it at the target size.
+    fn write_partition(&mut self, table: &str, partition: &str, batch: Either<'_>) -> Result<(), SinkError> {
+        if !self.table_mut(table)?.open.contains_key(partition) {
+            self.start_file(table, partition)?;
+        }
+        let target = self.cfg.target_file_bytes;
+        let file = self.table_mut(table)?.open.get_mut(partition).ok_or_else(|| error::fatal("no open file"))?;
+        let location = file.file.location().to_string();
+        let written = match batch {
+            Either::Ipc(rows) => file.file.write_ipc(rows),
+            Either::Batch(batch) => file.file.write(batch),
+        };
+        let status = written.map_err(|e| {
+            columnar::to_sink_error(&format!("encoding rows of table {table:?} as Parquet ({location})"), e)
+        })?;
+        file.rows = status.rows;
+        if status.written_bytes + status.open_bytes >= target {
+            self.finish_file(table, partition)?;
         }
         Ok(())
     }
@@ -179,7 +220,7 @@ impl Inner {
     /// telling leftovers apart would take every marker and every pending
     /// record; leftovers stay, and readers ignore them (no marker names them).
     fn clean_earlier_attempts(&self) {
-        if self.cfg.publish != Publish::Rename {
+        if self.cfg.publish.in_place() {
             return;
         }
         let root = layout::staging_root(&self.cfg, &self.ctx);
@@ -193,19 +234,31 @@ impl Inner {
                 continue;
             }
             let inprogress = join(&layout::attempt_dir(&self.cfg, &self.ctx, attempt), "inprogress");
-            let Ok(tables) = files::list_dir(&inprogress) else { continue };
-            for table in tables {
-                let dir = join(&inprogress, &table);
-                let Ok(names) = files::list_dir(&dir) else { continue };
-                for name in names.iter().filter(|n| n.starts_with(&prefix)) {
-                    let location = join(&dir, name);
-                    if let Err(e) = files::delete(&location) {
-                        log::warn(&format!("could not remove stale file {location}: {}", files::describe(&e)));
-                    }
+            // At any depth: partitioned tables keep files in `col=value/` folders.
+            for location in subtask_files(&inprogress, &prefix) {
+                if let Err(e) = files::delete(&location) {
+                    log::warn(&format!("could not remove stale file {location}: {}", files::describe(&e)));
                 }
             }
         }
     }
+}
+
+/// Rows for [`Inner::write_partition`]: as the engine sent them, or split.
+enum Either<'a> {
+    Ipc(&'a [u8]),
+    Batch(&'a arrow_array::RecordBatch),
+}
+
+/// Every file at any depth under `dir` whose name starts with `prefix` (one
+/// subtask's files); nothing when `dir` cannot be listed.
+fn subtask_files(dir: &str, prefix: &str) -> Vec<String> {
+    let Ok(entries) = file_io::list_tree(dir) else { return Vec::new() };
+    entries
+        .into_iter()
+        .map(|e| e.location)
+        .filter(|location| location.rsplit('/').next().is_some_and(|name| name.starts_with(prefix)))
+        .collect()
 }
 
 impl GuestWriter for FilesWriter {
@@ -216,7 +269,7 @@ impl GuestWriter for FilesWriter {
         restored_state: Option<Vec<u8>>,
     ) -> Result<sluice_guest_sdk::Writer, SinkError> {
         let cfg = Config::parse(options)?;
-        let tables = tables.iter().map(table_writer).collect::<Result<BTreeMap<_, _>, _>>()?;
+        let tables = tables.iter().map(|t| table_writer(&cfg, t)).collect::<Result<BTreeMap<_, _>, _>>()?;
         let state: State = sluice_guest_sdk::restored_state(restored_state)?.unwrap_or_default();
         let mut props = columnar::options(cfg.compression, None);
         props.created_by = Some(format!("sluice files sink {}", env!("CARGO_PKG_VERSION")));
@@ -227,18 +280,16 @@ impl GuestWriter for FilesWriter {
 
     fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
-        if inner.table_mut(&table)?.open.is_none() {
-            inner.start_file(&table)?;
+        let cols = inner.table_mut(&table)?.partition_cols.clone();
+        if cols.is_empty() {
+            return inner.write_partition(&table, "", Either::Ipc(&rows));
         }
-        let target = inner.cfg.target_file_bytes;
-        let file = inner.table_mut(&table)?.open.as_mut().ok_or_else(|| error::fatal("no open file"))?;
-        let location = file.file.location().to_string();
-        let status = file.file.write_ipc(&rows).map_err(|e| {
-            columnar::to_sink_error(&format!("encoding rows of table {table:?} as Parquet ({location})"), e)
-        })?;
-        file.rows = status.rows;
-        if status.written_bytes + status.open_bytes >= target {
-            inner.finish_file(&table)?;
+        let names = inner.cfg.partition_by.clone();
+        let (_, batches) = ipc::decode(rows)?;
+        for batch in &batches {
+            for (partition, rows) in partition::split(&table, batch, &cols, &names)? {
+                inner.write_partition(&table, &partition, Either::Batch(&rows))?;
+            }
         }
         Ok(())
     }
@@ -255,7 +306,9 @@ impl GuestWriter for FilesWriter {
         let dir = match inner.cfg.publish {
             Publish::Rename => layout::checkpoint_staging_dir(&inner.cfg, &inner.ctx, c),
             // Data objects stay where they were written: the attempt's folder.
-            Publish::Marker { .. } => layout::attempt_dir(&inner.cfg, &inner.ctx, inner.ctx.attempt),
+            Publish::Marker { .. } | Publish::Log { .. } => {
+                layout::attempt_dir(&inner.cfg, &inner.ctx, inner.ctx.attempt)
+            }
         };
         let mut staged_tables = Vec::new();
         let mut handed = Vec::new();
@@ -272,6 +325,10 @@ impl GuestWriter for FilesWriter {
                 for file in &staged {
                     let from = inner.inprogress(&table, &file.name);
                     let to = join(&table_dir, &file.name);
+                    if !file.partition.is_empty() {
+                        let dir = join(&table_dir, &file.partition);
+                        files::create_dir_all(&dir).map_err(|e| files::to_sink_error(&format!("creating {dir}"), e))?;
+                    }
                     files::rename(&from, &to)
                         .map_err(|e| files::to_sink_error(&format!("staging {from} as {to}"), e))?;
                 }
@@ -297,11 +354,14 @@ impl GuestWriter for FilesWriter {
     fn apply_changes(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
         for change in &changes {
-            let (name, writer) = table_writer(&change.table)?;
+            let (name, writer) = table_writer(&inner.cfg, &change.table)?;
             // Files of the old shape are finished (a barrier follows a
             // prepare, so none is open) and wait for the next checkpoint.
-            if inner.tables.contains_key(&name) {
-                inner.finish_file(&name)?;
+            if let Some(old) = inner.tables.get(&name) {
+                let partitions: Vec<String> = old.open.keys().cloned().collect();
+                for partition in partitions {
+                    inner.finish_file(&name, &partition)?;
+                }
             }
             let finished = inner.tables.remove(&name).map(|t| t.finished).unwrap_or_default();
             inner.tables.insert(name, TableWriter { finished, ..writer });
@@ -317,7 +377,7 @@ impl GuestWriter for FilesWriter {
     /// checkpoint and find its files gone.
     fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
-        if inner.cfg.publish != Publish::Rename {
+        if inner.cfg.publish.in_place() {
             // The checkpoint was never persisted, so no commit can name these.
             for location in inner.prepared.remove(&c).unwrap_or_default() {
                 match files::delete(&location) {
@@ -331,9 +391,7 @@ impl GuestWriter for FilesWriter {
         let prefix = layout::subtask_prefix(inner.ctx.subtask);
         for table in inner.tables.keys() {
             let table_dir = layout::table_staging_dir(&dir, table);
-            let Ok(names) = files::list_dir(&table_dir) else { continue };
-            for name in names.iter().filter(|n| n.starts_with(&prefix)) {
-                let location = join(&table_dir, name);
+            for location in subtask_files(&table_dir, &prefix) {
                 files::delete(&location).map_err(|e| files::to_sink_error(&format!("removing {location}"), e))?;
             }
         }
@@ -345,12 +403,15 @@ impl GuestWriter for FilesWriter {
         // Publish nothing: an open file holds rows no checkpoint covers.
         let names: Vec<String> = inner.tables.keys().cloned().collect();
         for table in names {
-            if let Some(file) = inner.table_mut(&table)?.open.take() {
+            let open = std::mem::take(&mut inner.table_mut(&table)?.open);
+            for file in open.into_values() {
                 let location = inner.inprogress(&table, &file.name);
                 drop(file);
                 // On an object store the unfinished upload was just dropped,
-                // which aborts it: nothing is there to remove.
-                if inner.cfg.publish != Publish::Rename {
+                // which aborts it: nothing is there to remove. (A partial
+                // local file in overwrite mode stays too: no version names
+                // it, and readers follow the log.)
+                if inner.cfg.publish.in_place() {
                     continue;
                 }
                 if let Err(e) = files::delete(&location) {

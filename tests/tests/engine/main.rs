@@ -15,6 +15,7 @@ mod contention;
 mod contract;
 mod dead_letters;
 mod dead_letters_operator;
+mod files_overwrite;
 mod guest_units;
 mod iceberg;
 mod incarnation;
