@@ -13,7 +13,9 @@
 //!   compaction replaced makes it give up, deleting only what it wrote.
 //!   The rows are read back in the table's current schema, so files from
 //!   before a schema evolution read the added columns as null, before and
-//!   after. Tables with delete files are left alone (rewriting would give
+//!   after; an identity-partitioned column, which iceberg's reader hands
+//!   back run-end encoded from the file's partition value, is written in
+//!   its plain type again ([`plain_columns`]). Tables with delete files are left alone (rewriting would give
 //!   the rows newer sequence numbers than their deletes).
 //! - **Expiry** uses iceberg's own `expire_snapshots` action, which changes
 //!   only the snapshot list, never the table properties, so every
@@ -48,6 +50,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Schema};
 use futures::TryStreamExt;
 use iceberg::arrow::ArrowReaderBuilder;
 use iceberg::scan::FileScanTask;
@@ -291,7 +295,7 @@ fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u6
             .build();
         let mut stream = reader.read(Box::pin(futures::stream::iter(tasks)))?.stream();
         while let Some(batch) = stream.try_next().await? {
-            writer.write(batch).await?;
+            writer.write(plain_columns(batch)?).await?;
             files.lock().keep_within(budget).map_err(|m| iceberg::Error::new(iceberg::ErrorKind::Unexpected, m))?;
         }
         writer.close().await
@@ -308,6 +312,35 @@ fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u6
         )));
     }
     Ok(written)
+}
+
+/// `batch` with every run-end-encoded column cast to the type of its
+/// values. iceberg's reader fills an identity-partitioned column from the
+/// file's partition value as a run-end-encoded constant
+/// (`arrow::record_batch_transformer`), but the table schema, and so the
+/// Parquet writer, has the plain type: without this, no file of a table
+/// partitioned by `identity(...)` could be compacted.
+fn plain_columns(batch: RecordBatch) -> iceberg::Result<RecordBatch> {
+    let schema = batch.schema();
+    if !schema.fields().iter().any(|f| matches!(f.data_type(), DataType::RunEndEncoded(_, _))) {
+        return Ok(batch);
+    }
+    let invalid = |e: arrow_schema::ArrowError| {
+        iceberg::Error::new(iceberg::ErrorKind::DataInvalid, format!("decoding an identity-partitioned column: {e}"))
+    };
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        if let DataType::RunEndEncoded(_, values) = field.data_type() {
+            columns.push(arrow_cast::cast(column, values.data_type()).map_err(invalid)?);
+            fields.push(Arc::new(field.as_ref().clone().with_data_type(values.data_type().clone())));
+        } else {
+            columns.push(column.clone());
+            fields.push(field.clone());
+        }
+    }
+    let plain = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+    RecordBatch::try_new(plain, columns).map_err(invalid)
 }
 
 fn delete_all(files: &[DataFile]) {
@@ -812,6 +845,35 @@ fn remove_orphans(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run-end-encoded column (how iceberg's reader fills an
+    /// identity-partitioned one) comes back in its values' plain type,
+    /// with the same rows and field metadata; other columns are untouched.
+    #[test]
+    fn identity_partition_columns_are_written_plain() {
+        use arrow_array::types::Int32Type;
+        use arrow_array::{Array, Date32Array, Int64Array, RunArray};
+        use arrow_schema::Field;
+        let meta: HashMap<String, String> = [("PARQUET:field_id".to_string(), "2".to_string())].into();
+        let day = RunArray::<Int32Type>::try_new(
+            &arrow_array::Int32Array::from(vec![3]),
+            &Date32Array::from(vec![Some(19_724)]),
+        )
+        .unwrap();
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("day", day.data_type().clone(), true).with_metadata(meta.clone()),
+        ]);
+        let batch =
+            RecordBatch::try_new(Arc::new(schema), vec![Arc::new(Int64Array::from(vec![1, 2, 3])), Arc::new(day)])
+                .unwrap();
+        let plain = plain_columns(batch).unwrap();
+        let field = plain.schema().field(1).clone();
+        assert_eq!((field.data_type(), field.is_nullable(), field.metadata()), (&DataType::Date32, true, &meta));
+        let days = plain.column(1).as_any().downcast_ref::<Date32Array>().unwrap();
+        assert_eq!(days.values().to_vec(), vec![19_724; 3]);
+        assert_eq!(plain.column(0).as_ref(), &Int64Array::from(vec![1, 2, 3]) as &dyn Array);
+    }
 
     #[test]
     fn protected_files_come_from_both_commit_forms() {
