@@ -3,4 +3,5 @@
 
 mod crash_matrix;
 mod kill;
+mod overwrite_kill;
 mod soak;
