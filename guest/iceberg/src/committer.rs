@@ -58,6 +58,9 @@
 //! ones add; validation takes the filter as its conflict detection filter.
 //! The filter is checked against the table (its columns partition it, no
 //! live file straddles it) when the committer opens and at every commit.
+//! Without a filter, a table holding live files of a partition spec other
+//! than its default one is refused the same way, at open and at every
+//! commit (partitions of two specs are never compared).
 //! When a bounded input was entirely empty, `committer-state.finish`
 //! refuses (`config`, naming the job, tables, filter and what would go)
 //! unless `allow_empty_overwrite`, with which it returns a commit that only
@@ -616,6 +619,9 @@ impl IcebergCommitter {
             }
             None => Vec::new(),
         };
+        if filter.is_none() {
+            overwrite::check_one_spec(table, &overwrite::live_specs(manifests.iter().map(|m| &m.file)), Some(spec_id))?;
+        }
         let mut gone: HashSet<&str> = HashSet::new();
         if let (Some(f), true) = (&filter, plan.filter_first) {
             gone = overwrite::scan_filter(table, &manifests, f)?.gone;
@@ -745,6 +751,12 @@ impl IcebergCommitter {
             None => String::new(),
         };
         let Some(filter) = self.cfg.filter_for(name) else {
+            // Before anything is written: one partition spec.
+            if let Some(head) = table.metadata().current_snapshot() {
+                let list = block_on(table.manifest_list_reader(head).load())
+                    .map_err(|e| iceberg_error(&format!("reading the manifest list of table {ident}"), e))?;
+                overwrite::check_one_spec(&table, &overwrite::live_specs(list.entries()), None)?;
+            }
             log::info(&format!(
                 "mode overwrite-partitions: incarnation {} of job {:?} replaces the partitions it touches in table \
                  {ident} (the first checkpoint touching a partition replaces it, later ones add); partitions it does \

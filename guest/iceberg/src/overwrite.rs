@@ -21,7 +21,15 @@
 //!   that does not reach back to the base (expired) is refused the same way;
 //! - a partition is `(spec id, the partition's values rendered by their
 //!   transforms)`: an unpartitioned table is one partition, so the first
-//!   checkpoint of an incarnation replaces the whole table.
+//!   checkpoint of an incarnation replaces the whole table;
+//! - so partitions of two specs are never compared: a table holding live
+//!   files under a spec other than its default one (after partition-spec
+//!   evolution), or a checkpoint written under a spec that is no longer the
+//!   default, is refused with a `config` error when the committer opens and
+//!   at every commit ([`check_one_spec`]), since the older files of a
+//!   replaced day would survive it and another writer's files under the
+//!   other spec could not be checked. A filter places each file by its own
+//!   spec, so it is not refused there.
 //!
 //! With `overwrite_filter` (explicit scope) instead:
 //! - the incarnation's first commit to a table (its first checkpoint with
@@ -44,7 +52,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
-use iceberg::spec::{DataContentType, DataFile, ManifestContentType, ManifestStatus, Operation, Snapshot, Struct};
+use iceberg::spec::{
+    DataContentType, DataFile, ManifestContentType, ManifestFile, ManifestStatus, Operation, Snapshot, Struct,
+};
 use iceberg::table::Table;
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::{SinkContext, SinkError, error};
@@ -343,6 +353,60 @@ pub(crate) fn scan_filter<'m>(
         table.identifier(),
         straddling.join(", "),
         filter.source()
+    )))
+}
+
+/// The partition specs of the live files of the manifests `files` (a
+/// manifest holds files of one spec; one whose counts say it has no added
+/// or existing file holds none live, and one without counts is taken to).
+pub(crate) fn live_specs<'a>(files: impl IntoIterator<Item = &'a ManifestFile>) -> BTreeSet<i32> {
+    files
+        .into_iter()
+        .filter(|f| f.added_files_count.is_none_or(|n| n > 0) || f.existing_files_count.is_none_or(|n| n > 0))
+        .map(|f| f.partition_spec_id)
+        .collect()
+}
+
+/// `spec_id` of `table` as `spec 0 (identity(day))`.
+fn describe_spec(table: &Table, spec_id: i32) -> String {
+    let metadata = table.metadata();
+    let Some(spec) = metadata.partition_spec_by_id(spec_id) else { return format!("spec {spec_id}") };
+    if spec.is_unpartitioned() {
+        return format!("spec {spec_id} (unpartitioned)");
+    }
+    let schema = metadata.current_schema();
+    let fields: Vec<String> = spec
+        .fields()
+        .iter()
+        .map(|f| format!("{}({})", f.transform, schema.name_by_field_id(f.source_id).unwrap_or("?")))
+        .collect();
+    format!("spec {spec_id} ({})", fields.join(", "))
+}
+
+/// Refuses (`config`) a dynamic overwrite of `table` whose live files are
+/// of the partition specs `live`, or whose checkpoint files are of spec
+/// `written` (when known), unless all are the table's default spec: the
+/// partitions it replaces are values of one spec, and a file of another
+/// could hold rows of a replaced partition unseen.
+pub(crate) fn check_one_spec(table: &Table, live: &BTreeSet<i32>, written: Option<i32>) -> Result<(), SinkError> {
+    let default = table.metadata().default_partition_spec_id();
+    let mut others: BTreeSet<i32> = live.iter().copied().filter(|s| *s != default).collect();
+    others.extend(written.filter(|s| *s != default));
+    if others.is_empty() {
+        return Ok(());
+    }
+    let others: Vec<String> = others.iter().map(|s| describe_spec(table, *s)).collect();
+    Err(error::config(format!(
+        "table {}: mode overwrite-partitions replaces the partitions its rows touch by the values of the table's \
+         default partition spec, {}, but the table holds live data files of {} as well (its partition spec evolved). \
+         Sluice does not compare partitions across specs: the older files of a replaced day would survive the \
+         replace (doubling its rows), and another writer's files under the other spec could not be checked. \
+         Rewrite the table's files under the default spec first (e.g. Spark's rewrite_data_files), or scope the \
+         overwrite with [sink.options] overwrite_filter on columns every spec partitions, which places each file \
+         by its own spec. Nothing was committed",
+        table.identifier(),
+        describe_spec(table, default),
+        others.join(" and ")
     )))
 }
 

@@ -670,3 +670,85 @@ mod filter_crash {
         filter_crash_after_commit_middle: CrashPoint::AfterCommit, 2;
     }
 }
+
+/// Evolves the partition spec of `TABLE` with PyIceberg (adds
+/// `identity(v)`), then appends two rows of day 3 under the new spec, so
+/// the table holds live files of two specs.
+fn evolve_spec_and_append(warehouse: &Path) -> Vec<Row> {
+    python(
+        "import sys, datetime\n\
+         import pyarrow as pa\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w, name = sys.argv[1], sys.argv[2]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table(name)\n\
+         with t.update_spec() as u:\n\
+         \x20   u.add_identity('v')\n\
+         rows = [{'id': 9000 + i, 'day': datetime.date(2024, 1, 3), 'v': 9} for i in range(2)]\n\
+         t.append(pa.Table.from_pylist(rows, schema=t.schema().as_arrow()))\n\
+         assert t.spec().spec_id == 1, t.spec()",
+        &[&warehouse.display().to_string(), TABLE],
+    )
+    .unwrap_or_else(|e| panic!("evolving the spec of {TABLE} with PyIceberg: {e}"));
+    day_rows(3, 9000..9002, 9)
+}
+
+/// After partition-spec evolution the table holds live files of two specs:
+/// a dynamic overwrite, which keys partitions by spec, is refused before
+/// writing, naming the table and both specs (else day 2's older-spec files
+/// would survive its replace). A filter, which places each file by its own
+/// spec, replaces the days of both specs exactly.
+#[test]
+fn after_spec_evolution_a_dynamic_overwrite_is_refused_and_a_filter_replaces_across_specs() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let evolved = evolve_spec_and_append(warehouse.path());
+    let all_old = [old.clone(), evolved].concat();
+    assert_eq!(by_day(warehouse.path()), expected(&all_old));
+    let files_before = parquet_files(warehouse.path());
+    // The table's spec is no longer `identity(day)`: the jobs leave partition_by out.
+    let unpinned = |mut job: TestJob| {
+        job.toml = job.toml.replace("partition_by = \"identity(day)\"\n", "");
+        job
+    };
+    let new: Vec<Row> = day_rows(2, 1000..1004, 2);
+    let dynamic = unpinned(job("evolved", warehouse.path(), "overwrite-partitions", 1000));
+    write_csv(&dynamic, "a.csv", &new);
+    let message = dynamic.run(None).expect_err("two live specs are refused").to_string();
+    for part in ["db.daily", "spec 0 (identity(day))", "spec 1 (identity(day), identity(v))", "overwrite_filter"] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(parquet_files(warehouse.path()), files_before, "a data file was written");
+    assert_eq!(by_day(warehouse.path()), expected(&all_old));
+
+    let filtered = unpinned(filter_job("evolved-filter", warehouse.path(), DAYS_2_TO_4, "", 1000));
+    write_csv(&filtered, "a.csv", &new);
+    filtered.run(None).expect("the filter run");
+    // Day 3 (files of both specs) is in the filter without input rows: empty.
+    assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[2, 3]), new].concat()));
+}
+
+/// A live file straddling the filter (the month partition of a table
+/// partitioned by `month(day)`, which a filter on days 2 to 4 cuts) is
+/// refused before any data file is written, naming the file's partition and
+/// the filter: Sluice replaces whole files, never rows inside them.
+#[test]
+fn a_file_straddling_the_filter_is_refused_before_writing() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let by_month = |mut job: TestJob| {
+        job.toml = job.toml.replace("identity(day)", "month(day)");
+        job
+    };
+    let old: Vec<Row> = [day_rows(1, 0..5, 1), day_rows(20, 5..10, 1)].concat();
+    let base = by_month(job("base-month", warehouse.path(), "append", 1000));
+    write_csv(&base, "a.csv", &old);
+    base.run(None).expect("the append run");
+    let files_before = parquet_files(warehouse.path());
+    let over = by_month(filter_job("straddle", warehouse.path(), DAYS_2_TO_4, "", 1000));
+    write_csv(&over, "a.csv", &day_rows(2, 1000..1003, 2));
+    let message = over.run(None).expect_err("the January file straddles the filter").to_string();
+    for part in ["db.daily", "2024-01", "both sides of overwrite_filter", DAYS_2_TO_4] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(parquet_files(warehouse.path()), files_before, "a data file was written");
+    assert_eq!(by_day(warehouse.path()), expected(&old));
+}
