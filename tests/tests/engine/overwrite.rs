@@ -752,3 +752,30 @@ fn a_file_straddling_the_filter_is_refused_before_writing() {
     assert_eq!(parquet_files(warehouse.path()), files_before, "a data file was written");
     assert_eq!(by_day(warehouse.path()), expected(&old));
 }
+
+/// With a filter, the conflict check covers the whole filter, not only the
+/// days the run's rows touch: another writer appending to day 3 (in the
+/// filter, no input rows) after the filter's first commit makes the run's
+/// next commit fail, naming the partition, the writer and the filter; the
+/// other writer's rows are kept and nothing of the refused checkpoint is
+/// visible.
+#[test]
+fn a_foreign_append_anywhere_in_the_filter_is_refused_naming_it() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    baseline(warehouse.path());
+    // Day 2 over checkpoints 1..=3.
+    let over = filter_job("filter-guard", warehouse.path(), DAYS_2_TO_4, "", 5);
+    write_csv(&over, "a.csv", &day_rows(2, 1000..1015, 2));
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 1, subtask: 0 };
+    assert!(over.run(Some(crash)).expect_err("stopped after checkpoint 1").is_injected_crash());
+    let other = job("intruder", warehouse.path(), "append", 1000);
+    write_csv(&other, "a.csv", &day_rows(3, 9000..9002, 9));
+    other.run(None).expect("the foreign append");
+    let before = by_day(warehouse.path());
+    let message = over.run(None).expect_err("the next commit is refused").to_string();
+    for part in ["db.daily", "day=2024-01-03", "\"intruder\"", "another writer", DAYS_2_TO_4] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(by_day(warehouse.path()), before, "nothing changes after the refusal");
+    assert_eq!(before["2024-01-03"], vec![(9000, 9), (9001, 9)], "the other writer's rows are kept");
+}
