@@ -15,7 +15,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Decimal128Type, Int32Type};
 use arrow_array::{ArrayRef, Date32Array, Decimal128Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
-use sluice::engine::{CrashPoint, Fault, RunOptions};
+use sluice::engine::{CrashPoint, Fault, RunOptions, Stop};
 use sluice::source::generator::Generator;
 use sluice_bigquery_double::{BigQueryDouble, JobFault, PartitionType, TimePartitioning, generator_schema};
 use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows};
@@ -385,14 +385,22 @@ fn crash_after_second(job: &TestJob) {
 
 /// A staging table that expired (or was deleted) between two runs of one
 /// incarnation is not made again empty: the next copies would truncate
-/// each day to the rows staged since. The resume is refused naming the
-/// staging table, the target and the way out, and copies nothing; a rerun
-/// as a new incarnation then leaves the table exact.
+/// each day to the rows staged since. The first run lands checkpoints 1
+/// and 2 and crashes; a second run recovers checkpoint 2 and stops cleanly,
+/// so the third has no pending checkpoint (whose lost stream would fail it
+/// anyway). The third is refused naming the staging table, the target and
+/// the way out, and copies nothing; a rerun as a new incarnation then
+/// leaves the table exact.
 #[test]
 fn a_lost_staging_table_is_refused_not_made_again_empty() {
     let d = double();
     let job = job("bq-ow-lost-stage", &d);
     crash_after_second(&job);
+    let stop = Stop::default();
+    stop.request();
+    let summary = job.run_opts(&[], RunOptions { stop, ..RunOptions::default() }).expect("a clean stop");
+    assert!(summary.stopped.is_some(), "{summary}");
+    assert!(d.visible_rows(TABLE).iter().any(|r| r.get("id").and_then(|v| v.as_i64()) < Some(SEED_FIRST as i64)));
     let stage = staging_table(&d);
     let before = d.partition_counts(TABLE).expect("counts");
     let jobs_before = d.jobs().len();
