@@ -388,8 +388,10 @@ fn assert_never_mixed(now: &ByDay, old: &[Row], new: &[Row]) {
 fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
     let lake = tempfile::tempdir().expect("lake");
     let old = baseline(lake.path());
-    // Days 2, 3 and 4 (4 is new), over checkpoints of 5 rows.
-    let new: Vec<Row> = [day_rows(2, 1000..1007, 2), day_rows(3, 2000..2008, 3), day_rows(4, 3000..3006, 4)].concat();
+    // Days 2, 3 and 4 (4 is new), over checkpoints of 5 rows: day 2 in
+    // 1..=3 and day 3 in 3..=4, so a crash at 2 or 3 resumes in the middle
+    // of a day replaced before it (only the restored committer state says so).
+    let new: Vec<Row> = [day_rows(2, 1000..1012, 2), day_rows(3, 2000..2008, 3), day_rows(4, 3000..3006, 4)].concat();
     let over = job(&format!("crash-{point}-{checkpoint}"), lake.path(), "overwrite-partitions", 5);
     write_csv(&over, "a.csv", &new);
     let err = over.run(Some(Fault { point, checkpoint, subtask: 0 })).expect_err("the crash");
@@ -582,7 +584,8 @@ fn an_overwrite_on_s3_is_exact_after_a_crash() {
     let new: Vec<Row> = [day_rows(2, 1000..1008, 2), day_rows(3, 2000..2009, 3)].concat();
     let over = job_at("s3-backfill", &path, &root, "overwrite-partitions", 5);
     write_csv(&over, "a.csv", &new);
-    let crash = Fault { point: CrashPoint::DuringCommit, checkpoint: 2, subtask: 0 };
+    // Day 3 spans checkpoints 2..=4: the resume continues it.
+    let crash = Fault { point: CrashPoint::DuringCommit, checkpoint: 3, subtask: 0 };
     assert!(over.run(Some(crash)).expect_err("the crash").is_injected_crash());
     assert_never_mixed(&read_log(&store), &old, &new);
     over.run(None).expect("the recovery run");
