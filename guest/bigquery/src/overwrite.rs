@@ -787,6 +787,33 @@ mod tests {
     }
 
     #[test]
+    fn dates_outside_the_partitioned_range_are_refused_naming_column_and_value() {
+        let schema = Arc::new(Schema::new(vec![Field::new("day", DataType::Date32, true)]));
+        let batch =
+            |days: Vec<i32>| RecordBatch::try_new(schema.clone(), vec![Arc::new(Date32Array::from(days))]).unwrap();
+        // 1960-01-01 and 2159-12-31 are the first and last partitioned days.
+        let edges = row_partitions(&p(Unit::Day, "day"), "t", &[batch(vec![-3653, 69_395])]).unwrap();
+        assert_eq!(edges.of(0, 2), vec!["19600101", "21591231"]);
+        for (day, text) in [(-3654, "1959-12-31"), (69_396, "2160-01-01")] {
+            let err = row_partitions(&p(Unit::Year, "day"), "t", &[batch(vec![19_723, day])]).unwrap_err();
+            let SinkError::InvalidData(msg) = err else { panic!("not invalid data: {err:?}") };
+            assert!(msg.contains("column \"day\"") && msg.contains(text) && msg.contains("__UNPARTITIONED__"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn an_empty_state_is_none_and_a_state_round_trips() {
+        assert!(State::default().is_empty());
+        assert_eq!(serde_json::to_string(&State::default()).unwrap(), "{}");
+        let state = State { staged: BTreeMap::from([("projects/p/datasets/d/tables/t".into(), 2)]), appended: false };
+        assert!(!state.is_empty());
+        let back: State = serde_json::from_slice(&serde_json::to_vec(&state).unwrap()).unwrap();
+        assert_eq!(back, state);
+        let appended: State = serde_json::from_str(r#"{"appended":true}"#).unwrap();
+        assert!(appended.appended && !appended.is_empty());
+    }
+
+    #[test]
     fn an_unpartitioned_or_ingestion_time_table_is_refused_naming_it() {
         for tp in [None, Some(json!({"type": "DAY"}))] {
             let err = Partitioning::from_table("projects/p/datasets/d/tables/t", tp.as_ref()).unwrap_err();
