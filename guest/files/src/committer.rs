@@ -328,7 +328,7 @@ impl GuestCommitter for FilesCommitter {
         let state = self.state.borrow();
         for table in tables.iter_mut() {
             if let Some(plan) = table.log.as_mut() {
-                *plan = versions::plan(state.tables.get(&table.table), &table.files);
+                *plan = versions::plan(state.tables.get(&table.table), &table.files, self.cfg.replaces(&table.table));
             }
         }
         drop(state);

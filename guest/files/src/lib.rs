@@ -28,11 +28,26 @@
 //!   names it**; objects under `_sluice_data/` that no marker names are a
 //!   crashed attempt's leftovers, never output.
 //!
-//! Invariants (both ways):
-//! - nothing under `<path>` becomes committed output except by those renames
-//!   or marker creates, so a reader sees whole checkpoints or nothing;
+//! **`mode = "overwrite-partitions"`** (local or object store), by a
+//! version log: data files are written once under the table's
+//! `_sluice_data/`, and each commit of a table creates the next version
+//! `<table dir>/_sluice_log/<version:020>.json` exclusively, which names
+//! the live part list of every partition (see `versions`); the rows a run
+//! lands replace the partitions they touch. Readers follow the newest
+//! version; nothing else under the table counts.
+//!
+//! `partition_by` (identity columns) puts each partition's files under
+//! Hive-style `col=value/` folders, in every mode (see `partition`).
+//!
+//! Invariants (every way):
+//! - nothing under `<path>` becomes committed output except by those renames,
+//!   marker creates or version creates, so a reader sees whole checkpoints
+//!   or nothing;
+//! - a table directory holds one layout: append's directories or markers,
+//!   or an overwrite log, never both (`layout::refuse_mixed_layouts`);
 //! - a checkpoint is committed table by table, and a table whose directory
-//!   or marker is visible already is left alone, so a re-commit after a
+//!   or marker is visible already (or whose log's newest version holds the
+//!   checkpoint) is left alone, so a re-commit after a
 //!   crash between two tables finishes the rest, and a rerun of a committed
 //!   checkpoint adds nothing;
 //! - each checkpoint's files carry their own schema, so a table whose schema
@@ -104,6 +119,13 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("append"),
         ),
+        option_spec(
+            DEAD_LETTER_TABLE,
+            "set by the host, not the job file: the job's dead-letter table, which is never partitioned and always \
+             takes appends",
+            false,
+            None,
+        ),
         claim::option_spec(),
     ]
 }
@@ -152,6 +174,9 @@ impl Publish {
     }
 }
 
+/// The reserved option naming the job's dead-letter table (`[job.dead_letter] table`).
+pub(crate) const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
+
 /// Where data objects live under `path` on an object store.
 pub(crate) const DATA_DIR: &str = "_sluice_data";
 
@@ -172,6 +197,23 @@ pub(crate) struct Config {
     pub partition_by: Vec<String>,
     /// `mode = "overwrite-partitions"` (then `publish` is [`Publish::Log`]).
     pub overwrite: bool,
+    /// The job's dead-letter table: unpartitioned, and only ever added to
+    /// (in overwrite mode it is published through a log all the same, so
+    /// the output holds one layout, but no commit replaces anything in it).
+    pub dead_letter_table: Option<String>,
+}
+
+impl Config {
+    /// The `partition_by` columns of `table` (none for the dead-letter table,
+    /// whose rows have the dead-letter schema).
+    pub fn partition_by_for(&self, table: &str) -> &[String] {
+        if self.dead_letter_table.as_deref() == Some(table) { &[] } else { &self.partition_by }
+    }
+
+    /// Whether commits may replace partitions of `table`.
+    pub fn replaces(&self, table: &str) -> bool {
+        self.overwrite && self.dead_letter_table.as_deref() != Some(table)
+    }
 }
 
 impl Config {
@@ -245,6 +287,7 @@ impl Config {
             }
         };
         let claim = claim::Mode::from_options(&opts)?;
+        let dead_letter_table = opts.get(DEAD_LETTER_TABLE).map(str::to_string);
         Ok(Self {
             path,
             staging,
@@ -254,6 +297,7 @@ impl Config {
             claim,
             partition_by,
             overwrite,
+            dead_letter_table,
         })
     }
 }

@@ -162,13 +162,19 @@ pub struct Plan {
     pub replace: BTreeSet<String>,
     /// Every partition `c` adds files to.
     pub touched: BTreeSet<String>,
+    /// The job's dead-letter table: only ever added to, so other writers'
+    /// additions never conflict with it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub append_only: bool,
 }
 
-/// The plan of a checkpoint writing `files`, given `state`.
-pub fn plan(state: Option<&TableState>, files: &[StagedFile]) -> Plan {
+/// The plan of a checkpoint writing `files`, given `state`; `replaces`:
+/// whether the table's partitions may be replaced at all.
+pub fn plan(state: Option<&TableState>, files: &[StagedFile], replaces: bool) -> Plan {
     let touched: BTreeSet<String> = files.iter().map(|f| f.partition.clone()).collect();
-    let replace = touched.iter().filter(|p| state.is_none_or(|s| !s.replaced.contains(*p))).cloned().collect();
-    Plan { replace, touched }
+    let replace =
+        touched.iter().filter(|p| replaces && state.is_none_or(|s| !s.replaced.contains(*p))).cloned().collect();
+    Plan { replace, touched, append_only: !replaces }
 }
 
 thread_local! {
@@ -439,7 +445,8 @@ pub fn commit(
             let base = head.as_ref().map_or(0, |h| h.version);
             let tstate =
                 state.tables.entry(table.to_string()).or_insert_with(|| TableState { base, ..Default::default() });
-            log.validate(ctx, head.as_ref(), tstate, &plan.touched)?;
+            let guarded = if plan.append_only { BTreeSet::new() } else { plan.touched.clone() };
+            log.validate(ctx, head.as_ref(), tstate, &guarded)?;
         }
         let n = head.as_ref().map_or(0, |h| h.version) + 1;
         let mut live: BTreeMap<String, LivePartition> = head

@@ -108,7 +108,7 @@ pub fn table_writer(cfg: &Config, table: &Table) -> Result<(String, TableWriter)
     layout::check_table_name(&table.name)?;
     let schema = ipc::decode_schema(&table.schema)?;
     check_schema(&table.name, &schema)?;
-    let partition_cols = partition::indices(&table.name, &schema, &cfg.partition_by)?;
+    let partition_cols = partition::indices(&table.name, &schema, cfg.partition_by_for(&table.name))?;
     Ok((table.name.clone(), TableWriter { schema, partition_cols, open: BTreeMap::new(), finished: Vec::new() }))
 }
 
@@ -284,7 +284,7 @@ impl GuestWriter for FilesWriter {
         if cols.is_empty() {
             return inner.write_partition(&table, "", Either::Ipc(&rows));
         }
-        let names = inner.cfg.partition_by.clone();
+        let names = inner.cfg.partition_by_for(&table).to_vec();
         let (_, batches) = ipc::decode(rows)?;
         for batch in &batches {
             for (partition, rows) in partition::split(&table, batch, &cols, &names)? {

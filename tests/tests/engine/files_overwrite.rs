@@ -591,3 +591,55 @@ fn an_overwrite_on_s3_is_exact_after_a_crash() {
     over.run(None).expect("the recovery run");
     assert_eq!(read_log(&store), expected(&[except_days(&old, &[2, 3]), new].concat()));
 }
+
+/// [`job`] setting bad records aside in the table `dead`, which the files
+/// sink writes under `<path>/dead/` (beside the single table's log).
+fn with_dead_letters(id: &str, lake: &Path) -> TestJob {
+    let mut job = job(id, lake, "overwrite-partitions", 1000);
+    job.toml = job.toml.replace("state_dir = \"state\"\n", "state_dir = \"state\"\nbad_rows = \"dead-letter\"\n");
+    job.toml.push_str("[job.dead_letter]\ntable = \"dead\"\n");
+    job
+}
+
+/// The `source_position` of every row the newest version of the log of
+/// table directory `dir` names (an unpartitioned table), sorted.
+fn dead_letters(dir: &Path) -> Vec<String> {
+    let store = Local(dir.to_path_buf());
+    let n = newest(&store);
+    let mut out = Vec::new();
+    for part in version(&store, n).partitions {
+        assert_eq!(part.partition, "", "the dead-letter table is not partitioned");
+        let list: PartList = serde_json::from_slice(&store.get(&part.list).expect("list")).expect("a part list");
+        for file in list.files {
+            let bytes = store.get(&file.path).expect("file");
+            for batch in ParquetRecordBatchReaderBuilder::try_new(bytes).expect("parquet").build().expect("reader") {
+                let batch = batch.expect("batch");
+                let at = batch.column_by_name("source_position").expect("source_position");
+                out.extend((0..batch.num_rows()).map(|r| text(at.as_ref(), r)));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// With dead letters on, the dead-letter table beside a partitioned
+/// overwrite table is unpartitioned and only added to: the letters of two
+/// runs stay, while the data table's day is replaced.
+#[test]
+fn the_dead_letter_table_is_unpartitioned_and_appended_to() {
+    let lake = tempfile::tempdir().expect("lake");
+    let first = with_dead_letters("first", lake.path());
+    write_csv(&first, "a.csv", &day_rows(1, 0..4, 1));
+    std::fs::write(first.dir.path().join("in/b.csv"), "id,day,v\n4,2024-01-01,1\n5,2024-01-01,oops\n").expect("csv");
+    first.run(None).expect("the first run");
+    let letters = dead_letters(&table_dir(lake.path()).join("dead"));
+    assert!(letters.len() == 1 && letters[0].contains("b.csv line 3"), "{letters:?}");
+
+    let second = with_dead_letters("second", lake.path());
+    write_csv(&second, "a.csv", &day_rows(1, 10..13, 2));
+    std::fs::write(second.dir.path().join("in/b.csv"), "id,day,v\n13,2024-01-01,2\n14,2024-01-01,bad\n").expect("csv");
+    second.run(None).expect("the second run");
+    assert_eq!(by_day(lake.path()), expected(&day_rows(1, 10..14, 2)), "day 1 replaced by the second run");
+    assert_eq!(dead_letters(&table_dir(lake.path()).join("dead")).len(), 2, "both runs' dead letters stay");
+}
