@@ -194,8 +194,8 @@ fn assert_never_mixed(now: &Days, old: &Days, new: &Days, seen: &mut BTreeMap<St
     }
 }
 
-/// Snapshots of table `TABLE` committed by job `id` (its incarnation
-/// `incarnation` when given), oldest first: `(checkpoint, operation)`.
+/// Snapshots of table `TABLE` committed by job `id` (any incarnation),
+/// oldest first: `(incarnation, checkpoint, operation)`.
 fn snapshots_of(warehouse: &Path, id: &str) -> Vec<(String, u64, String)> {
     let ident = iceberg::TableIdent::from_strs(TABLE.split('.')).expect("table name");
     let table = sluice_tests::catalog(warehouse).load(&ident).expect("loading the table");
@@ -306,15 +306,16 @@ fn baseline(warehouse: &Path, rows: &[Row], every_rows: u64) -> TestJob {
 /// end: the table is as after the first.
 #[test]
 fn killed_backfill_and_its_killed_rerun_replace_each_day_exactly_once() {
+    let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed());
     let warehouse = tempfile::tempdir().expect("warehouse");
-    let old = old_rows(300);
+    let old = old_rows(100);
     baseline(warehouse.path(), &old, 1000);
-    // 8,000 rows at 2,000 rows/s over two writers, a checkpoint about
-    // every 0.25 s (so each day spans several): three runs killed at most
-    // 1.2 s after they start writing cannot finish it.
-    let new = new_rows(2000);
-    let backfill = job("backfill", warehouse.path(), "overwrite-partitions", 2, 250, Some(2000));
+    // 4,000 rows at 1,600 rows/s over two writers (each reads two days,
+    // 2.5 s), a checkpoint about every 0.25 s (so each day spans several):
+    // two runs killed at most 1 s after they start cannot finish it.
+    let new = new_rows(1000);
+    let backfill = job("backfill", warehouse.path(), "overwrite-partitions", 2, 200, Some(1600));
     write_input(&backfill, &new);
     let (old_days, new_days, want) = (expected(&old), expected(&new), after_backfill(&old, &new));
 
@@ -322,9 +323,15 @@ fn killed_backfill_and_its_killed_rerun_replace_each_day_exactly_once() {
     let mut kills = 0;
     let mut replaced = 0;
     while kills < 3 {
-        let life = Duration::from_millis(rng.random_range(200..1200));
+        let life = Duration::from_millis(rng.random_range(200..1000));
         let run = run_kill_after(&backfill, &[], STARTED, life);
         replaced += run.stderr.matches("replaced ").count();
+        eprintln!(
+            "run killed {:?} after start: {} checkpoint(s) committed, {} replacing days",
+            life,
+            run.stderr.matches("checkpoint committed").count(),
+            run.stderr.matches("replaced ").count()
+        );
         if !run.killed {
             break;
         }
@@ -340,9 +347,9 @@ fn killed_backfill_and_its_killed_rerun_replace_each_day_exactly_once() {
     assert_no_checkpoint_twice(warehouse.path(), "backfill");
 
     // The same backfill again, as a new incarnation in a fresh state directory.
-    let rerun = job("backfill", warehouse.path(), "overwrite-partitions", 2, 250, Some(2000));
+    let rerun = job("backfill", warehouse.path(), "overwrite-partitions", 2, 200, Some(1600));
     write_input(&rerun, &new);
-    let life = Duration::from_millis(rng.random_range(300..1500));
+    let life = Duration::from_millis(rng.random_range(300..1000));
     let run = run_kill_after(&rerun, &["--new-incarnation"], NEW_INCARNATION, life);
     assert!(run.killed, "the rerun ended before its kill; it needs more rows:\n{}", run.stderr);
     assert!(
@@ -359,6 +366,7 @@ fn killed_backfill_and_its_killed_rerun_replace_each_day_exactly_once() {
     assert_no_checkpoint_twice(warehouse.path(), "backfill");
     let incarnations: BTreeSet<String> = snapshots_of(warehouse.path(), "backfill").into_iter().map(|s| s.0).collect();
     assert_eq!(incarnations.len(), 2, "two incarnations committed: {incarnations:?}");
+    eprintln!("killed backfill and rerun: {:.0}s", started.elapsed().as_secs_f64());
 }
 
 /// `sluice maintain` (compaction) in a loop on the table while an overwrite
@@ -368,18 +376,19 @@ fn killed_backfill_and_its_killed_rerun_replace_each_day_exactly_once() {
 #[test]
 fn compaction_beside_an_overwrite_job_keeps_each_day_old_or_new() {
     let warehouse = tempfile::tempdir().expect("warehouse");
-    // Old days of 4 small files each, so there is something to compact in
+    // Old days of 2 small files each, so there is something to compact in
     // the days being replaced as well as in the others.
-    let old = old_rows(200);
+    let old = old_rows(100);
     let base = baseline(warehouse.path(), &old, 50);
-    // 4,000 rows at 400 rows/s over two writers, a checkpoint about every
-    // 0.5 s: about ten seconds of small appends and replaces.
-    let new = new_rows(1000);
-    let backfill = job("compacted", warehouse.path(), "overwrite-partitions", 2, 100, Some(400));
+    // 2,400 rows at 300 rows/s over two writers, a checkpoint about every
+    // 0.3 s: about eight seconds of small appends and replaces.
+    let new = new_rows(600);
+    let backfill = job("compacted", warehouse.path(), "overwrite-partitions", 2, 50, Some(300));
     write_input(&backfill, &new);
     let (old_days, new_days) = (expected(&old), expected(&new));
 
     let done = AtomicBool::new(false);
+    let started = Instant::now();
     let base_file = base.path().display().to_string();
     let (job_out, (runs, compacted)) = std::thread::scope(|scope| {
         let running = scope.spawn(|| {
@@ -402,6 +411,11 @@ fn compaction_beside_an_overwrite_job_keeps_each_day_old_or_new() {
             assert!(out.status.success() || stderr.contains("conflicted"), "sluice maintain failed:\n{stderr}");
             runs += 1;
             compacted += compacted_files(&stdout);
+            eprintln!(
+                "maintain run {runs} ended {:.1}s into the job: {}",
+                started.elapsed().as_secs_f64(),
+                stdout.trim()
+            );
             let now = by_day(warehouse.path());
             assert_never_mixed(&now, &old_days, &new_days, &mut seen, &format!("after maintain run {runs}"));
         }
