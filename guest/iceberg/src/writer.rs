@@ -24,7 +24,10 @@
 //!   filter before any of it is written: a row outside it is `invalid-data`
 //!   named with the contract's phrase (`row N of this writer's input for
 //!   table "T"`, `N` counting the rows given for `T` since it was opened or
-//!   changed), so the host names its file and line.
+//!   changed), so the host names its file and line. So is a row inside the
+//!   filter whose partition is not wholly inside it (a filter that cuts a
+//!   partition): its file would straddle the filter, and no later run could
+//!   replace that partition as a whole.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -46,7 +49,7 @@ use sluice_guest_sdk::{
 };
 
 use crate::config::Config;
-use crate::filter::BoundFilter;
+use crate::filter::{BoundFilter, FilterError, PartitionFilter, Placement};
 use crate::host_io::{self, LoadError};
 use crate::host_parquet::{HostParquetWriterBuilder, SharedHostFiles};
 use crate::runtime::block_on;
@@ -114,6 +117,9 @@ struct TableWriter {
     partitions: usize,
     /// `overwrite_filter`, bound to the table: every row must match it.
     filter: Option<BoundFilter>,
+    /// The filter projected onto the table's default spec: every partition
+    /// the rows fall in must lie wholly inside the filter.
+    placement: Option<PartitionFilter>,
     /// Rows given for this table since it was opened or changed (the
     /// contract's row numbering).
     rows: u64,
@@ -180,8 +186,14 @@ fn table_writer(cfg: &Config, source: &SourceTable) -> Result<TableWriter, SinkE
     let arrow = ipc::decode_schema(&source.schema)?;
     let table = block_on(host_io::load_table(&ident)).map_err(|e| e.into_sink_error(&ident))?;
     let filter = cfg.filter_for(&source.name).map(|f| crate::overwrite::bind_filter(f, &table)).transpose()?;
+    let placement = filter
+        .as_ref()
+        .map(|f| f.project(table.metadata().default_partition_spec()))
+        .transpose()
+        .map_err(FilterError::into_sink_error)?;
     let mut writer = prepare_table_writer(cfg, table, &arrow)?;
     writer.filter = filter;
+    writer.placement = placement;
     Ok(writer)
 }
 
@@ -200,7 +212,7 @@ fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result
         )
     };
     let converter = BatchConverter::new(&table_schema)?;
-    Ok(TableWriter { table, converter, splitter, open: None, partitions: 1, filter: None, rows: 0 })
+    Ok(TableWriter { table, converter, splitter, open: None, partitions: 1, filter: None, placement: None, rows: 0 })
 }
 
 /// Parquet settings for a writer whose rows spread over `partitions` open
@@ -277,16 +289,19 @@ impl Inner {
                 t.table.identifier()
             )));
         }
-        t.rows += batch.num_rows() as u64;
         // Split first: how many partitions the rows meet sizes the row groups.
         let parts = match &t.splitter {
             Some(splitter) => {
                 let parts = splitter.split(&batch).map_err(|e| iceberg_error("splitting rows by partition", e))?;
+                if let Some(placement) = &t.placement {
+                    check_partitions_inside(table, t, splitter, placement, &batch, &parts)?;
+                }
                 t.partitions = t.partitions.max(parts.len());
                 Some(parts)
             }
             None => None,
         };
+        t.rows += batch.num_rows() as u64;
         let mut open = match self.table_mut(table)?.open.take() {
             Some(open) => open,
             None => self.start_files(table)?,
@@ -442,4 +457,45 @@ impl GuestWriter for IcebergWriter {
         }
         Ok(())
     }
+}
+
+/// Refuses the batch when one of its partitions lies only partly inside
+/// `overwrite_filter` (the row check passed, so its rows match, but the
+/// partition's file would straddle the filter): the error names the first
+/// such row with the contract's phrase.
+fn check_partitions_inside(
+    table: &str,
+    t: &TableWriter,
+    splitter: &RecordBatchPartitionSplitter,
+    placement: &PartitionFilter,
+    batch: &arrow_array::RecordBatch,
+    parts: &[(iceberg::spec::PartitionKey, arrow_array::RecordBatch)],
+) -> Result<(), SinkError> {
+    for (key, _) in parts {
+        if placement.classify(key.data()).map_err(FilterError::into_sink_error)? == Placement::Inside {
+            continue;
+        }
+        // Only on the way to an error: find the first row of that partition
+        // one row at a time (the splitter does not give row positions back).
+        let mut row = 0;
+        for i in 0..batch.num_rows() {
+            let one =
+                splitter.split(&batch.slice(i, 1)).map_err(|e| iceberg_error("splitting rows by partition", e))?;
+            if one.first().is_some_and(|(k, _)| k.data() == key.data()) {
+                row = i;
+                break;
+            }
+        }
+        let filter = t.filter.as_ref().map_or("", |f| f.source());
+        return Err(error::invalid_data(format!(
+            "row {} of this writer's input for table \"{table}\": its partition {} of table {} lies only partly inside \
+             overwrite_filter `{filter}`, so its file would straddle the filter and no run could replace that partition \
+             as a whole (Sluice replaces whole data files); make the filter cover whole partitions of the table's spec, \
+             or leave the row out of the input",
+            t.rows + row as u64,
+            key.to_path(),
+            t.table.identifier()
+        )));
+    }
+    Ok(())
 }

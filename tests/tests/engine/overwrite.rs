@@ -753,6 +753,33 @@ fn a_file_straddling_the_filter_is_refused_before_writing() {
     assert_eq!(by_day(warehouse.path()), expected(&old));
 }
 
+/// A row inside the filter whose partition the filter cuts (January, of a
+/// table partitioned by `month(day)`, under a filter on days 2 to 4) is
+/// refused by its file and line even when no live file straddles yet: its
+/// own file would, and no later run could then replace that month whole.
+/// Nothing of the run is committed.
+#[test]
+fn a_row_in_a_partition_the_filter_cuts_is_refused_by_name() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let by_month = |mut job: TestJob| {
+        job.toml = job.toml.replace("identity(day)", "month(day)");
+        job
+    };
+    // The table holds only March, outside the filter: nothing straddles yet.
+    let old: Vec<Row> = (0..5).map(|i| (i, "2024-03-01".to_string(), 1)).collect();
+    let base = by_month(job("base-cut", warehouse.path(), "append", 1000));
+    write_csv(&base, "a.csv", &old);
+    base.run(None).expect("the append run");
+    let over = by_month(filter_job("cut", warehouse.path(), DAYS_2_TO_4, "", 1000));
+    write_csv(&over, "a.csv", &day_rows(2, 1000..1003, 2));
+    let message = over.run(None).expect_err("January is cut by the filter").to_string();
+    for part in ["a.csv line 2", "db.daily", "2024-01", "only partly inside", DAYS_2_TO_4] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(by_day(warehouse.path()), expected(&old));
+    assert!(filter_snapshots(warehouse.path(), "cut").is_empty());
+}
+
 /// With a filter, the conflict check covers the whole filter, not only the
 /// days the run's rows touch: another writer appending to day 3 (in the
 /// filter, no input rows) after the filter's first commit makes the run's

@@ -22,7 +22,7 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use iceberg::expr::{BoundPredicate, Predicate, PredicateOperator};
-use iceberg::spec::{Literal, PartitionSpec, PrimitiveLiteral, Struct};
+use iceberg::spec::{Literal, PartitionSpec, PrimitiveLiteral, Struct, Transform};
 
 use super::{BoundFilter, FilterError};
 
@@ -253,6 +253,16 @@ fn project(
     };
     let mut projected: Option<Predicate> = None;
     for field in spec.fields().iter().filter(|f| f.source_id == leaf_field) {
+        if truncates_a_non_ascii_prefix(field.transform, predicate) {
+            // iceberg-rust 0.10.1's `Transform::project` for `truncate[W]`
+            // compares a `starts with` prefix's length in bytes with W
+            // (`adjust_operator`), while truncating strings counts
+            // characters: a 2-byte 'é' prefix under truncate[2] projects to
+            // `= 'é'`, which misses partitions 'éa', 'éb'. No projection from
+            // this field is the safe answer: the partition then straddles
+            // (refused) instead of being wrongly kept or replaced.
+            continue;
+        }
         let part = if strict {
             field.transform.strict_project(&field.name, predicate)
         } else {
@@ -268,4 +278,13 @@ fn project(
         }
     }
     Ok(projected.unwrap_or(if strict { Predicate::AlwaysFalse } else { Predicate::AlwaysTrue }))
+}
+
+/// Whether `predicate` is a `starts with` (or its negation) on a string with
+/// a character outside ASCII, projected through a `truncate` transform.
+fn truncates_a_non_ascii_prefix(transform: Transform, predicate: &BoundPredicate) -> bool {
+    let BoundPredicate::Binary(e) = predicate else { return false };
+    matches!(transform, Transform::Truncate(_))
+        && matches!(e.op(), PredicateOperator::StartsWith | PredicateOperator::NotStartsWith)
+        && matches!(e.literal().literal(), PrimitiveLiteral::String(s) if !s.is_ascii())
 }

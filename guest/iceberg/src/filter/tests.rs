@@ -551,6 +551,23 @@ fn string_partitions_with_in_like_and_not() {
     assert_eq!(classify("'us' = region", &by_region, us()), Placement::Inside);
 }
 
+/// iceberg-rust 0.10.1 projects a `starts with` through `truncate[W]` by
+/// the prefix's byte length, while truncating counts characters; a prefix
+/// outside ASCII is therefore not projected at all, and its partitions
+/// straddle (refused) rather than being kept while they hold matching rows.
+#[test]
+fn a_non_ascii_prefix_on_a_truncated_string_straddles() {
+    let by_trunc = spec(&[("region", "region_trunc", Transform::Truncate(2))]);
+    let p = |v: &str| vec![Some(Literal::string(v))];
+    // 'é' is one character and two bytes: partitions 'éa' and 'éb' both hold matching rows
+    assert_eq!(classify("region like 'é%'", &by_trunc, p("éa")), Placement::Straddles);
+    assert_eq!(classify("region like 'é%'", &by_trunc, p("éb")), Placement::Straddles);
+    assert_eq!(classify("region not like 'é%'", &by_trunc, p("éa")), Placement::Straddles);
+    // an ASCII prefix keeps iceberg's projection: 'eu' under truncate[2] is exact
+    assert_eq!(classify("region like 'eu%'", &by_trunc, p("eu")), Placement::Inside);
+    assert_eq!(classify("region like 'eu%'", &by_trunc, p("us")), Placement::Outside);
+}
+
 #[test]
 fn two_partition_columns() {
     let by_day_region = spec(&[("day", "day", Transform::Identity), ("region", "region", Transform::Identity)]);
