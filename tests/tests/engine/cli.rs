@@ -124,6 +124,130 @@ fn main_example_lands_the_iceberg_table_exactly_once() {
     assert_eq!(sluice_tests::readers_ids(&warehouse, "demo.events"), (0..20_000).collect::<Vec<i64>>());
 }
 
+/// A row of `examples/backfill.toml`'s table: `(order_id, amount_cents)`, by day.
+type Days = std::collections::BTreeMap<String, Vec<(i64, i64)>>;
+
+/// Rows of `order_id,order_date,customer_id,amount_cents` CSV files, by day.
+fn csv_days(files: &[std::path::PathBuf]) -> Days {
+    let mut days = Days::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).expect("csv");
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split(',').collect();
+            days.entry(f[1].to_string()).or_default().push((f[0].parse().expect("id"), f[3].parse().expect("value")));
+        }
+    }
+    days.values_mut().for_each(|rows| rows.sort_unstable());
+    days
+}
+
+/// `shop.daily_orders` of `warehouse` by day, as PyIceberg reads it; panics
+/// when DuckDB's `iceberg_scan` reads anything else.
+fn daily_orders(warehouse: &std::path::Path) -> Days {
+    let script = format!(
+        "{}\n\
+         import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w = sys.argv[1]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table('shop.daily_orders')\n\
+         a = t.scan(selected_fields=('order_id', 'order_date', 'amount_cents')).to_arrow()\n\
+         py = sorted([str(d), i, v] for i, d, v in zip(a.column('order_id').to_pylist(), a.column('order_date').to_pylist(), a.column('amount_cents').to_pylist()))\n\
+         con = _duckdb.connect()\n\
+         con.execute('SET enable_progress_bar = false')\n\
+         for ext in ('avro', 'iceberg'):\n\
+         \x20   con.load_extension(_duckdb_extension(ext))\n\
+         path = t.metadata_location.removeprefix('file://')\n\
+         dd = sorted([str(d), i, v] for i, d, v in con.execute('select order_id, order_date, amount_cents from iceberg_scan(?)', [path]).fetchall())\n\
+         if py != dd:\n\
+         \x20   sys.exit(f'PyIceberg reads {{len(py)}} rows, DuckDB {{len(dd)}}: {{py}} / {{dd}}')\n\
+         print(json.dumps(py))",
+        sluice_tests::DUCKDB_ICEBERG
+    );
+    let out = sluice_tests::python(&script, &[&warehouse.display().to_string()])
+        .unwrap_or_else(|e| panic!("reading shop.daily_orders with PyIceberg and DuckDB: {e}"));
+    let rows: Vec<(String, i64, i64)> = serde_json::from_str(out.trim()).expect("rows as JSON");
+    let mut days = Days::new();
+    for (day, id, v) in rows {
+        days.entry(day).or_default().push((id, v));
+    }
+    days
+}
+
+/// `examples/backfill.toml`, as the Backfills page runs it, redirected into
+/// a temp dir: over a table whose days 2024-03-01 to 2024-03-06 already hold
+/// other rows (appended by the same job file in `mode = "append"`), it
+/// replaces the five days of `examples/data/backfill/` and leaves the sixth
+/// alone; the page's rerun,
+/// `cargo run --release -p sluice -- run examples/backfill.toml --set job.state_dir=../out/state/backfill-again --new-incarnation`,
+/// in a fresh state directory, replaces them again and says so. After each
+/// run PyIceberg and DuckDB's `iceberg_scan` read each day with exactly its
+/// rows (day, id and value), not doubled.
+#[test]
+fn backfill_example_replaces_its_days_and_a_rerun_leaves_them_as_they_were() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let warehouse = dir.path().join("warehouse");
+    std::fs::create_dir_all(&warehouse).expect("warehouse dir");
+    let sets = |state: &str| {
+        vec![
+            format!("sink.plugin={}", sluice_tests::ICEBERG_PLUGIN),
+            format!("job.state_dir={}", dir.path().join(state).display()),
+            format!("sink.catalog.database={}", warehouse.join("catalog.db").display()),
+            format!("sink.catalog.warehouse={}", warehouse.display()),
+        ]
+    };
+    // The old rows: three a day for 2024-03-01 ..= 2024-03-06, value 0.
+    let old_dir = dir.path().join("old");
+    std::fs::create_dir_all(&old_dir).expect("old/");
+    let mut old_csv = String::from("order_id,order_date,customer_id,amount_cents\n");
+    for d in 1..=6 {
+        for i in 0..3 {
+            old_csv.push_str(&format!("{},2024-03-{d:02},0,0\n", d * 10 + i));
+        }
+    }
+    std::fs::write(old_dir.join("old.csv"), old_csv).expect("old.csv");
+    let old = csv_days(&[old_dir.join("old.csv")]);
+    let mut before = sets("state-before");
+    before.extend([
+        format!("source.path={}", old_dir.display()),
+        "sink.options.mode=\"append\"".to_string(),
+        "job.id=\"orders-before\"".to_string(),
+    ]);
+    let (code, _, err) = run_example("backfill.toml", &before, dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(daily_orders(&warehouse), old);
+
+    let mut inputs: Vec<_> =
+        std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/backfill"))
+            .expect("examples/data/backfill")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+            .collect();
+    inputs.sort();
+    let new = csv_days(&inputs);
+    assert_eq!(new.len(), 5, "five days of input: {new:?}");
+    let mut want = new.clone();
+    want.insert("2024-03-06".to_string(), old["2024-03-06"].clone());
+
+    let (code, stdout, err) = run_example("backfill.toml", &sets("state"), dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("job backfill-demo finished: 200 rows"), "{stdout}");
+    assert_eq!(daily_orders(&warehouse), want, "the five days replaced, the sixth kept");
+
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/backfill.toml");
+    let example = example.display().to_string();
+    let mut args = vec!["run", example.as_str(), "--progress", "plain"];
+    let again = sets("state-again");
+    for s in &again {
+        args.extend(["--set", s.as_str()]);
+    }
+    args.push("--new-incarnation");
+    let (code, stdout, err) = run_cli(&args, dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("job backfill-demo finished: 200 rows"), "{stdout}");
+    assert!(err.contains("mode overwrite-partitions: incarnation") && err.contains("replaces the partitions"), "{err}");
+    assert_eq!(daily_orders(&warehouse), want, "the rerun leaves every day as the first run did");
+}
+
 /// `sluice state` shows the incarnation, what is committed and what each
 /// pending checkpoint will commit; `--drop-pending` drops one on request and
 /// says so, and only then does the next run skip it.
