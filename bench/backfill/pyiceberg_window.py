@@ -1,19 +1,22 @@
 """Seed 002's backfill task, as its write-up writes it, for `bench/src/bin/backfill.rs`.
 
-    python3 pyiceberg_window.py write WAREHOUSE TABLE WINDOW_DIR MAX_ATTEMPTS SEED
+    python3 pyiceberg_window.py write WAREHOUSE TABLE MAX_ATTEMPTS SEED WINDOW_DIR...
     python3 pyiceberg_window.py read WAREHOUSE TABLE
 
-`write` is one task of the backfill: it overwrites each day of its window
-(one `orders-<day>.csv` per day in WINDOW_DIR, read in name order), one
-commit per day, with the write-up's `commit_with_retry`: the table reloaded
-on every attempt, only `CommitFailedException` retried, full-jitter
-exponential backoff, re-raised when MAX_ATTEMPTS attempts are spent. That is
-on top of PyIceberg's own retries of a conflicting commit
-(`commit.retry.num-retries`, 4 by default in 0.12). A task whose retries run
-out stops, as the write-up's Airflow task fails: the rest of its window is
-lost. It prints one JSON line: the days it replaced, the conflicts (each
-`CommitFailedException` it caught, and each retry PyIceberg logged), and the
-error that stopped it, if any.
+`write` is one task slot of the backfill: it takes its windows in turn (the
+WINDOW_DIRs, in the order given), as one of the write-up's
+`max_active_tis_per_dag` slots takes the next mapped window when its last
+one ends. In each window it overwrites each day (one `orders-<day>.csv` per
+day, read in name order), one commit per day, with the write-up's
+`commit_with_retry`: the table reloaded on every attempt, only
+`CommitFailedException` retried, full-jitter exponential backoff, re-raised
+when MAX_ATTEMPTS attempts are spent. That is on top of PyIceberg's own
+retries of a conflicting commit (`commit.retry.num-retries`, 4 by default in
+0.12). A window whose retries run out fails, as the write-up's Airflow task
+instance fails: the rest of that window is lost, and the slot goes on with
+its next window. It prints one JSON line: the days it replaced, the
+conflicts (each `CommitFailedException` it caught, and each retry PyIceberg
+logged), and the error that stopped each failed window.
 
 `read` prints every row of the table as JSON `[day, order_id, amount_cents]`,
 as PyIceberg's scan reads it.
@@ -62,26 +65,26 @@ def commit_with_retry(cat, ident, rows, predicate, max_attempts, conflicts):
             time.sleep(random.uniform(0, ceiling))  # backoff with full jitter
 
 
-def write(warehouse, ident, window_dir, max_attempts, seed):
+def write(warehouse, ident, max_attempts, seed, window_dirs):
     random.seed(seed)
     retries = _Retries()
     logging.getLogger("pyiceberg").addHandler(retries)
     cat = catalog(warehouse)
-    table = cat.load_table(ident)
-    schema = table.schema().as_arrow()
+    schema = cat.load_table(ident).schema().as_arrow()
     conflicts = [0]
-    replaced, error = [], None
-    for name in sorted(n for n in os.listdir(window_dir) if n.endswith(".csv")):
-        day = name.removeprefix("orders-").removesuffix(".csv")
-        rows = pacsv.read_csv(os.path.join(window_dir, name)).select(schema.names).cast(schema)
-        try:
-            commit_with_retry(cat, ident, rows, f"order_date = '{day}'", max_attempts, conflicts)
-        except Exception as e:  # the task fails: the rest of its window is lost
-            error = f"{day}: {type(e).__name__}: {e}"
-            break
-        replaced.append(day)
-    print(json.dumps({"replaced": replaced, "conflicts": conflicts[0] + retries.count, "error": error}))
-    return 0 if error is None else 1
+    replaced, errors = [], []
+    for window_dir in window_dirs:
+        for name in sorted(n for n in os.listdir(window_dir) if n.endswith(".csv")):
+            day = name.removeprefix("orders-").removesuffix(".csv")
+            rows = pacsv.read_csv(os.path.join(window_dir, name)).select(schema.names).cast(schema)
+            try:
+                commit_with_retry(cat, ident, rows, f"order_date = '{day}'", max_attempts, conflicts)
+            except Exception as e:  # the window's task fails: the rest of this window is lost
+                errors.append(f"{os.path.basename(window_dir)} {day}: {type(e).__name__}: {e}")
+                break
+            replaced.append(day)
+    print(json.dumps({"replaced": replaced, "conflicts": conflicts[0] + retries.count, "errors": errors}))
+    return 0 if not errors else 1
 
 
 def read(warehouse, ident):
@@ -94,5 +97,5 @@ def read(warehouse, ident):
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "write":
-        sys.exit(write(args[0], args[1], args[2], int(args[3]), int(args[4])))
+        sys.exit(write(args[0], args[1], int(args[2]), int(args[3]), args[4:]))
     sys.exit(read(args[0], args[1]))

@@ -1,13 +1,19 @@
-//! Seed 002's backfill, measured (issue 40, point 7): W tasks at once, each
-//! a window of days, each day overwritten, into one day-partitioned Iceberg
-//! table (SQLite catalog, local warehouse). Three strategies:
+//! Seed 002's backfill, measured (issue 40, point 7): a queue of W × K
+//! windows of days worked through by W tasks at once (the write-up's
+//! `max_active_tis_per_dag = W` over its mapped windows), each day
+//! overwritten, into one day-partitioned Iceberg table (SQLite catalog,
+//! local warehouse). Task k takes windows k, k + W, k + 2W, … in turn.
+//! Three strategies:
 //!
 //! - **PyIceberg**: the write-up's own code (`bench/backfill/pyiceberg_window.py`),
-//!   W Python processes at once, one `table.overwrite(rows,
-//!   overwrite_filter="order_date = '<day>'")` per day, its retry loop on top
-//!   of PyIceberg's own;
-//! - **Sluice, W jobs**: W `sluice run` processes at once, one job per
-//!   window in `mode = "overwrite-partitions"`, a checkpoint (one snapshot) per day;
+//!   W Python processes at once, each looping over its K windows, one
+//!   `table.overwrite(rows, overwrite_filter="order_date = '<day>'")` per
+//!   day, its retry loop on top of PyIceberg's own; a day whose attempts run
+//!   out gives up the rest of its window, and the task goes on with its next;
+//! - **Sluice, W jobs**: W task slots at once, each running one `sluice run`
+//!   per window in turn (a job per window, as the write-up has a task
+//!   instance per window) in `mode = "overwrite-partitions"`, a checkpoint
+//!   (one snapshot) per day; a failed job loses its window only;
 //! - **Sluice, 1 job**: one `sluice run` with W writers over every window.
 //!
 //! Invariants: every strategy starts from a table pre-filled with OLD rows
@@ -34,9 +40,12 @@ const TABLE: &str = "bench.orders";
 
 #[derive(Parser)]
 struct Args {
-    /// Task counts W to compare (W windows, W tasks at once).
+    /// Task counts W to compare (W tasks at once).
     #[arg(long, value_delimiter = ',', default_values_t = [4u32, 8])]
     writers: Vec<u32>,
+    /// Windows each task takes in turn (K): W × K windows in all.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    windows_per_task: u32,
     /// Days per window.
     #[arg(long, default_value_t = 5)]
     days_per_window: u32,
@@ -94,6 +103,7 @@ struct Setup {
     cache: PathBuf,
     rows_per_day: u64,
     days_per_window: u32,
+    windows_per_task: u32,
     max_attempts: u32,
     seed: u64,
 }
@@ -104,6 +114,8 @@ struct Outcome {
     commits: u64,
     conflicts: u64,
     windows_lost: u32,
+    /// Windows in all (W × K).
+    windows: u32,
     days_replaced: u32,
     days: u32,
     /// Days that still hold an old row.
@@ -137,6 +149,7 @@ fn main() -> Result<()> {
         cache: root.join("target/bench-component-cache"),
         rows_per_day: args.rows_per_day,
         days_per_window: args.days_per_window,
+        windows_per_task: args.windows_per_task,
         max_attempts: args.max_attempts,
         seed: args.seed,
     };
@@ -149,7 +162,7 @@ fn main() -> Result<()> {
                 let dir = tempfile::tempdir()?;
                 let o = run_once(&setup, strategy, w, dir.path())?;
                 eprintln!(
-                    "W={w} {:<26} rep {}: {:.1}s, {:.1} CPU-s, {} commits, {} conflicts, {} windows lost, {}/{} days replaced, \
+                    "W={w} {:<26} rep {}: {:.1}s, {:.2} CPU-s, {} commits, {} conflicts, {} of {} windows lost, {}/{} days replaced, \
                      {} with old rows, correct: {}{}",
                     strategy.name(),
                     rep + 1,
@@ -158,6 +171,7 @@ fn main() -> Result<()> {
                     o.commits,
                     o.conflicts,
                     o.windows_lost,
+                    o.windows,
                     o.days_replaced,
                     o.days,
                     o.days_with_old_rows,
@@ -333,15 +347,18 @@ fn read_back(s: &Setup, warehouse: &Path) -> Result<BTreeMap<String, Vec<(i64, i
 fn run_once(s: &Setup, strategy: Strategy, w: u32, dir: &Path) -> Result<Outcome> {
     let warehouse = dir.join("warehouse");
     std::fs::create_dir_all(&warehouse)?;
-    let days = w * s.days_per_window;
+    let windows = w * s.windows_per_task;
+    let days = windows * s.days_per_window;
+    // The windows task k takes in turn: k, k + W, k + 2W, …
+    let task_windows = |k: u32| (0..s.windows_per_task).map(move |i| k + i * w);
     // Inputs: one CSV a day, under the window's folder and under all/.
     let all = dir.join("all");
     std::fs::create_dir_all(&all)?;
     let mut expected = BTreeMap::new();
-    for k in 0..w {
-        let window = dir.join(format!("new/w{k}"));
+    for j in 0..windows {
+        let window = dir.join(format!("new/w{j}"));
         std::fs::create_dir_all(&window)?;
-        for d in k * s.days_per_window..(k + 1) * s.days_per_window {
+        for d in j * s.days_per_window..(j + 1) * s.days_per_window {
             let rows = new_rows(d, s.rows_per_day);
             let file = format!("orders-{}.csv", day(d));
             write_csv(&window.join(&file), &[(day(d), rows.clone())])?;
@@ -378,9 +395,9 @@ fn run_once(s: &Setup, strategy: Strategy, w: u32, dir: &Path) -> Result<Outcome
                         .arg("write")
                         .arg(&warehouse)
                         .arg(TABLE)
-                        .arg(dir.join(format!("new/w{k}")))
                         .arg(s.max_attempts.to_string())
                         .arg((s.seed + u64::from(k)).to_string())
+                        .args(task_windows(k).map(|j| dir.join(format!("new/w{j}"))))
                         .stdout(Stdio::piped())
                         .stderr(std::fs::File::create(dir.join(format!("py-{k}.err")))?)
                         .spawn()
@@ -394,7 +411,7 @@ fn run_once(s: &Setup, strategy: Strategy, w: u32, dir: &Path) -> Result<Outcome
                     Ok(v) => {
                         conflicts += v["conflicts"].as_u64().unwrap_or(0);
                         commits += v["replaced"].as_array().map_or(0, |d| d.len() as u64);
-                        if let Some(e) = v["error"].as_str() {
+                        if let Some(e) = v["errors"].as_array().and_then(|e| e.first()).and_then(|e| e.as_str()) {
                             error.get_or_insert_with(|| format!("task {k}: {e}"));
                         }
                     }
@@ -405,30 +422,49 @@ fn run_once(s: &Setup, strategy: Strategy, w: u32, dir: &Path) -> Result<Outcome
                 }
             }
         }
-        Strategy::SluiceJobs | Strategy::SluiceOneJob => {
-            let jobs: Vec<(String, String)> = if strategy == Strategy::SluiceJobs {
-                (0..w)
+        Strategy::SluiceJobs => {
+            // W task slots at once; each runs its windows' jobs one after another.
+            let slots: Vec<Vec<(String, bool)>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..w)
                     .map(|k| {
-                        let id = format!("window-{k}");
-                        let input = dir.join(format!("new/w{k}"));
-                        let toml = job_toml(s, &id, 1, s.rows_per_day, &input, &warehouse, "overwrite-partitions");
-                        (id, toml)
+                        let warehouse = &warehouse;
+                        scope.spawn(move || -> Result<Vec<(String, bool)>> {
+                            let mut ran = Vec::new();
+                            for j in task_windows(k) {
+                                let id = format!("window-{j}");
+                                let input = dir.join(format!("new/w{j}"));
+                                let toml =
+                                    job_toml(s, &id, 1, s.rows_per_day, &input, warehouse, "overwrite-partitions");
+                                let status = spawn_sluice(s, dir, &id, &toml)?.wait()?;
+                                ran.push((id, status.success()));
+                            }
+                            Ok(ran)
+                        })
                     })
-                    .collect()
-            } else {
-                let toml = job_toml(s, "all-windows", w, s.rows_per_day, &all, &warehouse, "overwrite-partitions");
-                vec![("all-windows".to_string(), toml)]
-            };
-            let children =
-                jobs.iter().map(|(id, toml)| Ok((id, spawn_sluice(s, dir, id, toml)?))).collect::<Result<Vec<_>>>()?;
-            for (id, mut child) in children {
-                let status = child.wait()?;
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a task slot's thread panicked"))))
+                    .collect::<Result<Vec<_>>>()
+            })?;
+            for (id, success) in slots.into_iter().flatten() {
                 let log = std::fs::read_to_string(dir.join(format!("{id}.err"))).unwrap_or_default();
                 conflicts += sluice_conflicts(&log);
                 commits += log.lines().filter(|l| l.contains("checkpoint committed")).count() as u64;
-                if !status.success() {
+                if !success {
                     error.get_or_insert_with(|| format!("job {id}: {}", last_line(&log)));
                 }
+            }
+        }
+        Strategy::SluiceOneJob => {
+            let id = "all-windows";
+            let toml = job_toml(s, id, w, s.rows_per_day, &all, &warehouse, "overwrite-partitions");
+            let status = spawn_sluice(s, dir, id, &toml)?.wait()?;
+            let log = std::fs::read_to_string(dir.join(format!("{id}.err"))).unwrap_or_default();
+            conflicts += sluice_conflicts(&log);
+            commits += log.lines().filter(|l| l.contains("checkpoint committed")).count() as u64;
+            if !status.success() {
+                error.get_or_insert_with(|| format!("job {id}: {}", last_line(&log)));
             }
         }
     }
@@ -438,14 +474,16 @@ fn run_once(s: &Setup, strategy: Strategy, w: u32, dir: &Path) -> Result<Outcome
     let after = read_back(s, &warehouse)?;
     let replaced = |d: u32| after.get(&day(d)) == expected.get(&day(d));
     let days_replaced = (0..days).filter(|&d| replaced(d)).count() as u32;
-    let windows_lost =
-        (0..w).filter(|k| (k * s.days_per_window..(k + 1) * s.days_per_window).any(|d| !replaced(d))).count() as u32;
+    let windows_lost = (0..windows)
+        .filter(|j| (j * s.days_per_window..(j + 1) * s.days_per_window).any(|d| !replaced(d)))
+        .count() as u32;
     let days_with_old_rows = after.values().filter(|rows| rows.iter().any(|(id, _)| id % 1_000_000 >= 500_000)).count();
     let correct = after == expected;
     Ok(Outcome {
         commits,
         conflicts,
         windows_lost,
+        windows,
         days_replaced,
         days,
         days_with_old_rows: days_with_old_rows as u32,
@@ -464,18 +502,20 @@ fn mean(runs: &[Outcome], f: impl Fn(&Outcome) -> f64) -> f64 {
 /// The results as a markdown table (means over the repetitions).
 fn markdown(cells: &[(Strategy, u32, Vec<Outcome>)]) -> String {
     let mut out = String::from(
-        "| strategy | W | commits | conflicts | windows lost | days replaced | days with old rows | wall (s) | CPU-s (children) \
-         | rows per CPU-s | final table correct |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| strategy | W | commits | conflicts | windows lost (each rep) | days replaced | days with old rows | wall (s) \
+         | CPU-s (children) | rows per CPU-s | final table correct |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for (strategy, w, runs) in cells {
         let days = runs.first().map_or(0, |o| o.days);
+        let windows = runs.first().map_or(0, |o| o.windows);
+        let each = runs.iter().map(|o| o.windows_lost.to_string()).collect::<Vec<_>>().join(", ");
         let correct = runs.iter().filter(|o| o.correct).count();
         let cpu = mean(runs, |o| o.cpu.as_secs_f64());
         let rows = runs.first().map_or(0, |o| o.rows) as f64;
         let per_cpu = if cpu > 0.0 { format!("{:.0}", rows / cpu) } else { "–".to_string() };
         let _ = writeln!(
             out,
-            "| {} | {w} | {:.1} | {:.1} | {:.1} of {w} | {:.1}/{days} | {:.1} | {:.1} | {cpu:.1} | {per_cpu} | {} |",
+            "| {} | {w} | {:.1} | {:.1} | {:.1} of {windows} ({each}) | {:.1}/{days} | {:.1} | {:.1} | {cpu:.2} | {per_cpu} | {} |",
             strategy.name(),
             mean(runs, |o| o.commits as f64),
             mean(runs, |o| o.conflicts as f64),
@@ -510,8 +550,9 @@ fn first_errors(cells: &[(Strategy, u32, Vec<Outcome>)]) -> String {
 fn document(args: &Args, table: &str, errors: &str, took: Duration) -> String {
     let date = today();
     let command = format!(
-        "cargo build-plugins && cargo build --release -p sluice && cargo run --release -p sluice-bench --bin backfill -- --writers {} --days-per-window {} --rows-per-day {} --reps {} --max-attempts {} --seed {}",
+        "cargo build-plugins && cargo build --release -p sluice && cargo run --release -p sluice-bench --bin backfill -- --writers {} --windows-per-task {} --days-per-window {} --rows-per-day {} --reps {} --max-attempts {} --seed {}",
         args.writers.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+        args.windows_per_task,
         args.days_per_window,
         args.rows_per_day,
         args.reps,
@@ -521,29 +562,36 @@ fn document(args: &Args, table: &str, errors: &str, took: Duration) -> String {
     format!(
         "# Seed 002's backfill, measured {date}\n\n\
          Produced on {date} by:\n\n```sh\n{command}\n```\n\n\
-         The write-up's own pipeline (issue 40, point 7): W tasks at once, each a window of {dpw} days, each day \
-         overwritten, into one Iceberg table partitioned by day (`identity(order_date)` on a date column), a SQLite \
-         catalog and a local warehouse. {rpd} new rows a day. Before each strategy the table is pre-filled (by a \
-         Sluice append job, not timed) with old rows for every day, half as many, with other ids, so a lost window \
-         shows as old rows left. The final table is read back with PyIceberg: a day counts as replaced only when it \
-         holds exactly its new rows (by id and value). Means over {reps} repetition(s); the whole run took {took:.0} s \
-         on the 2-core development machine while other builds ran on it, so the wall times are noisy.\n\n\
+         The write-up's own pipeline (issue 40, point 7): a queue of W × {k} windows of {dpw} days each, worked \
+         through by W tasks at once (the write-up's `extract_window.partial(max_active_tis_per_dag=W)\
+         .expand(window=windows)`), each day overwritten, into one Iceberg table partitioned by day \
+         (`identity(order_date)` on a date column), a SQLite catalog and a local warehouse. Task k takes windows k, \
+         k + W, k + 2W, … in turn, {k} each ({cover}). {rpd} new rows a day. \
+         Before each strategy the table is pre-filled (by a Sluice append job, not timed) with old rows for every \
+         day, half as many, with other ids, so a lost window shows as old rows left. The final table is read back \
+         with PyIceberg: a day counts as replaced only when it holds exactly its new rows (by id and value). Means \
+         over {reps} repetition(s); the whole run took {took:.0} s on the 2-core development machine while other \
+         builds ran on it, so the wall times are noisy.\n\n\
          - **PyIceberg, W tasks**: W Python processes at once (PyIceberg 0.12, `bench/backfill/pyiceberg_window.py`), \
-         each running the write-up's code: per day `table.overwrite(rows, overwrite_filter=\"order_date = '<day>'\")`, \
-         the table reloaded on every attempt, only `CommitFailedException` retried, full-jitter backoff (0.3 s · 2^n, at \
-         most 10 s), {attempts} attempts on top of PyIceberg's own 4 retries; a task whose attempts run out fails, \
-         and the rest of its window with it.\n\
-         - **Sluice, W jobs**: W `sluice run` processes at once (release build), one job per window, \
-         `mode = \"overwrite-partitions\"`, one writer, a checkpoint, so one `overwrite` snapshot, per day; the host \
-         retries a conflicting commit up to 20 times (`job.commit` defaults).\n\
+         each taking its {k} windows in turn and running the write-up's code: per day \
+         `table.overwrite(rows, overwrite_filter=\"order_date = '<day>'\")`, the table reloaded on every attempt, only \
+         `CommitFailedException` retried, full-jitter backoff (0.3 s · 2^n, at most 10 s), {attempts} attempts on top \
+         of PyIceberg's own 4 retries. A day whose attempts run out fails its window's task: the rest of that window \
+         is given up, and the process goes on with its next window, as the next mapped task instance would.\n\
+         - **Sluice, W jobs**: W task slots at once, each running one `sluice run` (release build) per window, its \
+         {k} windows one after another: a job per window, as the write-up has a task instance per window. Each job \
+         is `mode = \"overwrite-partitions\"` with one writer and a checkpoint, so one `overwrite` snapshot, per day; \
+         the host retries a conflicting commit up to 20 times (`job.commit` defaults). A failed job would lose its \
+         window only.\n\
          - **Sluice, 1 job × W writers**: one `sluice run` with W writers over every window's files, a checkpoint every \
          {rpd} rows per writer: one snapshot per checkpoint, each holding several days.\n\n\
          {table}\n\
          Commits: catalog commits that landed (PyIceberg: the days its tasks replaced; Sluice: checkpoints \
-         committed, the pre-fill's left out). Conflicts: for PyIceberg, each `CommitFailedException` the write-up's loop caught plus each retry PyIceberg \
-         logged; for Sluice, each commit attempt the host retried because another writer committed first. Windows \
-         lost: windows with a day that does not hold exactly its new rows. CPU-s: user and system time of the \
-         strategy's processes (`/proc/self/stat`'s cutime and cstime), so start-up (a Python interpreter and its \
+         committed, the pre-fill's left out). Conflicts: for PyIceberg, each `CommitFailedException` the write-up's \
+         loop caught plus each retry PyIceberg logged; for Sluice, each commit attempt the host retried because \
+         another writer committed first. Windows lost: windows with a day that does not hold exactly its new rows, \
+         the mean and then each repetition's count. CPU-s: user and system time of the strategy's processes \
+         (`/proc/self/stat`'s cutime and cstime, in 10 ms clock ticks), so start-up (a Python interpreter and its \
          imports, a `sluice` process loading the precompiled plugin) counts; rows per CPU-s: new rows over it.\n\n\
          First error per strategy and W:\n\n{errors}\n\
          ## What differs\n\n\
@@ -552,8 +600,19 @@ fn document(args: &Args, table: &str, errors: &str, took: Duration) -> String {
          commit; Sluice's is one `overwrite` snapshot. The one Sluice job commits once per checkpoint of all its \
          writers, several days at a time, and its writers take the files by a hash of their names, not by window.\n\
          - Attempts per day: PyIceberg up to {attempts} × 5 (its own 4 retries each), Sluice up to 20.\n\
-         - PyIceberg's table is partitioned by `identity(order_date)` for all three strategies: PyIceberg 0.12 writes \
-         to a `day()` transform only with the optional `pyiceberg-core` package.\n",
+         - The table is partitioned by `identity(order_date)` for all three strategies, not `day(order_date)`: \
+         PyIceberg 0.12 writes to a `day()` transform only with the optional `pyiceberg-core` package. Each day is \
+         one partition either way.\n",
+        k = args.windows_per_task,
+        cover = args
+            .writers
+            .iter()
+            .map(|w| {
+                let windows = w * args.windows_per_task;
+                format!("W = {w}: {windows} windows, {} days", windows * args.days_per_window)
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
         dpw = args.days_per_window,
         rpd = args.rows_per_day,
         reps = args.reps,
