@@ -50,10 +50,14 @@
 //!   overwrite mode (its first copy would delete rows it delivered), by its
 //!   state or by a pending checkpoint whose streams are on the target
 //!   itself; and a checkpoint staged in overwrite mode is refused in append
-//!   mode (its rows would stay in the staging table);
+//!   mode (its rows would stay in the staging table), as is an append run
+//!   of an incarnation whose state names staged targets;
 //! - before any copy of checkpoint `c`, every target it replaces partitions
 //!   of is checked to be still this incarnation's (its newest overwrite
-//!   marker, [`overwrite::Marker`]); otherwise nothing of `c` is copied.
+//!   marker, [`overwrite::Marker`], taken by the first commit that copies);
+//!   otherwise nothing of `c` is copied. After the copies of a target it is
+//!   checked again: a newer incarnation that took it over meanwhile fails
+//!   the commit loudly, naming the partitions.
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     FlushRowsRequest, FlushRowsResponse,
@@ -109,7 +113,8 @@ fn open_shared() -> Result<Rc<Shared>, SinkError> {
 }
 
 /// `committer-state.restore`: takes the state of the newest record of the
-/// incarnation, refuses a switch from append to overwrite, then prepares
+/// incarnation, refuses a switch from append to overwrite or from
+/// overwrite (staged targets) to append, then prepares
 /// the staging tables of the tables `open` was given.
 pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
     let shared = open_shared()?;
@@ -127,6 +132,12 @@ pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
             .filter_map(|t| shared.cfg.table_path(&t.name).ok())
             .collect();
         return Err(switched_to_overwrite(&targets.join(", ")));
+    }
+    if shared.cfg.mode == WriteMode::Append {
+        let staged: Vec<String> = shared.state.borrow().staged.keys().cloned().collect();
+        if !staged.is_empty() {
+            return Err(switched_to_append(&staged.join(", ")));
+        }
     }
     for table in &unstaged {
         stage(&shared, table)?;
@@ -150,6 +161,15 @@ fn switched_to_overwrite(tables: &str) -> SinkError {
          {tables} without overwrite, and replacing the partitions they touched would delete rows already delivered; \
          nothing was copied. Finish it in the mode it started with, or land the backfill again as a new incarnation \
          (a fresh job.state_dir and --new-incarnation), which replaces every partition it touches"
+    ))
+}
+
+fn switched_to_append(tables: &str) -> SinkError {
+    error::config(format!(
+        "[sink.options] mode = \"append\": this incarnation began with mode = \"overwrite-partitions\" and staged \
+         rows for table(s) {tables}; appending now would add rows to partitions its copies replace (or replaced), \
+         so nothing was written. Finish it with mode = \"overwrite-partitions\", or land the data again as a new \
+         incarnation (a fresh job.state_dir and --new-incarnation)"
     ))
 }
 
@@ -283,15 +303,36 @@ impl GuestCommitter for BigQueryCommitter {
         // first, every target must still be this incarnation's to overwrite
         // (no newer incarnation began to overwrite it), or nothing is copied.
         let replaced = replacements(&self.cfg, &combined)?;
-        let targets: std::collections::BTreeSet<&String> = replaced.iter().map(|(t, _)| t).collect();
-        for target in targets {
-            let known = self.shared.state.borrow().staged.get(target.as_str()).copied();
-            let generation = Marker::new(&self.cfg, &self.ctx, target).hold(known)?;
-            self.shared.state.borrow_mut().staged.insert(target.clone(), generation);
+        let mut by_target: std::collections::BTreeMap<&String, Vec<String>> = std::collections::BTreeMap::new();
+        for (target, d) in &replaced {
+            by_target.entry(target).or_default().push(d.clone());
         }
-        for (target, d) in replaced {
-            let stage = overwrite::staging_path(&self.ctx, &target);
-            overwrite::replace_partition(&self.cfg, &self.ctx, c, &target, &stage, &d)?;
+        let mut held = std::collections::BTreeMap::new();
+        for target in by_target.keys() {
+            let known = self.shared.state.borrow().staged.get(target.as_str()).copied().flatten();
+            let generation = Marker::new(&self.cfg, &self.ctx, target).hold(known)?;
+            self.shared.state.borrow_mut().staged.insert((*target).clone(), Some(generation));
+            held.insert(*target, generation);
+        }
+        for (target, partitions) in &by_target {
+            let marker = Marker::new(&self.cfg, &self.ctx, target);
+            let mine = held.get(target).copied().unwrap_or_default();
+            let stage = overwrite::staging_path(&self.ctx, target);
+            let copied = partitions
+                .iter()
+                .try_for_each(|d| overwrite::replace_partition(&self.cfg, &self.ctx, c, target, &stage, d));
+            // A newer incarnation that took the target over while these
+            // copies ran deleted the staging table (the copies after it
+            // failed with notFound); one it raced may have landed over its
+            // partitions: either way this fails loudly, naming them.
+            match marker.newer(mine) {
+                Ok(Some((g, by))) => return Err(marker.overtaken_late(c, mine, g, &by, partitions)),
+                Ok(None) => copied?,
+                Err(e) => {
+                    copied?;
+                    return Err(e);
+                }
+            }
         }
         if self.cfg.mode == WriteMode::Append && !combined.flushes.is_empty() {
             self.shared.state.borrow_mut().appended = true;

@@ -37,8 +37,11 @@
 //!   would truncate their partitions, so the run stops naming it. Every
 //!   open pushes the staging table's `expirationTime` forward;
 //! - before any copy into a target, the incarnation checks that it still
-//!   holds the newest overwrite marker of the target ([`Marker`]): an
-//!   incarnation a newer one (a rerun) overtook copies nothing;
+//!   holds the newest overwrite marker of the target ([`Marker`]), taken at
+//!   its first commit that copies: an incarnation a newer one (a rerun)
+//!   overtook copies nothing. Taking a generation deletes the staging
+//!   tables of the older holders, so their later copies fail with
+//!   `notFound`; and the marker is checked again after the copies;
 //! - a row whose partitioning column lies outside the range BigQuery
 //!   partitions (1960-01-01 to 2159-12-31) is refused as invalid data
 //!   before it is written: it would land in `__UNPARTITIONED__`, which no
@@ -95,8 +98,11 @@ pub(crate) struct State {
     /// of the target's overwrite marker it holds ([`Marker`]). Its staging
     /// table was made before any checkpoint that names it was combined, so
     /// a record that may have committed rows through it names it here.
+    /// The generation is `None` until the incarnation's first commit that
+    /// copies into the target takes it: an incarnation that copied nothing
+    /// (a rerun stopped before its first commit) supersedes no one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub staged: BTreeMap<String, u64>,
+    pub staged: BTreeMap<String, Option<u64>>,
     /// This incarnation landed checkpoints in `append` mode (kept in that
     /// mode, so a switch to overwrite can be refused).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -138,8 +144,13 @@ fn sha_hex(parts: &[&str]) -> String {
 
 /// The staging table of `target` for this incarnation, in the target's dataset.
 pub(crate) fn staging_path(ctx: &SinkContext, target: &str) -> String {
+    staging_path_of(ctx, &ctx.incarnation, target)
+}
+
+/// The staging table of `target` for `incarnation` of this job's sink.
+fn staging_path_of(ctx: &SinkContext, incarnation: &str, target: &str) -> String {
     let (project, dataset, _) = rest::parts(target);
-    let hash = sha_hex(&[&ctx.job_id, &ctx.sink_id, &ctx.incarnation, target]);
+    let hash = sha_hex(&[&ctx.job_id, &ctx.sink_id, incarnation, target]);
     format!("projects/{project}/datasets/{dataset}/tables/_sluice_stage_{}", &hash[..24])
 }
 
@@ -261,6 +272,11 @@ pub(crate) fn prepare_staging(
     let partitioning = Partitioning::from_table(target, table.time_partitioning.as_ref())?;
     let stage = staging_path(ctx, target);
     let known = state.borrow().staged.get(target).copied();
+    // An incarnation a newer one overtook is told so first: the newer one
+    // deleted its staging table when it took the target over.
+    if let Some(Some(mine)) = known {
+        Marker::new(cfg, ctx, target).check(mine)?;
+    }
     let context = format!("reading the staging table {stage} of {target}");
     let existing = api.get(&stage).map_err(|e| rest_failure(&context, e))?;
     let expires = staging_expiry();
@@ -298,8 +314,8 @@ pub(crate) fn prepare_staging(
             tables::evolve_table(cfg, &stage, arrow)?;
         }
     }
-    let generation = Marker::new(cfg, ctx, target).hold(known)?;
-    state.borrow_mut().staged.insert(target.to_string(), generation);
+    // The overwrite marker is taken by the first commit that copies.
+    state.borrow_mut().staged.insert(target.to_string(), known.flatten());
     Ok(())
 }
 
@@ -320,10 +336,17 @@ pub(crate) fn prepare_staging(
 /// incarnations would both set their label (the same reasoning as the
 /// dataset claim, [`crate::claim`]).
 ///
-/// What it does not give: a copy job cannot be made conditional on another
-/// table, so the check runs right before the commit's copies, not with
-/// them; a rerun that takes its generation in between (two incarnations
-/// of one job running at once) is not stopped by it.
+/// A copy job cannot be made conditional on another table, so the guard is
+/// put where the copy writes from: an incarnation that takes a generation
+/// deletes the staging tables of the incarnations that held the older ones
+/// (the marker's label names them, so their staging tables can be named),
+/// and any copy those still make fails with `notFound`, applying nothing
+/// (copy jobs are atomic). The marker is taken at the first commit that
+/// copies, not when the run starts, so a rerun stopped before it copied
+/// anything supersedes no one. What is left: a copy job of the older
+/// incarnation inserted before the delete may still land after the newer
+/// one's copies; the older incarnation checks the marker again after its
+/// copies and fails loudly, naming the partitions, when it sees that.
 pub(crate) struct Marker<'a> {
     cfg: &'a Config,
     ctx: &'a SinkContext,
@@ -390,10 +413,58 @@ impl<'a> Marker<'a> {
 
     /// Refuses when a generation after `mine` is taken by another incarnation.
     pub fn check(&self, mine: u64) -> Result<(), SinkError> {
-        match self.walk(mine + 1)?.into_iter().find(|(_, inc)| *inc != self.ctx.incarnation) {
+        match self.newer(mine)? {
             Some((g, by)) => Err(self.overtaken(mine, g, &by)),
             None => Ok(()),
         }
+    }
+
+    /// The first generation after `mine` another incarnation took, with it.
+    pub fn newer(&self, mine: u64) -> Result<Option<(u64, String)>, SinkError> {
+        Ok(self.walk(mine + 1)?.into_iter().find(|(_, inc)| *inc != self.ctx.incarnation))
+    }
+
+    /// The error of a copy of checkpoint `c` into `partitions` that a newer
+    /// incarnation (generation `newer`, by `by`) overtook while it ran.
+    pub fn overtaken_late(&self, c: u64, mine: u64, newer: u64, by: &str, partitions: &[String]) -> SinkError {
+        error::fatal(format!(
+            "checkpoint {c}: while this incarnation ({}) copied partitions {} of table {}, incarnation {by} took \
+             the table over (overwrite marker {}, after this incarnation's {}) and deleted this incarnation's \
+             staging table. Any of these partitions may hold this older incarnation's rows over the newer run's: \
+             land the backfill again as a new incarnation (a fresh job.state_dir and `sluice run \
+             --new-incarnation`), which replaces every partition it touches; do not resume this incarnation",
+            self.ctx.incarnation,
+            partitions.join(", "),
+            self.target,
+            self.path(newer),
+            self.path(mine),
+        ))
+    }
+
+    /// Deletes the staging tables of the incarnations that took the
+    /// generations before `mine`: a copy they still try fails with
+    /// `notFound` and applies nothing. A table already gone is no failure.
+    fn supersede(&self, taken: &[(u64, String)], mine: u64) -> Result<(), SinkError> {
+        let api = tables::api(self.cfg);
+        let older: BTreeSet<&String> =
+            taken.iter().filter(|(g, inc)| *g < mine && *inc != self.ctx.incarnation).map(|(_, inc)| inc).collect();
+        for inc in older {
+            let stage = staging_path_of(self.ctx, inc, self.target);
+            let context = format!(
+                "deleting the staging table {stage} of the older incarnation {inc} of table {}, so that it copies \
+                 nothing more",
+                self.target
+            );
+            let deleted = self
+                .cfg
+                .retry()
+                .run(|_| api.delete(&stage), RestError::is_transient, |e, _, _| log::warn(&format!("{context}: {e}")))
+                .map_err(|failed| rest_failure(&context, failed.error))?;
+            if deleted {
+                log::info(&format!("overwrite-partitions: {context}: done"));
+            }
+        }
+        Ok(())
     }
 
     /// The generation this incarnation holds (`known`, from its state, or
@@ -412,6 +483,7 @@ impl<'a> Marker<'a> {
                 if let Some((g, by)) = taken.iter().find(|(g, inc)| *g > mine && inc != me) {
                     return Err(self.overtaken(mine, *g, by));
                 }
+                self.supersede(&taken, mine)?;
                 return Ok(mine);
             }
             let next = taken.last().map_or(0, |(g, _)| g + 1);
@@ -424,6 +496,7 @@ impl<'a> Marker<'a> {
             match tables::api(self.cfg).insert_marker(&path, &description, &json!({ MARKER_LABEL: me })) {
                 Ok(true) => {
                     log::info(&format!("overwrite-partitions: {} holds generation {next} of {}", me, self.target));
+                    self.supersede(&taken, next)?;
                     return Ok(next);
                 }
                 // Taken meanwhile, or by this run's own unanswered try: read again.
@@ -805,7 +878,8 @@ mod tests {
     fn an_empty_state_is_none_and_a_state_round_trips() {
         assert!(State::default().is_empty());
         assert_eq!(serde_json::to_string(&State::default()).unwrap(), "{}");
-        let state = State { staged: BTreeMap::from([("projects/p/datasets/d/tables/t".into(), 2)]), appended: false };
+        let state =
+            State { staged: BTreeMap::from([("projects/p/datasets/d/tables/t".into(), Some(2))]), appended: false };
         assert!(!state.is_empty());
         let back: State = serde_json::from_slice(&serde_json::to_vec(&state).unwrap()).unwrap();
         assert_eq!(back, state);

@@ -314,6 +314,25 @@ impl Tables<'_> {
         json_reply(reply).map(|_| ())
     }
 
+    /// `tables.delete` (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/delete):
+    /// `Ok(false)` when no such table exists (404), so deleting again
+    /// after a lost reply is no failure.
+    pub fn delete(&self, table: &str) -> Result<bool, RestError> {
+        let path = format!("/bigquery/v2/{table}");
+        let reply = send(self.endpoint, Method::Delete, &path, &[], None, self.timeout_ms)?;
+        if reply.status == 404 {
+            return Ok(false);
+        }
+        if !(200..300).contains(&reply.status) {
+            return Err(RestError::Status {
+                status: reply.status,
+                message: error_message(&reply.body),
+                reason: error_reason(&reply.body),
+            });
+        }
+        Ok(true)
+    }
+
     /// `tables.patch` of the schema, guarded by `etag` where the service honours it.
     pub fn patch_schema(&self, table: &str, fields: &Value, etag: Option<&str>) -> Result<(), RestError> {
         let body = json!({ "schema": { "fields": fields } });

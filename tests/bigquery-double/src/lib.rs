@@ -412,6 +412,20 @@ impl BigQueryDouble {
         inner.tables.remove(table).is_some()
     }
 
+    /// Makes a table with no columns and these `labels`, as a
+    /// `tables.insert` of `{labels}` would (a test stands in for another
+    /// client); whether it was new.
+    pub fn create_labelled_table(&self, table: &str, labels: &[(&str, &str)]) -> bool {
+        let mut inner = self.shared.inner();
+        if inner.tables.contains_key(table) {
+            return false;
+        }
+        let mut t = state::Table::new(TableSchema { fields: Vec::new() });
+        t.labels = labels.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string()))).collect();
+        inner.tables.insert(table.to_string(), t);
+        true
+    }
+
     /// The table's `expirationTime` (ms since the epoch), if it exists and expires.
     pub fn expiration_time(&self, table: &str) -> Option<i64> {
         self.shared.inner().tables.get(table).and_then(|t| t.expiration_time)

@@ -438,6 +438,38 @@ async fn patch_table(
     Json(resource(&p, &d, &t, table)).into_response()
 }
 
+/// `DELETE /bigquery/v2/projects/{p}/datasets/{d}/tables/{t}`
+/// (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/delete):
+/// "Deletes the table specified by tableId from the dataset. If the table
+/// contains data, all the data will be deleted"; "If successful, the
+/// response body is an empty JSON object". A missing table is 404
+/// `notFound`, as for `get`. Its write streams go with it.
+async fn delete_table(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((p, d, t)): Path<(String, String, String)>,
+) -> Response {
+    if let Some(r) = unauthorized(&shared, &headers) {
+        return r;
+    }
+    let fault = shared.count_rest("tables.delete");
+    if fault == Some(RestFault::FailBeforeApply) {
+        return unavailable();
+    }
+    let path = table_path(&p, &d, &t);
+    let mut inner = shared.inner();
+    if inner.tables.remove(&path).is_none() {
+        return error(StatusCode::NOT_FOUND, "NOT_FOUND", "notFound", format!("Not found: Table {p}:{d}.{t}"));
+    }
+    let prefix = format!("{path}/streams/");
+    inner.streams.retain(|name, _| !name.starts_with(&prefix));
+    drop(inner);
+    if fault == Some(RestFault::ApplyThenFail) {
+        return unavailable();
+    }
+    Json(serde_json::json!({})).into_response()
+}
+
 /// A cell of `tabledata.list`: scalars as strings, REPEATED as a list of
 /// cells, RECORD as a row.
 fn cell(value: &Value) -> Value {
@@ -487,7 +519,10 @@ async fn list_table_data(
 /// The routes of the table methods.
 pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
     axum::Router::new()
-        .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}", get(get_table).patch(patch_table))
+        .route(
+            "/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}",
+            get(get_table).patch(patch_table).delete(delete_table),
+        )
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}/data", get(list_table_data))
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables", post(insert_table))
         .route("/bigquery/v2/projects/{p}/jobs", post(jobs::insert_job))

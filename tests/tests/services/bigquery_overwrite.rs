@@ -15,7 +15,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Decimal128Type, Int32Type};
 use arrow_array::{ArrayRef, Date32Array, Decimal128Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
-use sluice::engine::{CrashPoint, Fault, RunOptions, Stop};
+use sluice::engine::{CrashPoint, Fault, Faults, RunOptions, Stop};
 use sluice::source::generator::Generator;
 use sluice_bigquery_double::{BigQueryDouble, JobFault, PartitionType, TimePartitioning, generator_schema};
 use sluice_tests::{TestJob, assert_exactly_once_range, bigquery_rows};
@@ -556,4 +556,120 @@ fn a_copy_job_done_with_quota_exceeded_waits_and_continues() {
     assert_eq!(failed[0].error.as_ref().map(|e| e.reason.as_str()), Some("quotaExceeded"));
     let retried = failed[0].id.strip_suffix("_0").expect("the first attempt failed").to_string() + "_1";
     assert!(jobs.iter().any(|j| j.id == retried && j.error.is_none()), "{retried} ran: {:?}", job_ids(&d));
+}
+
+/// The one overwrite marker table of generation 0 of the target.
+fn marker_0(d: &BigQueryDouble) -> String {
+    let markers: Vec<String> = d.tables().into_iter().filter(|t| t.contains("/tables/_sluice_overwrite_")).collect();
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    assert!(markers[0].ends_with("_0"), "{markers:?}");
+    markers[0].clone()
+}
+
+/// A rerun that takes the target over deletes the older incarnation's
+/// staging table, so a copy the older one still makes fails with
+/// `notFound` instead of landing its partial days over the rerun's.
+#[test]
+fn a_rerun_deletes_the_older_incarnations_staging_table() {
+    let d = double();
+    let old = job("bq-ow-supersede", &d);
+    crash_after_second(&old);
+    let old_stage = staging_table(&d);
+    let rerun = job("bq-ow-supersede", &d);
+    rerun.run_opts(&[], RunOptions { new_incarnation: true, ..RunOptions::default() }).expect("the rerun");
+    assert_replaced(&d);
+    let stages: Vec<String> = d.tables().into_iter().filter(|t| t.contains("/tables/_sluice_stage_")).collect();
+    assert_eq!(stages.len(), 1, "only the rerun's staging table is left: {stages:?}");
+    assert_ne!(stages[0], old_stage, "the older incarnation's staging table was deleted");
+    assert_eq!(d.rest_calls("tables.delete"), 1);
+    // The old incarnation, resumed, is refused as overtaken (not as a lost staging table).
+    let err = old.run(None).expect_err("the old incarnation is refused").to_string();
+    assert!(err.contains("began to overwrite") && !err.contains("is gone"), "{err}");
+    assert_replaced(&d);
+}
+
+/// A rerun stopped before its first commit copied nothing, so it takes no
+/// overwrite marker: the incarnation it would have replaced still finishes.
+#[test]
+fn a_rerun_stopped_before_copying_supersedes_no_one() {
+    let d = double();
+    let old = job("bq-ow-early-stop", &d);
+    crash_after_second(&old);
+    let rerun = job("bq-ow-early-stop", &d);
+    let fault = Fault { point: CrashPoint::AfterWrite, checkpoint: 1, subtask: 0 };
+    rerun
+        .run_opts(
+            &[],
+            RunOptions {
+                new_incarnation: true,
+                faults: Faults { crash: Some(fault), ..Faults::default() },
+                ..RunOptions::default()
+            },
+        )
+        .expect_err("the rerun crashes before its first commit");
+    assert!(!d.tables().iter().any(|t| t.contains("/tables/_sluice_overwrite_") && t.ends_with("_1")));
+    old.run(None).expect("the first incarnation finishes");
+    assert_replaced(&d);
+}
+
+/// A newer incarnation that takes the target over while an older one's
+/// copy job runs (it checked the marker before) deletes the older staging
+/// table: the copy fails with `notFound`, applies nothing, and the older
+/// incarnation fails loudly naming the partitions, the table and the newer
+/// incarnation; the target's day keeps its rows.
+#[test]
+fn an_overtake_while_copying_fails_the_copy_and_names_the_partitions() {
+    let d = double();
+    d.inject_job(1, JobFault::RunningFor(40));
+    let old = job("bq-ow-race", &d);
+    let before = d.partition_counts(TABLE).expect("counts");
+    let newer = "the-newer-incarnation";
+    let err = std::thread::scope(|scope| {
+        let d2 = &d;
+        let rival = scope.spawn(move || {
+            // Wait for the first copy job to run, then act as a rerun that
+            // takes generation 1 and deletes the older staging table.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while !d2.jobs().iter().any(|j| j.state == sluice_bigquery_double::JobState::Running) {
+                assert!(std::time::Instant::now() < deadline, "no copy job ran");
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            let marker = marker_0(d2);
+            let g1 = format!("{}_1", marker.strip_suffix("_0").expect("_0"));
+            assert!(d2.create_labelled_table(&g1, &[("sluice-incarnation", newer)]));
+            assert!(d2.delete_table(&staging_table(d2)));
+        });
+        let err = old.run(None).expect_err("the overtaken copy fails").to_string();
+        rival.join().expect("the rival");
+        err
+    });
+    for part in [TABLE, newer, "20240101", "took the table over", "--new-incarnation"] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    let jobs = d.jobs();
+    assert_eq!(jobs.len(), 1, "no copy after the overtaken one: {:?}", job_ids(&d));
+    assert_eq!(jobs[0].error.as_ref().map(|e| e.reason.as_str()), Some("notFound"), "{:?}", jobs[0]);
+    assert_eq!(d.partition_counts(TABLE).expect("counts"), before, "the failed copy applied nothing");
+}
+
+/// An incarnation that staged rows in overwrite mode is refused when it is
+/// resumed with `mode = "append"`: its copies replaced days, and appending
+/// now would add rows beside them.
+#[test]
+fn switching_an_incarnation_from_overwrite_to_append_is_refused() {
+    let d = double();
+    let job = job("bq-ow-to-append", &d);
+    crash_after_second(&job);
+    // A clean stop settles the pending checkpoint, so only the state tells.
+    let stop = Stop::default();
+    stop.request();
+    job.run_opts(&[], RunOptions { stop, ..RunOptions::default() }).expect("a clean stop");
+    let before = d.partition_counts(TABLE).expect("counts");
+    let err = job.run_with(&["sink.options.mode=append"], None).expect_err("the switch is refused").to_string();
+    for part in ["mode = \"append\"", "overwrite-partitions", TABLE, "--new-incarnation"] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert_eq!(d.partition_counts(TABLE).expect("counts"), before, "the refused run changed the table");
+    job.run(None).expect("finished in overwrite mode");
+    assert_replaced(&d);
 }
