@@ -20,7 +20,7 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Deserialize;
 use sluice::engine::{CrashPoint, Fault, RunOptions};
-use sluice_store::{ObjectStore, StoreError};
+use sluice_store::{GcsOptions, ObjectStore, StoreError};
 use sluice_tests::harness::{self, block, buckets};
 use sluice_tests::{FILES_PLUGIN, TestJob, python};
 
@@ -563,26 +563,24 @@ fn append_with_partition_by_writes_hive_style_folders() {
     assert!(!dir.join("_sluice_log").exists(), "append writes no log");
 }
 
-/// On S3 (moto): a baseline, then an overwrite of two days crashed right
-/// after its first commit and resumed; the table, read by the contract
-/// through the S3 API, holds day 1 untouched and days 2 and 3 exactly.
-#[test]
-fn an_overwrite_on_s3_is_exact_after_a_crash() {
-    harness::moto();
+/// On an object store: a baseline, then an overwrite of two days crashed
+/// during its commit of checkpoint 3 and resumed; the table, read by the
+/// contract through the store's API, holds day 1 untouched and days 2 and
+/// 3 exactly.
+fn overwrite_on_a_store_is_exact_after_a_crash(scheme: &str, store: ObjectStore) {
     let bucket = buckets::FILES;
-    let prefix = format!("files-overwrite-{}", std::process::id());
-    let root = format!("s3://{bucket}/{prefix}");
+    let prefix = format!("files-overwrite-{scheme}-{}", std::process::id());
+    let root = format!("{scheme}://{bucket}/{prefix}");
     let path = format!("{root}/daily");
     let old: Vec<Row> = (1..=3).flat_map(|d| day_rows(d, (d as i64 * 100)..(d as i64 * 100 + 10), 1)).collect();
-    let base = job_at("s3-base", &path, &root, "overwrite-partitions", 1000);
+    let base = job_at(&format!("{scheme}-base"), &path, &root, "overwrite-partitions", 1000);
     write_csv(&base, "a.csv", &old);
     base.run(None).expect("the baseline run");
-    let store =
-        Bucket(ObjectStore::s3(bucket, &harness::moto().s3_options()).expect("bucket"), format!("{prefix}/daily"));
+    let store = Bucket(store, format!("{prefix}/daily"));
     assert_eq!(read_log(&store), expected(&old));
 
     let new: Vec<Row> = [day_rows(2, 1000..1008, 2), day_rows(3, 2000..2009, 3)].concat();
-    let over = job_at("s3-backfill", &path, &root, "overwrite-partitions", 5);
+    let over = job_at(&format!("{scheme}-backfill"), &path, &root, "overwrite-partitions", 5);
     write_csv(&over, "a.csv", &new);
     // Day 3 spans checkpoints 2..=4: the resume continues it.
     let crash = Fault { point: CrashPoint::DuringCommit, checkpoint: 3, subtask: 0 };
@@ -590,6 +588,31 @@ fn an_overwrite_on_s3_is_exact_after_a_crash() {
     assert_never_mixed(&read_log(&store), &old, &new);
     over.run(None).expect("the recovery run");
     assert_eq!(read_log(&store), expected(&[except_days(&old, &[2, 3]), new].concat()));
+}
+
+/// [`overwrite_on_a_store_is_exact_after_a_crash`] on S3 (moto): versions
+/// are exclusive creates (`If-None-Match: *`).
+#[test]
+fn an_overwrite_on_s3_is_exact_after_a_crash() {
+    let store = ObjectStore::s3(buckets::FILES, &harness::moto().s3_options()).expect("bucket");
+    overwrite_on_a_store_is_exact_after_a_crash("s3", store);
+}
+
+/// [`overwrite_on_a_store_is_exact_after_a_crash`] on GCS
+/// (fake-gcs-server): versions are exclusive creates
+/// (`ifGenerationMatch=0`), data objects unique names checked free.
+///
+/// Ignored: against fake-gcs-server a data object streamed to
+/// `…/attempt-1/day=2024-01-01/part-….parquet` is stored as
+/// `…/day%3D2024-01-01/…` (the `=` encoded twice on the host's streamed,
+/// non-exclusive GCS upload), so the commit's `stat` finds it missing and
+/// refuses the checkpoint (nothing is published). Whether real GCS does the
+/// same is not known yet; the host's file-io is to be checked first.
+#[test]
+#[ignore = "fake-gcs-server stores `=` in a streamed object's name as %3D; see the doc comment"]
+fn an_overwrite_on_gcs_is_exact_after_a_crash() {
+    let store = ObjectStore::gcs(buckets::FILES, &GcsOptions::emulator(&harness::gcs().endpoint)).expect("bucket");
+    overwrite_on_a_store_is_exact_after_a_crash("gs", store);
 }
 
 /// [`job`] setting bad records aside in the table `dead`, which the files
