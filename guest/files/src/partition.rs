@@ -5,11 +5,18 @@
 //!   of `partition_by`, in that order (`region=eu/day=2024-01-05`); the
 //!   same values always render the same path, so a partition's path is its
 //!   identity in the overwrite log too;
-//! - values render as Arrow displays them: ISO 8601 for dates
-//!   (`2024-01-05`) and timestamps (`2024-01-05T10:00:00`), decimal for
-//!   integers, `true`/`false`; a null (or empty string) is Hive's
-//!   `__HIVE_DEFAULT_PARTITION__`; characters a path cannot carry are
-//!   escaped as Hive escapes them ([`escape`]);
+//! - values render as Arrow displays them, in formats that need no escape
+//!   on any store: ISO 8601 dates (`2024-01-05`; a `Date64` by its date),
+//!   timestamps in ISO 8601's basic format (`20240105T100000`, with
+//!   `.fff…` when they have a fraction), and a timestamp with a time zone
+//!   (`Timestamp(us, "UTC")`, `"+02:00"`) as its instant in UTC with a `Z`
+//!   (`20240105T080000Z`), so one instant is one partition whatever zone
+//!   it was given in; decimal for integers, `true`/`false`; a null (or
+//!   empty string) is Hive's `__HIVE_DEFAULT_PARTITION__`;
+//! - a string value with a character a path cannot carry is escaped as
+//!   Hive escapes it ([`escape`]) on local disk; on an object store, whose
+//!   locations the host refuses with a `%` in them, such a value is
+//!   refused as invalid data, naming its row ([`split`]);
 //! - only columns whose values have one obvious rendering can partition
 //!   (integers, strings, booleans, dates, timestamps); anything else is
 //!   refused before a row is written, naming the table and the column;
@@ -17,9 +24,9 @@
 
 use std::collections::BTreeMap;
 
-use arrow_array::{RecordBatch, UInt32Array};
+use arrow_array::{ArrayRef, RecordBatch, UInt32Array, make_array};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
-use arrow_schema::{DataType, SchemaRef};
+use arrow_schema::{ArrowError, DataType, SchemaRef};
 use sluice_guest_sdk::{SinkError, error};
 
 /// Hive's name for the partition of nulls.
@@ -115,30 +122,66 @@ pub fn escape(value: &str) -> String {
     out
 }
 
+/// A timestamp without a zone: ISO 8601's basic format, which has no `:`.
+const NAIVE_TIMESTAMP: &str = "%Y%m%dT%H%M%S%.f";
+/// A timestamp with a zone, normalised to UTC.
+const UTC_TIMESTAMP: &str = "%Y%m%dT%H%M%S%.fZ";
+
+/// The array to render for partition column `array`, and whether it is a
+/// timestamp with a zone: such a column's values (instants, stored as UTC)
+/// are taken without the zone, so they render as UTC wall time and need
+/// no time zone database.
+fn renderable(array: &ArrayRef) -> Result<(ArrayRef, bool), ArrowError> {
+    match array.data_type() {
+        DataType::Timestamp(unit, Some(_)) => {
+            let data = array.to_data().into_builder().data_type(DataType::Timestamp(*unit, None)).build()?;
+            Ok((make_array(data), true))
+        }
+        _ => Ok((array.clone(), false)),
+    }
+}
+
 /// Splits `batch` of `table` by the values of columns `cols` (indices, in
 /// `partition_by` order, named `names`): each partition's path and its rows.
-/// Without columns the whole batch is the partition `""`.
+/// Without columns the whole batch is the partition `""`. `object_store`:
+/// a value that needs escaping is refused as invalid data, naming its row
+/// as row `first_row + i` of this writer's input for the table.
 pub fn split(
     table: &str,
     batch: &RecordBatch,
     cols: &[usize],
     names: &[String],
+    object_store: bool,
+    first_row: u64,
 ) -> Result<Vec<(String, RecordBatch)>, SinkError> {
     if cols.is_empty() || batch.num_rows() == 0 {
         return Ok(vec![(String::new(), batch.clone())]);
     }
-    let options = FormatOptions::default().with_null(NULL_PARTITION);
-    let formatters = cols
+    let base = FormatOptions::default().with_null(NULL_PARTITION).with_datetime_format(Some("%Y-%m-%d"));
+    let naive = base.clone().with_timestamp_format(Some(NAIVE_TIMESTAMP));
+    let utc = base.with_timestamp_format(Some(UTC_TIMESTAMP));
+    let rendering = |e: ArrowError| error::fatal(format!("table {table:?}: rendering partition values: {e}"));
+    let arrays = cols.iter().map(|&i| renderable(batch.column(i))).collect::<Result<Vec<_>, _>>().map_err(rendering)?;
+    let formatters = arrays
         .iter()
-        .map(|&i| ArrayFormatter::try_new(batch.column(i).as_ref(), &options))
+        .map(|(array, zoned)| ArrayFormatter::try_new(array.as_ref(), if *zoned { &utc } else { &naive }))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| error::fatal(format!("table {table:?}: rendering partition values: {e}")))?;
+        .map_err(rendering)?;
     let mut rows: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     for row in 0..batch.num_rows() {
         let mut path = String::new();
         for (formatter, name) in formatters.iter().zip(names) {
-            let value = formatter.value(row).to_string();
-            let value = if value.is_empty() { NULL_PARTITION.to_string() } else { escape(&value) };
+            let raw = formatter.value(row).to_string();
+            let value = if raw.is_empty() { NULL_PARTITION.to_string() } else { escape(&raw) };
+            if object_store && value != raw && !raw.is_empty() {
+                return Err(error::invalid_data(format!(
+                    "row {} of this writer's input for table {table:?}: its partition_by column {name:?} is {raw:?}, \
+                     which has a character an object-store folder name cannot carry (one of \
+                     `\"#%'*/:=?\\{{[]^`, or a control character); on an object store the files sink names \
+                     partitions by their values unescaped, so map such values in the source",
+                    first_row + row as u64
+                )));
+            }
             if !path.is_empty() {
                 path.push('/');
             }
@@ -192,7 +235,7 @@ fn unescape(value: &str) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use arrow_array::{Date32Array, Int64Array, StringArray};
+    use arrow_array::{Date32Array, Date64Array, Int64Array, StringArray, TimestampMicrosecondArray};
     use arrow_schema::{Field, Schema};
 
     use super::*;
@@ -226,7 +269,7 @@ mod tests {
         .unwrap();
         let names = vec!["region".to_string(), "day".to_string()];
         let cols = indices("t", &schema, &names).unwrap();
-        let parts = split("t", &batch, &cols, &names).unwrap();
+        let parts = split("t", &batch, &cols, &names, false, 0).unwrap();
         let got: Vec<(String, Vec<i64>)> = parts
             .iter()
             .map(|(p, b)| {
@@ -243,6 +286,39 @@ mod tests {
             ]
         );
         assert_eq!(values("region=a%2Fb/day=2024-01-05")["region"], "a/b");
+    }
+
+    /// The partition paths of the rows of `array` (column `ts`).
+    fn paths(array: ArrayRef, object_store: bool) -> Result<Vec<String>, SinkError> {
+        let schema = Arc::new(Schema::new(vec![Field::new("ts", array.data_type().clone(), true)]));
+        let batch = RecordBatch::try_new(schema, vec![array]).unwrap();
+        let parts = split("t", &batch, &[0], &["ts".to_string()], object_store, 7)?;
+        Ok(parts.into_iter().map(|(p, _)| p).collect())
+    }
+
+    #[test]
+    fn timestamps_render_without_escapes_and_zoned_ones_as_their_utc_instant() {
+        // 2024-01-05T10:00:00Z and 2024-01-05T10:00:00.5Z, in microseconds.
+        let us = [1_704_448_800_000_000_i64, 1_704_448_800_500_000];
+        let naive = Arc::new(TimestampMicrosecondArray::from(us.to_vec()));
+        assert_eq!(paths(naive, true).unwrap(), vec!["ts=20240105T100000", "ts=20240105T100000.500"]);
+        // What pyarrow writes: a named zone (no time zone database needed).
+        let utc = Arc::new(TimestampMicrosecondArray::from(vec![us[0]]).with_timezone("UTC"));
+        assert_eq!(paths(utc, true).unwrap(), vec!["ts=20240105T100000Z"]);
+        // The same instant given with a fixed offset is the same partition.
+        let offset = Arc::new(TimestampMicrosecondArray::from(vec![us[0]]).with_timezone("+02:00"));
+        assert_eq!(paths(offset, true).unwrap(), vec!["ts=20240105T100000Z"]);
+        let date64 = Arc::new(Date64Array::from(vec![1_704_412_800_000]));
+        assert_eq!(paths(date64, true).unwrap(), vec!["ts=2024-01-05"]);
+    }
+
+    #[test]
+    fn on_an_object_store_a_value_needing_an_escape_is_refused_by_its_row() {
+        let values = || Arc::new(StringArray::from(vec!["eu", "a:b"])) as ArrayRef;
+        assert_eq!(paths(values(), false).unwrap(), vec!["ts=a%3Ab", "ts=eu"]);
+        let Err(SinkError::InvalidData(err)) = paths(values(), true) else { panic!("refused") };
+        assert!(err.starts_with("row 8 of this writer's input for table \"t\": "), "{err}");
+        assert!(err.contains("\"a:b\""), "{err}");
     }
 
     #[test]

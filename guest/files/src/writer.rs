@@ -76,6 +76,10 @@ pub(crate) struct TableWriter {
     open: BTreeMap<String, OpenFile>,
     /// Finished files in `inprogress/<table>/` not yet handed to a checkpoint.
     finished: Vec<StagedFile>,
+    /// Rows of this table given to this writer since it opened or the table
+    /// last changed (counted where they are split by partition), to name a
+    /// refused row by the contract's phrase.
+    input_rows: u64,
 }
 
 struct Inner {
@@ -109,7 +113,10 @@ pub fn table_writer(cfg: &Config, table: &Table) -> Result<(String, TableWriter)
     let schema = ipc::decode_schema(&table.schema)?;
     check_schema(&table.name, &schema)?;
     let partition_cols = partition::indices(&table.name, &schema, cfg.partition_by_for(&table.name))?;
-    Ok((table.name.clone(), TableWriter { schema, partition_cols, open: BTreeMap::new(), finished: Vec::new() }))
+    Ok((
+        table.name.clone(),
+        TableWriter { schema, partition_cols, open: BTreeMap::new(), finished: Vec::new(), input_rows: 0 },
+    ))
 }
 
 impl Inner {
@@ -286,8 +293,12 @@ impl GuestWriter for FilesWriter {
         }
         let names = inner.cfg.partition_by_for(&table).to_vec();
         let (_, batches) = ipc::decode(rows)?;
+        let object_store = Publish::of(&inner.cfg.path) != Publish::Rename;
         for batch in &batches {
-            for (partition, rows) in partition::split(&table, batch, &cols, &names)? {
+            let first_row = inner.table_mut(&table)?.input_rows;
+            let parts = partition::split(&table, batch, &cols, &names, object_store, first_row)?;
+            inner.table_mut(&table)?.input_rows += batch.num_rows() as u64;
+            for (partition, rows) in parts {
                 inner.write_partition(&table, &partition, Either::Batch(&rows))?;
             }
         }
