@@ -35,7 +35,11 @@
 //!   made is never made again: one that expired or was deleted holds rows
 //!   of committed checkpoints that are gone, and copying a new, emptier one
 //!   would truncate their partitions, so the run stops naming it. Every
-//!   open pushes the staging table's `expirationTime` forward;
+//!   open pushes the staging table's `expirationTime` forward. Its
+//!   partitions get an explicit `timePartitioning.expirationMs` that no
+//!   staged day reaches, and marker tables an explicit `expirationTime`
+//!   pushed forward by every run, so no dataset default expiration
+//!   applies to either;
 //! - before any copy into a target, the incarnation checks that it still
 //!   holds the newest overwrite marker of the target ([`Marker`]), taken at
 //!   its first commit that copies: an incarnation a newer one (a rerun)
@@ -74,6 +78,25 @@ const NULL_PARTITION: &str = "__NULL__";
 /// How long a staging table lives after it is made (ms): a run must end
 /// (or resume) within this time.
 const STAGING_LIFETIME_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// The staging table's `timePartitioning.expirationMs`: a partition
+/// expires at its partition time plus this, so it must outlive the oldest
+/// day BigQuery partitions (1960-01-01) by more than a run. Set explicitly,
+/// because otherwise the dataset's `defaultPartitionExpirationMs` is
+/// inherited ("If you set TimePartitioning.expirationMs explicitly when
+/// creating a table, the defaultPartitionExpirationMs of the containing
+/// dataset is ignored",
+/// https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.default_partition_expiration_ms),
+/// and a default of days would expire a backfill's old days as soon as
+/// they are staged, so a copy would truncate the target's day to nothing.
+/// 500 years: every partition lives until after 2460.
+const STAGING_PARTITION_EXPIRATION_MS: u64 = 500 * 366 * 24 * 3600 * 1000;
+
+/// How long an overwrite marker lives after the run that last pushed its
+/// expiration forward (ms). Set explicitly, so that no dataset default
+/// (`defaultTableExpirationMs`) expires a marker: a lost generation would
+/// restart the numbering and the overtake rule with it.
+const MARKER_LIFETIME_MS: u64 = 10 * 366 * 24 * 3600 * 1000;
 
 /// `errorResult.reason`s after which a job may be tried again under a new
 /// id, after a wait (https://cloud.google.com/bigquery/docs/troubleshooting-errors):
@@ -205,14 +228,16 @@ impl Partitioning {
         Self::from_table(path, table.time_partitioning.as_ref())
     }
 
-    fn to_json(&self) -> Value {
+    /// The staging table's `timePartitioning`: the target's unit and
+    /// field, and an explicit [`STAGING_PARTITION_EXPIRATION_MS`].
+    fn staging_json(&self) -> Value {
         let unit = match self.unit {
             Unit::Hour => "HOUR",
             Unit::Day => "DAY",
             Unit::Month => "MONTH",
             Unit::Year => "YEAR",
         };
-        json!({ "type": unit, "field": self.field })
+        json!({ "type": unit, "field": self.field, "expirationMs": STAGING_PARTITION_EXPIRATION_MS.to_string() })
     }
 
     fn format(&self) -> &'static str {
@@ -228,11 +253,12 @@ impl Partitioning {
 /// The staging table's expiration, `STAGING_LIFETIME_MS` from now (ms
 /// since the epoch).
 fn staging_expiry() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-        .saturating_add(STAGING_LIFETIME_MS)
+    from_now(STAGING_LIFETIME_MS)
+}
+
+/// `ms` from now, in ms since the epoch.
+fn from_now(ms: u64) -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0).saturating_add(ms)
 }
 
 /// The error of a staging table that the committer state says this
@@ -287,7 +313,7 @@ pub(crate) fn prepare_staging(
             let created = cfg
                 .retry()
                 .run(
-                    |_| api.insert_partitioned(&stage, &table.fields, &partitioning.to_json(), expires),
+                    |_| api.insert_partitioned(&stage, &table.fields, &partitioning.staging_json(), expires),
                     RestError::is_transient,
                     |e, _, _| log::warn(&format!("{context}: {e}; retrying")),
                 )
@@ -314,7 +340,9 @@ pub(crate) fn prepare_staging(
             tables::evolve_table(cfg, &stage, arrow)?;
         }
     }
-    // The overwrite marker is taken by the first commit that copies.
+    // The overwrite marker is taken by the first commit that copies; the
+    // ones taken so far live on.
+    Marker::new(cfg, ctx, target).refresh()?;
     state.borrow_mut().staged.insert(target.to_string(), known.flatten());
     Ok(())
 }
@@ -411,6 +439,26 @@ impl<'a> Marker<'a> {
         ))
     }
 
+    /// Pushes the expiration of every taken generation forward (every run
+    /// does, so markers outlive the job however long it runs).
+    pub fn refresh(&self) -> Result<(), SinkError> {
+        let api = tables::api(self.cfg);
+        let expires = from_now(MARKER_LIFETIME_MS);
+        for (g, _) in self.walk(0)? {
+            let path = self.path(g);
+            let context = format!("moving the expiration of the overwrite marker {path} of {}", self.target);
+            self.cfg
+                .retry()
+                .run(
+                    |_| api.patch_expiration(&path, expires),
+                    RestError::is_transient,
+                    |e, _, _| log::warn(&format!("{context}: {e}; retrying")),
+                )
+                .map_err(|failed| rest_failure(&context, failed.error))?;
+        }
+        Ok(())
+    }
+
     /// Refuses when a generation after `mine` is taken by another incarnation.
     pub fn check(&self, mine: u64) -> Result<(), SinkError> {
         match self.newer(mine)? {
@@ -493,7 +541,12 @@ impl<'a> Marker<'a> {
                  {next}; older generations copy nothing more into it. Keep this table while the job runs",
                 self.ctx.job_id, self.ctx.sink_id, self.target
             );
-            match tables::api(self.cfg).insert_marker(&path, &description, &json!({ MARKER_LABEL: me })) {
+            match tables::api(self.cfg).insert_marker_expiring(
+                &path,
+                &description,
+                &json!({ MARKER_LABEL: me }),
+                from_now(MARKER_LIFETIME_MS),
+            ) {
                 Ok(true) => {
                     log::info(&format!("overwrite-partitions: {} holds generation {next} of {}", me, self.target));
                     self.supersede(&taken, next)?;

@@ -270,6 +270,22 @@ impl Tables<'_> {
         self.insert_with(table, json!({ "description": description, "labels": labels }))
     }
 
+    /// [`Tables::insert_marker`] of a table that expires at `expires_ms`
+    /// (ms since the epoch), set explicitly so that no dataset default
+    /// (`defaultTableExpirationMs`) applies.
+    pub fn insert_marker_expiring(
+        &self,
+        table: &str,
+        description: &str,
+        labels: &Value,
+        expires_ms: u64,
+    ) -> Result<bool, RestError> {
+        self.insert_with(
+            table,
+            json!({ "description": description, "labels": labels, "expirationTime": expires_ms.to_string() }),
+        )
+    }
+
     /// `tables.insert` of a table with `fields`, `timePartitioning` and an
     /// expiration (ms since the epoch): `Ok(false)` when it exists already (409).
     pub fn insert_partitioned(

@@ -39,6 +39,7 @@ pub use jobs::{Job, JobError, JobState};
 pub use partition::{PartitionType, TimePartitioning};
 use proto::table_field_schema::{Mode, Type};
 use proto::{TableFieldSchema, TableSchema};
+pub use state::Dataset;
 use thiserror::Error;
 use tonic::transport::server::TcpIncoming;
 
@@ -410,6 +411,12 @@ impl BigQueryDouble {
         let prefix = format!("{table}/streams/");
         inner.streams.retain(|name, _| !name.starts_with(&prefix));
         inner.tables.remove(table).is_some()
+    }
+
+    /// Sets what `datasets.get` answers for `dataset`
+    /// (`projects/P/datasets/D`), and the defaults `tables.insert` applies.
+    pub fn set_dataset(&self, dataset: &str, resource: state::Dataset) {
+        self.shared.inner().datasets.insert(dataset.to_string(), resource);
     }
 
     /// Makes a table with no columns and these `labels`, as a

@@ -33,6 +33,12 @@
 //!   that lets one expire deletes it ([`crate::BigQueryDouble::delete_table`]);
 //! - errors are Google API error bodies: `{"error": {"code", "message", "status", "errors": [{"reason"}]}}`.
 //!
+//! - `tables.delete` removes the table and its streams (200 `{}`), 404 when
+//!   it does not exist;
+//! - `datasets.get` answers a dataset's `location` and default expirations
+//!   ([`crate::state::Dataset`]), which `tables.insert` applies to what a
+//!   request leaves out.
+//!
 //! The job methods (`jobs.insert`, `jobs.get`) live in [`crate::jobs`] and
 //! are routed here.
 //!
@@ -366,6 +372,31 @@ async fn insert_table(
         Ok(at) => at,
         Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
     };
+    // The dataset's defaults apply to what the request leaves out
+    // (`state::Dataset`): a partitioned table takes the default partition
+    // expiration, and then no table expiration; another takes the default
+    // table expiration from now.
+    let dataset = inner.datasets.get(&format!("projects/{p}/datasets/{d}")).cloned().unwrap_or_default();
+    let mut time_partitioning = time_partitioning;
+    let mut expiration_time = expiration_time;
+    match time_partitioning.as_mut() {
+        Some(tp) if dataset.default_partition_expiration_ms.is_some() => {
+            if tp.expiration_ms.is_none() {
+                tp.expiration_ms = dataset.default_partition_expiration_ms;
+            }
+        }
+        _ => {
+            if expiration_time.is_none()
+                && let Some(ms) = dataset.default_table_expiration_ms
+            {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0);
+                expiration_time = Some(now + ms);
+            }
+        }
+    }
     let mut table = state::Table::new(schema);
     table.time_partitioning = time_partitioning;
     table.expiration_time = expiration_time;
@@ -436,6 +467,38 @@ async fn patch_table(
         return unavailable();
     }
     Json(resource(&p, &d, &t, table)).into_response()
+}
+
+/// `GET /bigquery/v2/projects/{p}/datasets/{d}`
+/// (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get):
+/// the dataset resource with `datasetReference`, `location` and, when set,
+/// `defaultTableExpirationMs` and `defaultPartitionExpirationMs` (int64s
+/// as strings).
+async fn get_dataset(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((p, d)): Path<(String, String)>,
+) -> Response {
+    if let Some(r) = unauthorized(&shared, &headers) {
+        return r;
+    }
+    if shared.count_rest("datasets.get").is_some() {
+        return unavailable();
+    }
+    let dataset = shared.inner().datasets.get(&format!("projects/{p}/datasets/{d}")).cloned().unwrap_or_default();
+    let mut resource = json!({
+        "kind": "bigquery#dataset",
+        "id": format!("{p}:{d}"),
+        "datasetReference": { "projectId": p, "datasetId": d },
+        "location": dataset.location,
+    });
+    if let Some(ms) = dataset.default_table_expiration_ms {
+        resource["defaultTableExpirationMs"] = Value::String(ms.to_string());
+    }
+    if let Some(ms) = dataset.default_partition_expiration_ms {
+        resource["defaultPartitionExpirationMs"] = Value::String(ms.to_string());
+    }
+    Json(resource).into_response()
 }
 
 /// `DELETE /bigquery/v2/projects/{p}/datasets/{d}/tables/{t}`
@@ -525,6 +588,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
         )
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}/data", get(list_table_data))
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables", post(insert_table))
+        .route("/bigquery/v2/projects/{p}/datasets/{d}", get(get_dataset))
         .route("/bigquery/v2/projects/{p}/jobs", post(jobs::insert_job))
         .route("/bigquery/v2/projects/{p}/jobs/{j}", get(jobs::get_job))
         .with_state(shared)

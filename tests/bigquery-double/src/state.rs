@@ -205,6 +205,43 @@ pub struct Inner {
     pub next_stream: u64,
     /// Jobs by (project, job id).
     pub jobs: BTreeMap<(String, String), crate::jobs::Job>,
+    /// Datasets a test configured, by `projects/P/datasets/D`.
+    pub datasets: HashMap<String, Dataset>,
+}
+
+/// What the double keeps of a dataset resource
+/// (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets).
+/// A dataset no test configured is answered as one in `US` with no
+/// defaults: the double makes tables without datasets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dataset {
+    /// `location`: "The geographic location where the dataset should
+    /// reside", e.g. `US`, `EU`, `europe-west1`.
+    pub location: String,
+    /// `defaultTableExpirationMs`: "all newly-created tables in the dataset
+    /// will have an expirationTime property set to the creation time plus
+    /// the value in this property".
+    pub default_table_expiration_ms: Option<i64>,
+    /// `defaultPartitionExpirationMs`: "When new time-partitioned tables are
+    /// created in a dataset where this property is set, the table will
+    /// inherit this value, propagated as the TimePartitioning.expirationMs
+    /// property on the new table. If you set TimePartitioning.expirationMs
+    /// explicitly when creating a table, the defaultPartitionExpirationMs of
+    /// the containing dataset is ignored. When creating a partitioned table,
+    /// if defaultPartitionExpirationMs is set, the defaultTableExpirationMs
+    /// value is ignored and the table will not inherit a table expiration
+    /// deadline."
+    pub default_partition_expiration_ms: Option<i64>,
+}
+
+impl Default for Dataset {
+    fn default() -> Self {
+        Dataset {
+            location: crate::jobs::DEFAULT_LOCATION.to_string(),
+            default_table_expiration_ms: None,
+            default_partition_expiration_ms: None,
+        }
+    }
 }
 
 impl Inner {

@@ -535,3 +535,60 @@ fn a_job_done_with_a_quota_error_applies_nothing() {
     assert_eq!(counts(&double, TARGET)[1], ("20240102".into(), 2), "nothing applied");
     assert_eq!(insert_job(&double, copy_job("q_0", "stage$20240102", "target$20240102", "WRITE_TRUNCATE")).0, 409);
 }
+
+/// `datasets.get` answers the location and default expirations a test set
+/// (a dataset no test set is in `US` with none), and `tables.insert`
+/// applies them to what a request leaves out: a partitioned table inherits
+/// `defaultPartitionExpirationMs` as `timePartitioning.expirationMs` and no
+/// table expiration; an explicit `expirationMs` wins; an unpartitioned
+/// table without `expirationTime` expires `defaultTableExpirationMs` after
+/// it is made, one with it keeps its own. `tables.delete` removes a table
+/// (then 404).
+#[test]
+fn datasets_answer_their_defaults_and_tables_insert_applies_them() {
+    let double = BigQueryDouble::start().unwrap();
+    let (status, plain) = http(&double, "GET", "/bigquery/v2/projects/p/datasets/other", None);
+    assert_eq!(status, 200, "{plain}");
+    assert_eq!(plain["location"], "US");
+    assert!(plain.get("defaultPartitionExpirationMs").is_none() && plain.get("defaultTableExpirationMs").is_none());
+    double.set_dataset(
+        "projects/p/datasets/d",
+        sluice_bigquery_double::Dataset {
+            location: "europe-west1".into(),
+            default_table_expiration_ms: Some(3_600_000),
+            default_partition_expiration_ms: Some(86_400_000),
+        },
+    );
+    let (status, ds) = http(&double, "GET", "/bigquery/v2/projects/p/datasets/d", None);
+    assert_eq!(status, 200, "{ds}");
+    assert_eq!(ds["location"], "europe-west1");
+    assert_eq!(ds["defaultTableExpirationMs"], "3600000");
+    assert_eq!(ds["defaultPartitionExpirationMs"], "86400000");
+    let fields = json!([{ "name": "id", "type": "INTEGER" }, { "name": "day", "type": "DATE" }]);
+    let insert = |id: &str, extra: Value| {
+        let mut body = json!({ "tableReference": table_ref(id), "schema": { "fields": fields } });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        http(&double, "POST", "/bigquery/v2/projects/p/datasets/d/tables", Some(body))
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let (status, inherited) = insert("inherits", json!({ "timePartitioning": { "type": "DAY", "field": "day" } }));
+    assert_eq!(status, 200, "{inherited}");
+    assert_eq!(inherited["timePartitioning"]["expirationMs"], "86400000");
+    assert!(inherited.get("expirationTime").is_none(), "{inherited}");
+    let (_, explicit) =
+        insert("explicit", json!({ "timePartitioning": { "type": "DAY", "field": "day", "expirationMs": "5" } }));
+    assert_eq!(explicit["timePartitioning"]["expirationMs"], "5");
+    let (_, plain_table) = insert("plain", json!({}));
+    let at: i64 = plain_table["expirationTime"].as_str().unwrap().parse().unwrap();
+    assert!(at >= now + 3_600_000 && at < now + 3_600_000 + 60_000, "{at} vs {now}");
+    let (_, own) = insert("own", json!({ "expirationTime": "99999999999999" }));
+    assert_eq!(own["expirationTime"], "99999999999999");
+    let (status, _) = http(&double, "DELETE", "/bigquery/v2/projects/p/datasets/d/tables/own", None);
+    assert_eq!(status, 200);
+    let (status, _) = http(&double, "GET", "/bigquery/v2/projects/p/datasets/d/tables/own", None);
+    assert_eq!(status, 404);
+    let (status, _) = http(&double, "DELETE", "/bigquery/v2/projects/p/datasets/d/tables/own", None);
+    assert_eq!(status, 404);
+}

@@ -673,3 +673,31 @@ fn switching_an_incarnation_from_overwrite_to_append_is_refused() {
     job.run(None).expect("finished in overwrite mode");
     assert_replaced(&d);
 }
+
+/// A dataset whose default partition expiration is a day (and default
+/// table expiration an hour) does not reach the tables the sink makes: the
+/// staging table keeps every partition from 1960 on past the run (else a
+/// staged 2024 day would be gone at once and its copy would truncate the
+/// target's day), and the overwrite marker lives for years, not an hour.
+#[test]
+fn dataset_default_expirations_do_not_apply_to_staging_or_markers() {
+    let d = double();
+    d.set_dataset(
+        "projects/p/datasets/d",
+        sluice_bigquery_double::Dataset {
+            location: "US".into(),
+            default_table_expiration_ms: Some(3_600_000),
+            default_partition_expiration_ms: Some(86_400_000),
+        },
+    );
+    job("bq-ow-defaults", &d).run(None).expect("run");
+    assert_replaced(&d);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
+    let stage = staging_table(&d);
+    let kept = d.time_partitioning(&stage).and_then(|tp| tp.expiration_ms).expect("an explicit expirationMs");
+    // 1960-01-01 is -315619200000 ms; its partition must outlive the run by far.
+    assert!(-315_619_200_000 + kept > now + 365 * 24 * 3600 * 1000, "partitions expire after {kept} ms");
+    let marker = marker_0(&d);
+    let expires = d.expiration_time(&marker).expect("the marker expires explicitly");
+    assert!(expires > now + 5 * 365 * 24 * 3600 * 1000, "the marker expires at {expires}, now {now}");
+}
