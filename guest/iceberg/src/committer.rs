@@ -214,11 +214,20 @@ pub(crate) fn finish_state(c: u64) -> Result<Option<Vec<u8>>, SinkError> {
     let open = open_state()?;
     let cfg = &open.cfg;
     let Some(filter) = cfg.overwrite_filter.as_ref().filter(|_| open.overwrites) else { return Ok(None) };
+    // A filter's first commit that landed and was dropped after (see
+    // `overwrite::catch_up`) has landed all the same.
+    let names: Vec<String> = open.known.borrow().iter().filter(|n| cfg.filter_for(n).is_some()).cloned().collect();
+    for name in &names {
+        let ident = cfg.ident(name)?;
+        let table = block_on(host_io::load_table(&ident)).map_err(|e| e.into_sink_error(&ident))?;
+        if let Some(tstate) = open.state.borrow_mut().tables.get_mut(&ident.to_string()) {
+            overwrite::catch_up(&table, &open.ctx, tstate, own_watermark(table.metadata(), &open.ctx), false)?;
+        }
+    }
     if open.state.borrow().landed_any() {
         // Rows landed in earlier checkpoints: the end adds nothing.
         return Ok(None);
     }
-    let names: Vec<String> = open.known.borrow().iter().filter(|n| cfg.filter_for(n).is_some()).cloned().collect();
     let mut tables = Vec::new();
     let mut plans = BTreeMap::new();
     let mut found = Vec::new();
@@ -274,6 +283,12 @@ fn anchor_location(ctx: &SinkContext, table: &Table) -> Option<String> {
     let location = table.metadata().location().trim_end_matches('/');
     let (parent, _) = location.rsplit_once('/')?;
     Some(format!("{parent}/_sluice_claim.{}.{}.json", ctx.job_id, ctx.sink_id))
+}
+
+/// The newest checkpoint of this incarnation committed to the table (its
+/// watermark).
+fn own_watermark(metadata: &TableMetadata, ctx: &SinkContext) -> Option<u64> {
+    metadata.properties().get(&watermark_key(ctx, &ctx.incarnation)).and_then(|v| v.parse::<u64>().ok())
 }
 
 /// Whether the table holds a committed checkpoint of this incarnation.
@@ -482,6 +497,13 @@ impl IcebergCommitter {
         block_on(host_io::load_table(ident)).map_err(|e| e.into_sink_error(ident))
     }
 
+    /// Loads table `ident` for a decision (`context`), trying again while
+    /// the catalog fails to answer ([`host_io::load_retrying`]): a transient
+    /// catalog error is `retryable`, never the end of the run.
+    fn load_retrying(&self, ident: &TableIdent, context: &str) -> Result<Table, SinkError> {
+        host_io::load_retrying(host_io::LOAD_RETRY, ident, context, || block_on(host_io::load_table(ident)), log::warn)
+    }
+
     /// Checkpoint `c`'s files of one table, with the table as just loaded,
     /// when they are still to be committed; `None` when the table holds `c`
     /// already (decided before any file is looked at) or `c` has no files
@@ -503,7 +525,7 @@ impl IcebergCommitter {
         let table = self.load(&ident)?;
         if holds_checkpoint(table.metadata(), &self.ctx, incarnation, c) {
             if let Some(plan) = plan {
-                self.state.borrow_mut().fold(&ident.to_string(), plan);
+                self.state.borrow_mut().fold(&ident.to_string(), c, plan);
             }
             return Ok(None);
         }
@@ -694,7 +716,7 @@ impl IcebergCommitter {
                     self.claimed.borrow_mut().insert(key.clone());
                 }
                 let mut state = self.state.borrow_mut();
-                state.fold(&key, plan);
+                state.fold(&key, c, plan);
                 // Its parent is the head validated above, and it is ours:
                 // the next walk starts from it, so expiry of the snapshots
                 // before it (ours or anyone's) cannot break that walk. (A
@@ -973,11 +995,17 @@ impl GuestCommitter for IcebergCommitter {
         for part in tables.iter().filter(|p| !p.files.is_empty() && self.cfg.overwrites(&p.table)) {
             self.see_table(&part.table)?;
             let ident = self.cfg.ident(&part.table)?;
-            let table = self.load(&ident)?;
+            let table = self.load_retrying(&ident, &format!("planning checkpoint {c}"))?;
             let touched = overwrite::touched(&table, part.spec_id, &decode_files(&table, part)?)?;
+            let filter = self.cfg.filter_for(&part.table);
+            // Checkpoints committed here that no commit answer folded in
+            // (dropped by the operator) count before this plan is made.
+            if let Some(tstate) = self.state.borrow_mut().tables.get_mut(&ident.to_string()) {
+                let watermark = own_watermark(table.metadata(), &self.ctx);
+                overwrite::catch_up(&table, &self.ctx, tstate, watermark, filter.is_none())?;
+            }
             let state = self.state.borrow();
             let tstate = state.tables.get(&ident.to_string());
-            let filter = self.cfg.filter_for(&part.table);
             overwrite::check_scope(&ident.to_string(), tstate, filter.map(|f| f.source()))?;
             let plan = match filter {
                 Some(f) => overwrite::filter_plan(tstate, f, touched),

@@ -251,6 +251,50 @@ pub async fn load_table(ident: &TableIdent) -> std::result::Result<Table, LoadEr
     }
 }
 
+/// How often a load that decides something is tried: a catalog that fails
+/// to answer (a dropped connection, a 503) is usually back within seconds.
+pub const LOAD_RETRY: sluice_retry::Policy = sluice_retry::Policy {
+    attempts: 5,
+    initial: std::time::Duration::from_millis(200),
+    max: std::time::Duration::from_secs(3),
+};
+
+/// `load` (a load of table `ident`, for `context`), tried again by `policy`
+/// while the catalog fails to answer; a table that is not there or not
+/// valid is not retried. A catalog still failing after the last try is
+/// `retryable`, as a failed commit is: the host may run the step again, and
+/// nothing was decided or committed. `warn` hears of each try that failed.
+pub fn load_retrying<T>(
+    policy: sluice_retry::Policy,
+    ident: &TableIdent,
+    context: &str,
+    mut load: impl FnMut() -> std::result::Result<T, LoadError>,
+    warn: impl Fn(&str),
+) -> std::result::Result<T, SinkError> {
+    policy
+        .run(
+            |_| load(),
+            |e| matches!(e, LoadError::Catalog(_)),
+            |e, attempt, wait| {
+                if let LoadError::Catalog(e) = e {
+                    warn(&format!(
+                        "{context}: loading table {ident} failed (try {attempt}): {}; trying again in {} ms",
+                        catalog_message(e),
+                        wait.as_millis()
+                    ));
+                }
+            },
+        )
+        .map_err(|failed| match failed.error {
+            LoadError::Catalog(e) => error::retryable(format!(
+                "{context}: loading table {ident} failed {} times, the last with: {}",
+                failed.attempts,
+                catalog_message(&e)
+            )),
+            other => other.into_sink_error(ident),
+        })
+}
+
 /// The REST spec's CreateTableRequest, as far as Sluice fills it.
 #[derive(Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -412,4 +456,66 @@ pub fn commit_updates(
     let updates = serde_json::to_string(updates)
         .map_err(|e| cat::CatalogError::Other(format!("encoding commit updates: {e}")))?;
     cat::commit_table(&wit_ident(ident), &requirements, &updates).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FAST: sluice_retry::Policy = sluice_retry::Policy {
+        attempts: 3,
+        initial: std::time::Duration::from_millis(1),
+        max: std::time::Duration::from_millis(2),
+    };
+
+    /// A catalog that fails to answer is tried again, and still failing
+    /// after the last try is `retryable` naming the table; a missing or
+    /// invalid table is not tried again.
+    #[test]
+    fn loads_are_retried_only_while_the_catalog_fails_to_answer() {
+        let ident = TableIdent::from_strs(["db", "daily"]).unwrap();
+        let mut tries = 0;
+        let warned = std::cell::RefCell::new(Vec::new());
+        let warn = |m: &str| warned.borrow_mut().push(m.to_string());
+        let loaded = load_retrying(
+            FAST,
+            &ident,
+            "planning",
+            || {
+                tries += 1;
+                if tries < 3 { Err(LoadError::Catalog(cat::CatalogError::Other("503".into()))) } else { Ok(tries) }
+            },
+            warn,
+        );
+        assert_eq!(loaded.unwrap(), 3);
+        assert_eq!(warned.borrow().len(), 2, "{warned:?}");
+        assert!(warned.borrow()[0].contains("db.daily") && warned.borrow()[0].contains("503"), "{warned:?}");
+        let mut tries = 0;
+        let failed = load_retrying(
+            FAST,
+            &ident,
+            "planning",
+            || -> std::result::Result<(), LoadError> {
+                tries += 1;
+                Err(LoadError::Catalog(cat::CatalogError::Other("connection reset".into())))
+            },
+            warn,
+        );
+        let Err(SinkError::Retryable(m)) = failed else { panic!("{failed:?}") };
+        assert!(m.contains("db.daily") && m.contains("3 times") && m.contains("connection reset"), "{m}");
+        assert_eq!(tries, 3);
+        let mut tries = 0;
+        let missing = load_retrying(
+            FAST,
+            &ident,
+            "planning",
+            || -> std::result::Result<(), LoadError> {
+                tries += 1;
+                Err(LoadError::NotFound("no such table".into()))
+            },
+            warn,
+        );
+        assert!(matches!(missing, Err(SinkError::Config(_))), "{missing:?}");
+        assert_eq!(tries, 1);
+    }
 }

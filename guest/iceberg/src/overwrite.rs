@@ -9,16 +9,29 @@
 //!   taken by `combine(c)` and persisted with `c`, so a recovered commit
 //!   makes the same decision;
 //! - the state holds only what commits answered `committed` or
-//!   `already-committed` ([`State::fold`]); the history found by validation
+//!   `already-committed` ([`State::fold`]), and the newest checkpoint
+//!   folded per table; a table whose watermark is past that holds
+//!   checkpoints of this incarnation that no commit answer folded (a pending
+//!   checkpoint committed to this table, not to another, then dropped by the
+//!   operator: the host never folds a dropped checkpoint in). Before
+//!   `combine` plans a table (and before `finish`), [`catch_up`] folds in
+//!   the partitions those checkpoints' snapshots added to, read from the
+//!   table's history, or refuses when that history has expired; the plan,
+//!   made after, is persisted with the checkpoint, so a retried or
+//!   recovered commit makes the same decision. The history found by validation
 //!   (`foreign`, `checked_through`) is fact about the table and is kept
 //!   whatever the commit's outcome;
 //! - before every commit attempt the history of the table from the
 //!   incarnation's base (or from where it was checked last) to exactly the
-//!   head the commit pins is validated as Java's `validateAddedDataFiles`
-//!   does: data added by another writer's `append` or `overwrite` snapshot to
-//!   a partition the checkpoint touches is a `fatal` error naming the
-//!   partition and the writer, never silently dropped or kept; a history
-//!   that does not reach back to the base (expired) is refused the same way;
+//!   head the commit pins is validated as Java's `validateAddedDataFiles`,
+//!   `validateDeletedDataFiles` and `validateNoNewDeleteFiles` do: data
+//!   added by another writer's `append` or `overwrite` snapshot, data files
+//!   it removed or delete files it added in a `delete` or `overwrite`
+//!   snapshot, in a partition the checkpoint touches, is a `fatal` error
+//!   naming the table, the partition and the writer's snapshot, never
+//!   silently dropped or kept (a `replace`, a compaction, keeps every row and
+//!   is never a conflict); a history that does not reach back to the base
+//!   (expired) is refused the same way;
 //! - a partition is `(spec id, the partition's values rendered by their
 //!   transforms)`: an unpartitioned table is one partition, so the first
 //!   checkpoint of an incarnation replaces the whole table;
@@ -57,7 +70,7 @@ use iceberg::spec::{
 };
 use iceberg::table::Table;
 use serde::{Deserialize, Serialize};
-use sluice_guest_sdk::{SinkContext, SinkError, error};
+use sluice_guest_sdk::{SinkContext, SinkError, error, log};
 
 use crate::filter::{BoundFilter, FilterError, OverwriteFilter, PartitionFilter, Placement};
 use crate::runtime::block_on;
@@ -114,12 +127,44 @@ pub(crate) fn touched(table: &Table, spec_id: i32, files: &[DataFile]) -> Result
     files.iter().map(|f| part_key(table, spec_id, f.partition())).collect()
 }
 
-/// Another writer's data found in a partition since the incarnation's base.
+/// What another writer did to a partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Change {
+    /// Added data files (an `append` or `overwrite` snapshot).
+    #[default]
+    AddedRows,
+    /// Removed data files (a `delete` or `overwrite` snapshot).
+    RemovedFiles,
+    /// Added position or equality delete files (a `delete` or `overwrite`
+    /// snapshot).
+    AddedDeletes,
+}
+
+impl Change {
+    fn describe(self) -> &'static str {
+        match self {
+            Change::AddedRows => "added rows to",
+            Change::RemovedFiles => "deleted data files of",
+            Change::AddedDeletes => "deleted rows (added delete files) in",
+        }
+    }
+}
+
+fn is_added_rows(c: &Change) -> bool {
+    *c == Change::AddedRows
+}
+
+/// Another writer's change found in a partition since the incarnation's base.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Foreign {
     pub(crate) partition: PartKey,
-    /// Who added it, as its snapshot's summary tells.
+    /// Who changed it, as its snapshot's summary tells.
     pub(crate) writer: String,
+    /// What they did (absent: added rows, as states before deletes were
+    /// checked hold).
+    #[serde(default, skip_serializing_if = "is_added_rows")]
+    pub(crate) change: Change,
     /// With `overwrite_filter`: the partition may hold rows the filter
     /// matches (its inclusive projection is true).
     #[serde(default, skip_serializing_if = "is_false")]
@@ -142,7 +187,7 @@ pub(crate) struct TableState {
     /// The partitions this incarnation has replaced.
     #[serde(default)]
     pub(crate) replaced: BTreeSet<PartKey>,
-    /// Partitions other writers added data to since `base`.
+    /// Partitions other writers added data to, or deleted data from, since `base`.
     #[serde(default)]
     pub(crate) foreign: Vec<Foreign>,
     /// With `overwrite_filter`: the filter's rows were replaced (the
@@ -152,6 +197,13 @@ pub(crate) struct TableState {
     /// The filter they were replaced with, as written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) filter: Option<String>,
+    /// The newest checkpoint of this incarnation whose commit to the table
+    /// is folded in (`None`: none, or a state from before this was kept).
+    /// A watermark past it names checkpoints committed here that the state
+    /// lacks: one the operator dropped after it was committed to this
+    /// table and not to another ([`catch_up`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) folded: Option<u64>,
 }
 
 /// The committer state of an overwrite job, per table ident (`ns.name`).
@@ -172,10 +224,11 @@ impl State {
         self.tables.entry(ident.to_string()).or_insert_with(|| TableState { base: head, ..TableState::default() });
     }
 
-    /// Folds a committed plan in: its partitions are replaced (and, for
-    /// the filter's first commit, the filter's rows).
-    pub(crate) fn fold(&mut self, ident: &str, plan: &Plan) {
+    /// Folds the committed plan of checkpoint `c` in: its partitions are
+    /// replaced (and, for the filter's first commit, the filter's rows).
+    pub(crate) fn fold(&mut self, ident: &str, c: u64, plan: &Plan) {
         if let Some(t) = self.tables.get_mut(ident) {
+            t.folded = t.folded.max(Some(c));
             t.replaced.extend(plan.replace.iter().cloned());
             if plan.filter_first {
                 t.filter_replaced = true;
@@ -489,16 +542,26 @@ pub(crate) fn validate(
     };
     let mut projections = filter.map(|f| Projections::new(table, f));
     for snapshot in history.iter().rev() {
-        let op = &snapshot.summary().operation;
-        if ours(snapshot, ctx) || !matches!(op, Operation::Append | Operation::Overwrite) {
+        // Java's validateAddedDataFiles reads `append` and `overwrite`
+        // snapshots, validateDeletedDataFiles and validateNoNewDeleteFiles
+        // `overwrite` and `delete` ones. Unlike Java, a `replace` (a
+        // compaction, which keeps every row) is never a conflict, so
+        // `sluice maintain` can compact beside a running overwrite job.
+        let (adds, deletes) = match &snapshot.summary().operation {
+            Operation::Append => (true, false),
+            Operation::Overwrite => (true, true),
+            Operation::Delete => (false, true),
+            Operation::Replace => (false, false),
+        };
+        if ours(snapshot, ctx) || !(adds || deletes) {
             continue;
         }
-        let added = added_partitions(table, snapshot, projections.as_mut())?;
+        let changed = changed_partitions(table, snapshot, adds, deletes, projections.as_mut())?;
         let writer = writer_of(snapshot);
-        for (partition, in_filter) in added {
-            match state.foreign.iter_mut().find(|f| f.partition == partition) {
+        for ((partition, change), in_filter) in changed {
+            match state.foreign.iter_mut().find(|f| f.partition == partition && f.change == change) {
                 Some(found) => found.in_filter |= in_filter,
-                None => state.foreign.push(Foreign { partition, writer: writer.clone(), in_filter }),
+                None => state.foreign.push(Foreign { partition, writer: writer.clone(), in_filter, change }),
             }
         }
     }
@@ -516,51 +579,146 @@ pub(crate) fn validate(
     if conflicts.is_empty() {
         return Ok(());
     }
-    let found: Vec<String> = conflicts.iter().map(|f| format!("partition {} by {}", f.partition, f.writer)).collect();
+    let found: Vec<String> =
+        conflicts.iter().map(|f| format!("{} partition {} ({})", f.change.describe(), f.partition, f.writer)).collect();
     let scoped = match scope {
         Scope::Partitions(_) => String::new(),
         Scope::Filter(f) => format!(" (under overwrite_filter `{}`)", f.source()),
     };
     Err(error::fatal(format!(
-        "table {ident}: another writer added rows to {} that this overwrite job (job {:?}, sink {:?}, incarnation {}) \
-         replaces{scoped}: {}. Nothing of this checkpoint was committed, and the other writer's rows are kept. Wait for the \
+        "table {ident}: another writer changed {} that this overwrite job (job {:?}, sink {:?}, incarnation {}) \
+         replaces{scoped}: it {}. Nothing of this checkpoint was committed, and the other writer's changes are kept. Wait for the \
          other writer to finish and rerun this backfill as a new incarnation (a fresh state directory and \
          `--new-incarnation`), or drop this pending checkpoint (`sluice state --drop-pending`)",
         if conflicts.len() == 1 { "a partition" } else { "partitions" },
         ctx.job_id,
         ctx.sink_id,
         ctx.incarnation,
-        found.join("; ")
+        found.join("; it ")
     )))
 }
 
 fn unknown_history(ident: &str, stop: Option<i64>) -> SinkError {
     let since = stop.map_or_else(|| "its first snapshot".to_string(), |s| format!("snapshot {s}"));
     error::fatal(format!(
-        "table {ident}: cannot tell whether another writer added rows to a partition this overwrite job replaces: \
+        "table {ident}: cannot tell whether another writer changed a partition this overwrite job replaces: \
          the table's history no longer reaches back to {since}, where this incarnation's checks start (expired or \
          rolled back). Nothing was committed; rerun the backfill as a new incarnation (a fresh state directory and \
          `--new-incarnation`), and keep snapshot expiry behind running overwrite jobs"
     ))
 }
 
-/// The partitions of the data files `snapshot` added (`added` entries of
-/// the data manifests it wrote), each with whether the filter (when
-/// `projections` has one) may match rows of it.
-fn added_partitions(
+/// Folds into `state` (of `table`) the checkpoints of this incarnation
+/// that are committed to the table (its watermark is `watermark`) and not
+/// folded in yet: in dynamic mode (`dynamic`) the partitions their
+/// snapshots added files to, each replaced by the first checkpoint of the
+/// incarnation that touched it; the filter's rows when one was the
+/// filter's first commit. Nothing to do when the state has folded the
+/// watermark. Refuses (`fatal`) when the table's history no longer reaches
+/// back to them (expired), naming the table, the checkpoints and the way out.
+pub(crate) fn catch_up(
+    table: &Table,
+    ctx: &SinkContext,
+    state: &mut TableState,
+    watermark: Option<u64>,
+    dynamic: bool,
+) -> Result<(), SinkError> {
+    let Some(watermark) = watermark else { return Ok(()) };
+    let folded = state.folded.unwrap_or(0);
+    if watermark <= folded {
+        return Ok(());
+    }
+    let ident = table.identifier().to_string();
+    let metadata = table.metadata();
+    // Newest first: this incarnation's snapshots of checkpoints past
+    // `folded`, down to one at or before it, the base, or the table's first.
+    let mut found = Vec::new();
+    let mut next = metadata.current_snapshot_id();
+    while let Some(id) = next {
+        if Some(id) == state.base {
+            break;
+        }
+        let Some(snapshot) = metadata.snapshot_by_id(id) else {
+            return Err(error::fatal(format!(
+                "table {ident}: checkpoint(s) {}..={watermark} of incarnation {} are committed to this table but \
+                 missing from the committer state this run restored (a pending checkpoint committed here and not to \
+                 another table was dropped with `sluice state --drop-pending`), and the table's history no longer \
+                 reaches back to them (snapshot {id} expired), so which partitions they replaced cannot be told, and \
+                 replacing those partitions again would delete rows they delivered. Nothing was committed; land the \
+                 backfill again as a new incarnation (a fresh job.state_dir and --new-incarnation)",
+                folded + 1,
+                ctx.incarnation
+            )));
+        };
+        if ours(snapshot, ctx) {
+            let c =
+                snapshot.summary().additional_properties.get(SUMMARY_CHECKPOINT).and_then(|c| c.parse::<u64>().ok());
+            match c {
+                Some(c) if c <= folded => break,
+                Some(c) => found.push((c, snapshot.clone())),
+                None => {}
+            }
+        }
+        next = snapshot.parent_snapshot_id();
+    }
+    let mut folded_in: Vec<String> = Vec::new();
+    for (c, snapshot) in found.iter().rev() {
+        let props = &snapshot.summary().additional_properties;
+        if props.get("sluice.overwrite").map(String::as_str) == Some("filter") {
+            state.filter_replaced = true;
+            state.filter = props.get("sluice.overwrite-filter").cloned();
+            folded_in.push(format!("checkpoint {c}: the rows of its overwrite_filter"));
+        } else if dynamic {
+            let parts: BTreeSet<PartKey> = changed_partitions(table, snapshot, true, false, None)?
+                .into_iter()
+                .map(|((partition, _), _)| partition)
+                .collect();
+            let names: Vec<String> = parts.iter().map(ToString::to_string).collect();
+            folded_in.push(format!("checkpoint {c}: {}", names.join(", ")));
+            state.replaced.extend(parts);
+        }
+    }
+    log::warn(&format!(
+        "table {ident}: checkpoint(s) {}..={watermark} of incarnation {} are committed to this table but missing from \
+         the restored committer state (dropped after they were committed here); the partitions they replaced stay \
+         replaced, and later checkpoints add to them: {}",
+        folded + 1,
+        ctx.incarnation,
+        if folded_in.is_empty() { "none".to_string() } else { folded_in.join("; ") }
+    ));
+    state.folded = Some(watermark);
+    Ok(())
+}
+
+/// A partition a snapshot changed, what it did there, and whether the
+/// filter may match rows of it.
+type Changed = ((PartKey, Change), bool);
+
+/// The partitions `snapshot` changed, with what it did there and whether
+/// the filter (when `projections` has one) may match rows of them: the
+/// data files it added (`adds`: `added` entries of the data manifests it
+/// wrote), and (`deletes`) the data files it removed (`deleted` entries of
+/// those) and the delete files it added (`added` entries of the delete
+/// manifests it wrote), as Java's `validationHistory` reads a snapshot.
+fn changed_partitions(
     table: &Table,
     snapshot: &std::sync::Arc<Snapshot>,
+    adds: bool,
+    deletes: bool,
     mut projections: Option<&mut Projections<'_>>,
-) -> Result<Vec<(PartKey, bool)>, SinkError> {
+) -> Result<Vec<Changed>, SinkError> {
     let id = snapshot.snapshot_id();
+    let wanted = |file: &ManifestFile| match file.content {
+        ManifestContentType::Data => {
+            (adds && file.added_files_count != Some(0)) || (deletes && file.deleted_files_count != Some(0))
+        }
+        ManifestContentType::Deletes => deletes && file.added_files_count != Some(0),
+    };
     let entries = block_on(async {
         let list = table.manifest_list_reader(snapshot).load().await?;
         let mut out = Vec::new();
         for file in list.consume_entries() {
-            if file.added_snapshot_id != id
-                || file.content != ManifestContentType::Data
-                || file.added_files_count == Some(0)
-            {
+            if file.added_snapshot_id != id || !wanted(&file) {
                 continue;
             }
             let (entries, _) = file.load_manifest(table.file_io()).await?.into_parts();
@@ -570,20 +728,24 @@ fn added_partitions(
         Ok::<_, iceberg::Error>(out)
     })
     .map_err(|e| iceberg_error(&format!("reading the history of table {}", table.identifier()), e))?;
-    let mut parts: BTreeMap<PartKey, bool> = BTreeMap::new();
+    let mut parts: BTreeMap<(PartKey, Change), bool> = BTreeMap::new();
     for (spec, entry) in entries {
-        if entry.status() != ManifestStatus::Added
-            || entry.snapshot_id().is_some_and(|s| s != id)
-            || entry.data_file().content_type() != DataContentType::Data
-        {
+        if entry.snapshot_id().is_some_and(|s| s != id) {
             continue;
         }
+        let data = entry.data_file().content_type() == DataContentType::Data;
+        let change = match entry.status() {
+            ManifestStatus::Added if data && adds => Change::AddedRows,
+            ManifestStatus::Added if !data && deletes => Change::AddedDeletes,
+            ManifestStatus::Deleted if data && deletes => Change::RemovedFiles,
+            _ => continue,
+        };
         let file = entry.data_file();
         let in_filter = match projections.as_deref_mut() {
             Some(p) => p.classify(spec, file.partition())? != Placement::Outside,
             None => false,
         };
-        *parts.entry(part_key(table, spec, file.partition())?).or_default() |= in_filter;
+        *parts.entry((part_key(table, spec, file.partition())?, change)).or_default() |= in_filter;
     }
     Ok(parts.into_iter().collect())
 }
@@ -603,7 +765,7 @@ mod tests {
         assert_eq!(first.replace, touched);
         let mut state = State::default();
         state.see("ns.t", Some(7));
-        state.fold("ns.t", &first);
+        state.fold("ns.t", 1, &first);
         let later = plan(state.tables.get("ns.t"), [key("2024-01-02"), key("2024-01-03")].into());
         assert_eq!(later.replace, [key("2024-01-03")].into());
         assert_eq!(later.touched.len(), 2);
@@ -624,7 +786,7 @@ mod tests {
         assert!(first.filter_first && first.replace.is_empty());
         // Not landed yet: the next plan is still the first.
         assert!(filter_plan(state.tables.get("ns.t"), &filter, BTreeSet::new()).filter_first);
-        state.fold("ns.t", &first);
+        state.fold("ns.t", 1, &first);
         assert!(state.landed_any());
         let t = &state.tables["ns.t"];
         assert_eq!((t.filter_replaced, t.filter.as_deref()), (true, Some("day >= '2024-01-02'")));
@@ -640,7 +802,7 @@ mod tests {
         let mut dynamic = State::default();
         dynamic.see("ns.t", None);
         check_scope("ns.t", dynamic.tables.get("ns.t"), Some("day = '2024-01-01'")).unwrap();
-        dynamic.fold("ns.t", &plan(None, [key("2024-01-01")].into()));
+        dynamic.fold("ns.t", 1, &plan(None, [key("2024-01-01")].into()));
         assert!(check_scope("ns.t", dynamic.tables.get("ns.t"), Some("day = '2024-01-01'")).is_err());
         check_scope("ns.t", dynamic.tables.get("ns.t"), None).unwrap();
         // The state with the filter round-trips.
@@ -652,12 +814,19 @@ mod tests {
     fn the_state_round_trips_as_json() {
         let mut state = State::default();
         state.see("ns.t", None);
-        state.fold("ns.t", &plan(None, [key("2024-01-01")].into()));
+        state.fold("ns.t", 1, &plan(None, [key("2024-01-01")].into()));
         if let Some(t) = state.tables.get_mut("ns.t") {
             t.foreign.push(Foreign {
                 partition: key("2024-01-09"),
                 writer: "snapshot 3 (append)".into(),
                 in_filter: false,
+                change: Change::AddedRows,
+            });
+            t.foreign.push(Foreign {
+                partition: key("2024-01-09"),
+                writer: "snapshot 4 (delete)".into(),
+                in_filter: false,
+                change: Change::RemovedFiles,
             });
         }
         let bytes = serde_json::to_vec(&state).unwrap();

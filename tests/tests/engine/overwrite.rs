@@ -67,6 +67,11 @@ fn write_csv(job: &TestJob, name: &str, rows: &[Row]) {
 /// Every row of the table by day (`(id, v)` sorted), as PyIceberg reads it;
 /// panics when DuckDB's `iceberg_scan` reads anything else.
 fn by_day(warehouse: &Path) -> BTreeMap<String, Vec<(i64, i64)>> {
+    by_day_of(warehouse, TABLE)
+}
+
+/// [`by_day`] of table `table`.
+fn by_day_of(warehouse: &Path, table: &str) -> BTreeMap<String, Vec<(i64, i64)>> {
     let script = format!(
         "{DUCKDB_ICEBERG}\n\
          import sys, json\n\
@@ -85,8 +90,8 @@ fn by_day(warehouse: &Path) -> BTreeMap<String, Vec<(i64, i64)>> {
          \x20   sys.exit(f'PyIceberg reads {{len(py)}} rows, DuckDB {{len(dd)}}: {{py}} / {{dd}}')\n\
          print(json.dumps(py))"
     );
-    let out = python(&script, &[&warehouse.display().to_string(), TABLE])
-        .unwrap_or_else(|e| panic!("reading {TABLE} with PyIceberg and DuckDB: {e}"));
+    let out = python(&script, &[&warehouse.display().to_string(), table])
+        .unwrap_or_else(|e| panic!("reading {table} with PyIceberg and DuckDB: {e}"));
     let rows: Vec<(String, i64, i64)> = serde_json::from_str(out.trim()).expect("rows as JSON");
     let mut days: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
     for (day, id, v) in rows {
@@ -805,4 +810,160 @@ fn a_foreign_append_anywhere_in_the_filter_is_refused_naming_it() {
     }
     assert_eq!(by_day(warehouse.path()), before, "nothing changes after the refusal");
     assert_eq!(before["2024-01-03"], vec![(9000, 9), (9001, 9)], "the other writer's rows are kept");
+}
+
+/// Another writer deletes a day this run has replaced, between two of its
+/// checkpoints (PyIceberg's `delete` of a whole day: a `delete` snapshot
+/// removing the run's data file): the run's next commit adding to that day
+/// is refused as `fatal`, naming the table, the partition and the other
+/// writer's snapshot, as Java's `validateDeletedDataFiles` would; nothing of
+/// the refused checkpoint is visible.
+#[test]
+fn a_foreign_delete_in_a_replaced_day_is_refused_naming_it() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    // Day 2 over checkpoints 1..=3.
+    let over = job("deleted-under", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&over, "a.csv", &day_rows(2, 1000..1015, 2));
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 1, subtask: 0 };
+    assert!(over.run(Some(crash)).expect_err("stopped after checkpoint 1").is_injected_crash());
+    let deleted = python(
+        "import sys\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w, name = sys.argv[1], sys.argv[2]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table(name)\n\
+         t.delete(\"day == '2024-01-02'\")\n\
+         s = t.current_snapshot()\n\
+         print(s.snapshot_id, s.summary.operation.value)",
+        &[&warehouse.path().display().to_string(), TABLE],
+    )
+    .unwrap_or_else(|e| panic!("deleting day 2 with PyIceberg: {e}"));
+    let (snapshot, operation) = deleted.trim().split_once(' ').expect("snapshot id and operation");
+    assert_eq!(operation, "delete", "PyIceberg dropped the whole day's file");
+    let before = by_day(warehouse.path());
+    assert!(!before.contains_key("2024-01-02"), "{before:?}");
+    let message = over.run(None).expect_err("the next commit into day 2 is refused").to_string();
+    for part in ["db.daily", "day=2024-01-02", snapshot, "deleted", "another writer", "--new-incarnation"] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(by_day(warehouse.path()), before, "nothing changes after the refusal");
+    assert_eq!(before["2024-01-01"], expected(&old)["2024-01-01"]);
+}
+
+/// [`job`] over a tree of two source tables, `a` and `b` (`in/a/`,
+/// `in/b/`), into `db.a` and `db.b`, with two subtasks: `a` is read by
+/// subtask 0 and `b` by subtask 1 (fnv1a64 of the name, modulo 2), so every
+/// checkpoint of `every_rows` rows a subtask touches both tables.
+fn two_table_job(id: &str, warehouse: &Path, every_rows: u64) -> TestJob {
+    let mut job = job(id, warehouse, "overwrite-partitions", every_rows);
+    job.toml = job
+        .toml
+        .replace(&format!("table = \"{TABLE}\""), "table = \"db.{table}\"")
+        .replace("parallelism = 1", "parallelism = 2");
+    for t in ["a", "b"] {
+        std::fs::create_dir_all(job.dir.path().join("in").join(t)).expect("table folder");
+    }
+    job
+}
+
+/// A pending checkpoint committed to one table and not to another, then
+/// dropped by the operator (`sluice state --drop-pending`), keeps what it
+/// delivered: its record's committer state is the one before it, so the
+/// committer finds the checkpoint in the table's history and folds the day
+/// it replaced in; the next checkpoint adds to that day instead of
+/// replacing it again (which would delete the dropped checkpoint's rows).
+#[test]
+fn a_dropped_checkpoint_committed_in_one_table_keeps_the_day_it_replaced() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let csv = |rows: &[Row]| -> String {
+        std::iter::once("id,day,v\n".to_string()).chain(rows.iter().map(|(i, d, v)| format!("{i},{d},{v}\n"))).collect()
+    };
+    // Old rows of day 2 in db.a and of day 5 in db.b, replaced by the run.
+    let mut base = two_table_job("base-two", warehouse.path(), 1000);
+    base.toml = base.toml.replace("overwrite-partitions", "append");
+    std::fs::write(base.dir.path().join("in/a/1.csv"), csv(&day_rows(2, 9000..9002, 9))).expect("csv");
+    std::fs::write(base.dir.path().join("in/b/1.csv"), csv(&day_rows(5, 9100..9101, 9))).expect("csv");
+    base.run(None).expect("the append run");
+    // db.a: day 1 in checkpoint 1, day 2 first in checkpoint 2, then in 3;
+    // db.b: day 5 in checkpoints 1 and 2, day 6 in 3.
+    let a_rows: Vec<Row> = [day_rows(1, 1000..1005, 1), day_rows(2, 2000..2010, 2)].concat();
+    let b_rows: Vec<Row> = [day_rows(5, 5000..5010, 5), day_rows(6, 6000..6005, 6)].concat();
+    let over = two_table_job("dropped", warehouse.path(), 5);
+    std::fs::write(over.dir.path().join("in/a/1.csv"), csv(&a_rows)).expect("csv");
+    std::fs::write(over.dir.path().join("in/b/1.csv"), csv(&b_rows)).expect("csv");
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 1, subtask: 0 };
+    assert!(over.run(Some(crash)).expect_err("stopped after checkpoint 1").is_injected_crash());
+    // Another writer appends to day 5 of db.b: checkpoint 2 is committed to
+    // db.a (the first table in name order), and refused in db.b.
+    let mut other = job("intruder", warehouse.path(), "append", 1000);
+    other.toml = other.toml.replace(&format!("table = \"{TABLE}\""), "table = \"db.b\"");
+    let foreign = day_rows(5, 9200..9202, 9);
+    write_csv(&other, "a.csv", &foreign);
+    other.run(None).expect("the foreign append");
+    let message = over.run(None).expect_err("checkpoint 2 is refused in db.b").to_string();
+    assert!(message.contains("db.b") && message.contains("day=2024-01-05"), "{message}");
+    assert_eq!(by_day_of(warehouse.path(), "db.a"), expected(&a_rows[..10]), "checkpoint 2 replaced day 2 in db.a");
+    // The operator drops checkpoint 2, as the refusal offers.
+    let loaded = over.load(&[]).expect("job");
+    sluice::engine::state::drop_pending(&loaded, 2).expect("drop");
+    over.run(None).expect("resumes after the drop");
+    // Day 2 holds checkpoint 2's rows and checkpoint 3's, each once.
+    assert_eq!(by_day_of(warehouse.path(), "db.a"), expected(&a_rows));
+    // db.b lost checkpoint 2's rows (the operator dropped them); day 5
+    // holds checkpoint 1's and the other writer's, day 6 checkpoint 3's.
+    assert_eq!(by_day_of(warehouse.path(), "db.b"), expected(&[&b_rows[..5], &foreign, &b_rows[10..]].concat()));
+}
+
+/// A catalog that fails to answer when `combine` loads the table to plan a
+/// checkpoint (the first two loads after checkpoint 1's commit answer 503,
+/// through a fault proxy in front of the REST catalog double) is tried
+/// again with backoff, and the run lands every row once: a transient
+/// catalog error at combine does not stop the run.
+#[test]
+fn a_catalog_failing_to_answer_when_a_checkpoint_is_planned_is_tried_again() {
+    use futures::TryStreamExt;
+    use sluice_tests::fault_proxy::{Action, FaultProxy, Match, Rule};
+    use sluice_tests::rest_catalog::RestCatalogDouble;
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rest = RestCatalogDouble::start(warehouse.path()).expect("REST catalog");
+    let proxy = FaultProxy::start(&rest.uri());
+    let mut over = job("flaky-catalog", warehouse.path(), "overwrite-partitions", 5);
+    let sql = format!("database = \"{}/catalog.db\"", warehouse.path().display());
+    assert!(over.toml.contains(&sql), "the job names its SQLite catalog");
+    over.toml = over.toml.replace(&sql, &format!("kind = \"rest\"\nuri = \"{}\"", proxy.endpoint));
+    let new: Vec<Row> = [day_rows(2, 1000..1007, 2), day_rows(3, 2000..2008, 3)].concat();
+    write_csv(&over, "a.csv", &new);
+    // REST spec: `GET /v1/namespaces/{ns}/tables/{table}` is loadTable,
+    // `POST` to the same path updateTable (the commit).
+    let table_path = "/v1/namespaces/db/tables/daily";
+    let rule = Rule::new("load-503", Match::method("GET").path(table_path), Action::Status(503))
+        .after(Match::method("POST").path(table_path))
+        .times(2);
+    proxy.add_rule(rule);
+    over.run(None).expect("the run goes on through the failed loads");
+    assert_eq!(proxy.fired_of("load-503").len(), 2, "{}", proxy.request_log());
+    let catalog = sluice::capability::catalog::CatalogGrant::open_rest("sluice", &rest.uri(), warehouse.path(), None)
+        .expect("opening the REST catalog");
+    let ident = iceberg::TableIdent::from_strs(TABLE.split('.')).expect("table name");
+    let table = catalog.load(&ident).expect("loading the table");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let batches: Vec<arrow_array::RecordBatch> = rt.block_on(async {
+        let scan = table.scan().select(["id", "v"]).build().expect("scan");
+        scan.to_arrow().await.expect("scan to arrow").try_collect().await.expect("reading the table")
+    });
+    let mut rows: Vec<(i64, i64)> = Vec::new();
+    for b in &batches {
+        let col = |name: &str| {
+            b.column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<arrow_array::Int64Array>())
+                .unwrap_or_else(|| panic!("column {name} as int64"))
+                .clone()
+        };
+        let (ids, vs) = (col("id"), col("v"));
+        rows.extend(ids.values().iter().copied().zip(vs.values().iter().copied()));
+    }
+    rows.sort_unstable();
+    let mut want: Vec<(i64, i64)> = new.iter().map(|(i, _, v)| (*i, *v)).collect();
+    want.sort_unstable();
+    assert_eq!(rows, want, "every row once");
 }
