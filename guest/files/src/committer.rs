@@ -115,6 +115,9 @@ pub struct FilesCommitter {
     /// The overwrite state (empty in append mode), shared with the
     /// `committer-state` export.
     state: Rc<RefCell<versions::State>>,
+    /// Each table's partitioning, as of `open` or its last `evolve`
+    /// (recorded in every version, see `versions`).
+    specs: RefCell<std::collections::BTreeMap<String, Vec<versions::PartitionColumn>>>,
 }
 
 fn decode(combined: &[u8]) -> Result<Combined, SinkError> {
@@ -253,11 +256,14 @@ impl GuestCommitter for FilesCommitter {
         files::create_dir_all(&cfg.path)
             .map_err(|e| files::to_sink_error(&format!("creating output directory {}", cfg.path), e))?;
         let state = Rc::new(RefCell::new(versions::State::default()));
+        let specs =
+            tables.iter().map(|t| Ok((t.name.clone(), versions::spec(&cfg, t)?))).collect::<Result<_, SinkError>>()?;
         if cfg.overwrite {
-            versions::see(&cfg, &ctx, &state, &names)?;
+            versions::see(&cfg, &ctx, &state, &specs)?;
         }
         versions::open(cfg.overwrite, state.clone());
-        Ok(Committer::new(FilesCommitter { cfg, ctx, claimed: std::cell::Cell::new(false), state }))
+        let specs = RefCell::new(specs);
+        Ok(Committer::new(FilesCommitter { cfg, ctx, claimed: std::cell::Cell::new(false), state, specs }))
     }
 
     fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
@@ -268,6 +274,16 @@ impl GuestCommitter for FilesCommitter {
         }
         let added: Vec<String> = changes.iter().map(|c| c.table.name.clone()).collect();
         layout::refuse_mixed_layouts(&self.cfg, &added)?;
+        let specs = changes
+            .iter()
+            .map(|c| Ok((c.table.name.clone(), versions::spec(&self.cfg, &c.table)?)))
+            .collect::<Result<std::collections::BTreeMap<_, _>, SinkError>>()?;
+        // A table added mid-run gets its base (and its partitioning checked)
+        // now, as those of `open` did; a known table keeps its base.
+        if self.cfg.overwrite {
+            versions::see(&self.cfg, &self.ctx, &self.state, &specs)?;
+        }
+        self.specs.borrow_mut().extend(specs);
         Ok(())
     }
 
@@ -329,6 +345,7 @@ impl GuestCommitter for FilesCommitter {
         for table in tables.iter_mut() {
             if let Some(plan) = table.log.as_mut() {
                 *plan = versions::plan(state.tables.get(&table.table), &table.files, self.cfg.replaces(&table.table));
+                plan.partition_by = self.specs.borrow().get(&table.table).cloned();
             }
         }
         drop(state);

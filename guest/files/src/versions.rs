@@ -34,6 +34,11 @@
 //!   kept. Exactly the versions up to the parent are validated, and the
 //!   new version can only be created as the parent's successor, so the
 //!   check and the commit are one atomic step, as Iceberg's pinned head is;
+//! - every version records the table's partitioning ([`PartitionColumn`]s:
+//!   `partition_by`'s columns and types); an open (or a table added by
+//!   `evolve`) and a commit whose partitioning differs from the newest
+//!   version's are refused (`config`), since the head's partitions would
+//!   stay live beside the new ones;
 //! - `already-exists` on the version means another writer took that number
 //!   first: the log is read again, validated again, and the commit tried
 //!   again; writers of disjoint partitions all land.
@@ -105,6 +110,61 @@ pub struct Version {
     pub partitions: Vec<LivePartition>,
     /// `job.sink.incarnation` → its newest checkpoint in this table.
     pub committed: BTreeMap<String, u64>,
+    /// How the table is partitioned (`partition_by`'s columns and their
+    /// types); every version carries it, and a commit or an open whose
+    /// partitioning differs is refused. `None`: written before it was
+    /// recorded, so not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_by: Option<Vec<PartitionColumn>>,
+}
+
+/// One column of a table's `partition_by`, with its Arrow type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionColumn {
+    pub column: String,
+    #[serde(rename = "type")]
+    pub data_type: String,
+}
+
+/// The partitioning of `table` under `cfg` (columns checked).
+pub fn spec(cfg: &Config, table: &sluice_guest_sdk::Table) -> Result<Vec<PartitionColumn>, SinkError> {
+    let schema = sluice_guest_sdk::ipc::decode_schema(&table.schema)?;
+    let columns = cfg.partition_by_for(&table.name);
+    let indices = partition::indices(&table.name, &schema, columns)?;
+    Ok(indices
+        .into_iter()
+        .zip(columns)
+        .map(|(i, column)| PartitionColumn {
+            column: column.clone(),
+            data_type: schema.field(i).data_type().to_string(),
+        })
+        .collect())
+}
+
+/// How a message shows a partitioning.
+fn show_spec(spec: &[PartitionColumn]) -> String {
+    if spec.is_empty() {
+        return "nothing (unpartitioned)".to_string();
+    }
+    spec.iter().map(|c| format!("{} ({})", c.column, c.data_type)).collect::<Vec<_>>().join(", ")
+}
+
+/// Refuses (`config`) a partitioning `ours` that differs from the one the
+/// newest version `head` of `label`'s log records: the head's partitions
+/// stay live, so readers would read the old partitions beside the new.
+fn refuse_other_partitioning(label: &str, head: &Version, ours: &[PartitionColumn]) -> Result<(), SinkError> {
+    match &head.partition_by {
+        Some(theirs) if theirs.as_slice() != ours => Err(error::config(format!(
+            "[sink.options] partition_by: {label} is partitioned by {} (log version {}), and this job partitions \
+             it by {}; an overwrite replaces only the partitions it touches, so the old partitions would stay live \
+             beside the new ones and readers would read their rows twice. Keep partition_by as the table has it, \
+             or write the new partitioning to a new path",
+            show_spec(theirs),
+            head.version,
+            show_spec(ours)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// One file of a part list.
@@ -166,6 +226,10 @@ pub struct Plan {
     /// additions never conflict with it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub append_only: bool,
+    /// The table's partitioning the checkpoint's files were written with
+    /// (`None`: unknown to the committer, not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_by: Option<Vec<PartitionColumn>>,
 }
 
 /// The plan of a checkpoint writing `files`, given `state`; `replaces`:
@@ -174,7 +238,7 @@ pub fn plan(state: Option<&TableState>, files: &[StagedFile], replaces: bool) ->
     let touched: BTreeSet<String> = files.iter().map(|f| f.partition.clone()).collect();
     let replace =
         touched.iter().filter(|p| replaces && state.is_none_or(|s| !s.replaced.contains(*p))).cloned().collect();
-    Plan { replace, touched, append_only: !replaces }
+    Plan { replace, touched, append_only: !replaces, partition_by: None }
 }
 
 thread_local! {
@@ -440,6 +504,9 @@ pub fn commit(
             fold(state, table, plan, None);
             return Ok(false);
         }
+        if let (Some(h), Some(ours)) = (&head, &plan.partition_by) {
+            refuse_other_partitioning(&log.label(), h, ours)?;
+        }
         {
             let mut state = state.borrow_mut();
             let base = head.as_ref().map_or(0, |h| h.version);
@@ -501,6 +568,7 @@ pub fn commit(
             replaced: plan.replace.iter().cloned().collect(),
             partitions: live.into_values().collect(),
             committed,
+            partition_by: plan.partition_by.clone().or_else(|| head.as_ref().and_then(|h| h.partition_by.clone())),
         };
         let bytes =
             serde_json::to_vec_pretty(&version).map_err(|e| error::fatal(format!("encoding a version: {e}")))?;
@@ -561,11 +629,21 @@ pub fn incarnations(cfg: &Config, ctx: &SinkContext, table: &str) -> Result<Vec<
 /// Notes each table's newest version as the incarnation's base (kept when
 /// a restored state has one), and says when an earlier incarnation of this
 /// job landed there: a rerun replaces the partitions it touches.
-pub fn see(cfg: &Config, ctx: &SinkContext, state: &RefCell<State>, tables: &[String]) -> Result<(), SinkError> {
+/// Refuses (`config`) a table whose newest version records another
+/// partitioning than `specs` gives it.
+pub fn see(
+    cfg: &Config,
+    ctx: &SinkContext,
+    state: &RefCell<State>,
+    specs: &BTreeMap<String, Vec<PartitionColumn>>,
+) -> Result<(), SinkError> {
     let prefix = format!("{}.{}.", ctx.job_id, ctx.sink_id);
-    for table in tables {
+    for (table, spec) in specs {
         let log = Log { cfg, table };
         let latest = log.latest()?;
+        if let Some(head) = &latest {
+            refuse_other_partitioning(&log.label(), head, spec)?;
+        }
         let base = latest.as_ref().map_or(0, |v| v.version);
         state.borrow_mut().tables.entry(table.clone()).or_insert_with(|| TableState { base, ..Default::default() });
         let others: Vec<&str> = latest

@@ -156,6 +156,9 @@ struct Version {
     writer: Writer,
     replaced: Vec<String>,
     partitions: Vec<LivePartition>,
+    /// The table's partitioning (columns and types), in every version.
+    #[serde(default)]
+    partition_by: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -665,4 +668,23 @@ fn the_dead_letter_table_is_unpartitioned_and_appended_to() {
     second.run(None).expect("the second run");
     assert_eq!(by_day(lake.path()), expected(&day_rows(1, 10..14, 2)), "day 1 replaced by the second run");
     assert_eq!(dead_letters(&table_dir(lake.path()).join("dead")).len(), 2, "both runs' dead letters stay");
+}
+
+/// Changing `partition_by` of an overwrite table is refused at open, naming
+/// both partitionings, before anything lands: the head's partitions would
+/// stay live beside the new ones (the unpartitioned table beside `day=…`),
+/// so readers would read rows twice.
+#[test]
+fn changing_partition_by_of_an_overwrite_table_is_refused_naming_both() {
+    let lake = tempfile::tempdir().expect("lake");
+    let old = baseline(lake.path());
+    let mut other = job("repartitioner", lake.path(), "overwrite-partitions", 1000);
+    other.toml = other.toml.replace("partition_by = \"day\"\n", "");
+    write_csv(&other, "a.csv", &day_rows(1, 50..53, 5));
+    let err = other.run(None).expect_err("an unpartitioned overwrite of a day-partitioned table").to_string();
+    for part in ["partition_by", "daily", "partitioned by day (", "nothing (unpartitioned)"] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+    assert_eq!(by_day(lake.path()), expected(&old), "nothing landed");
+    assert!(version(&Local(table_dir(lake.path())), 1).partition_by.is_some(), "each version records it");
 }
