@@ -17,7 +17,11 @@
 //! - in `mode = "overwrite-partitions"` a table is published by creating
 //!   the next version of its log instead (see `versions`); a version that
 //!   holds the checkpoint already is found through its `committed` map, and
-//!   every file is checked the same way before any table is published.
+//!   every file is checked the same way before any table is published;
+//! - a checkpoint is published only in the mode it was prepared in: one
+//!   with a table prepared in the other mode than the job's `mode` now is
+//!   refused whole, and the layout check of `open` runs again right before
+//!   publishing, so a table directory never gets both layouts.
 
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::Committer;
@@ -355,6 +359,7 @@ impl GuestCommitter for FilesCommitter {
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
         let combined = decode(&combined)?;
+        self.refuse_other_mode(c, &combined)?;
         // Nothing is published under another incarnation's claim.
         if !self.claimed.get() {
             layout::claim(&self.cfg, &self.ctx)?;
@@ -417,6 +422,11 @@ impl GuestCommitter for FilesCommitter {
             };
             return Err(files::refuse_missing(c, consequence, &problems));
         }
+        // The layout check of `open`, again right before publishing: a
+        // table may have gained the other layout since (another job).
+        let publishing: Vec<String> =
+            todo.iter().map(|(p, _)| p.table.to_string()).chain(logged.iter().map(|(t, _)| t.table.clone())).collect();
+        layout::refuse_mixed_layouts(&self.cfg, &publishing)?;
         let mut published = false;
         for (part, named) in todo {
             published |= if part.marker { self.publish_marker(c, &part, named)? } else { self.publish(c, &part)? };
@@ -450,6 +460,35 @@ impl GuestCommitter for FilesCommitter {
 }
 
 impl FilesCommitter {
+    /// Refuses (`config`) checkpoint `c` when a table of it was prepared in
+    /// the other mode than the job's `mode` now (the mode changed while it
+    /// was pending): publishing it would put both layouts in one table
+    /// directory. Nothing is published; with the mode it was prepared in,
+    /// the checkpoint commits as it would have.
+    fn refuse_other_mode(&self, c: u64, combined: &Combined) -> Result<(), SinkError> {
+        let mode = |overwrite: bool| if overwrite { "overwrite-partitions" } else { "append" };
+        let legacy = combined.visible_dir.as_ref().map(|_| ("(the single table)".to_string(), false));
+        let tables = combined.tables.iter().map(|t| {
+            let name = if t.table.is_empty() { "(the single table)".to_string() } else { t.table.clone() };
+            (name, t.log.is_some())
+        });
+        let other: Vec<String> =
+            tables.chain(legacy).filter(|(_, logged)| *logged != self.cfg.overwrite).map(|(name, _)| name).collect();
+        if other.is_empty() {
+            return Ok(());
+        }
+        Err(error::config(format!(
+            "[sink.options] mode = {:?}, but pending checkpoint {c} was prepared with mode = {:?} for table(s) {}; \
+             publishing it would mix both layouts in one table directory, so nothing of it was published. Set mode \
+             back to {:?} until the pending checkpoint is committed (run the job once more), or drop it (`sluice \
+             state --drop-pending`)",
+            mode(self.cfg.overwrite),
+            mode(!self.cfg.overwrite),
+            other.join(", "),
+            mode(!self.cfg.overwrite)
+        )))
+    }
+
     /// Whether the newest version of `table`'s log holds checkpoint `c` of
     /// this incarnation already (then its files are not checked again:
     /// they may have moved on since, as a visible directory's may).

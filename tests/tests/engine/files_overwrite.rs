@@ -688,3 +688,22 @@ fn changing_partition_by_of_an_overwrite_table_is_refused_naming_both() {
     assert_eq!(by_day(lake.path()), expected(&old), "nothing landed");
     assert!(version(&Local(table_dir(lake.path())), 1).partition_by.is_some(), "each version records it");
 }
+
+/// A job stopped with a checkpoint pending in append mode and resumed in
+/// overwrite mode: the commit of the pending checkpoint is refused as a
+/// config error naming both modes, and nothing lands in either layout.
+#[test]
+fn a_mode_switch_with_a_pending_checkpoint_is_refused_at_commit() {
+    let lake = tempfile::tempdir().expect("lake");
+    let mut switched = job("switcher", lake.path(), "append", 1000);
+    write_csv(&switched, "a.csv", &day_rows(1, 0..3, 1));
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 };
+    assert!(switched.run(Some(crash)).expect_err("stopped with checkpoint 1 pending").is_injected_crash());
+    let before = walk(&table_dir(lake.path()));
+    switched.toml = switched.toml.replace("mode = \"append\"", "mode = \"overwrite-partitions\"");
+    let err = switched.run(None).expect_err("the pending append checkpoint under overwrite").to_string();
+    for part in ["mode = \"overwrite-partitions\"", "pending checkpoint 1", "mode = \"append\"", "--drop-pending"] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+    assert_eq!(walk(&table_dir(lake.path())), before, "nothing landed");
+}
