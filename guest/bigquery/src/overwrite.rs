@@ -25,6 +25,9 @@
 //!   `jobs.get` tells how that job ended;
 //! - an unanswered `jobs.insert` (a 5xx, a timeout) is an unknown outcome:
 //!   it is settled by `jobs.get` of the same id, never by inserting another;
+//!   every job names the location of the target's dataset (read once with
+//!   `datasets.get`), and every `jobs.get` passes it, without which a job
+//!   in a single region is not found;
 //! - a job that ended with `errorResult` applied nothing (copy jobs are
 //!   atomic); after a transient reason the next index is inserted, and
 //!   recovery walks the indexes from 0 through `jobs.get`, so the sequence
@@ -698,6 +701,33 @@ fn check_range<T: PartialOrd + std::fmt::Display>(
     )))
 }
 
+thread_local! {
+    /// Dataset locations read so far, by `project/dataset` (an instance
+    /// reads each once).
+    static LOCATIONS: RefCell<BTreeMap<String, String>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+/// The location of the target's dataset, where its copy jobs run: sent as
+/// `jobReference.location` and passed to every `jobs.get`, which finds a
+/// job in a single region only by its location ("You must specify the
+/// location to run the job for the following scenarios: If the location
+/// to run a job is not in the us or the eu multi-regional location; If the
+/// job's location is in a single region",
+/// https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/get).
+fn dataset_location(cfg: &Config, project: &str, dataset: &str) -> Result<String, SinkError> {
+    let key = format!("{project}/{dataset}");
+    if let Some(known) = LOCATIONS.with(|l| l.borrow().get(&key).cloned()) {
+        return Ok(known);
+    }
+    let context = format!("reading the location of dataset {project}.{dataset}");
+    let location = tables::api(cfg)
+        .dataset_location(project, dataset)
+        .map_err(|e| rest_failure(&context, e))?
+        .ok_or_else(|| error::config(format!("{context}: the dataset does not exist or names no location")))?;
+    LOCATIONS.with(|l| l.borrow_mut().insert(key, location.clone()));
+    Ok(location)
+}
+
 /// What `jobs.get` says of a job.
 enum Outcome {
     /// DONE without `errorResult`: the partition was replaced.
@@ -739,6 +769,7 @@ pub(crate) fn replace_partition(
     let (project, dataset, table) = rest::parts(target);
     let (_, _, stage_table) = rest::parts(stage);
     let jobs = Jobs { endpoint: &cfg.rest_endpoint, timeout_ms: cfg.rpc_timeout_ms };
+    let location = dataset_location(cfg, project, dataset)?;
     // How many transient job failures (new indexes) and unknown outcomes one call absorbs.
     let budget = cfg.attempts.max(1);
     let (mut failures, mut unknown) = (0u32, 0u32);
@@ -746,7 +777,7 @@ pub(crate) fn replace_partition(
     loop {
         let id = job_id(ctx, target, c, d, k);
         let body = json!({
-            "jobReference": { "projectId": project, "jobId": id },
+            "jobReference": { "projectId": project, "jobId": id, "location": location },
             "configuration": { "copy": {
                 "sourceTable": { "projectId": project, "datasetId": dataset, "tableId": format!("{stage_table}${d}") },
                 "destinationTable": { "projectId": project, "datasetId": dataset, "tableId": format!("{table}${d}") },
@@ -763,7 +794,7 @@ pub(crate) fn replace_partition(
         let job = match jobs.insert(project, &body) {
             Ok(Inserted::Created(job)) => job,
             // Ours from an earlier try or run, or the one a lost reply hid.
-            Ok(Inserted::Duplicate) => match jobs.get(project, &id, None) {
+            Ok(Inserted::Duplicate) => match jobs.get(project, &id, Some(&location)) {
                 Ok(Some(job)) => {
                     fresh = false;
                     job
@@ -781,7 +812,7 @@ pub(crate) fn replace_partition(
             Err(e) => {
                 // An unknown outcome: the job may exist. Only jobs.get of this id settles it.
                 log::warn(&format!("{context}: jobs.insert got no answer ({e}); asking jobs.get"));
-                match jobs.get(project, &id, None) {
+                match jobs.get(project, &id, Some(&location)) {
                     Ok(Some(job)) => job,
                     Ok(None) => {
                         unknown += 1;
@@ -800,7 +831,7 @@ pub(crate) fn replace_partition(
                 }
             }
         };
-        match wait_done(cfg, &jobs, project, &id, job, &context)? {
+        match wait_done(cfg, &jobs, project, &location, &id, job, &context)? {
             Outcome::Done => {
                 log::info(&format!("checkpoint {c}: partition {target}${d} replaced by copy job {id}"));
                 return Ok(());
@@ -834,6 +865,7 @@ fn wait_done(
     cfg: &Config,
     jobs: &Jobs,
     project: &str,
+    location: &str,
     id: &str,
     mut job: Value,
     context: &str,
@@ -841,9 +873,6 @@ fn wait_done(
     // Polls in all, at the retry policy's growing delays (some minutes with
     // the defaults); then the commit is asked again and finds the same job.
     const POLLS: u32 = 120;
-    // A job outside the US and EU multi-regions is found only with its
-    // location, which the job resource names.
-    let location = job["jobReference"]["location"].as_str().map(str::to_string);
     for poll in 1..=POLLS {
         match outcome(id, &job)? {
             Outcome::Running => {}
@@ -854,7 +883,7 @@ fn wait_done(
             .delay(poll.min(cfg.attempts.saturating_sub(1)).max(1))
             .unwrap_or(Duration::from_millis(cfg.backoff_ms.max(10)));
         std::thread::sleep(wait);
-        job = match jobs.get(project, id, location.as_deref()) {
+        job = match jobs.get(project, id, Some(location)) {
             Ok(Some(job)) => job,
             // Not proof that it did not run (a job just made, or asked for
             // in the wrong location, may be answered 404): unknown, so the

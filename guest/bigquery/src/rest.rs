@@ -258,6 +258,21 @@ impl Tables<'_> {
         self.retry.run(once, RestError::is_transient, |_, _, _| {}).map_err(|failed| failed.error)
     }
 
+    /// The `location` of a dataset, read with `datasets.get`
+    /// (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get);
+    /// `None` when the dataset does not exist or names none.
+    pub fn dataset_location(&self, project: &str, dataset: &str) -> Result<Option<String>, RestError> {
+        let once = |_| {
+            let path = format!("/bigquery/v2/projects/{project}/datasets/{dataset}");
+            let reply = send(self.endpoint, Method::Get, &path, &[], None, self.timeout_ms)?;
+            if reply.status == 404 {
+                return Ok(None);
+            }
+            json_reply(reply).map(|v| v.get("location").and_then(Value::as_str).map(str::to_string))
+        };
+        self.retry.run(once, RestError::is_transient, |_, _, _| {}).map_err(|failed| failed.error)
+    }
+
     /// `tables.insert`: `Ok(false)` when the table exists already (409).
     pub fn insert(&self, table: &str, fields: &Value) -> Result<bool, RestError> {
         self.insert_with(table, json!({ "schema": { "fields": fields } }))

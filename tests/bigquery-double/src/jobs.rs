@@ -15,6 +15,13 @@
 //!   The refused insert changes nothing.
 //! - jobs.get (https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/get)
 //!   "Returns information about a specific job"; an unknown id is 404 `notFound`.
+//!   Its `location` parameter: "The geographic location of the job. You
+//!   must specify the location to run the job for the following
+//!   scenarios: If the location to run a job is not in the us or the eu
+//!   multi-regional location; If the job's location is in a single region
+//!   (for example, us-central1)". So a job whose location is not the `US`
+//!   or `EU` multi-region is 404 to a `jobs.get` without its location (or
+//!   with another).
 //! - JobStatus (https://cloud.google.com/bigquery/docs/reference/rest/v2/Job#JobStatus):
 //!   `state` is PENDING, RUNNING or DONE; `errorResult` "Final error result
 //!   of the job. If present, indicates that the job has completed and was
@@ -57,7 +64,9 @@
 //!   are refused with 400 "not supported by this double";
 //! - the Job resource carries `jobReference`, `configuration` (with
 //!   `jobType`) and `status`; `statistics` is left out, and `location`
-//!   is the client's or `US`. Jobs never leave PENDING/RUNNING by time,
+//!   is the client's (`jobReference.location`) or else, as BigQuery infers
+//!   it from the tables a job references, the destination dataset's
+//!   ([`crate::state::Dataset`], `US` unless a test set one). Jobs never leave PENDING/RUNNING by time,
 //!   only by a `jobs.get` poll ([`crate::JobFault::RunningFor`]).
 
 use std::sync::Arc;
@@ -466,8 +475,13 @@ pub(crate) async fn insert_job(
     {
         return bad_request(format!("jobReference.projectId {given} does not match the project {p} of the request"));
     }
-    let location =
-        reference.and_then(|r| r.get("location")).and_then(Value::as_str).unwrap_or(DEFAULT_LOCATION).to_string();
+    let location = match reference.and_then(|r| r.get("location")).and_then(Value::as_str) {
+        Some(given) => given.to_string(),
+        None => {
+            let dataset = format!("projects/{}/datasets/{}", copy.destination.project, copy.destination.dataset);
+            shared.inner().datasets.get(&dataset).map_or_else(|| DEFAULT_LOCATION.to_string(), |d| d.location.clone())
+        }
+    };
     let id = match reference.and_then(|r| r.get("jobId")).and_then(Value::as_str) {
         Some(id) if job_id_ok(id) => id.to_string(),
         Some(id) => {
@@ -528,6 +542,7 @@ pub(crate) async fn get_job(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     Path((p, j)): Path<(String, String)>,
+    uri: axum::http::Uri,
 ) -> Response {
     if let Some(r) = unauthorized(&shared, &headers) {
         return r;
@@ -538,8 +553,15 @@ pub(crate) async fn get_job(
     }
     let mut inner = shared.inner();
     let key = (p.clone(), j.clone());
-    let Some(mut job) = inner.jobs.remove(&key) else {
-        return job_not_found(&p, DEFAULT_LOCATION, &j);
+    // The `location` query parameter (region names need no percent-decoding).
+    let asked = uri.query().unwrap_or("").split('&').find_map(|kv| kv.strip_prefix("location="));
+    let multi_region = |l: &str| l.eq_ignore_ascii_case("US") || l.eq_ignore_ascii_case("EU");
+    let found = inner.jobs.get(&key).is_some_and(|job| match asked {
+        Some(asked) => asked.eq_ignore_ascii_case(&job.location),
+        None => multi_region(&job.location),
+    });
+    let Some(mut job) = (if found { inner.jobs.remove(&key) } else { None }) else {
+        return job_not_found(&p, asked.unwrap_or(DEFAULT_LOCATION), &j);
     };
     if job.state == JobState::Running {
         if job.polls_left > 0 {

@@ -592,3 +592,28 @@ fn datasets_answer_their_defaults_and_tables_insert_applies_them() {
     let (status, _) = http(&double, "DELETE", "/bigquery/v2/projects/p/datasets/d/tables/own", None);
     assert_eq!(status, 404);
 }
+
+/// A job runs where its destination's dataset is when the client names no
+/// location, and `jobs.get` finds a job in a single region only with its
+/// location; a job in the `US` multi-region is found without it.
+#[test]
+fn jobs_get_needs_the_location_of_a_single_region_job() {
+    let double = setup();
+    double.set_dataset(
+        "projects/p/datasets/d",
+        sluice_bigquery_double::Dataset { location: "europe-west1".into(), ..Default::default() },
+    );
+    let (status, job) = insert_job(&double, copy_job("in_region", "stage", "target", "WRITE_APPEND"));
+    assert_eq!(status, 200, "{job}");
+    assert_eq!(job["jobReference"]["location"], "europe-west1");
+    assert_eq!(get_job(&double, "in_region").0, 404, "without its location");
+    let (status, _) = http(&double, "GET", "/bigquery/v2/projects/p/jobs/in_region?location=us-east1", None);
+    assert_eq!(status, 404, "in another location");
+    let (status, got) = http(&double, "GET", "/bigquery/v2/projects/p/jobs/in_region?location=europe-west1", None);
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["status"]["state"], "DONE");
+    let mut us = copy_job("in_us", "stage", "target", "WRITE_APPEND");
+    us["jobReference"]["location"] = json!("US");
+    assert_eq!(insert_job(&double, us).0, 200);
+    assert_eq!(get_job(&double, "in_us").0, 200, "a multi-region job is found without its location");
+}

@@ -701,3 +701,26 @@ fn dataset_default_expirations_do_not_apply_to_staging_or_markers() {
     let expires = d.expiration_time(&marker).expect("the marker expires explicitly");
     assert!(expires > now + 5 * 365 * 24 * 3600 * 1000, "the marker expires at {expires}, now {now}");
 }
+
+/// In a dataset in a single region, a copy job whose insert reply was lost
+/// is found again: every job names the dataset's location and every
+/// `jobs.get` passes it (without it the job is not found, and the commit
+/// could never settle).
+#[test]
+fn a_lost_copy_job_reply_in_a_single_region_is_settled_by_its_location() {
+    let d = double();
+    d.set_dataset(
+        "projects/p/datasets/d",
+        sluice_bigquery_double::Dataset { location: "europe-west1".into(), ..Default::default() },
+    );
+    d.inject_job(3, JobFault::ApplyThenDropReply);
+    job("bq-ow-region", &d).run(None).expect("run");
+    assert_replaced(&d);
+    let jobs = d.jobs();
+    assert_eq!(jobs.len(), 30 * LAST as usize, "one job per day per checkpoint: {:?}", job_ids(&d));
+    assert!(
+        jobs.iter().all(|j| j.location == "europe-west1"),
+        "{:?}",
+        jobs.iter().map(|j| &j.location).collect::<Vec<_>>()
+    );
+}
