@@ -396,10 +396,14 @@ impl GuestCommitter for FilesCommitter {
             todo.push((part, named));
         }
         let mut logged = Vec::new();
+        // Tables of `c` whose log holds it (an earlier attempt of this
+        // commit), then each table committed here: for a refusal's message.
+        let mut done: Vec<String> = Vec::new();
         for t in combined.tables.iter() {
             let Some(plan) = &t.log else { continue };
             if self.log_holds(c, &t.table)? {
-                versions::commit(&self.cfg, &self.ctx, &self.state, &t.table, c, plan, &t.files)?;
+                versions::commit(&self.cfg, &self.ctx, &self.state, &t.table, c, plan, &t.files, &done)?;
+                done.push(show_table(&t.table));
                 continue;
             }
             let part = Part {
@@ -427,12 +431,20 @@ impl GuestCommitter for FilesCommitter {
         let publishing: Vec<String> =
             todo.iter().map(|(p, _)| p.table.to_string()).chain(logged.iter().map(|(t, _)| t.table.clone())).collect();
         layout::refuse_mixed_layouts(&self.cfg, &publishing)?;
+        // Every logged table is checked before any version is created, so a
+        // conflict in one table commits nothing of the checkpoint (unless
+        // another writer changes a partition between the check and the
+        // version, which `versions::commit` finds and names).
+        for (t, plan) in &logged {
+            versions::check(&self.cfg, &self.ctx, &self.state, &t.table, c, plan, &done)?;
+        }
         let mut published = false;
         for (part, named) in todo {
             published |= if part.marker { self.publish_marker(c, &part, named)? } else { self.publish(c, &part)? };
         }
         for (t, plan) in logged {
-            published |= versions::commit(&self.cfg, &self.ctx, &self.state, &t.table, c, plan, &t.files)?;
+            published |= versions::commit(&self.cfg, &self.ctx, &self.state, &t.table, c, plan, &t.files, &done)?;
+            done.push(show_table(&t.table));
         }
         Ok(if published { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })
     }
@@ -535,6 +547,11 @@ impl FilesCommitter {
         }
         Ok(())
     }
+}
+
+/// How a message names a table (`""`: the single table).
+fn show_table(table: &str) -> String {
+    if table.is_empty() { "the single table".to_string() } else { format!("table {table}") }
 }
 
 /// What a combined commit will make visible, one line per table.

@@ -34,6 +34,11 @@
 //!   kept. Exactly the versions up to the parent are validated, and the
 //!   new version can only be created as the parent's successor, so the
 //!   check and the commit are one atomic step, as Iceberg's pinned head is;
+//! - every table of a checkpoint is checked ([`check`]) before a version
+//!   of any is created, so a conflict found then commits nothing of it; a
+//!   conflict that appears between the check and a table's version leaves
+//!   the tables before it committed, and the refusal says which (tables
+//!   commit independently);
 //! - every version records the table's partitioning ([`PartitionColumn`]s:
 //!   `partition_by`'s columns and types); an open (or a table added by
 //!   `evolve`) and a commit whose partitioning differs from the newest
@@ -418,6 +423,7 @@ impl Log<'_> {
         head: Option<&Version>,
         state: &mut TableState,
         touched: &BTreeSet<String>,
+        done: &[String],
     ) -> Result<(), SinkError> {
         let from = state.checked_through.unwrap_or(state.base);
         let to = head.map_or(0, |h| h.version);
@@ -463,11 +469,20 @@ impl Log<'_> {
         if conflicts.is_empty() {
             return Ok(());
         }
+        let committed = if done.is_empty() {
+            "Nothing of this checkpoint was committed".to_string()
+        } else {
+            format!(
+                "The tables of a checkpoint commit independently: its part in {} is committed, and nothing of it in \
+                 this table",
+                done.join(", ")
+            )
+        };
         Err(error::fatal(format!(
             "{}: another writer changed {} that this overwrite job (job {:?}, sink {:?}, incarnation {}) replaces \
-             since it began: {}. Nothing of this checkpoint was committed, and the other writer's rows are kept. Wait \
-             for the other writer to finish and rerun this backfill as a new incarnation (a fresh state directory \
-             and `--new-incarnation`), or drop this pending checkpoint (`sluice state --drop-pending`)",
+             since it began: {}. {committed}, and the other writer's rows are kept. Wait for the other writer to \
+             finish and rerun this backfill as a new incarnation (a fresh state directory and `--new-incarnation`), \
+             or drop this pending checkpoint (`sluice state --drop-pending`)",
             self.label(),
             if conflicts.len() == 1 { "a partition" } else { "partitions" },
             ctx.job_id,
@@ -483,9 +498,41 @@ pub fn show(partition: &str) -> String {
     if partition.is_empty() { "(the whole unpartitioned table)".to_string() } else { partition.to_string() }
 }
 
+/// Checks, before any table of checkpoint `c` is committed, that the
+/// newest version of `table`'s log lets `plan` commit: the same
+/// partitioning and no other writer's change to a partition it replaces
+/// (what [`commit`] checks again as it creates the version). `done`: the
+/// tables of `c` committed already, for the message.
+pub fn check(
+    cfg: &Config,
+    ctx: &SinkContext,
+    state: &RefCell<State>,
+    table: &str,
+    c: u64,
+    plan: &Plan,
+    done: &[String],
+) -> Result<(), SinkError> {
+    let log = Log { cfg, table };
+    let head = log.latest()?;
+    let key = incarnation::key(ctx);
+    if head.as_ref().and_then(|h| h.committed.get(&key)).is_some_and(|&held| held >= c) {
+        return Ok(());
+    }
+    if let (Some(h), Some(ours)) = (&head, &plan.partition_by) {
+        refuse_other_partitioning(&log.label(), h, ours)?;
+    }
+    let mut state = state.borrow_mut();
+    let base = head.as_ref().map_or(0, |h| h.version);
+    let tstate = state.tables.entry(table.to_string()).or_insert_with(|| TableState { base, ..Default::default() });
+    let guarded = if plan.append_only { BTreeSet::new() } else { plan.touched.clone() };
+    log.validate(ctx, head.as_ref(), tstate, &guarded, done)
+}
+
 /// Commits checkpoint `c` of one table: `files` (named relative to the
 /// table's directory, checked whole by the caller) under `plan`.
-/// `Ok(false)`: the log already holds `c` of this incarnation.
+/// `Ok(false)`: the log already holds `c` of this incarnation. `done`: the
+/// tables of `c` committed already, for a refusal's message.
+#[allow(clippy::too_many_arguments)]
 pub fn commit(
     cfg: &Config,
     ctx: &SinkContext,
@@ -494,6 +541,7 @@ pub fn commit(
     c: u64,
     plan: &Plan,
     files: &[StagedFile],
+    done: &[String],
 ) -> Result<bool, SinkError> {
     let log = Log { cfg, table };
     let key = incarnation::key(ctx);
@@ -513,7 +561,7 @@ pub fn commit(
             let tstate =
                 state.tables.entry(table.to_string()).or_insert_with(|| TableState { base, ..Default::default() });
             let guarded = if plan.append_only { BTreeSet::new() } else { plan.touched.clone() };
-            log.validate(ctx, head.as_ref(), tstate, &guarded)?;
+            log.validate(ctx, head.as_ref(), tstate, &guarded, done)?;
         }
         let n = head.as_ref().map_or(0, |h| h.version) + 1;
         let mut live: BTreeMap<String, LivePartition> = head

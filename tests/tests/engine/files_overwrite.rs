@@ -707,3 +707,35 @@ fn a_mode_switch_with_a_pending_checkpoint_is_refused_at_commit() {
     }
     assert_eq!(walk(&table_dir(lake.path())), before, "nothing landed");
 }
+
+/// [`job`] over a tree of CSV folders, one per table of `tables` (each
+/// holding `rows`), landing in `<lake>/daily/<table>/`.
+fn two_table_job(id: &str, lake: &Path, tables: &[&str], rows: &[Row]) -> TestJob {
+    let t = job(id, lake, "overwrite-partitions", 1000);
+    for table in tables {
+        std::fs::create_dir_all(t.dir.path().join("in").join(table)).expect("table folder");
+        write_csv(&t, &format!("{table}/1.csv"), rows);
+    }
+    t
+}
+
+/// A checkpoint of tables `a` and `b` pending when another writer
+/// overwrites its day in `b` only: its commit is refused naming `b`'s day
+/// and the writer, and creates no version in `a` either (every table is
+/// checked before any version is created), so "nothing of this checkpoint
+/// was committed" is true.
+#[test]
+fn a_conflict_in_one_table_commits_no_table_of_the_checkpoint() {
+    let lake = tempfile::tempdir().expect("lake");
+    let ours = two_table_job("both", lake.path(), &["a", "b"], &day_rows(2, 0..3, 1));
+    let crash = Fault { point: CrashPoint::AfterPersist, checkpoint: 1, subtask: 0 };
+    assert!(ours.run(Some(crash)).expect_err("stopped with checkpoint 1 pending").is_injected_crash());
+    let other = two_table_job("intruder", lake.path(), &["b"], &day_rows(2, 90..92, 9));
+    other.run(None).expect("the other writer");
+    let err = ours.run(None).expect_err("the pending checkpoint conflicts in b").to_string();
+    for part in ["table b", "day=2024-01-02", "\"intruder\"", "Nothing of this checkpoint was committed"] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+    let a = Local(table_dir(lake.path()).join("a"));
+    assert_eq!(newest(&a), 0, "no version of table a was created");
+}
