@@ -50,8 +50,8 @@
 //!   tables of the older holders, so their later copies fail with
 //!   `notFound`; and the marker is checked again after the copies;
 //! - a row whose partitioning column lies outside the range BigQuery
-//!   partitions (1960-01-01 to 2159-12-31) is refused as invalid data
-//!   before it is written: it would land in `__UNPARTITIONED__`, which no
+//!   partitions (1960-01-01 to 2159-12-31) is refused as invalid data,
+//!   named with the contract's row phrase, before it is written: it would land in `__UNPARTITIONED__`, which no
 //!   decorator replaces.
 
 use std::cell::RefCell;
@@ -605,12 +605,19 @@ impl RowPartitions {
 }
 
 /// The partition id (`20240105`, `__NULL__`) of every row of `batches`,
-/// by the partitioning column.
+/// by the partitioning column. A row that cannot be partitioned is
+/// `invalid-data` named with the contract's phrase (`row N of this
+/// writer's input for table "T"`), `first_row` being the index of the
+/// first row of `batches` among the rows given for `table` since it was
+/// opened or changed, so the host names its file and line (and with dead
+/// letters takes it).
 pub(crate) fn row_partitions(
     p: &Partitioning,
     table: &str,
+    first_row: u64,
     batches: &[RecordBatch],
 ) -> Result<RowPartitions, SinkError> {
+    let mut n = first_row;
     let mut into = RowPartitions::default();
     let fmt = p.format();
     let (Some(lo), Some(hi)) = (date32_to_datetime(PARTITION_DAYS.start), date32_to_datetime(PARTITION_DAYS.end))
@@ -628,9 +635,16 @@ pub(crate) fn row_partitions(
             )));
         };
         let column = batch.column(i);
-        let bad =
-            |v: i64| error::invalid_data(format!("table {table}: column {:?} value {v} is not a valid time", p.field));
+        let base = n;
+        n += column.len() as u64;
         for row in 0..column.len() {
+            let at = base + row as u64;
+            let bad = |v: i64| {
+                error::invalid_data(format!(
+                    "row {at} of this writer's input for table {table:?}: column {:?} value {v} is not a valid time",
+                    p.field
+                ))
+            };
             if column.is_null(row) {
                 into.push(NULL_PARTITION.to_string());
                 continue;
@@ -674,7 +688,7 @@ pub(crate) fn row_partitions(
                     )));
                 }
             };
-            check_range(table, &p.field, &time, &lo, &hi)?;
+            check_range(table, at, &p.field, &time, &lo, &hi)?;
             into.push(time.format(fmt).to_string());
         }
     }
@@ -686,6 +700,7 @@ pub(crate) fn row_partitions(
 /// needs no date crate of its own).
 fn check_range<T: PartialOrd + std::fmt::Display>(
     table: &str,
+    row: u64,
     column: &str,
     time: &T,
     lo: &T,
@@ -695,7 +710,7 @@ fn check_range<T: PartialOrd + std::fmt::Display>(
         return Ok(());
     }
     Err(error::invalid_data(format!(
-        "table {table}: column {column:?} value {time} lies outside the range BigQuery partitions (1960-01-01 to \
+        "row {row} of this writer's input for table {table:?}: column {column:?} value {time} lies outside the range BigQuery partitions (1960-01-01 to \
          2159-12-31); such a row lands in partition __UNPARTITIONED__, which option `mode` = \
          \"overwrite-partitions\" cannot replace, so it was not written"
     )))
@@ -927,17 +942,17 @@ mod tests {
             ],
         )
         .unwrap();
-        let ids = |part: Partitioning| row_partitions(&part, "t", std::slice::from_ref(&batch)).unwrap().of(0, 3);
+        let ids = |part: Partitioning| row_partitions(&part, "t", 0, std::slice::from_ref(&batch)).unwrap().of(0, 3);
         assert_eq!(ids(p(Unit::Day, "day")), vec!["20240101", "20240102", "__NULL__"]);
         assert_eq!(ids(p(Unit::Hour, "ts")), vec!["2024022923"]);
         assert_eq!(ids(p(Unit::Month, "ts")), vec!["202402"]);
         assert_eq!(ids(p(Unit::Year, "ts")), vec!["2024"]);
         // A request's rows name only their own partitions.
-        let days = row_partitions(&p(Unit::Day, "day"), "t", std::slice::from_ref(&batch)).unwrap();
+        let days = row_partitions(&p(Unit::Day, "day"), "t", 0, std::slice::from_ref(&batch)).unwrap();
         assert_eq!(days.of(0, 1), vec!["20240101"]);
         assert_eq!(days.of(1, 2), vec!["20240102", "__NULL__"]);
         assert_eq!(days.of(2, 9), vec!["20240102"]);
-        let err = row_partitions(&p(Unit::Day, "nope"), "t", &[batch]).unwrap_err();
+        let err = row_partitions(&p(Unit::Day, "nope"), "t", 0, &[batch]).unwrap_err();
         assert!(format!("{err:?}").contains("nope"));
     }
 
@@ -947,11 +962,14 @@ mod tests {
         let batch =
             |days: Vec<i32>| RecordBatch::try_new(schema.clone(), vec![Arc::new(Date32Array::from(days))]).unwrap();
         // 1960-01-01 and 2159-12-31 are the first and last partitioned days.
-        let edges = row_partitions(&p(Unit::Day, "day"), "t", &[batch(vec![-3653, 69_395])]).unwrap();
+        let edges = row_partitions(&p(Unit::Day, "day"), "t", 0, &[batch(vec![-3653, 69_395])]).unwrap();
         assert_eq!(edges.of(0, 2), vec!["19600101", "21591231"]);
         for (day, text) in [(-3654, "1959-12-31"), (69_396, "2160-01-01")] {
-            let err = row_partitions(&p(Unit::Year, "day"), "t", &[batch(vec![19_723, day])]).unwrap_err();
+            // The second batch's second row: row 7 + 2 + 1 of the table's input.
+            let batches = [batch(vec![19_723, 19_724]), batch(vec![19_723, day])];
+            let err = row_partitions(&p(Unit::Year, "day"), "t", 7, &batches).unwrap_err();
             let SinkError::InvalidData(msg) = err else { panic!("not invalid data: {err:?}") };
+            assert!(msg.starts_with("row 10 of this writer's input for table \"t\": "), "{msg}");
             assert!(msg.contains("column \"day\"") && msg.contains(text) && msg.contains("__UNPARTITIONED__"), "{msg}");
         }
     }

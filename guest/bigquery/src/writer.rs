@@ -534,7 +534,7 @@ impl StreamWriter {
     /// Sends the rows of one IPC batch.
     fn write(&mut self, batches: &[RecordBatch]) -> Result<(), SinkError> {
         let partitions = match &self.partitioning {
-            Some(p) => Some(overwrite::row_partitions(p, &self.table, batches)?),
+            Some(p) => Some(overwrite::row_partitions(p, &self.table, self.rows_in, batches)?),
             None => None,
         };
         let max = self.cfg.max_request_bytes;

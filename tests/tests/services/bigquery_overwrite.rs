@@ -534,11 +534,45 @@ address = {rest:?}
     );
     let job = TestJob { dir, toml };
     let err = job.run(None).expect_err("the row is refused").to_string();
-    for part in ["\"day\"", "1959-12-31", "__UNPARTITIONED__"] {
+    // Named with the contract's row phrase, so the host names file and line
+    // (the header is line 1, the refused row line 3).
+    for part in [
+        "\"day\"",
+        "1959-12-31",
+        "__UNPARTITIONED__",
+        "row 1 of this writer's input for table \"orders\"",
+        "part-0.csv",
+        "line 3",
+    ] {
         assert!(err.contains(part), "{part:?} in {err}");
     }
     assert!(d.jobs().is_empty(), "nothing was copied: {:?}", job_ids(&d));
     assert!(d.visible_rows(orders).is_empty());
+    // With dead letters on, the row becomes a dead letter and the others land.
+    let text = |name: &str| field(name, Type::String);
+    d.create_table(
+        "projects/p/datasets/d/tables/dead_letters",
+        TableSchema {
+            fields: vec![
+                text("raw"),
+                text("source_position"),
+                text("reason"),
+                text("target_table"),
+                text("job"),
+                text("incarnation"),
+                field("checkpoint", Type::Int64),
+            ],
+        },
+    );
+    let toml = job.toml.replacen("state_dir = \"state\"\n", "state_dir = \"state2\"\nbad_rows = \"dead-letter\"\n", 1)
+        + "[job.dead_letter]\ntable = \"dead_letters\"\n";
+    let lettered = TestJob { dir: job.dir, toml };
+    let summary = lettered.run(None).expect("the row is a dead letter");
+    assert_eq!(summary.dead_letters, Some(("dead_letters".to_string(), 1)), "{summary}");
+    assert_eq!(
+        d.partition_counts(orders).expect("counts"),
+        BTreeMap::from([("20240101".to_string(), 1), ("20240102".to_string(), 1)])
+    );
 }
 
 /// A copy job that ends with `quotaExceeded` (a per-table job quota)
