@@ -10,7 +10,8 @@
 //!   touches keeps its list from version to version.
 //! - `<T>/_sluice_log/_latest`: the newest version's number, a hint written
 //!   after each commit; it may lag, never leads, and is never trusted alone
-//!   (the next numbers are probed).
+//!   (the version it names must exist, else the folder is listed; the next
+//!   numbers are probed).
 //!
 //! Invariants:
 //! - within one incarnation, the first checkpoint that touches a partition
@@ -352,14 +353,26 @@ impl Log<'_> {
         Ok(version)
     }
 
-    /// Where to start probing for the newest version: the hint, or else
-    /// the highest number the log folder lists (0: no version).
+    /// Where to start probing for the newest version: the hint when the
+    /// version it names exists, or else the highest number the log folder
+    /// lists (0: no version). A hint naming a missing version (written by
+    /// hand, or left from a log replaced outside Sluice) is not trusted.
     fn start(&self) -> Result<u64, SinkError> {
         let hint = self.hint_location();
         match files::read(&hint, 0, 64) {
             Ok(bytes) => {
                 if let Some(n) = std::str::from_utf8(&bytes).ok().and_then(|s| s.trim().parse::<u64>().ok()) {
-                    return Ok(n);
+                    let named = self.version_location(n);
+                    match files::exists(&named) {
+                        Ok(true) => return Ok(n),
+                        Ok(false) => log::warn(&format!(
+                            "{}: {hint} names version {n}, which does not exist; finding the newest version by \
+                             listing {}",
+                            self.label(),
+                            self.dir()
+                        )),
+                        Err(e) => return Err(io_error(&format!("probing {named}"), e)),
+                    }
                 }
             }
             Err(IoError::NotFound(_)) => {}

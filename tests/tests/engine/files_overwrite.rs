@@ -739,3 +739,19 @@ fn a_conflict_in_one_table_commits_no_table_of_the_checkpoint() {
     let a = Local(table_dir(lake.path()).join("a"));
     assert_eq!(newest(&a), 0, "no version of table a was created");
 }
+
+/// A `_latest` hint naming a version that does not exist (above the real
+/// newest) is not trusted: the newest version is found by listing, and the
+/// next overwrite lands as the next version.
+#[test]
+fn a_hint_above_the_newest_version_falls_back_to_listing() {
+    let lake = tempfile::tempdir().expect("lake");
+    let old = baseline(lake.path());
+    std::fs::write(table_dir(lake.path()).join("_sluice_log/_latest"), "99").expect("a wrong hint");
+    let new = day_rows(2, 1000..1003, 2);
+    let over = job("after-hint", lake.path(), "overwrite-partitions", 1000);
+    write_csv(&over, "a.csv", &new);
+    over.run(None).expect("the overwrite after a wrong hint");
+    assert!(table_dir(lake.path()).join(version_name(2)).exists(), "the next version is 2");
+    assert_eq!(by_day(lake.path()), expected(&[except_days(&old, &[2]), new].concat()));
+}
