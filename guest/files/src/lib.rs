@@ -355,7 +355,8 @@ fn probe_name(ctx: &SinkContext) -> String {
 }
 
 /// Proves on an object store that a commit can create its marker: a small
-/// object is created exclusively under `path` and deleted. Missing
+/// object is created exclusively under `path` (in overwrite mode, twice:
+/// the second create must be refused as `already-exists`) and deleted. Missing
 /// credentials, a missing bucket or a read-only grant are refused here, by
 /// `sluice check`, instead of at the first commit.
 fn probe_create(ctx: &SinkContext, cfg: &Config) -> Result<(), SinkError> {
@@ -371,10 +372,30 @@ fn probe_create(ctx: &SinkContext, cfg: &Config) -> Result<(), SinkError> {
         }
         Err(e) => return Err(io(&format!("creating {probe}"), e)),
     }
+    // Overwrite mode's log takes each version number by an exclusive create
+    // and relies on a taken number being refused: a store that lets a
+    // second exclusive create replace the first would let two writers both
+    // take one version, and one's commit would vanish.
+    let exclusive = if cfg.overwrite {
+        match create() {
+            Err(sluice_guest_sdk::IoError::AlreadyExists(_)) => Ok(()),
+            Ok(()) => Err(error::config(format!(
+                "[sink.options] mode = \"overwrite-partitions\": the store at option `path` ({}) let an exclusive \
+                 create of {probe} succeed over an object that was there (a second `If-None-Match: *` / \
+                 `ifGenerationMatch=0` create was not refused), so it cannot guard the table's version log: two \
+                 writers could both take one version and one's commit would be lost. Use a store that enforces \
+                 conditional creates",
+                cfg.path
+            ))),
+            Err(e) => Err(io(&format!("creating {probe} a second time, to see it refused"), e)),
+        }
+    } else {
+        Ok(())
+    };
     if let Err(e) = files::delete(&probe) {
         sluice_guest_sdk::log::warn(&format!("could not remove the create probe {probe}: {}", files::describe(&e)));
     }
-    Ok(())
+    exclusive
 }
 
 /// Proves that a commit's rename from staging into the output can work: a

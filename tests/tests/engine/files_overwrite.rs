@@ -755,3 +755,33 @@ fn a_hint_above_the_newest_version_falls_back_to_listing() {
     assert!(table_dir(lake.path()).join(version_name(2)).exists(), "the next version is 2");
     assert_eq!(by_day(lake.path()), expected(&[except_days(&old, &[2]), new].concat()));
 }
+
+/// `sluice check` of an overwrite job refuses a store that does not refuse
+/// a second exclusive create (here moto behind a proxy that answers the
+/// second `If-None-Match: *` PUT of the probe with `200 OK`, as a store
+/// ignoring the precondition would; PutObject:
+/// https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutObject.html).
+#[test]
+fn check_refuses_a_store_that_does_not_enforce_exclusive_create() {
+    use sluice_tests::fault_proxy::{Action, FaultProxy, Match, Rule};
+    let moto = harness::moto();
+    let proxy = FaultProxy::start(&moto.endpoint);
+    let bucket = buckets::FILES;
+    let root = format!("s3://{bucket}/files-probe-{}", std::process::id());
+    let path = format!("{root}/daily");
+    let over = job_at("probe", &path, &root, "overwrite-partitions", 1000);
+    write_csv(&over, "a.csv", &day_rows(1, 0..3, 1));
+    let endpoint = format!("sink.s3.endpoint=\"{}\"", proxy.endpoint);
+    let loaded = over.load(&[&endpoint]).expect("job file");
+    let report = sluice::engine::check(&loaded, sluice_tests::host());
+    assert!(report.problems.is_empty(), "moto enforces it: {:?}", report.problems);
+    let rule = Rule::new("ignore-if-none-match", Match::put(bucket, ".sluice-probe"), Action::StatusAfterForward(200))
+        .nth(2);
+    proxy.add_rule(rule);
+    let report = sluice::engine::check(&loaded, sluice_tests::host());
+    let problems = report.problems.join("\n");
+    assert_eq!(proxy.fired_of("ignore-if-none-match").len(), 1, "{}", proxy.request_log());
+    for part in ["mode = \"overwrite-partitions\"", "exclusive", "version log", &path] {
+        assert!(problems.contains(part), "{part:?} missing from: {problems}");
+    }
+}
