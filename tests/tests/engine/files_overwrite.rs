@@ -775,8 +775,8 @@ fn check_refuses_a_store_that_does_not_enforce_exclusive_create() {
     let loaded = over.load(&[&endpoint]).expect("job file");
     let report = sluice::engine::check(&loaded, sluice_tests::host());
     assert!(report.problems.is_empty(), "moto enforces it: {:?}", report.problems);
-    let rule = Rule::new("ignore-if-none-match", Match::put(bucket, ".sluice-probe"), Action::StatusAfterForward(200))
-        .nth(2);
+    let rule =
+        Rule::new("ignore-if-none-match", Match::put(bucket, ".sluice-probe"), Action::StatusAfterForward(200)).nth(2);
     proxy.add_rule(rule);
     let report = sluice::engine::check(&loaded, sluice_tests::host());
     let problems = report.problems.join("\n");
