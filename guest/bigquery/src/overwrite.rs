@@ -352,7 +352,8 @@ pub(crate) fn prepare_staging(
 
 /// The overwrite markers of one target for this job's sink: marker tables
 /// `_sluice_overwrite_<hash(job, sink, target)>_<g>` in the target's
-/// dataset, generations `g = 0, 1, ...`, each labelled with the
+/// dataset, generations `g = 0, 1, ...` (found with `tables.list`; a gap
+/// is refused), each labelled with the
 /// incarnation that took it when it began to stage rows for the target.
 /// The newest generation is the incarnation whose copies may land; an
 /// older one (resumed after a rerun overtook it) copies nothing.
@@ -394,35 +395,56 @@ impl<'a> Marker<'a> {
 
     fn path(&self, g: u64) -> String {
         let (project, dataset, _) = rest::parts(self.target);
+        format!("projects/{project}/datasets/{dataset}/tables/{}{g}", self.prefix())
+    }
+
+    /// The table id prefix of this target's markers (before the generation).
+    fn prefix(&self) -> String {
         let hash = sha_hex(&[&self.ctx.job_id, &self.ctx.sink_id, self.target]);
-        format!("projects/{project}/datasets/{dataset}/tables/_sluice_overwrite_{}_{g}", &hash[..24])
+        format!("_sluice_overwrite_{}_", &hash[..24])
     }
 
-    /// The incarnation that took generation `g`, `None` when it is not taken.
-    fn holder(&self, g: u64) -> Result<Option<String>, SinkError> {
-        let path = self.path(g);
-        let context = format!("reading the overwrite marker {path} of {}", self.target);
-        let Some(table) = tables::api(self.cfg).get(&path).map_err(|e| rest_failure(&context, e))? else {
-            return Ok(None);
-        };
-        table.labels.get(MARKER_LABEL).and_then(Value::as_str).map(|s| Some(s.to_string())).ok_or_else(|| {
-            error::fatal(format!(
-                "table {path} has no label `{MARKER_LABEL}`: Sluice keeps there which incarnation of this job last \
-                 began to overwrite partitions of {}, so it will not guess",
-                self.target
-            ))
-        })
-    }
-
-    /// The generations from `from` on that are taken, in order, with their incarnations.
+    /// The generations from `from` on that are taken, in order, with their
+    /// incarnations. They are found with `tables.list` (not by reading
+    /// `0, 1, ...` until one is missing), and must run from 0 without a
+    /// gap: a missing generation (expired, deleted) would let the
+    /// numbering restart below a newer incarnation's, so it is refused.
     fn walk(&self, from: u64) -> Result<Vec<(u64, String)>, SinkError> {
-        let mut out = Vec::new();
-        let mut g = from;
-        while let Some(holder) = self.holder(g)? {
-            out.push((g, holder));
-            g += 1;
+        let (project, dataset, _) = rest::parts(self.target);
+        let context = format!("listing the overwrite markers of {} in dataset {project}.{dataset}", self.target);
+        let listed = tables::api(self.cfg).list(project, dataset).map_err(|e| rest_failure(&context, e))?;
+        let prefix = self.prefix();
+        let mut taken = Vec::new();
+        for (id, labels) in listed {
+            let Some(g) = id.strip_prefix(&prefix).and_then(|g| g.parse::<u64>().ok()) else { continue };
+            let holder = labels.get(MARKER_LABEL).and_then(Value::as_str).ok_or_else(|| {
+                error::fatal(format!(
+                    "table {} has no label `{MARKER_LABEL}`: Sluice keeps there which incarnation of this job last \
+                     began to overwrite partitions of {}, so it will not guess",
+                    self.path(g),
+                    self.target
+                ))
+            })?;
+            taken.push((g, holder.to_string()));
         }
-        Ok(out)
+        taken.sort();
+        for (want, (g, _)) in taken.iter().enumerate() {
+            if *g != want as u64 {
+                return Err(error::fatal(format!(
+                    "the overwrite marker {} of table {} is missing (expired or deleted) while {} exists: which \
+                     incarnation of job `{}` sink `{}` may overwrite its partitions can no longer be told, so nothing \
+                     was copied. Make a table {} labelled `{MARKER_LABEL}` with the incarnation that held it (see the \
+                     markers beside it), or move the target and its markers to a fresh table",
+                    self.path(want as u64),
+                    self.target,
+                    self.path(*g),
+                    self.ctx.job_id,
+                    self.ctx.sink_id,
+                    self.path(want as u64),
+                )));
+            }
+        }
+        Ok(taken.into_iter().filter(|(g, _)| *g >= from).collect())
     }
 
     fn overtaken(&self, mine: u64, newer: u64, by: &str) -> SinkError {

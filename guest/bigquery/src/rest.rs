@@ -201,6 +201,9 @@ fn json_reply(reply: Reply) -> Result<Value, RestError> {
     })
 }
 
+/// A table's `labels`.
+pub(crate) type Labels = serde_json::Map<String, Value>;
+
 /// A table as `tables.get` returns it, as far as Sluice reads it.
 #[derive(Debug, Clone)]
 pub(crate) struct RestTable {
@@ -271,6 +274,33 @@ impl Tables<'_> {
             json_reply(reply).map(|v| v.get("location").and_then(Value::as_str).map(str::to_string))
         };
         self.retry.run(once, RestError::is_transient, |_, _, _| {}).map_err(|failed| failed.error)
+    }
+
+    /// Every table of a dataset, with its labels: `tables.list`
+    /// (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/list),
+    /// page by page (`pageToken` from `nextPageToken`).
+    pub fn list(&self, project: &str, dataset: &str) -> Result<Vec<(String, Labels)>, RestError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut path = format!("/bigquery/v2/projects/{project}/datasets/{dataset}/tables?maxResults=1000");
+            if let Some(t) = &token {
+                path.push_str("&pageToken=");
+                path.push_str(t);
+            }
+            let once = |_| json_reply(send(self.endpoint, Method::Get, &path, &[], None, self.timeout_ms)?);
+            let page = self.retry.run(once, RestError::is_transient, |_, _, _| {}).map_err(|failed| failed.error)?;
+            for table in page.get("tables").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(id) = table.pointer("/tableReference/tableId").and_then(Value::as_str) {
+                    let labels = table.get("labels").and_then(Value::as_object).cloned().unwrap_or_default();
+                    out.push((id.to_string(), labels));
+                }
+            }
+            match page.get("nextPageToken").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                Some(t) => token = Some(t.to_string()),
+                None => return Ok(out),
+            }
+        }
     }
 
     /// `tables.insert`: `Ok(false)` when the table exists already (409).

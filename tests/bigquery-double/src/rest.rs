@@ -33,6 +33,7 @@
 //!   that lets one expire deletes it ([`crate::BigQueryDouble::delete_table`]);
 //! - errors are Google API error bodies: `{"error": {"code", "message", "status", "errors": [{"reason"}]}}`.
 //!
+//! - `tables.list` pages through a dataset's tables by id, with their labels;
 //! - `tables.delete` removes the table and its streams (200 `{}`), 404 when
 //!   it does not exist;
 //! - `datasets.get` answers a dataset's `location` and default expirations
@@ -469,6 +470,71 @@ async fn patch_table(
     Json(resource(&p, &d, &t, table)).into_response()
 }
 
+/// `GET /bigquery/v2/projects/{p}/datasets/{d}/tables`
+/// (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables/list):
+/// "Lists all tables in the specified dataset", as
+/// `{"kind": "bigquery#tableList", "tables": [...], "nextPageToken", "totalItems"}`,
+/// each entry with `tableReference`, `type` and `labels` ("The labels
+/// associated with this table"). Pages hold `maxResults` tables (the
+/// double's default is 50); `pageToken` is the `nextPageToken` of the page
+/// before, which the last page leaves out. Tables are listed by id.
+async fn list_tables(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path((p, d)): Path<(String, String)>,
+    uri: axum::http::Uri,
+) -> Response {
+    if let Some(r) = unauthorized(&shared, &headers) {
+        return r;
+    }
+    if shared.count_rest("tables.list").is_some() {
+        return unavailable();
+    }
+    let param = |name: &str| {
+        uri.query().unwrap_or("").split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=').map(str::to_string))
+    };
+    let page = match param("maxResults").map(|v| v.parse::<usize>()) {
+        None => 50,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", "Invalid maxResults".into()),
+    };
+    let start = match param("pageToken").map(|v| v.parse::<usize>()) {
+        None => 0,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", "Invalid pageToken".into());
+        }
+    };
+    let inner = shared.inner();
+    let prefix = format!("projects/{p}/datasets/{d}/tables/");
+    let mut ids: Vec<(&str, &state::Table)> =
+        inner.tables.iter().filter_map(|(path, t)| Some((path.strip_prefix(&prefix)?, t))).collect();
+    ids.sort_by(|a, b| a.0.cmp(b.0));
+    let total = ids.len();
+    let tables: Vec<Value> = ids
+        .iter()
+        .skip(start)
+        .take(page)
+        .map(|(t, table)| {
+            let mut entry = json!({
+                "kind": "bigquery#table",
+                "id": format!("{p}:{d}.{t}"),
+                "tableReference": { "projectId": p, "datasetId": d, "tableId": t },
+                "type": "TABLE",
+            });
+            if !table.labels.is_empty() {
+                entry["labels"] = Value::Object(table.labels.clone());
+            }
+            entry
+        })
+        .collect();
+    let mut reply = json!({ "kind": "bigquery#tableList", "tables": tables, "totalItems": total });
+    if start + page < total {
+        reply["nextPageToken"] = Value::String((start + page).to_string());
+    }
+    Json(reply).into_response()
+}
+
 /// `GET /bigquery/v2/projects/{p}/datasets/{d}`
 /// (https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets/get):
 /// the dataset resource with `datasetReference`, `location` and, when set,
@@ -587,7 +653,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
             get(get_table).patch(patch_table).delete(delete_table),
         )
         .route("/bigquery/v2/projects/{p}/datasets/{d}/tables/{t}/data", get(list_table_data))
-        .route("/bigquery/v2/projects/{p}/datasets/{d}/tables", post(insert_table))
+        .route("/bigquery/v2/projects/{p}/datasets/{d}/tables", post(insert_table).get(list_tables))
         .route("/bigquery/v2/projects/{p}/datasets/{d}", get(get_dataset))
         .route("/bigquery/v2/projects/{p}/jobs", post(jobs::insert_job))
         .route("/bigquery/v2/projects/{p}/jobs/{j}", get(jobs::get_job))

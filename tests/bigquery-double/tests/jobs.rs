@@ -617,3 +617,41 @@ fn jobs_get_needs_the_location_of_a_single_region_job() {
     assert_eq!(insert_job(&double, us).0, 200);
     assert_eq!(get_job(&double, "in_us").0, 200, "a multi-region job is found without its location");
 }
+
+/// `tables.list` pages through a dataset's tables by id (`maxResults`,
+/// `nextPageToken`, left out on the last page), with their labels, and
+/// lists no table of another dataset.
+#[test]
+fn tables_list_pages_by_id_with_labels() {
+    let double = setup();
+    for i in 0..5 {
+        assert!(double.create_labelled_table(&format!("projects/p/datasets/d/tables/m_{i}"), &[("k", "v")]));
+    }
+    double.create_table("projects/p/datasets/other/tables/elsewhere", schema());
+    let mut ids = Vec::new();
+    let mut token: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut path = "/bigquery/v2/projects/p/datasets/d/tables?maxResults=3".to_string();
+        if let Some(t) = &token {
+            path.push_str(&format!("&pageToken={t}"));
+        }
+        let (status, page) = http(&double, "GET", &path, None);
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["totalItems"], 7);
+        pages += 1;
+        for t in page["tables"].as_array().unwrap() {
+            let id = t["tableReference"]["tableId"].as_str().unwrap().to_string();
+            if id.starts_with("m_") {
+                assert_eq!(t["labels"]["k"], "v", "{t}");
+            }
+            ids.push(id);
+        }
+        match page.get("nextPageToken").and_then(Value::as_str) {
+            Some(t) => token = Some(t.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(ids, ["m_0", "m_1", "m_2", "m_3", "m_4", "stage", "target"]);
+}

@@ -758,3 +758,27 @@ fn a_lost_copy_job_reply_in_a_single_region_is_settled_by_its_location() {
         jobs.iter().map(|j| &j.location).collect::<Vec<_>>()
     );
 }
+
+/// The overwrite markers are found by listing the dataset, and a gap in
+/// their generations (one expired or was deleted) is refused before
+/// anything is copied, naming the missing marker: walking 0, 1, ... would
+/// stop at the gap and miss the newer incarnation beyond it.
+#[test]
+fn a_gap_in_the_overwrite_markers_is_refused() {
+    let d = double();
+    let old = job("bq-ow-gap", &d);
+    crash_after_second(&old);
+    let marker = marker_0(&d);
+    let stem = marker.strip_suffix("_0").expect("_0").to_string();
+    // Generation 2 by a newer incarnation, generation 1 gone.
+    assert!(d.create_labelled_table(&format!("{stem}_2"), &[("sluice-incarnation", "a-newer-one")]));
+    let before = d.partition_counts(TABLE).expect("counts");
+    let jobs_before = d.jobs().len();
+    let err = old.run(None).expect_err("the gap is refused").to_string();
+    for part in [format!("{stem}_1").as_str(), "is missing", TABLE] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert_eq!(d.jobs().len(), jobs_before, "nothing was copied");
+    assert_eq!(d.partition_counts(TABLE).expect("counts"), before);
+    assert!(d.rest_calls("tables.list") > 0);
+}
