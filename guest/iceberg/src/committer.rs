@@ -191,6 +191,21 @@ pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
     };
     let restored: State = serde_json::from_slice(&bytes)
         .map_err(|e| error::fatal(format!("the restored committer state of the Iceberg sink is not valid: {e}")))?;
+    // A state is recorded only in overwrite mode (`snapshot_state`): one
+    // naming tables, resumed in append mode, would append to the partitions
+    // the rest of the input reaches for the first time instead of replacing
+    // them, and leave those days doubled. (Its replaced set may still be
+    // empty: a record taken before its first commit landed.)
+    let replaced: Vec<&String> = restored.tables.keys().collect();
+    if !open.overwrites && !replaced.is_empty() {
+        return Err(error::config(format!(
+            "[sink.options] mode = \"append\": this incarnation began with mode = \"overwrite-partitions\" on \
+             table(s) {} and replaces partitions there, and appending the rest of its input would leave the partitions it has \
+             not reached yet doubled; finish it with mode = \"overwrite-partitions\", or start a new incarnation \
+             (a fresh job.state_dir and --new-incarnation) in the mode you want",
+            replaced.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")
+        )));
+    }
     state.borrow_mut().tables.extend(restored.tables);
     Ok(())
 }

@@ -429,6 +429,33 @@ fn switching_an_incarnation_from_append_to_overwrite_is_refused() {
     assert_eq!(by_day(warehouse.path()), expected(&[old, more].concat()));
 }
 
+/// The other way: an incarnation that replaced partitions is not resumed in
+/// append mode, which would append to the days the rest of its input
+/// reaches for the first time and leave them doubled. Refused by name;
+/// finished in overwrite mode, every day is exact.
+#[test]
+fn switching_an_incarnation_from_overwrite_to_append_is_refused() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let old = baseline(warehouse.path());
+    let new: Vec<Row> = [day_rows(2, 1000..1008, 2), day_rows(3, 2000..2008, 3)].concat();
+    let run = job("switch-back", warehouse.path(), "overwrite-partitions", 5);
+    write_csv(&run, "a.csv", &new);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 1, subtask: 0 };
+    assert!(run.run(Some(crash)).expect_err("the crash").is_injected_crash());
+    let before = by_day(warehouse.path());
+    let err =
+        run.run_with(&["sink.options.mode=append"], None).expect_err("the switch to append is refused").to_string();
+    assert!(
+        err.contains("began with mode = \"overwrite-partitions\"")
+            && err.contains(TABLE)
+            && err.contains("--new-incarnation"),
+        "{err}"
+    );
+    assert_eq!(by_day(warehouse.path()), before, "the refused run changed the table");
+    run.run(None).expect("the overwrite run resumes");
+    assert_eq!(by_day(warehouse.path()), expected(&[except_days(&old, &[2, 3]), new].concat()));
+}
+
 /// Snapshot expiry between two runs of one overwrite incarnation, down to
 /// the head alone, leaves the resumed run able to tell the table's history:
 /// the check of other writers starts from the incarnation's own last
