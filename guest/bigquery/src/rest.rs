@@ -285,8 +285,9 @@ impl Tables<'_> {
         loop {
             let mut path = format!("/bigquery/v2/projects/{project}/datasets/{dataset}/tables?maxResults=1000");
             if let Some(t) = &token {
+                // The token is opaque (it may hold any character): encoded.
                 path.push_str("&pageToken=");
-                path.push_str(t);
+                path.extend(percent_encoding::utf8_percent_encode(t, percent_encoding::NON_ALPHANUMERIC));
             }
             let once = |_| json_reply(send(self.endpoint, Method::Get, &path, &[], None, self.timeout_ms)?);
             let page = self.retry.run(once, RestError::is_transient, |_, _, _| {}).map_err(|failed| failed.error)?;

@@ -234,7 +234,15 @@ pub(crate) fn finish_state(c: u64) -> Result<Option<Vec<u8>>, SinkError> {
     let names: Vec<String> = open.known.borrow().iter().filter(|n| cfg.filter_for(n).is_some()).cloned().collect();
     for name in &names {
         let ident = cfg.ident(name)?;
-        let table = block_on(host_io::load_table(&ident)).map_err(|e| e.into_sink_error(&ident))?;
+        // The host does not call `finish` again: a transient catalog error
+        // here is tried again, as combine's loads are.
+        let table = host_io::load_retrying(
+            host_io::LOAD_RETRY,
+            &ident,
+            "the end of the input",
+            || block_on(host_io::load_table(&ident)),
+            log::warn,
+        )?;
         if let Some(tstate) = open.state.borrow_mut().tables.get_mut(&ident.to_string()) {
             overwrite::catch_up(&table, &open.ctx, tstate, own_watermark(table.metadata(), &open.ctx), false)?;
         }

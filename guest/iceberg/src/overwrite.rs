@@ -631,11 +631,15 @@ pub(crate) fn catch_up(
     let ident = table.identifier().to_string();
     let metadata = table.metadata();
     // Newest first: this incarnation's snapshots of checkpoints past
-    // `folded`, down to one at or before it, the base, or the table's first.
+    // `folded`, down to one at or before it, the base, where the conflict
+    // check stopped (`checked_through`), or the table's first. A dropped
+    // checkpoint's snapshot is always above `checked_through`: the state
+    // restored was taken before its commit, so the walk never needs what
+    // expiry may have removed below it.
     let mut found = Vec::new();
     let mut next = metadata.current_snapshot_id();
     while let Some(id) = next {
-        if Some(id) == state.base {
+        if Some(id) == state.base || (state.checked_through.is_some() && Some(id) == state.checked_through) {
             break;
         }
         let Some(snapshot) = metadata.snapshot_by_id(id) else {
