@@ -2,6 +2,8 @@
 //! imports no other Sluice crate.
 //!
 //! - [`location`]: every place a job names, parsed once;
+//! - [`changes`]: what a change stream adds to each batch (upserts and
+//!   deletes);
 //! - [`duration`]: the job file's durations in seconds, range-checked;
 //! - [`error`]: the kinds every error is sorted into, and the one way an
 //!   error is printed with its causes;
@@ -12,6 +14,7 @@
 //! - [`fault`]: test-only fault injection, empty without the
 //!   `fault-injection` feature.
 
+pub mod changes;
 pub mod duration;
 pub mod error;
 pub mod fault;

@@ -22,6 +22,7 @@ pub mod bindings {
     });
 }
 
+pub mod changes;
 pub mod claim;
 pub mod columnar;
 pub mod files;
