@@ -403,3 +403,35 @@ pub fn conform(batch: &RecordBatch, schema: &arrow_schema::SchemaRef) -> Result<
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
+
+/// `YYYY-MM-DD` of `days` since 1970-01-01 (Howard Hinnant's civil-from-days).
+pub fn civil(days: i64) -> String {
+    let days = days + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// Today in UTC: the docs date every figure.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    civil(i64::try_from(secs / 86_400).unwrap_or(0))
+}
+
+/// CPU time (user and system) of this process's waited-for children so far
+/// (Linux: `/proc/self/stat`'s cutime and cstime, in clock ticks).
+pub fn children_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return Duration::ZERO };
+    let Some((_, rest)) = stat.rsplit_once(')') else { return Duration::ZERO };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // cutime and cstime are fields 16 and 17 of the whole line: 13 and 14 after the state.
+    let ticks: u64 = fields.get(13..15).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    // USER_HZ is 100 on every Linux this runs on.
+    Duration::from_millis(ticks * 10)
+}

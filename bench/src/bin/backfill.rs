@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
-use sluice_bench::workspace;
+use sluice_bench::{children_cpu, civil, today, workspace};
 
 /// The table every strategy writes.
 const TABLE: &str = "bench.orders";
@@ -194,26 +194,6 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `YYYY-MM-DD` of `days` since 1970-01-01 (Howard Hinnant's civil-from-days).
-fn civil(days: i64) -> String {
-    let days = days + 719_468;
-    let era = days.div_euclid(146_097);
-    let doe = days.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
-}
-
-/// Today in UTC: the docs date every figure.
-fn today() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    civil(i64::try_from(secs / 86_400).unwrap_or(0))
-}
-
 /// Day `d` of the backfill (day 0 is 2024-01-01).
 fn day(d: u32) -> String {
     // 2024-01-01 is day 19,723 since 1970-01-01.
@@ -296,18 +276,6 @@ fn spawn_sluice(s: &Setup, dir: &Path, id: &str, toml: &str) -> Result<Child> {
         .stderr(std::fs::File::create(dir.join(format!("{id}.err")))?)
         .spawn()
         .with_context(|| format!("starting {}", s.sluice.display()))
-}
-
-/// CPU time (user and system) of this process's waited-for children so far
-/// (Linux: `/proc/self/stat`'s cutime and cstime, in clock ticks).
-fn children_cpu() -> Duration {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return Duration::ZERO };
-    let Some((_, rest)) = stat.rsplit_once(')') else { return Duration::ZERO };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // cutime and cstime are fields 16 and 17 of the whole line: 13 and 14 after the state.
-    let ticks: u64 = fields.get(13..15).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
-    // USER_HZ is 100 on every Linux this runs on.
-    Duration::from_millis(ticks * 10)
 }
 
 /// The conflicts a Sluice job's log reports: each commit attempt the host
