@@ -99,7 +99,7 @@ pub fn split(batch: &RecordBatch) -> Result<Changes, SinkError> {
     let hi = batch.column(n - 2).as_primitive::<UInt64Type>().values();
     let lo = batch.column(n - 1).as_primitive::<UInt64Type>().values();
     let seqs = hi.iter().copied().zip(lo.iter().copied()).collect();
-    let rows = batch.project(&(0..n - 3).collect::<Vec<_>>()).map_err(|e| bad(e))?;
+    let rows = batch.project(&(0..n - 3).collect::<Vec<_>>()).map_err(bad)?;
     Ok(Changes { rows, ops, seqs })
 }
 
