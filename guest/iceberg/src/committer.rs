@@ -77,7 +77,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
 use iceberg::TableIdent;
-use iceberg::spec::{DataContentType, DataFile, Operation, Summary, TableMetadata, deserialize_data_file_from_json};
+use iceberg::spec::{
+    DataContentType, DataFile, FormatVersion, Operation, Summary, TableMetadata, deserialize_data_file_from_json,
+};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{TableRequirement, TableUpdate};
@@ -88,14 +90,18 @@ use sluice_guest_sdk::{
     claim, error, incarnation, ipc, log,
 };
 
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::host_io::{self, PinnedCatalog, catalog_message};
+use crate::key_index::KeyIndex;
 use crate::overwrite::{self, Plan, State};
 use crate::runtime::block_on;
 use crate::schema;
 use crate::snapshot::{Built, build_snapshot, manifests_cached, manifests_of};
 use crate::writer::{CommitInfo, TableFiles, ensure_table, iceberg_error};
 use crate::{SUMMARY_CHECKPOINT, SUMMARY_INCARNATION, SUMMARY_JOB, SUMMARY_SINK};
+
+/// The committer state's mark of an upsert incarnation.
+const UPSERT_MODE: &str = "upsert";
 
 /// Every writer's files of one checkpoint.
 #[derive(Debug, Serialize, Deserialize)]
@@ -118,6 +124,11 @@ struct Combined {
     /// commits of builds before overwrite.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     overwrite: BTreeMap<String, Plan>,
+    /// `mode = "upsert"`: the folder (below each table's `data/`) the
+    /// checkpoint's position-delete files are written to, which orphan
+    /// cleanup leaves alone while the checkpoint is pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    deletes_folder: Option<String>,
 }
 
 impl Combined {
@@ -125,7 +136,7 @@ impl Combined {
     fn parts(self) -> Vec<TableFiles> {
         let mut parts = self.tables;
         if let Some(spec_id) = self.spec_id {
-            parts.push(TableFiles { table: String::new(), spec_id, files: self.files });
+            parts.push(TableFiles { table: String::new(), spec_id, files: self.files, changes: Vec::new() });
         }
         parts
     }
@@ -146,11 +157,14 @@ pub struct IcebergCommitter {
     state: Rc<RefCell<State>>,
     /// Manifests of the head read before, by path (only the last head's).
     manifests: RefCell<HashMap<String, Vec<iceberg::spec::ManifestEntryRef>>>,
+    /// Upsert mode: the key index of each table, by table ident.
+    indexes: RefCell<HashMap<String, KeyIndex>>,
 }
 
 /// What `committer-state` needs of the committer opened in this instance.
 struct Opened {
     overwrites: bool,
+    mode: Mode,
     state: Rc<RefCell<State>>,
     cfg: Config,
     ctx: SinkContext,
@@ -172,7 +186,37 @@ fn open_state() -> Result<Rc<Opened>, SinkError> {
 pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
     let open = open_state()?;
     let state = &open.state;
-    let Some(bytes) = bytes.filter(|b| !b.is_empty()) else {
+    let upsert = open.mode == Mode::Upsert;
+    let bytes = bytes.filter(|b| !b.is_empty());
+    let recorded: Option<State> = bytes
+        .as_deref()
+        .map(serde_json::from_slice)
+        .transpose()
+        .map_err(|e| error::fatal(format!("the restored committer state of the Iceberg sink is not valid: {e}")))?;
+    let was_upsert = recorded.as_ref().is_some_and(|s| s.mode.as_deref() == Some(UPSERT_MODE));
+    let before = state.borrow().committed_before.clone();
+    if upsert && !was_upsert && (!before.is_empty() || recorded.is_some()) {
+        let tables =
+            if before.is_empty() { "its tables".to_string() } else { format!("table(s) {}", before.join(", ")) };
+        return Err(error::config(format!(
+            "[sink.options] mode = \"upsert\": this incarnation already landed checkpoints in {tables} in another \
+             mode (append or overwrite-partitions), and applying changes by key from here on would mix the two; \
+             finish it in the mode it started with, or start a new incarnation (a fresh job.state_dir and \
+             --new-incarnation) in upsert mode"
+        )));
+    }
+    if !upsert && was_upsert {
+        return Err(error::config(
+            "[sink.options] mode: this incarnation began with mode = \"upsert\" and applies a change stream by key; \
+             landing the rest of it in another mode would append its updates and deletes as rows; finish it with \
+             mode = \"upsert\", or start a new incarnation (a fresh job.state_dir and --new-incarnation) in the mode \
+             you want",
+        ));
+    }
+    if upsert {
+        return Ok(());
+    }
+    let Some(bytes) = bytes else {
         // An overwrite always records its state, so none after this
         // incarnation's own checkpoints means they were landed in append
         // mode (or by a build before overwrite): replacing the partitions
@@ -213,6 +257,10 @@ pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
 /// `committer-state.snapshot`: the overwrite state (nothing in append mode).
 pub(crate) fn snapshot_state() -> Result<Vec<u8>, SinkError> {
     let open = open_state()?;
+    if open.mode == Mode::Upsert {
+        let marker = State { mode: Some(UPSERT_MODE.to_string()), ..State::default() };
+        return serde_json::to_vec(&marker).map_err(|e| error::fatal(format!("encoding the committer state: {e}")));
+    }
     if !open.overwrites {
         return Ok(Vec::new());
     }
@@ -268,6 +316,7 @@ pub(crate) fn finish_state(c: u64) -> Result<Option<Vec<u8>>, SinkError> {
             table: name.clone(),
             spec_id: table.metadata().default_partition_spec_id(),
             files: Vec::new(),
+            changes: Vec::new(),
         });
         plans.insert(name, overwrite::filter_plan(None, filter, BTreeSet::new()));
     }
@@ -297,6 +346,7 @@ pub(crate) fn finish_state(c: u64) -> Result<Option<Vec<u8>>, SinkError> {
         spec_id: None,
         files: Vec::new(),
         overwrite: plans,
+        deletes_folder: None,
     };
     serde_json::to_vec(&combined).map(Some).map_err(|e| error::fatal(format!("encoding combined commit: {e}")))
 }
@@ -434,6 +484,24 @@ pub(crate) fn refuse_claimed(
     judge_table(ctx, mode, ident, table.metadata()).map(|_| ())
 }
 
+/// Refuses a table `mode = "upsert"` cannot write: one of format version
+/// 1 (no delete files) or 3 (deletes are deletion vectors, not written yet).
+pub(crate) fn check_upsert_table(table: &Table) -> Result<(), SinkError> {
+    let ident = table.identifier();
+    match table.metadata().format_version() {
+        FormatVersion::V2 => Ok(()),
+        FormatVersion::V1 => Err(error::config(format!(
+            "table {ident} is of Iceberg format version 1, which has no delete files, so [sink.options] mode = \
+             \"upsert\" cannot replace or delete its rows; upgrade it to format version 2 (table property \
+             format-version = 2)"
+        ))),
+        FormatVersion::V3 => Err(error::config(format!(
+            "table {ident} is of Iceberg format version 3, where row deletes are deletion vectors, which [sink.options] \
+             mode = \"upsert\" does not write yet; land the change stream in a format-version-2 table"
+        ))),
+    }
+}
+
 fn decode_files(table: &Table, part: &TableFiles) -> Result<Vec<DataFile>, SinkError> {
     let metadata = table.metadata();
     let schema = metadata.current_schema();
@@ -541,7 +609,7 @@ impl IcebergCommitter {
     ) -> Result<Option<(TableIdent, Table, Vec<DataFile>)>, SinkError> {
         // The filter's first commit removes files even with none to add
         // (an entirely empty input, allowed).
-        if part.files.is_empty() && !plan.is_some_and(|p| p.filter_first) {
+        if part.files.is_empty() && part.changes.is_empty() && !plan.is_some_and(|p| p.filter_first) {
             return Ok(None);
         }
         let ident = self.cfg.ident(&part.table)?;
@@ -754,6 +822,167 @@ impl IcebergCommitter {
         }
     }
 
+    /// Commits checkpoint `c`'s `files` and key changes (`part.changes`) of
+    /// table `ident` in upsert mode, on exactly the head of `table` (as
+    /// [`Self::to_commit`] loaded and checked it): the key index is advanced
+    /// to that head, every row of it that a changed key held and every row
+    /// the checkpoint wrote and superseded is deleted by position-delete
+    /// files written under `folder` (below the table's `data/`), and one
+    /// snapshot adds the data and delete files and moves the watermark,
+    /// under the requirement that the head has not moved. After a commit
+    /// the index describes the new snapshot; after a failure it still
+    /// describes the head it was advanced to, and the next attempt advances
+    /// it to whatever head it loads.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_upsert(
+        &self,
+        c: u64,
+        incarnation: &str,
+        folder: &str,
+        ident: &TableIdent,
+        table: &Table,
+        part: &TableFiles,
+        files: Vec<DataFile>,
+    ) -> Result<(), SinkError> {
+        check_upsert_table(table)?;
+        let Some(key) = self.cfg.key.as_deref() else {
+            return Err(error::config(format!(
+                "checkpoint {c} upserts into table {ident}, and the job has no [source] key now; restore [source] key \
+                 so the run can finish (nothing of checkpoint {c} is visible yet)"
+            )));
+        };
+        let name = ident.to_string();
+        let merged = crate::upsert::merge(&part.changes).map_err(|m| {
+            error::fatal(format!(
+                "checkpoint {c} of table {ident}: the key changes its writers recorded are not valid: {m}"
+            ))
+        })?;
+        let take_claim = self.judge_claim(ident, table.metadata())?;
+        let head = table.metadata().current_snapshot().cloned();
+        let manifests = match &head {
+            Some(h) => {
+                let mut cache = self.manifests.borrow_mut();
+                let manifests = manifests_cached(table, h, &mut cache)?;
+                let current: HashSet<&str> = manifests.iter().map(|m| m.file.manifest_path.as_str()).collect();
+                cache.retain(|path, _| current.contains(path.as_str()));
+                manifests
+            }
+            None => Vec::new(),
+        };
+        let mut indexes = self.indexes.borrow_mut();
+        if !indexes.contains_key(&name) {
+            let columns = crate::keys::key_columns(&name, table.metadata().current_schema(), key)?;
+            indexes.insert(name.clone(), KeyIndex::new(name.clone(), columns, self.cfg.key_index_max_bytes));
+        }
+        let Some(index) = indexes.get_mut(&name) else { return Err(error::fatal("key index missing")) };
+        if let Err(e) = index.advance(table, head.as_ref().map(|h| h.snapshot_id()), &manifests) {
+            // Half advanced: read anew next time.
+            indexes.remove(&name);
+            return Err(e);
+        }
+        let spec_id = part.spec_id;
+        let own: HashMap<&str, &DataFile> = files.iter().map(|f| (f.file_path(), f)).collect();
+        let mut groups: BTreeMap<(i32, String), crate::position_deletes::Group> = BTreeMap::new();
+        let mut add = |spec: i32, partition: &iceberg::spec::Struct, path: &str, pos: u64| {
+            groups
+                .entry((spec, format!("{partition:?}")))
+                .or_insert_with(|| crate::position_deletes::Group {
+                    spec_id: spec,
+                    partition: partition.clone(),
+                    positions: BTreeMap::new(),
+                })
+                .positions
+                .entry(path.to_string())
+                .or_default()
+                .push(pos);
+        };
+        let (mut replaced, mut deleted) = (0usize, 0usize);
+        for (k, (_, end)) in &merged.finals {
+            let rows = index.rows_of(k);
+            match end {
+                crate::upsert::Final::Row(path, _) if !own.contains_key(path.as_str()) => {
+                    return Err(error::fatal(format!(
+                        "checkpoint {c} of table {ident}: a changed key's row is in {path}, which the checkpoint does \
+                         not name; nothing was committed"
+                    )));
+                }
+                crate::upsert::Final::Row(..) => replaced += usize::from(!rows.is_empty()),
+                crate::upsert::Final::Deleted => deleted += usize::from(!rows.is_empty()),
+            }
+            for (meta, pos) in rows {
+                add(meta.spec_id, &meta.partition, &meta.path, pos);
+            }
+        }
+        for (path, pos) in &merged.superseded {
+            let Some(file) = own.get(path.as_str()) else {
+                return Err(error::fatal(format!(
+                    "checkpoint {c} of table {ident}: a superseded row is in {path}, which the checkpoint does not \
+                     name; nothing was committed"
+                )));
+            };
+            add(spec_id, file.partition(), path, *pos);
+        }
+        let location = table.metadata().location().trim_end_matches('/').to_string();
+        let delete_files = crate::position_deletes::write(
+            table,
+            &format!("{location}/data/{folder}"),
+            groups.into_values().collect(),
+            crate::writer::parquet_options(&self.cfg, 1),
+        )?;
+        let written: Vec<String> = delete_files.iter().map(|(_, f)| f.file_path().to_string()).collect();
+        let mut added: Vec<(i32, DataFile)> = files.into_iter().map(|f| (spec_id, f)).collect();
+        added.extend(delete_files);
+        let props = HashMap::from([
+            (SUMMARY_JOB.to_string(), self.ctx.job_id.clone()),
+            (SUMMARY_SINK.to_string(), self.ctx.sink_id.clone()),
+            (SUMMARY_CHECKPOINT.to_string(), c.to_string()),
+            (SUMMARY_INCARNATION.to_string(), incarnation.to_string()),
+            ("sluice.upsert".to_string(), "true".to_string()),
+        ]);
+        let operation = if written.is_empty() { Operation::Append } else { Operation::Overwrite };
+        let mut properties = HashMap::from([(watermark_key(&self.ctx, incarnation), c.to_string())]);
+        if take_claim {
+            properties.insert(claim_key(&self.ctx), self.ctx.incarnation.clone());
+        }
+        let Built { snapshot_id, requirements, updates } = build_snapshot(
+            table,
+            head.as_deref(),
+            &manifests,
+            &HashSet::new(),
+            &added,
+            Summary { operation, additional_properties: props },
+            properties,
+        )?;
+        match host_io::commit_updates(ident, &requirements, &updates) {
+            Ok(()) => {
+                log::debug(&format!(
+                    "checkpoint {c}: table {ident}: {} key(s) changed ({replaced} replaced, {deleted} deleted), {} \
+                     delete file(s)",
+                    merged.finals.len(),
+                    written.len()
+                ));
+                if take_claim {
+                    log::info(&format!("incarnation {} claimed table {ident}", self.ctx.incarnation));
+                    self.claimed.borrow_mut().insert(name.clone());
+                }
+                if let Err(e) = index.committed(snapshot_id, &added, &merged) {
+                    log::warn(&format!("table {ident}: the key index is read anew at the next commit: {e:?}"));
+                    indexes.remove(&name);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, CatalogError::Conflict(_)) {
+                    // Definitely not applied: no snapshot names them.
+                    for path in &written {
+                        let _ = sluice_guest_sdk::files::delete(path);
+                    }
+                }
+                Err(catalog_failure(format!("committing checkpoint {c} to table {ident}"), e))
+            }
+        }
+    }
+
     /// The job's `overwrite_filter` bound to `table`, for a commit whose
     /// plan has one (`None` in dynamic mode); refused when the plan was made
     /// with another filter than the job file has now.
@@ -852,7 +1081,7 @@ impl IcebergCommitter {
     /// this incarnation does not hold yet.
     fn check_claims(&self, parts: &[TableFiles]) -> Result<(), SinkError> {
         let mut names: BTreeSet<String> = self.known.borrow().clone();
-        names.extend(parts.iter().filter(|p| !p.files.is_empty()).map(|p| p.table.clone()));
+        names.extend(parts.iter().filter(|p| !p.files.is_empty() || !p.changes.is_empty()).map(|p| p.table.clone()));
         let mut idents: Vec<TableIdent> = names.iter().map(|n| self.cfg.ident(n)).collect::<Result<_, _>>()?;
         idents.sort_by_key(|i| i.to_string());
         for ident in &idents {
@@ -941,6 +1170,7 @@ impl GuestCommitter for IcebergCommitter {
             anchors: RefCell::new(HashSet::new()),
             state: Rc::new(RefCell::new(State::default())),
             manifests: RefCell::new(HashMap::new()),
+            indexes: RefCell::new(HashMap::new()),
         };
         for table in &tables {
             let ident = committer.cfg.ident(&table.name)?;
@@ -973,6 +1203,7 @@ impl GuestCommitter for IcebergCommitter {
         }
         let opened = Opened {
             overwrites: committer.cfg.mode == crate::config::Mode::OverwritePartitions,
+            mode: committer.cfg.mode,
             state: committer.state.clone(),
             cfg: committer.cfg.clone(),
             ctx: committer.ctx.clone(),
@@ -1004,7 +1235,15 @@ impl GuestCommitter for IcebergCommitter {
             for part in info.tables {
                 match tables.iter_mut().find(|t| t.table == part.table) {
                     None => tables.push(part),
-                    Some(all) if all.spec_id == part.spec_id => all.files.extend(part.files),
+                    Some(all) if all.spec_id == part.spec_id || part.files.is_empty() => {
+                        all.files.extend(part.files);
+                        all.changes.extend(part.changes);
+                    }
+                    Some(all) if all.files.is_empty() => {
+                        all.spec_id = part.spec_id;
+                        all.files.extend(part.files);
+                        all.changes.extend(part.changes);
+                    }
                     Some(all) => {
                         return Err(error::fatal(format!(
                             "writers of checkpoint {c} used different partition specs ({} and {}) for table {:?}; its spec changed during the run",
@@ -1036,12 +1275,14 @@ impl GuestCommitter for IcebergCommitter {
             };
             plans.insert(part.table.clone(), plan);
         }
+        let upserts = tables.iter().any(|t| !t.changes.is_empty());
         let combined = Combined {
             tables,
             incarnation: Some(self.ctx.incarnation.clone()),
             spec_id: None,
             files: Vec::new(),
             overwrite: plans,
+            deletes_folder: upserts.then(|| crate::upsert::deletes_folder(&incarnation::key(&self.ctx), c)),
         };
         serde_json::to_vec(&combined).map_err(|e| error::fatal(format!("encoding combined commit: {e}")))
     }
@@ -1050,6 +1291,7 @@ impl GuestCommitter for IcebergCommitter {
         let mut combined: Combined = serde_json::from_slice(&combined)
             .map_err(|e| error::fatal(format!("combined commit of checkpoint {c} is not valid: {e}")))?;
         let incarnation = combined.incarnation.clone();
+        let deletes_folder = combined.deletes_folder.take();
         let plans = std::mem::take(&mut combined.overwrite);
         let mut parts = combined.parts();
         parts.sort_by(|a, b| a.table.cmp(&b.table));
@@ -1062,7 +1304,7 @@ impl GuestCommitter for IcebergCommitter {
         for part in &parts {
             let plan = plans.get(&part.table);
             let found = self.to_commit(c, incarnation.as_deref(), part, plan, &mut problems)?;
-            todo.extend(found.map(|(ident, table, files)| (ident, table, files, part.spec_id, plan)));
+            todo.extend(found.map(|(ident, table, files)| (ident, table, files, part, plan)));
         }
         if !problems.is_empty() {
             return Err(sluice_guest_sdk::files::refuse_missing(
@@ -1072,7 +1314,18 @@ impl GuestCommitter for IcebergCommitter {
             ));
         }
         let committed = !todo.is_empty();
-        for (ident, table, files, spec_id, plan) in todo {
+        for (ident, table, files, part, plan) in todo {
+            let spec_id = part.spec_id;
+            if !part.changes.is_empty() {
+                let (Some(inc), Some(folder)) = (incarnation.as_deref(), deletes_folder.as_deref()) else {
+                    return Err(error::fatal(format!(
+                        "checkpoint {c} upserts into table {ident} but names no incarnation or delete folder; it is \
+                         not a commit of this build"
+                    )));
+                };
+                self.commit_upsert(c, inc, folder, &ident, &table, part, files)?;
+                continue;
+            }
             match (plan, incarnation.as_deref()) {
                 (Some(plan), Some(inc)) => self.commit_overwrite(c, inc, &ident, &table, spec_id, files, plan)?,
                 (Some(_), None) => {

@@ -74,6 +74,21 @@ pub fn option_specs() -> Vec<OptionSpec> {
             false,
             None,
         ),
+        option_spec(
+            "key",
+            "only with mode = \"upsert\": the change key, one column or a comma list (`id` or `tenant, id`); \
+             optional, since the source's `[source] key` is the key, and when given it must name the same columns",
+            false,
+            None,
+        ),
+        option_spec(
+            "key_index_max_mb",
+            "only with mode = \"upsert\": the most memory the committer's key index (key -> data file and row) of \
+             one table may take, in MiB; a table with more keys is refused naming this option",
+            false,
+            Some("1024"),
+        ),
+        sluice_guest_sdk::changes::key_option_spec(),
         claim::option_spec(),
     ]
 }
@@ -88,6 +103,9 @@ pub enum Mode {
     Append,
     /// They replace every partition they touch (dynamic partition overwrite).
     OverwritePartitions,
+    /// A change stream: each row replaces or deletes the table's row of its
+    /// key (see [`crate::upsert`]).
+    Upsert,
 }
 
 /// One partition field as the user wrote it.
@@ -118,6 +136,11 @@ pub struct Config {
     /// `allow_empty_overwrite`: an entirely empty input may delete the
     /// filter's rows.
     pub allow_empty_overwrite: bool,
+    /// The change stream's key columns (`sluice.key`, from `[source] key`):
+    /// set exactly when the source is a change stream.
+    pub key: Option<Vec<String>>,
+    /// `key_index_max_mb` in bytes.
+    pub key_index_max_bytes: usize,
 }
 
 impl Config {
@@ -149,10 +172,11 @@ impl Config {
         let mode = match opts.required("mode")? {
             "append" => Mode::Append,
             "overwrite-partitions" => Mode::OverwritePartitions,
+            "upsert" => Mode::Upsert,
             other => {
                 return Err(error::config(format!(
-                    "[sink.options] mode = {other:?} is not a mode of the Iceberg sink; use \"append\" (the default) \
-                     or \"overwrite-partitions\""
+                    "[sink.options] mode = {other:?} is not a mode of the Iceberg sink; use \"append\" (the default), \
+                     \"overwrite-partitions\" or \"upsert\""
                 )));
             }
         };
@@ -186,7 +210,14 @@ impl Config {
                  \"overwrite-partitions\"): without a filter an empty input replaces nothing",
             ));
         }
+        let key = parse_change_key(&opts, mode)?;
+        let index_mb: usize = opts.parsed("key_index_max_mb")?.unwrap_or(1024);
+        if index_mb == 0 {
+            return Err(error::config("[sink.options] key_index_max_mb must be at least 1"));
+        }
         Ok(Self {
+            key,
+            key_index_max_bytes: index_mb.saturating_mul(1024 * 1024),
             table,
             mode,
             dead_letter_table,
@@ -199,6 +230,12 @@ impl Config {
             compression,
             claim: claim::Mode::from_options(&opts)?,
         })
+    }
+
+    /// Whether the rows of source table `table` replace the partitions they
+    /// touch: in overwrite mode, except the job's dead-letter table.
+    pub fn upserts(&self, table: &str) -> bool {
+        self.mode == Mode::Upsert && self.dead_letter_table.as_deref() != Some(table)
     }
 
     /// Whether the rows of source table `table` replace the partitions they
@@ -247,6 +284,47 @@ fn in_pattern_form(pattern: &str, table: &str) -> bool {
         && table.len() > before.len() + after.len()
         && table.starts_with(before)
         && table.ends_with(after)
+}
+
+/// The change key: `sluice.key` (the source's `[source] key`), checked
+/// against the mode and against the sink's own `key` when given.
+fn parse_change_key(opts: &Options, mode: Mode) -> Result<Option<Vec<String>>, SinkError> {
+    use sluice_guest_sdk::changes::{KEY_OPTION, parse_key};
+    let source = opts.get(KEY_OPTION).map(parse_key).transpose()?;
+    let own: Option<Vec<String>> = match opts.get("key").map(str::trim) {
+        None => None,
+        Some(text) if text.starts_with('[') => Some(serde_json::from_str(text).map_err(|e| {
+            error::config(format!("[sink.options] key = {text:?} is not a column name, a comma list or a list: {e}"))
+        })?),
+        Some(text) => Some(text.split(',').map(|c| c.trim().to_string()).collect()),
+    };
+    if let Some(own) = &own
+        && (own.is_empty() || own.iter().any(String::is_empty))
+    {
+        return Err(error::config("[sink.options] key names no column; write e.g. key = \"id\""));
+    }
+    match (mode, source) {
+        (Mode::Upsert, None) => Err(error::config(
+            "[sink.options] mode = \"upsert\" needs a change stream: set [source] key (the key columns) and, when \
+             the rows carry their operation, [source] change_column",
+        )),
+        (Mode::Upsert, Some(source)) => match own {
+            Some(own) if own != source => Err(error::config(format!(
+                "[sink.options] key = {own:?} differs from [source] key = {source:?}; the change key is the \
+                 source's, so drop [sink.options] key or make both name the same columns"
+            ))),
+            _ => Ok(Some(source)),
+        },
+        (_, Some(source)) => Err(error::config(format!(
+            "the source is a change stream ([source] key = {source:?}), and the Iceberg sink applies one only with \
+             [sink.options] mode = \"upsert\""
+        ))),
+        (_, None) if own.is_some() => Err(error::config(
+            "[sink.options] key is set but mode is not \"upsert\"; a key is for change streams, so set \
+             [sink.options] mode = \"upsert\" (with [source] key) or drop key",
+        )),
+        (_, None) => Ok(None),
+    }
 }
 
 fn parse_table(raw: &str) -> Result<TableIdent, SinkError> {

@@ -31,11 +31,15 @@ mod config;
 mod filter;
 mod host_io;
 mod host_parquet;
+mod key_index;
+mod keys;
 mod maintenance;
 mod overwrite;
+mod position_deletes;
 mod runtime;
 mod schema;
 mod snapshot;
+mod upsert;
 mod writer;
 
 use sluice_guest_sdk::{Guest, PluginInfo, SinkContext, SinkError, Table, ipc};
@@ -92,6 +96,10 @@ fn validate_table(cfg: &config::Config, ctx: &SinkContext, source: &Table) -> Re
                 // Fails on anything narrower; a wider source is evolved at open.
                 schema::evolved_schema(&table, &arrow)?;
                 schema::check_partitioning(cfg, &table)?;
+                if let (true, Some(key)) = (cfg.upserts(&source.name), &cfg.key) {
+                    committer::check_upsert_table(&table)?;
+                    keys::key_columns(&ident.to_string(), table.metadata().current_schema(), key)?;
+                }
                 if let Some(filter) = cfg.filter_for(&source.name) {
                     overwrite::bind_filter(filter, &table)?;
                 }
@@ -102,6 +110,9 @@ fn validate_table(cfg: &config::Config, ctx: &SinkContext, source: &Table) -> Re
             Err(host_io::LoadError::NotFound(_)) if cfg.create_table => {
                 // The table will be created from the source schema; make sure it can be.
                 let created = schema::creation_schema(&arrow)?;
+                if let (true, Some(key)) = (cfg.upserts(&source.name), &cfg.key) {
+                    keys::key_columns(&ident.to_string(), &created, key)?;
+                }
                 if let Some(fields) = &cfg.partition_by {
                     schema::creation_spec(fields, &created)?;
                 }

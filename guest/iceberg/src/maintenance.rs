@@ -25,7 +25,11 @@
 //! - **Orphan cleanup** removes files under the table's location that no
 //!   snapshot and no metadata file of the table references, that are older
 //!   than the cutoff, and that no protected combined commit (a persisted
-//!   checkpoint not yet committed) names. When a live data file of the
+//!   checkpoint not yet committed) names, nor any file under the folder a
+//!   pending upsert checkpoint writes its position-delete files to (its
+//!   `deletes_folder`: they are written at commit time, so no list of them
+//!   exists before). Delete files are referenced through the snapshots'
+//!   manifests exactly as data files are, for expiry too. When a live data file of the
 //!   table cannot be found in the listing (the listing spells locations
 //!   another way), nothing is removed.
 //! - Only the host can see other jobs' state directories, and only the
@@ -662,6 +666,13 @@ fn protected_files(combined: &[u8]) -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// The folder (below a table's `data/`) of the position-delete files of
+/// a pending upsert checkpoint, as its combined commit names it.
+fn deletes_folder(combined: &[u8]) -> Option<String> {
+    let value = serde_json::from_slice::<serde_json::Value>(combined).ok()?;
+    value.get("deletes_folder").and_then(|f| f.as_str()).map(str::to_string)
+}
+
 /// Every writer the table's properties name: `<job>.<sink>.<incarnation>`
 /// of each watermark (`sluice.committed.<job>.<sink>.<incarnation>`) and
 /// `<job>.<sink>` of each claim (`sluice.claim.<job>.<sink>`). This job's
@@ -788,8 +799,12 @@ fn remove_orphans(
     for snapshot in metadata.snapshots() {
         referenced.extend(refs.of(&table, snapshot)?);
     }
+    // Upsert mode: the position-delete files of a pending checkpoint are
+    // written at its commit, so its folder is protected as a whole.
+    let mut protected_folders: Vec<String> = Vec::new();
     for combined in &orphans.protected {
         referenced.extend(protected_files(combined).map_err(|m| error::config(format!("table {ident}: {m}")))?);
+        protected_folders.extend(deletes_folder(combined).map(|f| format!("{location}/data/{f}")));
     }
     // From the reload: a job whose first commit landed meanwhile is named;
     // and every writer whose unreferenced files are here (a pending
@@ -819,6 +834,7 @@ fn remove_orphans(
         .iter()
         .filter(|e| owned.holds(norm(&e.location)))
         .filter(|e| !referenced.contains(norm(&e.location)))
+        .filter(|e| !protected_folders.iter().any(|f| norm(&e.location).starts_with(norm(f))))
         .filter(|e| e.modified_ms.is_some_and(|m| m < orphans.older_than_ms))
         .collect();
     candidates.sort_by(|a, b| a.location.cmp(&b.location));

@@ -211,6 +211,10 @@ pub(crate) struct TableState {
 pub(crate) struct State {
     #[serde(default)]
     pub(crate) tables: BTreeMap<String, TableState>,
+    /// `Some("upsert")` in a record of an incarnation in `mode = "upsert"`
+    /// (which keeps no other state), so a resume in another mode is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) mode: Option<String>,
     /// Tables where `committer.open` found checkpoints of this very
     /// incarnation (its watermark): never persisted, only to refuse an
     /// overwrite that restores no state after them (see `restore_state`).

@@ -30,13 +30,16 @@
 //!   replace that partition as a whole.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use arrow_schema::SchemaRef;
 use iceberg::TableIdent;
-use iceberg::arrow::RecordBatchPartitionSplitter;
-use iceberg::spec::{DataFile, DataFileFormat, serialize_data_file_to_json};
+use iceberg::arrow::{PartitionValueCalculator, RecordBatchPartitionSplitter};
+use iceberg::spec::{
+    DataFile, DataFileFormat, PartitionKey, PartitionSpecRef, Struct, StructType, serialize_data_file_to_json,
+};
 use iceberg::table::Table;
+use iceberg::writer::CurrentFileStatus;
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
 use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
@@ -54,6 +57,7 @@ use crate::host_io::{self, LoadError};
 use crate::host_parquet::{HostParquetWriterBuilder, SharedHostFiles};
 use crate::runtime::block_on;
 use crate::schema::{self, BatchConverter};
+use crate::upsert::WriterLog;
 
 /// Row groups are never cut smaller than this (tiny row groups cost more
 /// in metadata and scans than they save in memory).
@@ -83,6 +87,19 @@ type UnpartitionedWriter = DataFileWriter<HostParquetWriterBuilder, DefaultLocat
 enum OpenFiles {
     Unpartitioned(Box<UnpartitionedWriter>),
     Partitioned(Box<FanoutWriter<FileBuilder>>),
+    /// Upsert mode: one writer per partition (`None`: unpartitioned), kept
+    /// here so each row's file and position can be read after its write.
+    Keyed(Box<FileBuilder>, HashMap<Option<Struct>, UnpartitionedWriter>),
+}
+
+/// Upsert mode: the key columns and what this writer was given.
+struct UpsertTable {
+    /// The key columns' indices in a converted batch, and their names.
+    columns: Vec<usize>,
+    names: Vec<String>,
+    /// The partition value of each row (`None`: unpartitioned).
+    partitions: Option<(PartitionValueCalculator, StructType, PartitionSpecRef)>,
+    log: WriterLog,
 }
 
 /// What a writer reports for one checkpoint: per table, its data files as
@@ -99,6 +116,10 @@ pub struct TableFiles {
     pub table: String,
     pub spec_id: i32,
     pub files: Vec<String>,
+    /// Upsert mode: each writer's key changes ([`crate::upsert`]), one
+    /// blob per writer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -123,6 +144,8 @@ struct TableWriter {
     /// Rows given for this table since it was opened or changed (the
     /// contract's row numbering).
     rows: u64,
+    /// Upsert mode (not for the dead-letter table).
+    upsert: Option<UpsertTable>,
 }
 
 struct Inner {
@@ -191,10 +214,46 @@ fn table_writer(cfg: &Config, source: &SourceTable) -> Result<TableWriter, SinkE
         .map(|f| f.project(table.metadata().default_partition_spec()))
         .transpose()
         .map_err(FilterError::into_sink_error)?;
+    let upsert = match (&cfg.key, cfg.upserts(&source.name)) {
+        (Some(key), true) => Some(upsert_table(&table, key)?),
+        _ => None,
+    };
     let mut writer = prepare_table_writer(cfg, table, &arrow)?;
     writer.filter = filter;
     writer.placement = placement;
+    writer.upsert = upsert;
     Ok(writer)
+}
+
+/// Refuses a table upsert mode cannot write (format version, key columns)
+/// and readies the key columns and partition values of its rows.
+fn upsert_table(table: &Table, key: &[String]) -> Result<UpsertTable, SinkError> {
+    let ident = table.identifier().to_string();
+    crate::committer::check_upsert_table(table)?;
+    let schema = table.metadata().current_schema().clone();
+    let found = crate::keys::key_columns(&ident, &schema, key)?;
+    let fields = schema.as_struct().fields();
+    let columns = found
+        .ids
+        .iter()
+        .map(|id| {
+            fields.iter().position(|f| f.id == *id).ok_or_else(|| {
+                error::config(format!(
+                    "[source] key: a key column of table {ident} is nested; a key column must be a top-level column"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = table.metadata().default_partition_spec().clone();
+    let partitions = if spec.is_unpartitioned() {
+        None
+    } else {
+        let calc = PartitionValueCalculator::try_new(&spec, &schema)
+            .map_err(|e| iceberg_error("preparing the partition values", e))?;
+        let ty = spec.partition_type(&schema).map_err(|e| iceberg_error("reading the partition spec", e))?;
+        Some((calc, ty, spec))
+    };
+    Ok(UpsertTable { columns, names: found.names, partitions, log: WriterLog::default() })
 }
 
 fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result<TableWriter, SinkError> {
@@ -212,7 +271,17 @@ fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result
         )
     };
     let converter = BatchConverter::new(&table_schema)?;
-    Ok(TableWriter { table, converter, splitter, open: None, partitions: 1, filter: None, placement: None, rows: 0 })
+    Ok(TableWriter {
+        table,
+        converter,
+        splitter,
+        open: None,
+        partitions: 1,
+        filter: None,
+        placement: None,
+        rows: 0,
+        upsert: None,
+    })
 }
 
 /// Parquet settings for a writer whose rows spread over `partitions` open
@@ -266,7 +335,9 @@ impl Inner {
             .map_err(|e| iceberg_error("preparing the Parquet writer", e))?;
         let rolling = RollingFileWriterBuilder::new(parquet, target, t.table.file_io().clone(), locations, names);
         let builder = DataFileWriterBuilder::new(rolling);
-        if t.splitter.is_some() {
+        if t.upsert.is_some() {
+            Ok(OpenFiles::Keyed(Box::new(builder), HashMap::new()))
+        } else if t.splitter.is_some() {
             Ok(OpenFiles::Partitioned(Box::new(FanoutWriter::new(builder))))
         } else {
             let writer = block_on(builder.build(None)).map_err(|e| iceberg_error("opening a data file writer", e))?;
@@ -274,7 +345,121 @@ impl Inner {
         }
     }
 
+    /// Upsert mode: writes the upsert rows of a change batch, logging each
+    /// row's key, position in the source, and data file and row, and logs
+    /// the deletes.
+    fn write_changes(&mut self, table: &str, batch: &arrow_array::RecordBatch) -> Result<(), SinkError> {
+        let changes = sluice_guest_sdk::changes::split(batch)?;
+        let t = self.table_mut(table)?;
+        let rows = t.converter.convert(&changes.rows)?;
+        let first_row = t.rows;
+        t.rows += rows.num_rows() as u64;
+        let Some(up) = t.upsert.as_mut() else { return Err(error::fatal("upsert state missing")) };
+        let keys = crate::keys::encode(&rows, &up.columns, &up.names).map_err(|m| {
+            error::invalid_data(format!(
+                "a row of this writer's input for table \"{table}\" (rows from {}): {m}",
+                first_row + 1
+            ))
+        })?;
+        let mut keys: Vec<Option<Vec<u8>>> = keys.into_iter().map(Some).collect();
+        // The upsert rows of each partition, in order.
+        let mut groups: Vec<(Option<Struct>, Vec<u32>)> = Vec::new();
+        let mut group_of: HashMap<Option<Struct>, usize> = HashMap::new();
+        let values = match &up.partitions {
+            Some((calc, ty, _)) => {
+                let array = calc.calculate(&rows).map_err(|e| iceberg_error("computing partition values", e))?;
+                let literals = iceberg::arrow::arrow_struct_to_literal(&array, ty)
+                    .map_err(|e| iceberg_error("computing partition values", e))?;
+                Some(literals)
+            }
+            None => None,
+        };
+        for (i, op) in changes.ops.iter().enumerate() {
+            if *op == sluice_guest_sdk::changes::DELETE {
+                if let Some(key) = keys[i].take() {
+                    up.log.delete(key, changes.seqs[i]);
+                }
+                continue;
+            }
+            let part = match &values {
+                Some(v) => match v.get(i).cloned().flatten() {
+                    Some(iceberg::spec::Literal::Struct(s)) => Some(s),
+                    _ => {
+                        return Err(error::fatal(format!(
+                            "row {i} of a batch of table {table:?} has no partition value"
+                        )));
+                    }
+                },
+                None => None,
+            };
+            let at = *group_of.entry(part.clone()).or_insert_with(|| {
+                groups.push((part, Vec::new()));
+                groups.len() - 1
+            });
+            groups[at].1.push(i as u32);
+        }
+        t.partitions = t.partitions.max(groups.len());
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let mut open = match self.table_mut(table)?.open.take() {
+            Some(open) => open,
+            None => self.start_files(table)?,
+        };
+        let t = self.table_mut(table)?;
+        let result = (|| {
+            let OpenFiles::Keyed(builder, writers) = &mut open else {
+                return Err(error::fatal("upsert rows for a writer that is not keyed"));
+            };
+            let Some(up) = t.upsert.as_mut() else { return Err(error::fatal("upsert state missing")) };
+            for (part, idx) in groups {
+                let indices = arrow_array::UInt32Array::from(idx.clone());
+                let rows = arrow_select::take::take_record_batch(&rows, &indices)
+                    .map_err(|e| error::fatal(format!("taking the upsert rows apart: {e}")))?;
+                let writer = match writers.entry(part.clone()) {
+                    std::collections::hash_map::Entry::Occupied(w) => w.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        let key = match (&part, &up.partitions) {
+                            (Some(p), Some((_, _, spec))) => Some(PartitionKey::new(
+                                spec.as_ref().clone(),
+                                t.table.metadata().current_schema().clone(),
+                                p.clone(),
+                            )),
+                            _ => None,
+                        };
+                        let w =
+                            block_on(builder.build(key)).map_err(|e| iceberg_error("opening a data file writer", e))?;
+                        v.insert(w)
+                    }
+                };
+                let n = rows.num_rows() as u64;
+                block_on(writer.write(rows))
+                    .map_err(|e| iceberg_error(&format!("writing a data file of table {}", t.table.identifier()), e))?;
+                // Read from the writer after the write: the file the rows
+                // went to (the rolling writer never splits one write) and
+                // how many rows it holds now.
+                let path = writer.current_file_path();
+                let after = writer.current_row_num() as u64;
+                let first = after.checked_sub(n).ok_or_else(|| {
+                    error::fatal(format!("the data file writer of {path} counts {after} rows after a write of {n}"))
+                })?;
+                let logged = idx.iter().map(|i| {
+                    let i = *i as usize;
+                    (keys[i].take().unwrap_or_default(), changes.seqs[i])
+                });
+                up.log.rows(&path, first, logged);
+            }
+            Ok(())
+        })();
+        t.open = Some(open);
+        result?;
+        self.keep_within_budget()
+    }
+
     fn write_batch(&mut self, table: &str, batch: &arrow_array::RecordBatch) -> Result<(), SinkError> {
+        if self.table_mut(table)?.upsert.is_some() {
+            return self.write_changes(table, batch);
+        }
         let t = self.table_mut(table)?;
         let batch = t.converter.convert(batch)?;
         if let Some(filter) = &t.filter
@@ -319,6 +504,9 @@ impl Inner {
                 (OpenFiles::Partitioned(_), None) => {
                     Err(iceberg::Error::new(iceberg::ErrorKind::Unexpected, "partitioned writer without a splitter"))
                 }
+                (OpenFiles::Keyed(..), _) => {
+                    Err(iceberg::Error::new(iceberg::ErrorKind::Unexpected, "plain rows for a keyed writer"))
+                }
             }
         });
         t.open = Some(open);
@@ -329,15 +517,31 @@ impl Inner {
     /// Closes `table`'s open files: its data files, as JSON, and their paths.
     fn close_files(&mut self, table: &str) -> Result<Option<(TableFiles, Vec<String>)>, SinkError> {
         let t = self.table_mut(table)?;
-        let Some(open) = t.open.take() else { return Ok(None) };
-        let files: Vec<DataFile> = block_on(async {
-            match open {
-                OpenFiles::Unpartitioned(mut w) => w.close().await,
-                OpenFiles::Partitioned(w) => w.close().await,
+        let files: Vec<DataFile> = match t.open.take() {
+            None => Vec::new(),
+            Some(open) => block_on(async {
+                match open {
+                    OpenFiles::Unpartitioned(mut w) => w.close().await,
+                    OpenFiles::Partitioned(w) => w.close().await,
+                    OpenFiles::Keyed(_, writers) => {
+                        let mut all = Vec::new();
+                        for (_, mut w) in writers {
+                            all.extend(w.close().await?);
+                        }
+                        Ok(all)
+                    }
+                }
+            })
+            .map_err(|e| iceberg_error("finishing data files", e))?,
+        };
+        let changes: Vec<String> = match t.upsert.as_mut() {
+            Some(up) => {
+                check_logged_rows(&up.log, &files)?;
+                up.log.take().into_iter().collect()
             }
-        })
-        .map_err(|e| iceberg_error("finishing data files", e))?;
-        if files.is_empty() {
+            None => Vec::new(),
+        };
+        if files.is_empty() && changes.is_empty() {
             return Ok(None);
         }
         let metadata = t.table.metadata();
@@ -353,7 +557,7 @@ impl Inner {
                     .map_err(|e| iceberg_error("encoding a data file", e))?,
             );
         }
-        Ok(Some((TableFiles { table: table.to_string(), spec_id, files: encoded }, paths)))
+        Ok(Some((TableFiles { table: table.to_string(), spec_id, files: encoded, changes }, paths)))
     }
 }
 
@@ -457,6 +661,29 @@ impl GuestWriter for IcebergWriter {
         }
         Ok(())
     }
+}
+
+/// Every row the upsert log places must be in a file just closed, within
+/// the rows that file holds: a position that is not is never handed on.
+fn check_logged_rows(log: &WriterLog, files: &[DataFile]) -> Result<(), SinkError> {
+    let counts: HashMap<&str, u64> = files.iter().map(|f| (f.file_path(), f.record_count())).collect();
+    for (path, rows) in log.files().iter().zip(log.rows_per_file()) {
+        match counts.get(path.as_str()) {
+            Some(held) if *held >= rows => {}
+            Some(held) => {
+                return Err(error::fatal(format!(
+                    "data file {path} holds {held} rows, and this writer placed {rows} rows in it; nothing of the \
+                     checkpoint was handed on"
+                )));
+            }
+            None => {
+                return Err(error::fatal(format!(
+                    "this writer placed rows in {path}, which is not among the data files it closed"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses the batch when one of its partitions lies only partly inside
