@@ -21,6 +21,7 @@
 //! https://cloud.google.com/bigquery/docs/reference/storage/rpc/google.cloud.bigquery.storage.v1.
 
 pub mod arrow_rows;
+pub mod cdc;
 pub mod jobs;
 pub mod partition;
 mod rest;
@@ -34,6 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::serve::ListenerExt as _;
+pub use cdc::EqualSequence;
 pub use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1 as proto;
 pub use jobs::{Job, JobError, JobState};
 pub use partition::{PartitionType, TimePartitioning};
@@ -174,6 +176,10 @@ pub struct Stats {
     pub bytes_appended: u64,
     pub already_exists: u64,
     pub flush_calls: u64,
+    /// CDC changes received in applied requests, and of them those applied
+    /// (the rest were ignored by their sequence numbers).
+    pub changes_received: u64,
+    pub changes_applied: u64,
 }
 
 /// What a call's bearer token must satisfy (see [`BigQueryDouble::require_valid_token`]).
@@ -214,6 +220,8 @@ pub(crate) struct Shared {
     pub(crate) job_faults: Mutex<Vec<(u64, JobFault)>>,
     /// Numbers the ids of jobs inserted without a `jobReference.jobId`.
     pub(crate) next_job_id: std::sync::atomic::AtomicU64,
+    /// How a CDC change with its key's last applied sequence number is treated.
+    pub(crate) equal_sequence: Mutex<cdc::EqualSequence>,
 }
 
 impl Shared {
@@ -400,6 +408,38 @@ impl BigQueryDouble {
         t.time_partitioning = Some(partitioning);
         self.shared.inner().tables.insert(table.to_string(), t);
         Ok(())
+    }
+
+    /// Creates (or replaces) a table with a primary key
+    /// (`PRIMARY KEY (...) NOT ENFORCED`), which takes CDC changes
+    /// ([`cdc`]); `max_staleness` as the table resource's `maxStaleness`.
+    pub fn create_keyed_table(&self, table: &str, schema: TableSchema, key: &[&str], max_staleness: Option<&str>) {
+        let mut t = state::Table::new(schema);
+        t.primary_key = key.iter().map(|k| k.to_string()).collect();
+        t.max_staleness = max_staleness.map(str::to_string);
+        self.shared.inner().tables.insert(table.to_string(), t);
+    }
+
+    /// The table's primary key columns (empty: none), if it exists.
+    pub fn primary_key(&self, table: &str) -> Option<Vec<String>> {
+        self.shared.inner().tables.get(table).map(|t| t.primary_key.clone())
+    }
+
+    /// The table's `maxStaleness`, if it exists and has one.
+    pub fn max_staleness(&self, table: &str) -> Option<String> {
+        self.shared.inner().tables.get(table).and_then(|t| t.max_staleness.clone())
+    }
+
+    /// Every key a CDC change touched, with its last applied sequence
+    /// number and its row (`None`: deleted).
+    pub fn keyed_rows(&self, table: &str) -> BTreeMap<String, cdc::Applied> {
+        self.shared.inner().tables.get(table).map(|t| t.keyed.clone()).unwrap_or_default()
+    }
+
+    /// Chooses how a CDC change with its key's last applied sequence
+    /// number is treated (the documentation does not say).
+    pub fn answer_equal_sequence(&self, answer: cdc::EqualSequence) {
+        *self.shared.equal_sequence.lock().unwrap_or_else(|p| p.into_inner()) = answer;
     }
 
     /// Deletes a table and its write streams, as `tables.delete`

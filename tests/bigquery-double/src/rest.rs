@@ -40,6 +40,10 @@
 //!   ([`crate::state::Dataset`]), which `tables.insert` applies to what a
 //!   request leaves out.
 //!
+//! - `tableConstraints.primaryKey.columns` and `maxStaleness` (change data
+//!   capture, see [`crate::cdc`]) are read by `insert`, checked, kept and
+//!   returned by `get`; `patch` leaves them as they are.
+//!
 //! The job methods (`jobs.insert`, `jobs.get`) live in [`crate::jobs`] and
 //! are routed here.
 //!
@@ -244,7 +248,65 @@ fn resource(p: &str, d: &str, t: &str, table: &state::Table) -> Value {
     if let Some(at) = table.expiration_time {
         resource["expirationTime"] = Value::String(at.to_string());
     }
+    if !table.primary_key.is_empty() {
+        resource["tableConstraints"] = json!({ "primaryKey": { "columns": table.primary_key } });
+    }
+    if let Some(staleness) = &table.max_staleness {
+        resource["maxStaleness"] = Value::String(staleness.clone());
+    }
     resource
+}
+
+/// `tableConstraints.primaryKey.columns` of a table resource
+/// (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableConstraints):
+/// every column must be a top-level column of the schema, named once, at
+/// most 16 of them ("composite primary keys containing up to 16 columns are
+/// supported", change-data-capture); empty when absent.
+fn primary_key(body: &Value, schema: &TableSchema) -> Result<Vec<String>, String> {
+    let Some(columns) = body.pointer("/tableConstraints/primaryKey/columns") else { return Ok(Vec::new()) };
+    let Some(columns) = columns.as_array() else { return Err("primaryKey.columns must be an array".into()) };
+    let mut key: Vec<String> = Vec::new();
+    for c in columns {
+        let Some(name) = c.as_str() else { return Err(format!("primaryKey.columns: {c} is not a column name")) };
+        if !schema.fields.iter().any(|f| f.name.eq_ignore_ascii_case(name)) {
+            return Err(format!("Primary key column {name} does not exist in the table schema"));
+        }
+        if key.iter().any(|k| k.eq_ignore_ascii_case(name)) {
+            return Err(format!("Primary key column {name} is named twice"));
+        }
+        key.push(name.to_string());
+    }
+    if key.len() > 16 {
+        return Err(format!("A primary key may have at most 16 columns, not {}", key.len()));
+    }
+    Ok(key)
+}
+
+/// `maxStaleness` of a table resource: "The maximum staleness of data that
+/// could be returned when the table (or stale MV) is queried. Staleness
+/// encoded as a string encoding of sql IntervalValue type", i.e. BigQuery's
+/// canonical INTERVAL text `Y-M D H:M:S` (e.g. `0-0 0 0:15:0`). The double
+/// checks that shape and keeps the text.
+fn max_staleness(body: &Value) -> Result<Option<String>, String> {
+    match body.get("maxStaleness") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => {
+            let parts: Vec<&str> = s.split(' ').collect();
+            let num =
+                |t: &str| !t.is_empty() && t.trim_start_matches('-').chars().all(|c| c.is_ascii_digit() || c == '.');
+            let ok = parts.len() == 3
+                && parts[0].split('-').filter(|p| !p.is_empty()).count() == 2
+                && num(parts[1])
+                && parts[2].split(':').count() == 3
+                && parts[2].split(':').all(num);
+            if ok {
+                Ok(Some(s.clone()))
+            } else {
+                Err(format!("Invalid maxStaleness {s:?}: expected an INTERVAL as Y-M D H:M:S"))
+            }
+        }
+        Some(other) => Err(format!("Invalid maxStaleness: {other}")),
+    }
 }
 
 /// `expirationTime` of a table resource: an int64 in ms since the epoch,
@@ -398,7 +460,17 @@ async fn insert_table(
             }
         }
     }
+    let key = match primary_key(&body, &schema) {
+        Ok(k) => k,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
+    };
+    let staleness = match max_staleness(&body) {
+        Ok(s) => s,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "invalid", m),
+    };
     let mut table = state::Table::new(schema);
+    table.primary_key = key;
+    table.max_staleness = staleness;
     table.time_partitioning = time_partitioning;
     table.expiration_time = expiration_time;
     table.labels = labels;

@@ -29,7 +29,7 @@ use crate::proto::{
     row_error::RowErrorCode,
 };
 use crate::state::{Inner, StoredRows, Stream};
-use crate::{Fault, Rpc, Shared, arrow_rows, schema};
+use crate::{Fault, Rpc, Shared, arrow_rows, cdc, schema};
 
 /// "The size of a single AppendRowsRequest must be less than 10 MB in size.
 /// Requests larger than this return an error, typically INVALID_ARGUMENT."
@@ -278,6 +278,9 @@ struct Connection {
     stream: Option<String>,
     /// The writer schema of the connection's first request.
     format: Option<Format>,
+    /// Whether the proto writer schema carries `_CHANGE_TYPE`: its rows are
+    /// CDC changes ([`crate::cdc`]).
+    cdc: bool,
 }
 
 /// How a connection's rows are encoded.
@@ -295,7 +298,14 @@ impl Connection {
             Rows::ProtoRows(p) => {
                 if let Some(ws) = p.writer_schema.as_ref().and_then(|s| s.proto_descriptor.as_ref()) {
                     let message = schema::compile(ws)?;
-                    schema::check(&message, table)?;
+                    // The pseudo-columns ride beside the table's own.
+                    let cdc = message.fields().any(|f| f.name().eq_ignore_ascii_case(cdc::CHANGE_TYPE));
+                    if cdc {
+                        schema::check(&message, &cdc::with_pseudo_columns(table))?;
+                    } else {
+                        schema::check(&message, table)?;
+                    }
+                    self.cdc = cdc;
                     self.format = Some(Format::Proto(Arc::new(message)));
                 }
             }
@@ -303,6 +313,14 @@ impl Connection {
                 // "it will be ignored if specified in following requests"
                 if let (None, Some(ws)) = (&self.format, &a.writer_schema) {
                     let arrow = arrow_rows::decode_schema(&ws.serialized_schema)?;
+                    if arrow.fields().iter().any(|f| f.name().eq_ignore_ascii_case(cdc::CHANGE_TYPE)) {
+                        // "You must use the protobuf format as the ingestion format.
+                        // The Apache Arrow format isn't supported" (change-data-capture).
+                        return Err(format!(
+                            "{}: change data capture takes protobuf rows only; the Apache Arrow format isn't supported",
+                            cdc::CHANGE_TYPE
+                        ));
+                    }
                     arrow_rows::check(&arrow, table)?;
                     self.format = Some(Format::Arrow(ws.serialized_schema.clone()));
                 }
@@ -322,10 +340,11 @@ impl Connection {
         match (rows, &self.format) {
             (Rows::ProtoRows(p), Some(Format::Proto(descriptor))) => {
                 let rows = p.rows.map(|r| r.serialized_rows).unwrap_or_default();
+                let checked = if self.cdc { cdc::with_pseudo_columns(table) } else { table.clone() };
                 let errors = rows
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, r)| schema::check_row(descriptor, r, table).err().map(|m| row_error((i, m))))
+                    .filter_map(|(i, r)| schema::check_row(descriptor, r, &checked).err().map(|m| row_error((i, m))))
                     .collect();
                 let bytes = rows.iter().map(|r| r.len() as u64).sum();
                 Ok((StoredRows::Proto { descriptor: descriptor.clone(), rows }, errors, bytes))
@@ -453,6 +472,9 @@ impl BigQueryWriteService {
                 rpc_status(Code::InvalidArgument, "the first request of a connection must carry writer_schema", None),
             );
         }
+        if conn.cdc {
+            return self.apply_changes(&name, conn, rows, &table_schema, fault).await;
+        }
         // Offsets are checked before the rows, on the stream as it is now.
         {
             let mut inner = self.shared.inner();
@@ -554,6 +576,103 @@ impl BigQueryWriteService {
         Outcome::Reply(AppendRowsResponse {
             write_stream: name,
             response: Some(AppendReply::AppendResult(AppendResult { offset: req.offset.map(|_| start) })),
+            ..Default::default()
+        })
+    }
+}
+
+impl BigQueryWriteService {
+    /// A request of CDC changes ([`crate::cdc`]): refused unless it goes to
+    /// a `_default` stream of a table with a primary key; its rows are
+    /// checked whole (a bad row rejects the request), then applied in order
+    /// by key and sequence number.
+    async fn apply_changes(
+        &self,
+        name: &str,
+        conn: &Connection,
+        rows: Rows,
+        table_schema: &TableSchema,
+        fault: Option<Fault>,
+    ) -> Outcome {
+        let Some(table) = Inner::default_stream_table(name).map(str::to_string) else {
+            return in_band(
+                name,
+                rpc_status(
+                    Code::InvalidArgument,
+                    &format!("{} is only supported on the _default stream; {name} is not one", cdc::CHANGE_TYPE),
+                    Some((StorageErrorCode::InvalidStreamType, name)),
+                ),
+            );
+        };
+        let key = self.shared.inner().tables.get(&table).map(|t| t.primary_key.clone()).unwrap_or_default();
+        if key.is_empty() {
+            return in_band(
+                name,
+                rpc_status(
+                    Code::InvalidArgument,
+                    &format!("{} needs a primary key on table {table}, which has none", cdc::CHANGE_TYPE),
+                    None,
+                ),
+            );
+        }
+        let (stored, mut row_errors, bytes) = match conn.rows(rows, table_schema) {
+            Ok(decoded) => decoded,
+            Err(e) => return in_band(name, rpc_status(Code::InvalidArgument, &e, None)),
+        };
+        let mut changes = Vec::with_capacity(stored.len());
+        if row_errors.is_empty() {
+            for (i, row) in stored.to_json().into_iter().enumerate() {
+                match cdc::read_change(row, &key) {
+                    Ok(c) => changes.push(c),
+                    Err(message) => {
+                        row_errors.push(RowError { index: i as i64, code: RowErrorCode::FieldsError as i32, message })
+                    }
+                }
+            }
+        }
+        if !row_errors.is_empty() {
+            return Outcome::Reply(AppendRowsResponse {
+                write_stream: name.to_string(),
+                response: Some(AppendReply::Error(rpc_status(
+                    Code::InvalidArgument,
+                    "Rows are invalid; see row_errors",
+                    None,
+                ))),
+                row_errors,
+                ..Default::default()
+            });
+        }
+        let equal = *self.shared.equal_sequence.lock().unwrap_or_else(|p| p.into_inner());
+        let received = changes.len() as u64;
+        let applied = {
+            let mut inner = self.shared.inner();
+            let Some(t) = inner.tables.get_mut(&table) else {
+                return in_band(
+                    name,
+                    rpc_status(
+                        Code::NotFound,
+                        &format!("Table {table} not found"),
+                        Some((StorageErrorCode::TableNotFound, &table)),
+                    ),
+                );
+            };
+            let applied = cdc::apply(&mut t.keyed, changes, equal);
+            t.version += 1;
+            applied as u64
+        };
+        {
+            let mut stats = self.shared.stats();
+            stats.rows_appended += received;
+            stats.bytes_appended += bytes;
+            stats.changes_received += received;
+            stats.changes_applied += applied;
+        }
+        if fault == Some(Fault::ApplyThenDropReply) {
+            return Outcome::End(Status::unavailable("injected: connection reset after the changes were applied"));
+        }
+        Outcome::Reply(AppendRowsResponse {
+            write_stream: name.to_string(),
+            response: Some(AppendReply::AppendResult(AppendResult { offset: None })),
             ..Default::default()
         })
     }

@@ -37,8 +37,14 @@ use crate::partition::TimePartitioning;
 /// decodes them, or an Arrow record batch.
 #[derive(Clone)]
 pub enum StoredRows {
-    Proto { descriptor: Arc<MessageDescriptor>, rows: Vec<Vec<u8>> },
+    Proto {
+        descriptor: Arc<MessageDescriptor>,
+        rows: Vec<Vec<u8>>,
+    },
     Arrow(arrow_array::RecordBatch),
+    /// Rows already decoded, keyed by column name: a CDC table's rows by
+    /// primary key ([`crate::cdc`]).
+    Json(Vec<serde_json::Map<String, serde_json::Value>>),
 }
 
 impl StoredRows {
@@ -46,6 +52,7 @@ impl StoredRows {
         match self {
             StoredRows::Proto { rows, .. } => rows.len(),
             StoredRows::Arrow(batch) => batch.num_rows(),
+            StoredRows::Json(rows) => rows.len(),
         }
     }
 
@@ -67,6 +74,7 @@ impl StoredRows {
                 StoredRows::Proto { descriptor: descriptor.clone(), rows: rows[start..start + len].to_vec() }
             }
             StoredRows::Arrow(batch) => StoredRows::Arrow(batch.slice(start, len)),
+            StoredRows::Json(rows) => StoredRows::Json(rows[start..start + len].to_vec()),
         }
     }
 
@@ -82,6 +90,10 @@ impl StoredRows {
                 } else {
                     vec![StoredRows::Proto { descriptor: descriptor.clone(), rows }]
                 }
+            }
+            StoredRows::Json(rows) => {
+                let rows: Vec<_> = rows.iter().zip(keep).filter(|(_, k)| **k).map(|(r, _)| r.clone()).collect();
+                if rows.is_empty() { Vec::new() } else { vec![StoredRows::Json(rows)] }
             }
             StoredRows::Arrow(_) => {
                 let mut out = Vec::new();
@@ -108,6 +120,7 @@ impl StoredRows {
                 rows.iter().map(|r| crate::schema::to_json(descriptor, r)).collect()
             }
             StoredRows::Arrow(batch) => crate::arrow_rows::to_json(batch),
+            StoredRows::Json(rows) => rows.clone(),
         }
     }
 }
@@ -182,6 +195,13 @@ pub struct Table {
     /// Rows written by jobs (and absorbed from streams), before the
     /// streams' unabsorbed visible rows.
     pub materialized: Vec<StoredRows>,
+    /// `tableConstraints.primaryKey.columns` (empty: no primary key).
+    pub primary_key: Vec<String>,
+    /// `maxStaleness`, kept as given (an INTERVAL's canonical text).
+    pub max_staleness: Option<String>,
+    /// The rows CDC changes made, by primary key ([`crate::cdc`]); readers
+    /// see the live ones after every other row.
+    pub keyed: BTreeMap<String, crate::cdc::Applied>,
 }
 
 impl Table {
@@ -194,6 +214,9 @@ impl Table {
             time_partitioning: None,
             expiration_time: None,
             materialized: Vec::new(),
+            primary_key: Vec::new(),
+            max_staleness: None,
+            keyed: BTreeMap::new(),
         }
     }
 }
@@ -253,6 +276,12 @@ impl Inner {
         let mut out: Vec<StoredRows> = self.tables.get(table).map(|t| t.materialized.clone()).unwrap_or_default();
         for (_, stream) in self.table_streams(table) {
             out.extend(stream_rows(stream, stream.absorbed, stream.visible()));
+        }
+        if let Some(t) = self.tables.get(table) {
+            let live: Vec<_> = t.keyed.values().filter_map(|a| a.row.clone()).collect();
+            if !live.is_empty() {
+                out.push(StoredRows::Json(live));
+            }
         }
         out
     }
