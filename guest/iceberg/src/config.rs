@@ -401,6 +401,40 @@ mod tests {
         assert!(m.contains("[sink.options] mode") && m.contains("overwrite-partitions"), "{m}");
     }
 
+    /// Upsert needs the source's key; the sink's own `key` must name the
+    /// same columns; a change stream needs upsert.
+    #[test]
+    fn parses_the_upsert_key() {
+        let cfg = |extra: &[(&str, &str)]| {
+            let mut raw = vec![("table".to_string(), "lake.t".to_string())];
+            raw.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            Config::parse(raw)
+        };
+        let key = (sluice_guest_sdk::changes::KEY_OPTION, r#"["tenant","id"]"#);
+        let ok = cfg(&[("mode", "upsert"), key]).unwrap();
+        assert_eq!(ok.key, Some(vec!["tenant".to_string(), "id".to_string()]));
+        assert!(
+            ok.upserts("")
+                && !cfg(&[("mode", "upsert"), key, (DEAD_LETTER_TABLE, "lake.d")]).unwrap().upserts("lake.d")
+        );
+        assert!(cfg(&[("mode", "upsert"), key, ("key", "tenant, id")]).is_ok());
+        assert!(cfg(&[("mode", "upsert"), key, ("key", r#"["tenant","id"]"#)]).is_ok());
+        let Err(SinkError::Config(m)) = cfg(&[("mode", "upsert")]) else { panic!("upsert without a key") };
+        assert!(m.contains("[source] key") && m.contains("upsert"), "{m}");
+        let Err(SinkError::Config(m)) = cfg(&[("mode", "upsert"), key, ("key", "id")]) else {
+            panic!("a sink key that differs")
+        };
+        assert!(m.contains("[sink.options] key") && m.contains("[source] key"), "{m}");
+        let Err(SinkError::Config(m)) = cfg(&[key]) else { panic!("a change stream in append mode") };
+        assert!(m.contains("change stream") && m.contains("upsert"), "{m}");
+        let Err(SinkError::Config(m)) = cfg(&[("key", "id")]) else { panic!("a key in append mode") };
+        assert!(m.contains("[sink.options] key") && m.contains("upsert"), "{m}");
+        let Err(SinkError::Config(m)) = cfg(&[("mode", "upsert"), key, ("key_index_max_mb", "0")]) else {
+            panic!("a zero bound")
+        };
+        assert!(m.contains("key_index_max_mb"), "{m}");
+    }
+
     #[test]
     fn parses_the_overwrite_filter() {
         let cfg = |extra: &[(&str, &str)]| {

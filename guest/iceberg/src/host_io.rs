@@ -306,6 +306,19 @@ struct CreateTableRequest<'a> {
     properties: HashMap<String, String>,
 }
 
+/// The table properties Sluice sets on a table it creates (#42): besides
+/// who created it, a metadata log bounded to the Java library's 100
+/// entries, and the files dropped from it deleted by the commit that drops
+/// them (the host's SQL catalog does it; a REST catalog's server does), so
+/// a job committing for weeks does not pile up a metadata file per commit.
+pub fn created_properties() -> HashMap<String, String> {
+    HashMap::from([
+        ("created-by".to_string(), format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION"))),
+        ("write.metadata.previous-versions-max".to_string(), "100".to_string()),
+        ("write.metadata.delete-after-commit.enabled".to_string(), "true".to_string()),
+    ])
+}
+
 /// Creates the table; `conflict` (another job created it first) is passed on.
 pub fn create_table(
     ident: &TableIdent,
@@ -316,10 +329,7 @@ pub fn create_table(
         name: ident.name(),
         schema,
         partition_spec: spec,
-        properties: HashMap::from([(
-            "created-by".to_string(),
-            format!("sluice iceberg sink {}", env!("CARGO_PKG_VERSION")),
-        )]),
+        properties: created_properties(),
     };
     let json = serde_json::to_string(&request)
         .map_err(|e| LoadError::Invalid(format!("encoding the create-table request: {e}")))?;

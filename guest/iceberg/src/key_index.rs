@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 
 use iceberg::spec::{DataContentType, DataFile, Struct};
 use iceberg::table::Table;
-use sluice_guest_sdk::{SinkError, error, log};
+use sluice_guest_sdk::{SinkError, error};
 
 use crate::keys::{self, KeyColumns};
 use crate::position_deletes;
@@ -81,6 +81,14 @@ impl Locs {
             }
         }
     }
+}
+
+/// Logs `message` through the host (not in native unit tests, which have none).
+fn note(message: &str) {
+    #[cfg(not(test))]
+    sluice_guest_sdk::log::info(message);
+    #[cfg(test)]
+    let _ = message;
 }
 
 pub(crate) struct KeyIndex {
@@ -257,7 +265,7 @@ impl KeyIndex {
         let rebuild = self.base.is_none() || self.deletes.iter().any(|d| !live_deletes.contains(d.as_str()));
         if rebuild {
             if self.base.is_some() {
-                log::info(&format!(
+                note(&format!(
                     "table {}: a delete file went since the key index was read; reading it anew",
                     self.table
                 ));
@@ -296,7 +304,7 @@ impl KeyIndex {
         self.deletes = live_deletes.into_iter().map(str::to_string).collect();
         self.base = Some(head);
         if rebuild || read > 0 {
-            log::info(&format!(
+            note(&format!(
                 "table {}: the upsert key index describes snapshot {} ({} keys, about {} MiB; {read} data file(s) read)",
                 self.table,
                 head.map_or_else(|| "none".to_string(), |h| h.to_string()),
@@ -346,5 +354,258 @@ impl KeyIndex {
         }
         self.base = Some(Some(snapshot));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The index read from real Parquet data and position-delete files in
+    //! an in-memory FileIO, committed to in-memory table metadata through
+    //! [`crate::snapshot::build_snapshot`] as the committer commits.
+
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    use iceberg::TableIdent;
+    use iceberg::io::FileIO;
+    use iceberg::spec::{
+        DataFileBuilder, DataFileFormat, NestedField, Operation, PrimitiveType, Schema, SortOrder, Summary,
+        TableMetadata, TableMetadataBuilder, Type, UnboundPartitionSpec,
+    };
+
+    use super::*;
+    use crate::runtime::iceberg_runtime;
+    use crate::snapshot::{build_snapshot, manifests_of};
+
+    fn schema() -> Schema {
+        Schema::builder()
+            .with_fields(vec![
+                NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
+                NestedField::optional(2, "v", Type::Primitive(PrimitiveType::String)).into(),
+            ])
+            .build()
+            .unwrap()
+    }
+
+    fn table_of(metadata: TableMetadata, io: FileIO) -> Table {
+        Table::builder()
+            .file_io(io)
+            .metadata(metadata)
+            .identifier(TableIdent::from_strs(["ns", "t"]).unwrap())
+            .metadata_location("memory://wh/t/metadata/v.metadata.json")
+            .runtime(iceberg_runtime())
+            .build()
+            .unwrap()
+    }
+
+    fn empty_table() -> Table {
+        let metadata = TableMetadataBuilder::new(
+            schema(),
+            UnboundPartitionSpec::builder().build(),
+            SortOrder::unsorted_order(),
+            "memory://wh/t".to_string(),
+            iceberg::spec::FormatVersion::V2,
+            HashMap::new(),
+        )
+        .unwrap()
+        .build()
+        .unwrap()
+        .metadata;
+        table_of(metadata, FileIO::new_with_memory())
+    }
+
+    /// Writes `batch` (in `schema`, with field ids) as Parquet at `path`.
+    fn parquet(table: &Table, path: &str, schema: &Schema, columns: Vec<ArrayRef>) -> (u64, u64) {
+        let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(schema).unwrap());
+        let batch = RecordBatch::try_new(arrow.clone(), columns).unwrap();
+        let mut bytes = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, arrow, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let size = bytes.len() as u64;
+        crate::runtime::block_on(table.file_io().new_output(path).unwrap().write(bytes.into())).unwrap();
+        (batch.num_rows() as u64, size)
+    }
+
+    fn data_file(table: &Table, name: &str, ids: &[i64]) -> DataFile {
+        let path = format!("memory://wh/t/data/{name}.parquet");
+        let v: Vec<String> = ids.iter().map(|i| format!("{name}{i}")).collect();
+        let (rows, size) = parquet(
+            table,
+            &path,
+            &schema(),
+            vec![Arc::new(Int64Array::from(ids.to_vec())), Arc::new(StringArray::from(v))],
+        );
+        DataFileBuilder::default()
+            .content(DataContentType::Data)
+            .file_path(path)
+            .file_format(DataFileFormat::Parquet)
+            .partition(Struct::empty())
+            .partition_spec_id(0)
+            .record_count(rows)
+            .file_size_in_bytes(size)
+            .build()
+            .unwrap()
+    }
+
+    fn delete_file(table: &Table, name: &str, rows: &[(&str, i64)]) -> DataFile {
+        let path = format!("memory://wh/t/data/{name}.parquet");
+        let paths: Vec<String> = rows.iter().map(|(f, _)| format!("memory://wh/t/data/{f}.parquet")).collect();
+        let pos: Vec<i64> = rows.iter().map(|(_, p)| *p).collect();
+        let (n, size) = parquet(
+            table,
+            &path,
+            &position_deletes::schema().unwrap(),
+            vec![Arc::new(StringArray::from(paths)), Arc::new(Int64Array::from(pos))],
+        );
+        DataFileBuilder::default()
+            .content(DataContentType::PositionDeletes)
+            .file_path(path)
+            .file_format(DataFileFormat::Parquet)
+            .partition(Struct::empty())
+            .partition_spec_id(0)
+            .record_count(n)
+            .file_size_in_bytes(size)
+            .build()
+            .unwrap()
+    }
+
+    /// Commits a snapshot adding `added` and removing `gone`, as a catalog
+    /// applies it.
+    fn commit(table: &Table, gone: &[&str], added: Vec<DataFile>) -> Table {
+        let head = table.metadata().current_snapshot().cloned();
+        let manifests = head.as_ref().map(|h| manifests_of(table, h).unwrap()).unwrap_or_default();
+        let gone: std::collections::HashSet<&str> = gone.iter().copied().collect();
+        let added: Vec<(i32, DataFile)> = added.into_iter().map(|f| (0, f)).collect();
+        let op = if gone.is_empty() { Operation::Append } else { Operation::Overwrite };
+        let summary = Summary { operation: op, additional_properties: HashMap::new() };
+        let built = build_snapshot(table, head.as_deref(), &manifests, &gone, &added, summary, HashMap::new()).unwrap();
+        let mut builder = table.metadata().clone().into_builder(table.metadata_location().map(str::to_string));
+        for update in built.updates {
+            builder = update.apply(builder).unwrap();
+        }
+        table_of(builder.build().unwrap().metadata, table.file_io().clone())
+    }
+
+    fn advance(index: &mut KeyIndex, table: &Table) {
+        let head = table.metadata().current_snapshot().cloned();
+        let manifests = head.as_ref().map(|h| manifests_of(table, h).unwrap()).unwrap_or_default();
+        index.advance(table, head.map(|h| h.snapshot_id()), &manifests).unwrap();
+    }
+
+    fn key(id: i64) -> Vec<u8> {
+        id.to_be_bytes().to_vec()
+    }
+
+    /// Each key's rows as (file name, position), sorted.
+    fn rows(index: &KeyIndex, id: i64) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = index
+            .rows_of(&key(id))
+            .into_iter()
+            .map(|(m, p)| (m.path.rsplit('/').next().unwrap().trim_end_matches(".parquet").to_string(), p))
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn index() -> KeyIndex {
+        let cols = crate::keys::key_columns("ns.t", &schema(), &["id".to_string()]).unwrap();
+        KeyIndex::new("ns.t".into(), cols, 1 << 30)
+    }
+
+    #[test]
+    fn the_index_follows_the_live_data_and_delete_files() {
+        let t0 = empty_table();
+        let mut idx = index();
+        advance(&mut idx, &t0);
+        assert_eq!((idx.base(), idx.len()), (Some(None), 0));
+        // Another writer appends a, with key 2 twice.
+        let t1 = commit(&t0, &[], vec![data_file(&t0, "a", &[1, 2, 3, 2])]);
+        advance(&mut idx, &t1);
+        assert_eq!(rows(&idx, 2), [("a".into(), 1), ("a".into(), 3)]);
+        assert_eq!(idx.len(), 3);
+        // Position deletes (another writer's): key 2's row 1 and key 3 go.
+        let t2 = commit(&t1, &[], vec![delete_file(&t1, "d1", &[("a", 1), ("a", 2)]), data_file(&t1, "b", &[4])]);
+        advance(&mut idx, &t2);
+        assert_eq!(rows(&idx, 2), [("a".into(), 3)]);
+        assert!(rows(&idx, 3).is_empty());
+        assert_eq!(rows(&idx, 4), [("b".into(), 0)]);
+        // A fresh index built from the same snapshot agrees.
+        let mut fresh = index();
+        advance(&mut fresh, &t2);
+        for id in 0..6 {
+            assert_eq!(rows(&fresh, id), rows(&idx, id), "key {id}");
+        }
+        // A compaction applied the deletes: a and d1 go, c holds 1 and 2.
+        let t3 = commit(
+            &t2,
+            &["memory://wh/t/data/a.parquet", "memory://wh/t/data/d1.parquet"],
+            vec![data_file(&t2, "c", &[1, 2])],
+        );
+        advance(&mut idx, &t3);
+        assert_eq!(rows(&idx, 1), [("c".into(), 0)]);
+        assert_eq!(rows(&idx, 2), [("c".into(), 1)]);
+        assert_eq!(rows(&idx, 4), [("b".into(), 0)]);
+        assert_eq!(idx.len(), 3);
+        // A data file removed outright drops its keys.
+        let t4 = commit(&t3, &["memory://wh/t/data/b.parquet"], vec![]);
+        advance(&mut idx, &t4);
+        assert!(rows(&idx, 4).is_empty());
+        assert_eq!(idx.base(), Some(t4.metadata().current_snapshot_id()));
+    }
+
+    /// What a commit of the index's own changes leaves equals what reading
+    /// that snapshot from the table gives.
+    #[test]
+    fn a_commit_updates_the_index_as_reading_the_table_would() {
+        let t0 = empty_table();
+        let t1 = commit(&t0, &[], vec![data_file(&t0, "a", &[1, 2, 3])]);
+        let mut idx = index();
+        advance(&mut idx, &t1);
+        // Checkpoint: key 1 updated (new row n:0), key 2 deleted, key 5 inserted at n:2 after n:1 was superseded.
+        let mut log = crate::upsert::WriterLog::default();
+        log.rows("memory://wh/t/data/n.parquet", 0, [(key(1), (0, 1)), (key(5), (0, 2)), (key(5), (0, 4))]);
+        log.delete(key(2), (0, 3));
+        let merged = crate::upsert::merge(&[log.take().unwrap()]).unwrap();
+        let mut dels: Vec<(&str, i64)> = Vec::new();
+        for k in merged.finals.keys() {
+            for (m, p) in idx.rows_of(k) {
+                dels.push((if m.path.ends_with("a.parquet") { "a" } else { "?" }, p as i64));
+            }
+        }
+        for (_, p) in &merged.superseded {
+            dels.push(("n", *p as i64));
+        }
+        dels.sort();
+        assert_eq!(dels, [("a", 0), ("a", 1), ("n", 1)]);
+        let n = data_file(&t1, "n", &[1, 5, 5]);
+        let d = delete_file(&t1, "d", &dels);
+        let t2 = commit(&t1, &[], vec![n.clone(), d.clone()]);
+        let snapshot = t2.metadata().current_snapshot_id().unwrap();
+        idx.committed(snapshot, &[(0, n), (0, d)], &merged).unwrap();
+        let mut fresh = index();
+        advance(&mut fresh, &t2);
+        for id in 0..7 {
+            assert_eq!(rows(&fresh, id), rows(&idx, id), "key {id}");
+        }
+        assert_eq!(rows(&idx, 1), [("n".into(), 0)]);
+        assert!(rows(&idx, 2).is_empty());
+        assert_eq!(rows(&idx, 5), [("n".into(), 2)]);
+        // Advancing to the snapshot it already describes reads nothing.
+        advance(&mut idx, &t2);
+        assert_eq!(idx.len(), 3);
+    }
+
+    #[test]
+    fn an_index_past_its_bound_is_refused_naming_the_option() {
+        let t0 = empty_table();
+        let t1 = commit(&t0, &[], vec![data_file(&t0, "a", &(0..100).collect::<Vec<_>>())]);
+        let cols = crate::keys::key_columns("ns.t", &schema(), &["id".to_string()]).unwrap();
+        let mut idx = KeyIndex::new("ns.t".into(), cols, 50 * BYTES_PER_KEY);
+        let head = t1.metadata().current_snapshot().cloned().unwrap();
+        let e = idx.advance(&t1, Some(head.snapshot_id()), &manifests_of(&t1, &head).unwrap()).unwrap_err();
+        assert!(format!("{e:?}").contains("key_index_max_mb") && format!("{e:?}").contains("ns.t"), "{e:?}");
+        assert_eq!(idx.base(), None);
     }
 }
