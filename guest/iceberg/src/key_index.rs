@@ -400,12 +400,16 @@ mod tests {
     }
 
     fn empty_table() -> Table {
+        table_of_version(iceberg::spec::FormatVersion::V2)
+    }
+
+    fn table_of_version(version: iceberg::spec::FormatVersion) -> Table {
         let metadata = TableMetadataBuilder::new(
             schema(),
             UnboundPartitionSpec::builder().build(),
             SortOrder::unsorted_order(),
             "memory://wh/t".to_string(),
-            iceberg::spec::FormatVersion::V2,
+            version,
             HashMap::new(),
         )
         .unwrap()
@@ -607,5 +611,19 @@ mod tests {
         let e = idx.advance(&t1, Some(head.snapshot_id()), &manifests_of(&t1, &head).unwrap()).unwrap_err();
         assert!(format!("{e:?}").contains("key_index_max_mb") && format!("{e:?}").contains("ns.t"), "{e:?}");
         assert_eq!(idx.base(), None);
+    }
+
+    /// Upsert takes format-version-2 tables only: v1 has no delete files,
+    /// v3's deletes are deletion vectors (not written yet); both refused by name.
+    #[test]
+    fn upsert_refuses_tables_of_format_version_1_and_3() {
+        use iceberg::spec::FormatVersion;
+        assert!(crate::committer::check_upsert_table(&table_of_version(FormatVersion::V2)).is_ok());
+        for (version, why) in [(FormatVersion::V1, "no delete files"), (FormatVersion::V3, "deletion vectors")] {
+            let Err(SinkError::Config(m)) = crate::committer::check_upsert_table(&table_of_version(version)) else {
+                panic!("{version} is refused")
+            };
+            assert!(m.contains("ns.t") && m.contains(why) && m.contains("mode = \"upsert\""), "{m}");
+        }
     }
 }
