@@ -58,6 +58,14 @@
 //!   otherwise nothing of `c` is copied. After the copies of a target it is
 //!   checked again: a newer incarnation that took it over meanwhile fails
 //!   the commit loudly, naming the partitions.
+//!
+//! With `mode = "upsert"` the writers' changes went through the tables'
+//! default streams and are applied when `commit` is called; a commit takes
+//! the datasets' claims and notes in the state that this incarnation
+//! upserts ([`crate::upsert`] says why nothing more). An incarnation that
+//! upserted is refused in another mode, and one that appended or staged is
+//! refused in upsert mode, by its state or by a pending checkpoint of the
+//! other kind, before anything is written.
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     FlushRowsRequest, FlushRowsResponse,
@@ -73,13 +81,17 @@ use crate::config::{Config, WriteMode};
 use crate::overwrite::{self, Marker, Partitioning, State};
 use crate::rpc::{self, FlushFailure};
 use crate::tables;
-use crate::writer::{CommitInfo, Flush};
+use crate::writer::{CommitInfo, Flush, Upserted};
 
 /// Every stream of checkpoint `c` to flush (the same shape as contract
 /// 0.1's, whose flushes name no table).
 #[derive(Debug, Serialize, Deserialize)]
 struct Combined {
     flushes: Vec<Flush>,
+    /// With `mode = "upsert"`: the changes checkpoint `c` applied, per
+    /// writer and table ([`crate::upsert`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    upserts: Vec<Upserted>,
 }
 
 pub struct BigQueryCommitter {
@@ -139,6 +151,20 @@ pub(crate) fn restore_state(bytes: Option<Vec<u8>>) -> Result<(), SinkError> {
             return Err(switched_to_append(&staged.join(", ")));
         }
     }
+    let targets = || -> String {
+        let paths: Vec<String> = unstaged.iter().filter_map(|t| shared.cfg.table_path(&t.name).ok()).collect();
+        paths.join(", ")
+    };
+    let (upserted, appended, staged) = {
+        let state = shared.state.borrow();
+        (state.upserted, state.appended, !state.staged.is_empty())
+    };
+    if shared.cfg.mode != WriteMode::Upsert && upserted {
+        return Err(switched_from_upsert(&shared.cfg, &targets()));
+    }
+    if shared.cfg.mode == WriteMode::Upsert && (appended || staged) {
+        return Err(switched_to_upsert(if staged { "overwrite-partitions" } else { "append" }, &targets()));
+    }
     for table in &unstaged {
         stage(&shared, table)?;
     }
@@ -170,6 +196,28 @@ fn switched_to_append(tables: &str) -> SinkError {
          rows for table(s) {tables}; appending now would add rows to partitions its copies replace (or replaced), \
          so nothing was written. Finish it with mode = \"overwrite-partitions\", or land the data again as a new \
          incarnation (a fresh job.state_dir and --new-incarnation)"
+    ))
+}
+
+fn switched_from_upsert(cfg: &Config, tables: &str) -> SinkError {
+    let mode = match cfg.mode {
+        WriteMode::OverwritePartitions => "overwrite-partitions",
+        _ => "append",
+    };
+    error::config(format!(
+        "[sink.options] mode = \"{mode}\": this incarnation began with mode = \"upsert\" and applied changes to \
+         table(s) {tables} by primary key; landing rows in another mode now would mix plain rows into tables kept \
+         by key, so nothing was written. Finish it with mode = \"upsert\", or land the data again as a new \
+         incarnation (a fresh job.state_dir and --new-incarnation)"
+    ))
+}
+
+fn switched_to_upsert(began: &str, tables: &str) -> SinkError {
+    error::config(format!(
+        "[sink.options] mode = \"upsert\": this incarnation began with mode = \"{began}\" and landed rows in \
+         table(s) {tables} that no primary key keeps; applying changes by key now would leave those rows beside \
+         them, so nothing was written. Finish it in the mode it started with, or land the changes as a new \
+         incarnation (a fresh job.state_dir and --new-incarnation) into a table with a primary key"
     ))
 }
 
@@ -275,13 +323,15 @@ impl GuestCommitter for BigQueryCommitter {
     }
 
     fn combine(&self, _c: u64, infos: Vec<Vec<u8>>) -> Result<Vec<u8>, SinkError> {
-        let mut flushes = Vec::with_capacity(infos.len());
+        let (mut flushes, mut upserts) = (Vec::with_capacity(infos.len()), Vec::new());
         for raw in &infos {
             let info: CommitInfo =
                 serde_json::from_slice(raw).map_err(|e| error::fatal(format!("commit info is not valid: {e}")))?;
             flushes.extend(info.flushes);
+            upserts.extend(info.upserts);
         }
-        serde_json::to_vec(&Combined { flushes }).map_err(|e| error::fatal(format!("cannot encode the commit: {e}")))
+        serde_json::to_vec(&Combined { flushes, upserts })
+            .map_err(|e| error::fatal(format!("cannot encode the commit: {e}")))
     }
 
     fn commit(&self, c: u64, combined: Vec<u8>) -> Result<CommitOutcome, SinkError> {
@@ -292,6 +342,7 @@ impl GuestCommitter for BigQueryCommitter {
         // incarnation holds the claim.
         let mut paths = self.known.borrow().clone();
         paths.extend(combined.flushes.iter().map(|f| f.stream.clone()));
+        paths.extend(combined.upserts.iter().map(|u| u.stream.clone()));
         for path in &paths {
             self.claims.take(&self.cfg, &self.ctx, path)?;
         }
@@ -337,6 +388,11 @@ impl GuestCommitter for BigQueryCommitter {
         if self.cfg.mode == WriteMode::Append && !combined.flushes.is_empty() {
             self.shared.state.borrow_mut().appended = true;
         }
+        // The changes were applied when the writers' appends were
+        // acknowledged; the checkpoint only names them.
+        if !combined.upserts.is_empty() {
+            self.shared.state.borrow_mut().upserted = true;
+        }
         Ok(CommitOutcome::Committed)
     }
 
@@ -353,6 +409,15 @@ impl BigQueryCommitter {
     /// touched would delete them), in append mode one whose rows sit in a
     /// staging table (flushing them there would never reach the target).
     fn check_mode(&self, c: u64, combined: &Combined) -> Result<(), SinkError> {
+        if let Some(u) = combined.upserts.iter().find(|u| !self.cfg.upserts(&u.table)) {
+            let target = self.cfg.table_path(&u.table)?;
+            return Err(switched_from_upsert(&self.cfg, &format!("{target} (checkpoint {c})")));
+        }
+        if let Some(f) = combined.flushes.iter().find(|f| self.cfg.upserts(&f.table)) {
+            let target = self.cfg.table_path(&f.table)?;
+            let began = if f.stream.contains("/tables/_sluice_stage_") { "overwrite-partitions" } else { "append" };
+            return Err(switched_to_upsert(began, &format!("{target} (checkpoint {c}, stream {})", f.stream)));
+        }
         for f in &combined.flushes {
             let target = self.cfg.table_path(&f.table)?;
             let staged = f.stream.contains("/tables/_sluice_stage_");
@@ -411,6 +476,13 @@ pub fn describe(cfg: Option<&Config>, combined: &[u8]) -> Vec<String> {
                 f.stream, f.offset, f.offset
             )
         })
+        .chain(combined.upserts.iter().map(|u| {
+            let table = cfg.and_then(|cfg| cfg.table_path(&u.table).ok()).unwrap_or_else(|| format!("{:?}", u.table));
+            format!(
+                "table {table}: {} change(s) applied through {} (CDC, _CHANGE_SEQUENCE_NUMBER through {})",
+                u.changes, u.stream, u.through
+            )
+        }))
         .chain(cfg.and_then(|cfg| replacements(cfg, &combined).ok()).into_iter().flatten().map(|(target, d)| {
             format!("table {target}: partition {d} replaced (WRITE_TRUNCATE) by the staged rows of the incarnation")
         }))

@@ -4,7 +4,7 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
 use std::time::Duration;
 
 use sluice_guest_sdk::options::Options;
-use sluice_guest_sdk::{OptionSpec, SinkError, claim, error, option_spec};
+use sluice_guest_sdk::{OptionSpec, SinkError, changes, claim, error, option_spec};
 use sluice_retry::Policy;
 
 pub(crate) fn option_specs() -> Vec<OptionSpec> {
@@ -72,10 +72,23 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
         ),
         option_spec(
             "mode",
-            "`append` (every row is added) or `overwrite-partitions`: the rows a run lands replace every partition of a column time-partitioned table they touch, exactly once (staged, then copied with WRITE_TRUNCATE per partition); partitions the run does not touch keep their rows",
+            "`append` (every row is added), `overwrite-partitions`: the rows a run lands replace every partition of a column time-partitioned table they touch, exactly once (staged, then copied with WRITE_TRUNCATE per partition); partitions the run does not touch keep their rows; or `upsert`: a change stream ([source] key) lands through BigQuery's change data capture, each change an UPSERT or DELETE by primary key on the table's default stream, ordered by a sequence number from the source position, effectively once",
             false,
             Some("append"),
         ),
+        option_spec(
+            "key",
+            "With `mode = \"upsert\"`: the table's primary key, e.g. `id` or `id,day`; optional, and if given it must equal the source's change key ([source] key)",
+            false,
+            None,
+        ),
+        option_spec(
+            "max_staleness",
+            "With `mode = \"upsert\"`: the `max_staleness` of a table the sink creates (how stale a query's answer may be, so BigQuery may apply changes in the background), as a duration like `15m`, `1h30m` or `2d` (units s, m, h, d), or a BigQuery INTERVAL in its canonical form `Y-M D H:M:S`; absent: none (queries apply every change first)",
+            false,
+            None,
+        ),
+        sluice_guest_sdk::changes::key_option_spec(),
         option_spec(
             DEAD_LETTER_TABLE,
             "set by the host, not the job file: the job's dead-letter table, which always takes appends",
@@ -109,6 +122,12 @@ pub(crate) struct Config {
     pub claim: claim::Mode,
     pub format: RowFormat,
     pub mode: WriteMode,
+    /// The change stream's key columns (reserved option `sluice.key`), when
+    /// the source is a change stream; then `mode` is `upsert`.
+    pub key: Option<Vec<String>>,
+    /// `max_staleness` as the table resource's `maxStaleness` (an INTERVAL
+    /// in BigQuery's canonical text, `Y-M D H:M:S`).
+    pub max_staleness: Option<String>,
     /// The job's dead-letter table as the source names it (reserved option
     /// `sluice.dead-letter-table`): always append.
     pub dead_letter_table: Option<String>,
@@ -121,6 +140,8 @@ pub(crate) enum WriteMode {
     Append,
     /// The rows replace each partition they touch (see [`crate::overwrite`]).
     OverwritePartitions,
+    /// Each row is a change applied by primary key (see [`crate::upsert`]).
+    Upsert,
 }
 
 /// How rows cross to the API.
@@ -169,13 +190,60 @@ impl Config {
         let mode = match o.required("mode")? {
             "append" => WriteMode::Append,
             "overwrite-partitions" => WriteMode::OverwritePartitions,
+            "upsert" => WriteMode::Upsert,
             other => {
                 return Err(error::config(format!(
-                    "option `mode` = {other:?} must be `append` or `overwrite-partitions`"
+                    "option `mode` = {other:?} must be `append`, `overwrite-partitions` or `upsert`"
                 )));
             }
         };
+        let key = o.get(changes::KEY_OPTION).map(changes::parse_key).transpose()?;
+        match (mode, &key) {
+            (WriteMode::Upsert, None) => {
+                return Err(error::config(
+                    "[sink.options] mode = \"upsert\" needs a change stream: set [source] key (the change key \
+                     columns, e.g. key = [\"id\"]); the source delivers plain rows",
+                ));
+            }
+            (WriteMode::Append | WriteMode::OverwritePartitions, Some(k)) => {
+                return Err(error::config(format!(
+                    "the source is a change stream ([source] key = {k:?}), which [sink.options] mode = {:?} cannot \
+                     land (deletes and updates are no rows to add); set mode = \"upsert\"",
+                    o.required("mode")?
+                )));
+            }
+            _ => {}
+        }
+        if let Some(own) = o.get("key") {
+            let own = parse_key_option(own)?;
+            match &key {
+                Some(k) if *k == own => {}
+                Some(k) => {
+                    return Err(error::config(format!(
+                        "[sink.options] key = {own:?} differs from the source's change key [source] key = {k:?}; \
+                         leave it out or make them equal"
+                    )));
+                }
+                None => {
+                    return Err(error::config(format!(
+                        "[sink.options] key = {own:?} is only for mode = \"upsert\" over a change stream ([source] key)"
+                    )));
+                }
+            }
+        }
+        let max_staleness = match o.get("max_staleness") {
+            None => None,
+            Some(_) if mode != WriteMode::Upsert => {
+                return Err(error::config("[sink.options] max_staleness is only for mode = \"upsert\""));
+            }
+            Some(text) => Some(
+                interval(text)
+                    .map_err(|why| error::config(format!("[sink.options] max_staleness = {text:?}: {why}")))?,
+            ),
+        };
         Ok(Self {
+            key,
+            max_staleness,
             dead_letter_table: o.get(DEAD_LETTER_TABLE).map(str::to_string),
             mode,
             format,
@@ -197,6 +265,12 @@ impl Config {
     /// `overwrite-partitions` mode, every table but the dead-letter table.
     pub fn overwrites(&self, table: &str) -> bool {
         self.mode == WriteMode::OverwritePartitions && self.dead_letter_table.as_deref() != Some(table)
+    }
+
+    /// Whether rows of the source's `table` are changes applied by key: in
+    /// `upsert` mode, every table but the dead-letter table.
+    pub fn upserts(&self, table: &str) -> bool {
+        self.mode == WriteMode::Upsert && self.dead_letter_table.as_deref() != Some(table)
     }
 
     /// How appends and stream creations are retried on transient failures.
@@ -271,5 +345,90 @@ fn check_table_path(path: &str, raw: &str) -> Result<(), SinkError> {
         Err(error::config(format!(
             "option `table` = {raw:?} must look like projects/PROJECT/datasets/DATASET/tables/TABLE"
         )))
+    }
+}
+
+/// `[sink.options] key`: one column, a comma-separated list, or a JSON array.
+fn parse_key_option(text: &str) -> Result<Vec<String>, SinkError> {
+    let key: Vec<String> = if text.trim_start().starts_with('[') {
+        serde_json::from_str(text)
+            .map_err(|e| error::config(format!("[sink.options] key = {text:?} is not a JSON array of names: {e}")))?
+    } else {
+        text.split(',').map(|k| k.trim().to_string()).collect()
+    };
+    if key.is_empty() || key.iter().any(String::is_empty) {
+        return Err(error::config(format!("[sink.options] key = {text:?} names no column")));
+    }
+    Ok(key)
+}
+
+/// A `max_staleness` as BigQuery's canonical INTERVAL text (`Y-M D H:M:S`,
+/// what the table resource's `maxStaleness` holds): a duration of units
+/// `d`, `h`, `m`, `s` (`15m`, `1h30m`), or that text itself. Hand-rolled:
+/// the plugin needs these few lines, not a time crate in its component.
+pub(crate) fn interval(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    if t.contains(' ') {
+        let parts: Vec<&str> = t.split(' ').collect();
+        let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+        let ym: Vec<&str> = parts.first().map(|p| p.split('-').collect()).unwrap_or_default();
+        let hms: Vec<&str> = parts.get(2).map(|p| p.split(':').collect()).unwrap_or_default();
+        if parts.len() == 3
+            && ym.len() == 2
+            && ym.iter().all(|p| digits(p))
+            && digits(parts[1])
+            && hms.len() == 3
+            && hms.iter().all(|p| digits(p))
+        {
+            return Ok(t.to_string());
+        }
+        return Err("not an INTERVAL of the form Y-M D H:M:S (e.g. 0-0 0 0:15:0)".into());
+    }
+    let (mut secs, mut number, mut any) = (0_u64, String::new(), false);
+    for c in t.chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let unit = match c {
+            'd' => 86_400,
+            'h' => 3_600,
+            'm' => 60,
+            's' => 1,
+            _ => return Err(format!("unit {c:?}: expected d, h, m or s (e.g. 15m, 1h30m)")),
+        };
+        let n: u64 = number.parse().map_err(|_| format!("no number before {c:?} (e.g. 15m, 1h30m)"))?;
+        secs = n.checked_mul(unit).and_then(|v| secs.checked_add(v)).ok_or("too large")?;
+        number.clear();
+        any = true;
+    }
+    if !number.is_empty() || !any {
+        return Err("a duration needs a unit after each number: d, h, m or s (e.g. 15m, 1h30m)".into());
+    }
+    let (d, rest) = (secs / 86_400, secs % 86_400);
+    Ok(format!("0-0 {d} {}:{}:{}", rest / 3_600, rest % 3_600 / 60, rest % 60))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_staleness_becomes_an_interval() {
+        assert_eq!(interval("15m").unwrap(), "0-0 0 0:15:0");
+        assert_eq!(interval("1h30m").unwrap(), "0-0 0 1:30:0");
+        assert_eq!(interval("2d").unwrap(), "0-0 2 0:0:0");
+        assert_eq!(interval("0-0 0 0:10:0").unwrap(), "0-0 0 0:10:0");
+        for bad in ["", "15", "15x", "m", "1 2", "0-0 0 0:10"] {
+            assert!(interval(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn the_key_option_takes_names_lists_and_json() {
+        assert_eq!(parse_key_option("id").unwrap(), vec!["id"]);
+        assert_eq!(parse_key_option("id, day").unwrap(), vec!["id", "day"]);
+        assert_eq!(parse_key_option(r#"["id","day"]"#).unwrap(), vec!["id", "day"]);
+        assert!(parse_key_option("id,").is_err());
     }
 }

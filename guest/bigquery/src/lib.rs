@@ -7,6 +7,9 @@
 //! - At a checkpoint a writer hands over `(table, stream, last offset)` for
 //!   every stream that took rows; the committer makes the checkpoint visible
 //!   with `FlushRows` on each (see [`committer`]).
+//! - With `mode = "upsert"` a change stream lands through BigQuery's change
+//!   data capture on each table's default stream, effectively once (see
+//!   [`upsert`]).
 //! - New tables are created and schemas evolved through the BigQuery API's
 //!   table methods, at the engine's barriers, before any row of the new
 //!   shape is appended (see [`tables`]).
@@ -22,6 +25,7 @@ mod overwrite;
 mod rest;
 mod rpc;
 mod tables;
+mod upsert;
 mod writer;
 
 use sluice_guest_sdk::{Guest, PluginInfo, SinkContext, SinkError, Table};
@@ -70,7 +74,8 @@ impl Guest for BigQuerySink {
 
 /// The committer's state: in overwrite mode the targets this incarnation
 /// stages rows for and the overwrite marker it holds on each, in append
-/// mode whether it landed a checkpoint (see [`committer`]).
+/// mode whether it landed a checkpoint, in upsert mode whether it applied
+/// changes (see [`committer`]).
 impl sluice_guest_sdk::GuestCommitterState for BigQuerySink {
     fn restore(state: Option<Vec<u8>>) -> Result<(), SinkError> {
         committer::restore_state(state)

@@ -133,11 +133,15 @@ pub(crate) struct State {
     /// mode, so a switch to overwrite can be refused).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub appended: bool,
+    /// This incarnation landed checkpoints in `upsert` mode (kept, so a
+    /// switch to another mode is refused: [`crate::upsert`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upserted: bool,
 }
 
 impl State {
     pub fn is_empty(&self) -> bool {
-        self.staged.is_empty() && !self.appended
+        self.staged.is_empty() && !self.appended && !self.upserted
     }
 }
 
@@ -1000,8 +1004,11 @@ mod tests {
     fn an_empty_state_is_none_and_a_state_round_trips() {
         assert!(State::default().is_empty());
         assert_eq!(serde_json::to_string(&State::default()).unwrap(), "{}");
-        let state =
-            State { staged: BTreeMap::from([("projects/p/datasets/d/tables/t".into(), Some(2))]), appended: false };
+        let state = State {
+            staged: BTreeMap::from([("projects/p/datasets/d/tables/t".into(), Some(2))]),
+            appended: false,
+            upserted: false,
+        };
         assert!(!state.is_empty());
         let back: State = serde_json::from_slice(&serde_json::to_vec(&state).unwrap()).unwrap();
         assert_eq!(back, state);

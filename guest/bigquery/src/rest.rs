@@ -216,6 +216,10 @@ pub(crate) struct RestTable {
     pub expires: Option<String>,
     /// `timePartitioning` as the API returns it (absent: not time-partitioned).
     pub time_partitioning: Option<Value>,
+    /// `tableConstraints.primaryKey.columns` (empty: no primary key).
+    pub primary_key: Vec<String>,
+    /// `maxStaleness` (an INTERVAL's text), when set.
+    pub max_staleness: Option<String>,
 }
 
 impl RestTable {
@@ -226,6 +230,12 @@ impl RestTable {
             labels: v.get("labels").and_then(Value::as_object).cloned().unwrap_or_default(),
             expires: v.get("expirationTime").and_then(Value::as_str).map(str::to_string),
             time_partitioning: v.get("timePartitioning").filter(|t| t.is_object()).cloned(),
+            primary_key: v
+                .pointer("/tableConstraints/primaryKey/columns")
+                .and_then(Value::as_array)
+                .map(|cols| cols.iter().filter_map(Value::as_str).map(str::to_string).collect())
+                .unwrap_or_default(),
+            max_staleness: v.get("maxStaleness").and_then(Value::as_str).map(str::to_string),
         }
     }
 }
@@ -307,6 +317,30 @@ impl Tables<'_> {
     /// `tables.insert`: `Ok(false)` when the table exists already (409).
     pub fn insert(&self, table: &str, fields: &Value) -> Result<bool, RestError> {
         self.insert_with(table, json!({ "schema": { "fields": fields } }))
+    }
+
+    /// `tables.insert` of a table with `fields`, a primary key
+    /// (`tableConstraints.primaryKey.columns`, which BigQuery keeps NOT
+    /// ENFORCED) and, when given, `maxStaleness` (an INTERVAL's text), as
+    /// change data capture needs
+    /// (https://cloud.google.com/bigquery/docs/change-data-capture,
+    /// https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableConstraints):
+    /// `Ok(false)` when it exists already (409).
+    pub fn insert_keyed(
+        &self,
+        table: &str,
+        fields: &Value,
+        key: &[String],
+        max_staleness: Option<&str>,
+    ) -> Result<bool, RestError> {
+        let mut resource = json!({
+            "schema": { "fields": fields },
+            "tableConstraints": { "primaryKey": { "columns": key } },
+        });
+        if let Some(staleness) = max_staleness {
+            resource["maxStaleness"] = Value::String(staleness.to_string());
+        }
+        self.insert_with(table, resource)
     }
 
     /// `tables.insert` of a table with no columns, a description and

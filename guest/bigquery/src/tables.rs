@@ -9,6 +9,8 @@
 //!   BigQuery API's `tables.insert` / `tables.patch` ([`crate::rest`]);
 //!   both are idempotent: an existing table that takes the rows is left
 //!   alone, so a replay after a crash changes nothing;
+//! - with `mode = "upsert"` the table's primary key is checked first (and a
+//!   missing table created with it), see [`crate::upsert`];
 //! - a change BigQuery cannot make (a column dropped or narrowed, a REQUIRED
 //!   column added) is a `config` error naming the table and the column, and
 //!   nothing is changed.
@@ -26,6 +28,7 @@ use sluice_guest_sdk::{SinkError, Table, error, ipc, log};
 use crate::config::{self, Config};
 use crate::rest::{RestError, Tables};
 use crate::rpc;
+use crate::upsert;
 
 /// The schema of `path` as the Storage Write API reports it; `Err(why)`
 /// (the service's words) when the table does not exist.
@@ -84,6 +87,15 @@ fn rest_error(context: &str, e: RestError) -> SinkError {
 pub(crate) fn check(cfg: &Config, source: &Table) -> Result<(), SinkError> {
     let path = cfg.table_path(&source.name)?;
     let arrow = ipc::decode_schema(&source.schema)?;
+    if let (true, Some(key)) = (cfg.upserts(&source.name), &cfg.key) {
+        upsert::check_columns(&path, &arrow, key)?;
+        if !upsert::check_key(cfg, &path, key)? {
+            if !cfg.create_table {
+                return Err(missing(&path, "tables.get answered 404"));
+            }
+            return upsert::check_creation(&path, &arrow, key);
+        }
+    }
     match read_schema(cfg, &path)? {
         Ok(schema) => {
             let target = evolved(&path, &schema, &arrow)?.unwrap_or(schema);
@@ -114,6 +126,22 @@ fn tables(cfg: &Config) -> Tables<'_> {
 pub(crate) fn prepare(cfg: &Config, source: &Table) -> Result<(), SinkError> {
     let path = cfg.table_path(&source.name)?;
     let arrow = ipc::decode_schema(&source.schema)?;
+    if let (true, Some(key)) = (cfg.upserts(&source.name), &cfg.key) {
+        // The primary key first: a table keyed otherwise is refused before
+        // anything (its schema included) changes.
+        upsert::check_columns(&path, &arrow, key)?;
+        if !upsert::check_key(cfg, &path, key)? {
+            if !cfg.create_table {
+                return Err(missing(&path, "tables.get answered 404"));
+            }
+            if !upsert::create(cfg, &path, &arrow, key, "tables.get answered 404")? {
+                // Someone else created it first: it must have the key too.
+                upsert::check_key(cfg, &path, key)?;
+                return evolve_table(cfg, &path, &arrow);
+            }
+            return Ok(());
+        }
+    }
     match read_schema(cfg, &path)? {
         Ok(schema) => match evolved(&path, &schema, &arrow)? {
             None => Ok(()),

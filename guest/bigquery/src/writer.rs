@@ -26,7 +26,14 @@
 //! - with `mode = "overwrite-partitions"` a table's stream is opened on the
 //!   incarnation's staging table ([`crate::overwrite`]), not the target, and
 //!   its part of the commit info also names the partitions of every row
-//!   appended since the last checkpoint (the dead-letter table excepted).
+//!   appended since the last checkpoint (the dead-letter table excepted);
+//! - with `mode = "upsert"` a table's changes go to its `_default` stream,
+//!   without offsets, as protobuf rows with `_CHANGE_TYPE` and
+//!   `_CHANGE_SEQUENCE_NUMBER` ([`crate::upsert`] says why at `write`). A
+//!   failed or unanswered request is sent again, with the ones after it, in
+//!   order: a change that did land is ignored by its sequence number the
+//!   second time. `prepare-commit` drains the stream, and its part of the
+//!   commit info names the changes sent since the last checkpoint.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -48,9 +55,10 @@ use sluice_bigquery_rows::{ArrowEncoder, RowEncoder, SchemaError, split_by_size}
 use sluice_guest_sdk::bindings::sluice::connector::grpc::{BidiStream, Received};
 use sluice_guest_sdk::{GuestWriter, SinkContext, SinkError, Table, TableChange, error, incarnation, ipc, log};
 
-use crate::config::{Config, RowFormat};
+use crate::config::{self, Config, RowFormat};
 use crate::overwrite::{self, Partitioning};
 use crate::rpc::{self, Failure};
+use crate::{tables, upsert};
 
 /// What a writer persists with a checkpoint: positions and names, never
 /// rows. (A state written for contract 0.1 had one `stream`; it reads back
@@ -85,10 +93,26 @@ pub(crate) struct Flush {
     pub partitions: Vec<String>,
 }
 
+/// One table's changes of a checkpoint in `upsert` mode: applied already
+/// (the default stream has no flush), named for the record and `sluice state`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct Upserted {
+    pub table: String,
+    /// The table's `_default` stream.
+    pub stream: String,
+    /// Changes sent and acknowledged since the last checkpoint.
+    pub changes: i64,
+    /// The `_CHANGE_SEQUENCE_NUMBER` of the last of them.
+    pub through: String,
+}
+
 /// What the committer needs to make a writer's rows of a checkpoint visible.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub(crate) struct CommitInfo {
     pub flushes: Vec<Flush>,
+    /// With `mode = "upsert"`: the changes the checkpoint applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upserts: Vec<Upserted>,
 }
 
 /// One AppendRows request sent on the current connection and not yet acknowledged.
@@ -132,6 +156,11 @@ struct StreamWriter {
     /// Partitions of the rows acknowledged since the last `prepare-commit`
     /// (a request the service rejects names none).
     touched: BTreeSet<String>,
+    /// CDC changes on the `_default` stream (`mode = "upsert"`): requests
+    /// carry no offset.
+    cdc: bool,
+    /// The sequence number of the last change sent (CDC).
+    last_seq: Option<String>,
 }
 
 /// A table this writer knows: where it lands, its rows' schema, and its
@@ -143,6 +172,8 @@ struct TableWriter {
     /// The target's partitioning is read (at the first rows) only when the
     /// rows overwrite partitions; the target's path.
     overwrite: Option<String>,
+    /// The rows are changes applied by key (`mode = "upsert"`).
+    upsert: bool,
     arrow: Arc<Schema>,
     stream: Option<StreamWriter>,
 }
@@ -275,6 +306,50 @@ impl StreamWriter {
             in_flight: VecDeque::new(),
             partitioning,
             touched: BTreeSet::new(),
+            cdc: false,
+            last_seq: None,
+        })
+    }
+
+    /// Opens `path`'s `_default` stream for changes of `arrow`, after
+    /// checking that the table's primary key is the change key.
+    fn open_default(
+        cfg: Rc<Config>,
+        subtask: u32,
+        table: &str,
+        path: &str,
+        arrow: Arc<Schema>,
+    ) -> Result<Self, SinkError> {
+        let key = cfg.key.clone().unwrap_or_default();
+        upsert::check_columns(path, &arrow, &key)?;
+        if !upsert::check_key(&cfg, path, &key)? {
+            return Err(error::config(format!(
+                "table {path} does not exist (the committer creates it before the first rows; was it deleted?)"
+            )));
+        }
+        let schema = tables::read_schema(&cfg, path)?
+            .map_err(|why| error::config(format!("table {path} cannot take changes: {why}")))?;
+        // CDC takes protobuf rows only, whatever option `format` says.
+        let encoder = RowEncoder::new(upsert::change_schema(&arrow), Some(&upsert::change_table_schema(&schema)))
+            .map_err(|e| error::config(format!("{path}: {e}")))?;
+        let stream = config::default_stream(path);
+        log::debug(&format!("writer {subtask} sends the changes of {path} to {stream}"));
+        Ok(StreamWriter {
+            cfg,
+            subtask,
+            table: table.to_string(),
+            encoding: Encoding::Proto { writer_schema: encoder.writer_schema(), encoder: Box::new(encoder) },
+            stream,
+            next_offset: 0,
+            send_offset: 0,
+            prepared_offset: 0,
+            rows_in: 0,
+            conn: None,
+            in_flight: VecDeque::new(),
+            partitioning: None,
+            touched: BTreeSet::new(),
+            cdc: true,
+            last_seq: None,
         })
     }
 
@@ -498,7 +573,9 @@ impl StreamWriter {
         let offset = self.send_offset;
         let request = AppendRowsRequest {
             write_stream: self.stream.clone(),
-            offset: Some(offset),
+            // The default stream takes no offsets; the writer still counts
+            // rows, to name the rows of a request a row error points at.
+            offset: if self.cdc { None } else { Some(offset) },
             rows: Some(rows),
             ..Default::default()
         }
@@ -533,6 +610,20 @@ impl StreamWriter {
 impl StreamWriter {
     /// Sends the rows of one IPC batch.
     fn write(&mut self, batches: &[RecordBatch]) -> Result<(), SinkError> {
+        if self.cdc {
+            let mut rows = Vec::with_capacity(batches.len());
+            for batch in batches {
+                let (changes, last) = upsert::change_rows(batch)?;
+                rows.push(changes);
+                if last.is_some() {
+                    self.last_seq = last;
+                }
+            }
+            for (n, request) in self.encoding.requests(&rows, self.cfg.max_request_bytes)? {
+                self.append(n, request, Vec::new())?;
+            }
+            return Ok(());
+        }
         let partitions = match &self.partitioning {
             Some(p) => Some(overwrite::row_partitions(p, &self.table, self.rows_in, batches)?),
             None => None,
@@ -566,6 +657,23 @@ impl StreamWriter {
             partitions,
         }))
     }
+
+    /// Drains the `_default` stream (every change sent is applied) and
+    /// names the changes of checkpoint `c`, if any arrived since the last.
+    fn prepare_changes(&mut self) -> Result<Option<Upserted>, SinkError> {
+        self.drain()?;
+        let changes = self.next_offset - self.prepared_offset;
+        if changes == 0 {
+            return Ok(None);
+        }
+        self.prepared_offset = self.next_offset;
+        Ok(Some(Upserted {
+            table: self.table.clone(),
+            stream: self.stream.clone(),
+            changes,
+            through: self.last_seq.clone().unwrap_or_default(),
+        }))
+    }
 }
 
 impl Inner {
@@ -576,7 +684,8 @@ impl Inner {
         } else {
             (target, None)
         };
-        Ok(TableWriter { path, overwrite, arrow: ipc::decode_schema(&table.schema)?, stream: None })
+        let upsert = self.cfg.upserts(&table.name);
+        Ok(TableWriter { path, overwrite, upsert, arrow: ipc::decode_schema(&table.schema)?, stream: None })
     }
 }
 
@@ -616,7 +725,9 @@ impl GuestWriter for BigQueryWriter {
         let t = inner.tables.get_mut(&table).ok_or_else(|| {
             error::invalid_data(format!("rows of table {table:?}, which the engine has not announced to this writer"))
         })?;
-        if t.stream.is_none() {
+        if t.stream.is_none() && t.upsert {
+            t.stream = Some(StreamWriter::open_default(cfg, subtask, &table, &t.path, t.arrow.clone())?);
+        } else if t.stream.is_none() {
             let partitioning = match &t.overwrite {
                 Some(target) => Some(Partitioning::read(&cfg, target)?),
                 None => None,
@@ -632,18 +743,18 @@ impl GuestWriter for BigQueryWriter {
     fn prepare_commit(&self, c: u64) -> Result<Option<Vec<u8>>, SinkError> {
         let mut inner = self.inner.borrow_mut();
         inner.checkpoint = c;
-        let mut flushes = Vec::new();
+        let (mut flushes, mut upserts) = (Vec::new(), Vec::new());
         for t in inner.tables.values_mut() {
-            if let Some(stream) = &mut t.stream
-                && let Some(flush) = stream.prepare()?
-            {
-                flushes.push(flush);
+            match &mut t.stream {
+                Some(stream) if stream.cdc => upserts.extend(stream.prepare_changes()?),
+                Some(stream) => flushes.extend(stream.prepare()?),
+                None => {}
             }
         }
-        if flushes.is_empty() {
+        if flushes.is_empty() && upserts.is_empty() {
             return Ok(None);
         }
-        serde_json::to_vec(&CommitInfo { flushes })
+        serde_json::to_vec(&CommitInfo { flushes, upserts })
             .map(Some)
             .map_err(|e| error::fatal(format!("cannot encode the commit info: {e}")))
     }
