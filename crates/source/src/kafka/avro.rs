@@ -53,7 +53,7 @@ use sluice_core::ErrorKind;
 
 use super::super::SourceError;
 use super::decode::{Message, refused};
-use crate::kafka::config::{Decoding, KafkaConfig, Topics};
+use crate::kafka::config::{Decoding, KafkaConfig, MessageFormat, Topics};
 
 /// How long one registry request may take.
 const REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -92,6 +92,8 @@ struct State {
     /// Bumped whenever `writers` grows: decoders of older generations lack ids.
     generation: u64,
     idle: Vec<(u64, Decoder)>,
+    /// Message keys' writer schemas by registry id (Debezium's tombstones).
+    keys: BTreeMap<u32, AvroSchema>,
 }
 
 fn builder(reader: &AvroSchema, batch_size: usize) -> ReaderBuilder {
@@ -133,7 +135,21 @@ impl AvroCodec {
                 });
             }
         };
+        let text = match config.format {
+            // Debezium's envelope, read as its before, after and op alone.
+            MessageFormat::DebeziumAvro => super::debezium::envelope_reader(&text)
+                .map_err(|why| SourceError::AvroSchema { from: from.clone(), message: why })?,
+            _ => text,
+        };
         Self::new(text, &from, framing, config.batch_rows)
+    }
+
+    /// Where the reader schema came from, as errors name it.
+    pub fn reader_origin(config: &KafkaConfig) -> &'static str {
+        match &config.decoding {
+            Decoding::Avro { schema: Some(_), .. } => "the job's avro_schema",
+            _ => "the registry's latest of the topic's value subject",
+        }
     }
 
     /// A codec of reader schema `text` (which came `from` there).
@@ -211,6 +227,56 @@ impl AvroCodec {
             state.idle.push((generation, decoder));
         }
         Ok(rows)
+    }
+
+    /// A message key in the registry's wire format, read by its own writer
+    /// schema (a record of the key's columns): one row, in the table's types.
+    pub fn decode_key(&self, topic: &str, m: &Message) -> Result<RecordBatch, SourceError> {
+        let bytes = m.key.as_deref().ok_or_else(|| refused(topic, m, "the message has no key"))?;
+        let Framing::Registry(registry) = &self.framing else {
+            return Err(refused(
+                topic,
+                m,
+                "its message key is not JSON, and without schema_registry an Avro key has no schema to be read with",
+            ));
+        };
+        let id = wire_id(bytes).map_err(|why| refused(topic, m, format!("its message key: {why}")))?;
+        let poisoned = || SourceError::Internal("kafka: the Avro decoder state is poisoned".into());
+        let known = self.state.lock().map_err(|_| poisoned())?.keys.get(&id).cloned();
+        let writer = match known {
+            Some(w) => w,
+            None => {
+                let w = registry.schema_by_id(id).map_err(|e| match e {
+                    Fetch::Missing(why) => refused(topic, m, format!("key schema id {id}: {why}")),
+                    Fetch::Failed(source) => SourceError::Registry {
+                        context: format!(
+                            "topic {topic:?} partition {} offset {}: cannot fetch key schema id {id}",
+                            m.partition, m.offset
+                        ),
+                        source,
+                    },
+                })?;
+                self.state.lock().map_err(|_| poisoned())?.keys.insert(id, w.clone());
+                w
+            }
+        };
+        let mut decoder = build_decoder(&writer, 1, [(&id, &writer)])
+            .map_err(|why| refused(topic, m, format!("key schema id {id} cannot be read: {why}")))?;
+        let mut run = Run { decoder: &mut decoder, batch_size: 1, flushed: 0, out: Vec::new() };
+        run.message(0, &[bytes]).map_err(|why| refused(topic, m, format!("Avro key of schema id {id}: {why}")))?;
+        run.flush().map_err(|why| refused(topic, m, format!("Avro key of schema id {id}: {why}")))?;
+        let key = run.out.pop().ok_or_else(|| refused(topic, m, format!("Avro key of schema id {id}: no row")))?;
+        let columns = key
+            .columns()
+            .iter()
+            .map(|c| {
+                let t = table_type(c.data_type());
+                if &t == c.data_type() { Ok(c.clone()) } else { arrow_cast::cast(c, &t) }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|cs| RecordBatch::try_new(table_schema(&key.schema()), cs))
+            .map_err(|e| refused(topic, m, format!("Avro key of schema id {id}: {e}")))?;
+        Ok(columns)
     }
 
     /// Each message's value (a tombstone is refused), with the schema id

@@ -41,6 +41,15 @@ pub struct KafkaSpec {
     pub start_timestamp_ms: Option<i64>,
     /// How messages become rows.
     pub format: MessageFormat,
+    /// The change key: the columns that name a row. With it the source is
+    /// a change stream: each message is a change of the target's row with
+    /// the same key (Debezium's op, or an upsert for `json` and `avro`),
+    /// applied in partition order, its position the message's offset. A
+    /// message whose key column is missing or null is a bad row
+    /// (`job.bad_rows`). Needed by `debezium-json` and `debezium-avro`;
+    /// not taken by `raw`.
+    #[serde(default)]
+    pub key: Vec<String>,
     /// The columns of a JSON message (and the table). Without them, each
     /// listed topic's table must exist in the sink's catalog, and its
     /// columns are the message's.
@@ -112,6 +121,33 @@ pub enum MessageFormat {
     Avro,
     /// The message as it is: partition, offset, timestamp, key, value and headers.
     Raw,
+    /// Debezium change events from its JSON converter, with or without
+    /// schemas (`{"schema", "payload"}`): op `c`, `r`, `u` upserts the
+    /// `after` row, `d` deletes the `before` row (or the message key's),
+    /// and a tombstone (no value) deletes the message key's row (a JSON
+    /// key). `source`, `ts_ms` and `transaction` never land. The rows are
+    /// read against `columns` (or the table's columns) as `json` reads
+    /// them, every column outside `key` nullable; `key` is needed. Any other
+    /// op (`t`, `m`), an upsert with no `after` or a key column missing is
+    /// a bad row (`job.bad_rows`).
+    #[serde(rename = "debezium-json")]
+    DebeziumJson,
+    /// Debezium change events from its Avro converter: the envelope record
+    /// (`before`, `after`, `op`, `source`, `ts_ms`), bare datums of
+    /// `avro_schema` or through `schema_registry` (the envelope is then the
+    /// latest of `{topic}-value` unless `avro_schema` gives it); the table's
+    /// columns are the `after` record's. The same rules as
+    /// `debezium-json`; a tombstone's key is JSON or Avro in the registry's
+    /// wire format.
+    #[serde(rename = "debezium-avro")]
+    DebeziumAvro,
+}
+
+impl MessageFormat {
+    /// Debezium's envelope: each message a change event.
+    pub fn is_debezium(self) -> bool {
+        matches!(self, MessageFormat::DebeziumJson | MessageFormat::DebeziumAvro)
+    }
 }
 
 /// One declared column.
@@ -227,6 +263,8 @@ pub struct KafkaConfig {
     pub start: StartAt,
     pub start_timestamp_ms: Option<i64>,
     pub format: MessageFormat,
+    /// The change key (`source.key`): empty unless the source is a change stream.
+    pub key: Vec<String>,
     pub columns: Vec<ColumnSpec>,
     pub decoding: Decoding,
     pub group_id: Option<String>,
@@ -380,6 +418,7 @@ impl KafkaSpec {
             _ => {}
         }
         let decoding = self.decoding(r)?;
+        self.check_key(r)?;
         if self.batch_rows == 0 {
             return Err(bad("batch_rows", "must be at least 1".into()));
         }
@@ -417,6 +456,7 @@ impl KafkaSpec {
             start: self.start,
             start_timestamp_ms: self.start_timestamp_ms,
             format: self.format,
+            key: self.key.clone(),
             columns: self.columns.clone(),
             decoding,
             group_id: self.group_id.clone(),
@@ -425,6 +465,43 @@ impl KafkaSpec {
             discover_every,
             client,
         })
+    }
+
+    /// `key`: needed by the Debezium formats, refused by `raw`, each column
+    /// once, and among the declared columns when they are declared (else
+    /// checked against the rows' columns when the source opens).
+    fn check_key<R: Resolver + ?Sized>(&self, r: &R) -> Result<(), R::Error> {
+        let bad = |m: String| r.invalid("source.key", m);
+        let format = match self.format {
+            MessageFormat::DebeziumJson => "debezium-json",
+            MessageFormat::DebeziumAvro => "debezium-avro",
+            MessageFormat::Json => "json",
+            MessageFormat::Avro => "avro",
+            MessageFormat::Raw => "raw",
+        };
+        if self.key.is_empty() {
+            if self.format.is_debezium() {
+                return Err(bad(format!(
+                    "format = \"{format}\" is a change stream and needs its key's columns, e.g. key = [\"id\"]"
+                )));
+            }
+            return Ok(());
+        }
+        if self.format == MessageFormat::Raw {
+            return Err(bad(
+                "format = \"raw\" has fixed columns and no change key: use json, avro or debezium-*".into()
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for k in &self.key {
+            if k.is_empty() || !seen.insert(k) {
+                return Err(bad(format!("{k:?}: name each key column once, not empty")));
+            }
+            if !self.columns.is_empty() && !self.columns.iter().any(|c| &c.name == k) {
+                return Err(bad(format!("{k:?} is not one of source.columns")));
+            }
+        }
+        Ok(())
     }
 
     fn decoding<R: Resolver + ?Sized>(&self, r: &R) -> Result<Decoding, R::Error> {
@@ -436,9 +513,12 @@ impl KafkaSpec {
             columns_schema(&this.columns).map(Some).map_err(|(i, m)| bad(&format!("columns[{i}]"), m))
         };
         match self.format {
-            MessageFormat::Json => {
+            MessageFormat::Json | MessageFormat::DebeziumJson => {
                 if self.avro_schema.is_some() || self.avro_schema_file.is_some() || self.schema_registry.is_some() {
-                    return Err(bad("format", "avro_schema and schema_registry go with format = \"avro\"".into()));
+                    return Err(bad(
+                        "format",
+                        "avro_schema and schema_registry go with format = \"avro\" or \"debezium-avro\"".into(),
+                    ));
                 }
                 match declared(self)? {
                     Some(schema) => Ok(Decoding::Json(schema)),
@@ -470,7 +550,7 @@ impl KafkaSpec {
                 }
                 Ok(Decoding::Raw)
             }
-            MessageFormat::Avro => {
+            MessageFormat::Avro | MessageFormat::DebeziumAvro => {
                 if !self.columns.is_empty() {
                     return Err(bad("columns", "an Avro source takes its columns from the Avro schema".into()));
                 }

@@ -24,7 +24,8 @@ use arrow_schema::{DataType, Field, Fields, SchemaRef};
 
 use super::super::{BadRow, SourceError};
 use super::avro::AvroCodec;
-use crate::kafka::config::{Decoding, KafkaConfig, raw_schema};
+use super::debezium::{ChangeCodec, Inner};
+use crate::kafka::config::{Decoding, KafkaConfig, MessageFormat, raw_schema};
 
 /// A message as fetched, owned (the client's buffer is reused).
 #[derive(Debug, Clone)]
@@ -43,6 +44,8 @@ pub enum Codec {
     Json(SchemaRef),
     Avro(AvroCodec),
     Raw(SchemaRef),
+    /// A change stream (`source.key`; Debezium's envelopes).
+    Changes(ChangeCodec),
 }
 
 /// Where message `m` of `topic` is, as errors and dead letters name it.
@@ -70,6 +73,33 @@ fn raw_text(m: &Message) -> String {
 
 impl Codec {
     pub fn for_config(config: &KafkaConfig) -> Result<Self, SourceError> {
+        let plain = Self::plain(config)?;
+        if config.key.is_empty() && !config.format.is_debezium() {
+            return Ok(plain);
+        }
+        let key = config.key.clone();
+        let changes = match (plain, config.format) {
+            (Codec::Json(schema), MessageFormat::DebeziumJson) => ChangeCodec::new(Inner::DebeziumJson, &schema, key)?,
+            (Codec::Json(schema), _) => ChangeCodec::new(Inner::Json, &schema, key)?,
+            (Codec::Avro(avro), MessageFormat::DebeziumAvro) => {
+                ChangeCodec::debezium_avro(avro, AvroCodec::reader_origin(config), key)?
+            }
+            (Codec::Avro(avro), _) => {
+                let row = avro.table_schema();
+                ChangeCodec::new(Inner::Avro(avro), &row, key)?
+            }
+            (Codec::Raw(_) | Codec::Changes(_), _) => {
+                return Err(SourceError::Config {
+                    key: "source.key".into(),
+                    message: "kafka: format = \"raw\" has no change key".into(),
+                });
+            }
+        };
+        Ok(Codec::Changes(changes))
+    }
+
+    /// The codec of the rows, before any change-stream reading.
+    fn plain(config: &KafkaConfig) -> Result<Self, SourceError> {
         match &config.decoding {
             Decoding::Json(schema) => Ok(Codec::Json(schema.clone())),
             Decoding::Raw => Ok(Codec::Raw(raw_schema())),
@@ -86,6 +116,16 @@ impl Codec {
         match self {
             Codec::Json(s) | Codec::Raw(s) => s.clone(),
             Codec::Avro(a) => a.table_schema(),
+            Codec::Changes(c) => c.table_schema(),
+        }
+    }
+
+    /// The columns of every batch: the table's, and a change stream's
+    /// reserved columns after them.
+    pub fn batch_schema(&self) -> SchemaRef {
+        match self {
+            Codec::Changes(c) => c.batch_schema(),
+            _ => self.table_schema(),
         }
     }
 
@@ -93,6 +133,7 @@ impl Codec {
     pub fn avro_reader_schema(&self) -> Option<&str> {
         match self {
             Codec::Avro(a) => Some(a.reader_schema()),
+            Codec::Changes(c) => c.avro_reader_schema(),
             Codec::Json(_) | Codec::Raw(_) => None,
         }
     }
@@ -108,6 +149,7 @@ impl Codec {
             // The raw columns take any message: a failure is Sluice's own.
             Codec::Raw(schema) => raw_batch(schema, messages)
                 .map_err(|e| SourceError::Internal(format!("kafka: topic {topic:?}: raw records: {e}"))),
+            Codec::Changes(c) => c.decode(topic, messages),
         }
     }
 }
@@ -146,7 +188,7 @@ impl Codec {
                 Err(e) => return Err(e),
             }
         }
-        let schema = self.table_schema();
+        let schema = self.batch_schema();
         let batch = arrow_select::concat::concat_batches(&schema, &rows).map_err(|e| SourceError::Rows {
             topic: topic.to_string(),
             message: format!("the rows around a bad message: {e}"),
@@ -155,7 +197,7 @@ impl Codec {
     }
 }
 
-fn json_batch(schema: &SchemaRef, messages: &[Message]) -> Result<RecordBatch, String> {
+pub(super) fn json_batch(schema: &SchemaRef, messages: &[Message]) -> Result<RecordBatch, String> {
     let mut decoder = ReaderBuilder::new(schema.clone())
         .with_batch_size(messages.len() + 1)
         .with_strict_mode(true)
@@ -191,7 +233,7 @@ fn feed(decoder: &mut arrow_json::reader::Decoder, mut bytes: &[u8]) -> Result<(
 }
 
 /// The first message of a batch that failed, and why.
-fn json_culprit(schema: &SchemaRef, topic: &str, messages: &[Message]) -> SourceError {
+pub(super) fn json_culprit(schema: &SchemaRef, topic: &str, messages: &[Message]) -> SourceError {
     for m in messages {
         match json_batch(schema, std::slice::from_ref(m)) {
             Ok(b) if b.num_rows() == 1 => continue,

@@ -32,6 +32,7 @@
 
 mod avro;
 pub mod config;
+mod debezium;
 mod decode;
 mod reader;
 
@@ -50,7 +51,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::ErrorKind;
 
 use super::{BadRows, SourceChange, SourceError};
-use crate::kafka::config::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt, raw_schema};
+use crate::kafka::config::{ColumnSpec, Decoding, KafkaConfig, MessageFormat, StartAt};
 
 pub use avro::{RegistryError, RegistryFault};
 pub use reader::KafkaReader;
@@ -78,6 +79,9 @@ pub struct KafkaIdentity {
     /// The topic list (comma-separated) or `/pattern/`.
     pub topics: String,
     pub format: MessageFormat,
+    /// The change key (`source.key`), for a change stream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub columns: Vec<ColumnSpec>,
     /// The Avro reader schema, compact JSON: the job's `avro_schema`, or
@@ -300,12 +304,8 @@ impl KafkaSource {
             .create()
             .map_err(|e| kafka_error(&format!("cannot make a client for {}", config.brokers), e))?;
         let decoder = Arc::new(decode::Codec::for_config(&config)?);
-        let schema = match &config.decoding {
-            Decoding::Json(s) => s.clone(),
-            Decoding::JsonOfTable => decoder.table_schema(),
-            Decoding::Raw => raw_schema(),
-            Decoding::Avro { .. } => decoder.table_schema(),
-        };
+        // The table's columns (a change stream's batches carry more).
+        let schema = decoder.table_schema();
         let group = match &config.group_id {
             Some(g) => Some(Mutex::new(GroupCommitter::spawn(client(&config, Some(g)), g.clone())?)),
             None => None,
@@ -359,6 +359,14 @@ impl KafkaSource {
         &self.config
     }
 
+    /// The change key when the source is a change stream (`source.key`;
+    /// the Debezium formats need one): its batches carry
+    /// `sluice_core::changes`' columns after the table's own, their
+    /// position `(0, offset)`.
+    pub fn change_key(&self) -> Option<&[String]> {
+        (!self.config.key.is_empty()).then_some(self.config.key.as_slice())
+    }
+
     pub fn batch_rows(&self) -> usize {
         self.config.batch_rows
     }
@@ -385,6 +393,7 @@ impl KafkaSource {
         KafkaIdentity {
             topics: self.config.topics.describe(),
             format: self.config.format,
+            key: self.config.key.clone(),
             columns: self.config.columns.clone(),
             avro_schema: self.decoder.avro_reader_schema().map(str::to_string),
             assignment: ASSIGNMENT_RULE.to_string(),
@@ -398,6 +407,8 @@ impl KafkaSource {
             format!("it read topics {}, and the job now reads {}", recorded.topics, now.topics)
         } else if now.format != recorded.format {
             format!("it read {:?} messages, and the job now reads {:?}", recorded.format, now.format)
+        } else if now.key != recorded.key {
+            format!("its change key was {:?}, and the job's source.key is now {:?}", recorded.key, now.key)
         } else if now.columns != recorded.columns {
             "the job's columns changed since".to_string()
         } else if now.avro_schema != recorded.avro_schema {
@@ -622,6 +633,7 @@ mod tests {
             start: StartAt::Earliest,
             start_timestamp_ms: None,
             format: MessageFormat::Raw,
+            key: Vec::new(),
             columns: Vec::new(),
             decoding: Decoding::Raw,
             group_id: None,
