@@ -8,6 +8,7 @@
 mod aws_chain;
 mod bigquery;
 mod bigquery_overwrite;
+mod bigquery_upsert;
 mod file_io_s3;
 mod google_auth;
 mod grpc_connections;
