@@ -138,7 +138,7 @@ impl CheckReport {
             },
         };
         let ctx = sink_ctx(job, &incarnation, refuse, 0, 0);
-        let options = plugin.options_for(job.sink_options(), &ctx);
+        let options = super::setup::plugin_options(plugin, job, &ctx);
         let result = source
             .tables()
             .map_err(EngineError::from)

@@ -320,7 +320,7 @@ impl<'a> Coordinator<'a> {
         check_tables(&plugin, &source, &tables)?;
         let grants = Granted::open(&job.grants(), &opts.faults)?;
         let ctx = sink_ctx(job, &who.incarnation, who.refuse_others, 0, who.attempt);
-        let options = plugin.options_for(job.sink_options(), &ctx);
+        let options = super::setup::plugin_options(&plugin, job, &ctx);
         let instance = plugin.instantiate("committer", &grants, Limits::of(&job.spec.sink.sandbox))?;
         let committer = CommitterInstance::open(instance, &ctx, &options, &tables.source_tables()?)?;
         let mut committer =

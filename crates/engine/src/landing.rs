@@ -218,7 +218,7 @@ impl Landing {
         state: Option<&[u8]>,
     ) -> Result<Committer, EngineError> {
         let ctx = sink_ctx(&self.job, &self.incarnation, refuse_others, 0, self.attempt);
-        let options = self.plugin.options_for(self.job.sink_options(), &ctx);
+        let options = super::setup::plugin_options(&self.plugin, &self.job, &ctx);
         let instance = self.plugin.instantiate("committer", &self.grants, Limits::of(&self.job.spec.sink.sandbox))?;
         let tables = [SourceTable { name: String::new(), schema: schema.to_vec() }];
         let instance = CommitterInstance::open(instance, &ctx, &options, &tables)?;

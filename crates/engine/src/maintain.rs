@@ -252,7 +252,7 @@ impl Maintainer {
         ctx: SinkCtx,
         job: &EngineConfig,
     ) -> Result<Self, EngineError> {
-        let options = plugin.options_for(job.sink_options(), &ctx);
+        let options = super::setup::plugin_options(plugin, job, &ctx);
         let instance = plugin.instantiate_maintainer("maintainer", grants, limits)?;
         Ok(Self { instance, ctx, options })
     }

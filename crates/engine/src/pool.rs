@@ -293,7 +293,7 @@ impl Worker {
     pub fn open(job: &EngineConfig, host: &PluginHost, setup: WriterSetup) -> Result<Self, EngineError> {
         let plugin = host.load(&job.spec.sink.plugin)?;
         let grants = Granted::open(&job.grants(), &Faults::default())?;
-        let options = plugin.options_for(job.sink_options(), &setup.ctx);
+        let options = super::setup::plugin_options(&plugin, job, &setup.ctx);
         let source = Arc::new(Source::of_config(&job.source_config())?);
         let progress = Progress::new(ProgressMode::Quiet);
         let env = WriterEnv::for_job(job, plugin, grants, options, source, Faults::default(), progress);

@@ -61,6 +61,19 @@ pub(super) fn check_options(job: &EngineConfig, info: &PluginInfo) -> Vec<JobErr
             });
         }
     }
+    if job.spec.source.change_key().is_some() && !info.options.iter().any(|o| o.name == reserved::KEY) {
+        errors.push(JobError::Invalid {
+            path: job.path.clone(),
+            key: "source.key".to_string(),
+            message: format!(
+                "sink plugin '{}' does not take change streams ([source] key / change_column): it does not declare \
+                 `{}`, so it would append every change as a row; land changes with a plugin that takes them, or \
+                 remove source.key and source.change_column",
+                info.name,
+                reserved::KEY
+            ),
+        });
+    }
     for spec in info.options.iter().filter(|o| o.required && o.default_value.is_none()) {
         if !reserved::is_reserved(&spec.name) && !options.iter().any(|(k, _)| k == &spec.name) {
             errors.push(JobError::Invalid {
@@ -71,6 +84,19 @@ pub(super) fn check_options(job: &EngineConfig, info: &PluginInfo) -> Vec<JobErr
         }
     }
     errors
+}
+
+/// The options every instance of the job's plugin opens with: the job's,
+/// the host's own the plugin declares ([`Plugin::options_for`]), and a
+/// change stream's key ([`reserved::KEY`]).
+pub(super) fn plugin_options(plugin: &Plugin, job: &EngineConfig, ctx: &SinkCtx) -> Vec<(String, String)> {
+    let mut options = plugin.options_for(job.sink_options(), ctx);
+    if let Some(key) = job.spec.source.change_key()
+        && plugin.declares(reserved::KEY)
+    {
+        options.push((reserved::KEY.to_string(), serde_json::Value::from(key.to_vec()).to_string()));
+    }
+    options
 }
 
 /// Who an instance is: writer `subtask`, or the committer (0), of

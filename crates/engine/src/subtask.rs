@@ -486,7 +486,8 @@ impl Subtask {
             parts.push(Part {
                 table: next.table.clone(),
                 batch: next.batch.clone(),
-                sent: next.batch.schema(),
+                // A change batch's reserved columns are no table's (`tables::fit`).
+                sent: crate::source::changes::without_change_columns(&next.batch.schema()),
                 letters: false,
             });
         }

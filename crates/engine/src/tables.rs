@@ -14,17 +14,24 @@
 //!   source that drops a column or narrows a type compared with what it sent
 //!   before is refused, naming the table and the column, and nothing of that
 //!   shape is written.
+//! - a change stream's reserved columns (`sluice_core::changes`: `_sluice_op`,
+//!   `_sluice_seq_hi`, `_sluice_seq_lo`) are no table's columns: [`fit`]
+//!   judges a batch by its other columns, so no schema here (a table's, a
+//!   change's, what a reader sent) carries them, and [`conform`] keeps them
+//!   last, as the batch had them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, new_null_array};
+use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, new_null_array};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use thiserror::Error;
 
 use super::checkpoint::{Blob, TableRecord};
 use crate::ipc;
 use crate::plugin::{ChangeKind, SourceTable, TableChange};
+use crate::source::changes::without_change_columns;
+use sluice_core::changes::is_change_column;
 
 /// A schema change the source asks for, refused.
 #[derive(Debug, Clone, Error, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -162,7 +169,9 @@ pub fn fit(
     seen: Option<&SchemaRef>,
     incoming: &SchemaRef,
 ) -> Result<Fit, SchemaRefusal> {
-    if let Some(seen) = seen
+    let incoming = &without_change_columns(incoming);
+    let seen = seen.map(without_change_columns);
+    if let Some(seen) = &seen
         && !same_shape(seen, incoming)
     {
         check_evolution(table, seen, incoming)?;
@@ -184,9 +193,17 @@ pub fn fit(
 }
 
 /// `batch` with exactly the columns of `target`: cast up where narrower,
-/// null where missing.
+/// null where missing; a change batch's reserved columns stay, last.
 pub fn conform(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch, ArrowError> {
-    let columns: Vec<ArrayRef> = target
+    let reserved: Vec<usize> = batch
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| is_change_column(f.name()))
+        .map(|(i, _)| i)
+        .collect();
+    let mut columns: Vec<ArrayRef> = target
         .fields()
         .iter()
         .map(|field| match batch.column_by_name(field.name()) {
@@ -195,7 +212,20 @@ pub fn conform(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch, A
             None => Ok(new_null_array(field.data_type(), batch.num_rows())),
         })
         .collect::<Result<_, _>>()?;
-    RecordBatch::try_new(target.clone(), columns)
+    if reserved.is_empty() {
+        return RecordBatch::try_new(target.clone(), columns);
+    }
+    let mut fields: Vec<Field> = target.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for i in reserved {
+        fields.push(batch.schema().field(i).clone());
+        columns.push(batch.column(i).clone());
+    }
+    let schema = Arc::new(Schema::new_with_metadata(fields, target.metadata().clone()));
+    RecordBatch::try_new_with_options(
+        schema,
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )
 }
 
 /// The changes several subtasks met in one round, one per table: schemas of
@@ -318,6 +348,44 @@ mod tests {
         let conformed = conform(&batch, &target).expect("conforms");
         assert_eq!(conformed.column(1).data_type(), &DataType::Int64);
         assert_eq!(conformed.column(2).null_count(), 3);
+    }
+
+    /// A change batch is judged by its table's columns: its reserved columns
+    /// make no schema change, reach no table schema, and survive conforming.
+    #[test]
+    fn the_reserved_columns_of_a_change_batch_are_no_table_columns() {
+        use sluice_core::changes::{OP, SEQ_HI, SEQ_LO};
+        let table = schema(&[("id", DataType::Int64, false), ("v", DataType::Utf8, true)]);
+        let narrow = schema(&[
+            ("id", DataType::Int64, false),
+            (OP, DataType::UInt8, false),
+            (SEQ_HI, DataType::UInt64, false),
+            (SEQ_LO, DataType::UInt64, false),
+        ]);
+        let wide = schema(&[
+            ("id", DataType::Int64, false),
+            ("v", DataType::Utf8, true),
+            (OP, DataType::UInt8, false),
+            (SEQ_HI, DataType::UInt64, false),
+            (SEQ_LO, DataType::UInt64, false),
+        ]);
+        assert!(matches!(fit("t", Some(&table), Some(&narrow), &wide), Ok(Fit::AsIs)));
+        let Ok(Fit::Barrier(new)) = fit("t", None, None, &wide) else { panic!("a new table") };
+        assert!(same_shape(&new.schema, &table), "{:?}", new.schema);
+        let Ok(Fit::Conform(target)) = fit("t", Some(&table), None, &narrow) else { panic!("conformed") };
+        let batch = RecordBatch::try_new(
+            narrow.clone(),
+            vec![
+                Arc::new(arrow_array::Int64Array::from(vec![1, 2])),
+                Arc::new(arrow_array::UInt8Array::from(vec![0, 1])),
+                Arc::new(arrow_array::UInt64Array::from(vec![0, 0])),
+                Arc::new(arrow_array::UInt64Array::from(vec![3, 4])),
+            ],
+        )
+        .unwrap();
+        let conformed = conform(&batch, &target).unwrap();
+        assert!(same_shape(&conformed.schema(), &wide), "{:?}", conformed.schema());
+        assert_eq!(conformed.column(1).null_count(), 2);
     }
 
     #[test]

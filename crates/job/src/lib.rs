@@ -154,6 +154,7 @@ impl Loading {
         self.check_job_section()?;
         self.check_metrics()?;
         self.check_source()?;
+        self.check_change_stream()?;
         self.check_dead_letters()?;
         self.check_plugin()?;
         self.check_sandbox()?;
@@ -397,6 +398,69 @@ impl Loading {
                 Ok(())
             }
         }
+    }
+
+    /// `[source] key` and `change_column`: a change stream's key names at
+    /// least one column; `change_column` without `key` takes the key from
+    /// `[sink.options] key` (a column name, names separated by commas, or a
+    /// list of names), and without either is refused naming both; a sink
+    /// `key` beside `[source] key` must name the same columns.
+    fn check_change_stream(&mut self) -> Result<(), JobError> {
+        let SourceSpec::File { key, change_column, .. } = &self.spec.source else { return Ok(()) };
+        if key.is_none() && change_column.is_none() {
+            return Ok(());
+        }
+        let sink_key = match self.spec.sink.options.get("key") {
+            None => None,
+            Some(toml::Value::String(names)) => Some(names.split(',').map(|n| n.trim().to_string()).collect()),
+            Some(toml::Value::Array(names)) => Some(
+                names
+                    .iter()
+                    .map(|n| n.as_str().map(str::to_string))
+                    .collect::<Option<Vec<String>>>()
+                    .ok_or_else(|| self.invalid("sink.options.key", "must be a column name or a list of them"))?,
+            ),
+            Some(_) => return Err(self.invalid("sink.options.key", "must be a column name or a list of them")),
+        };
+        let names = match (key, &sink_key, change_column) {
+            (Some(key), Some(sink), _) if key.names() != sink.as_slice() => {
+                return Err(self.invalid(
+                    "sink.options.key",
+                    format!(
+                        "names {:?} but source.key names {:?}: the sink's key must be the source's change key",
+                        sink,
+                        key.names()
+                    ),
+                ));
+            }
+            (Some(key), _, _) => key.names().to_vec(),
+            (None, Some(sink), _) => sink.clone(),
+            (None, None, Some(column)) => {
+                return Err(self.invalid(
+                    "source.change_column",
+                    format!(
+                        "{column:?} makes the source a change stream, which needs a key: set source.key (or the \
+                         sink's `key` option) to the column(s) that identify a row"
+                    ),
+                ));
+            }
+            (None, None, None) => return Ok(()),
+        };
+        if names.is_empty() || names.iter().any(|n| n.is_empty()) {
+            return Err(self.invalid("source.key", "must name at least one column, and no empty name"));
+        }
+        if let Some(column) = change_column
+            && names.contains(column)
+        {
+            return Err(self.invalid(
+                "source.change_column",
+                format!("{column:?} is also a key column (source.key); the change column is consumed"),
+            ));
+        }
+        if let SourceSpec::File { key, .. } = &mut self.spec.source {
+            *key = Some(sluice_engine::source::config::Columns(names));
+        }
+        Ok(())
     }
 
     fn check_rate_and_batch(&self, rate: Option<f64>, batch_rows: usize) -> Result<(), JobError> {
@@ -1140,6 +1204,35 @@ mod tests {
             .replace("kind = \"generator\"\n        rows = 10", &format!("kind = \"file\"\n        path = \"{path}\""));
         assert!(job.contains(path), "{job}");
         job
+    }
+
+    /// `[source] key` and `change_column` (#41): a key is one name or a
+    /// list; `change_column` without one takes the sink's `key`, or is
+    /// refused naming both keys; a sink key that differs is refused.
+    #[test]
+    fn change_stream_keys_are_resolved_or_refused_naming_both() {
+        let src = file_source(".");
+        let key_of = |job: &EngineConfig| job.spec.source.change_key().map(<[String]>::to_vec);
+        let job = load(&src, &["source.key=\"id\""]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(key_of(&job), Some(vec!["id".to_string()]));
+        let job = load(&src, &["source.key=[\"a\", \"b\"]", "source.change_column=\"op\""]).unwrap();
+        assert_eq!(key_of(&job), Some(vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(key_of(&load(&src, &[]).unwrap()), None, "no key: an append stream");
+        // The sink's key is the fallback, as a string (commas) or a list.
+        let job = load(&src, &["source.change_column=\"op\"", "sink.options.key=\"id, region\""]).unwrap();
+        assert_eq!(key_of(&job), Some(vec!["id".to_string(), "region".to_string()]));
+        let job = load(&src, &["source.change_column=\"op\"", "sink.options.key=[\"id\"]"]).unwrap();
+        assert_eq!(key_of(&job), Some(vec!["id".to_string()]));
+        let err = load(&src, &["source.change_column=\"op\""]).unwrap_err().to_string();
+        assert!(err.contains("key `source.change_column`") && err.contains("set source.key"), "{err}");
+        let err = load(&src, &["source.key=\"id\"", "sink.options.key=\"other\""]).unwrap_err().to_string();
+        assert!(err.contains("key `sink.options.key`") && err.contains("source.key"), "{err}");
+        let err = load(&src, &["source.key=[]"]).unwrap_err().to_string();
+        assert!(err.contains("key `source.key`") && err.contains("at least one column"), "{err}");
+        let err = load(&src, &["source.key=\"op\"", "source.change_column=\"op\""]).unwrap_err().to_string();
+        assert!(err.contains("key `source.change_column`") && err.contains("also a key column"), "{err}");
+        let err = load(&src, &["source.key=3"]).unwrap_err().to_string();
+        assert!(err.contains("source.key") && err.contains("a column name or a list"), "{err}");
     }
 
     #[test]

@@ -32,6 +32,13 @@ pub const CLAIM: &str = "sluice.claim";
 /// a table holds (an overwrite) keeps that table append-only.
 pub const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
 
+/// A change stream's key columns, as a JSON array of names (`["id"]`):
+/// given only when the job's source is a change stream (`[source] key`),
+/// whose batches then carry `sluice_core::changes`' columns after the
+/// table's own. A job whose source is a change stream is refused, before
+/// anything is written, when its plugin does not declare this option.
+pub const KEY: &str = sluice_core::changes::KEY_OPTION;
+
 /// Prefix no job-file option may use.
 pub const PREFIX: &str = "sluice.";
 

@@ -81,11 +81,82 @@ pub enum SourceSpec {
         /// How a `path` on Google Cloud Storage is reached.
         #[serde(default)]
         gcs: GcsSpec,
+        /// The change key: a column name, or a list of them. With it the
+        /// source is a change stream: each row is a change (an upsert, or a
+        /// delete with `change_column`) of the target's row with the same
+        /// key, applied in source order (files in name order, lines in
+        /// order, at any parallelism). A row whose key column is missing or
+        /// null is a bad row (`job.bad_rows`). When absent but
+        /// `change_column` is set, the key is taken from `[sink.options]
+        /// key` (a column name or a list of them).
+        #[serde(default)]
+        key: Option<Columns>,
+        /// The column holding each row's operation: `insert`, `update`,
+        /// `delete`, or Debezium's `c`, `r`, `u`, `d` (any case). It is
+        /// consumed: it never lands in the target. Any other value, or a
+        /// null, is a bad row (`job.bad_rows`). Needs a key (`key`, or
+        /// `[sink.options] key`); without `change_column` every row of a
+        /// keyed source is an upsert.
+        #[serde(default)]
+        change_column: Option<String>,
     },
     /// Kafka topics, each landing in the table of its name; unbounded
     /// unless `bounded`. Offsets are the checkpoint's: a consumer group,
     /// when named, only mirrors them.
     Kafka(Box<kafka::KafkaSpec>),
+}
+
+/// One column name or a list of them (`key = "id"`, `key = ["a", "b"]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Columns(pub Vec<String>);
+
+impl Columns {
+    pub fn names(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Columns {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        match OneOrMany::deserialize(d) {
+            Ok(OneOrMany::One(name)) => Ok(Columns(vec![name])),
+            Ok(OneOrMany::Many(names)) => Ok(Columns(names)),
+            Err(_) => Err(serde::de::Error::custom("expected a column name or a list of column names")),
+        }
+    }
+}
+
+impl schemars::JsonSchema for Columns {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Columns".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        // "x-type": how the job-file reference shows the type (`sluice_engine::config::schema::X_TYPE`).
+        schemars::json_schema!({
+            "type": ["string", "array"],
+            "x-type": "a column name, or a list of column names",
+        })
+    }
+}
+
+impl SourceSpec {
+    /// The change key when the source is a change stream (`[source] key`).
+    pub fn change_key(&self) -> Option<&[String]> {
+        match self {
+            SourceSpec::File { key, .. } => key.as_ref().map(Columns::names),
+            // A Kafka source's change key comes with its change format (#41, the Kafka side).
+            SourceSpec::Generator { .. } | SourceSpec::Kafka(_) => None,
+        }
+    }
 }
 
 /// The format of a file source's files.

@@ -20,6 +20,22 @@
 //! subtask however the folder grows. A subtask reads its files in name
 //! order (`<table>/<file>` in a tree, compared by path component).
 //!
+//! A change stream (`[source] key`, see `changes`) splits otherwise where
+//! a key's changes could go to two subtasks: in one folder of files every
+//! subtask reads every file in name order and keeps only the rows whose key
+//! hashes to it (`changes::owner`, FNV-1a of the key's values as text), so
+//! each key's changes reach one subtask in source order; the rows that are
+//! no change (an unknown operation, a missing or null key) and the records
+//! that do not convert are handed out only by the subtask the file's name
+//! belongs to (`owner`), so each is a bad row once. In a tree the split by
+//! table already keeps a key on one subtask. A change's position is `(hi,
+//! lo)`: the file's 0-based ordinal in its table's name-ordered listing, and
+//! the record's line as errors name it (a CSV record's line; a JSON lines
+//! or Parquet record's 1-based number). The ordinal is stable because the
+//! folder is append-only (below): a file already read keeps every file
+//! before it. Positions and identities are the same as without keys: they
+//! name the file and count the records read of it, kept or not.
+//!
 //! A subtask's position names a file, never an index: `{"at": name, "row":
 //! r}` (r rows of that file delivered) or `{"after": name}` (every file of
 //! the subtask up to that name delivered; `null`: none). The checkpoint's
@@ -61,6 +77,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::reader::ChunkReader;
 use serde_json::{Value, json};
 
+use super::changes::{ChangeSpec, Share};
 use super::object::{Bucket, ObjectFile};
 use super::{BadRow, BadRows, FileIdentity, Origin, Rejected, SourceChange, SourceError, SourceReader, TableBatch};
 use crate::config::FileFormat;
@@ -406,6 +423,8 @@ pub struct FileSource {
     known: Known,
     bad_rows: BadRows,
     rejected: Rejected,
+    /// A change stream (`[source] key`): its rows become changes ([`changes`]).
+    changes: Option<ChangeSpec>,
 }
 
 /// Refuses a table's first-file `schema` with columns of Arrow's `Null`
@@ -437,6 +456,37 @@ fn untyped_columns(schema: &arrow_schema::Schema, table: &str, format: FileForma
         "is the first file of {table} (its columns' types come from it) and {why}; put a file with values in \
          every column first (files are read in name order), or remove this one"
     ))
+}
+
+/// Refuses a change stream whose table's first file (`schema`, at `at`)
+/// lacks a key column or the change column: every row would be a bad row.
+fn check_change_columns(
+    spec: &ChangeSpec,
+    schema: &arrow_schema::Schema,
+    table: &str,
+    at: &At,
+) -> Result<(), SourceError> {
+    let lacks = |key: &str, column: &str| {
+        let table = if table.is_empty() { String::new() } else { format!(" (table {table:?})") };
+        let has: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        SourceError::Config {
+            key: key.to_string(),
+            message: format!(
+                "names column `{column}`, which {}{table}, the first file read, does not have (it has: {})",
+                at.shown(),
+                has.join(", ")
+            ),
+        }
+    };
+    for column in &spec.key {
+        if schema.field_with_name(column).is_err() {
+            return Err(lacks("source.key", column));
+        }
+    }
+    match &spec.column {
+        Some(column) if schema.field_with_name(column).is_err() => Err(lacks("source.change_column", column)),
+        _ => Ok(()),
+    }
 }
 
 fn file_err(path: &Path, e: impl std::fmt::Display) -> SourceError {
@@ -528,6 +578,7 @@ impl FileSource {
             known,
             bad_rows: BadRows::Fail,
             rejected: Rejected::default(),
+            changes: None,
         })
     }
 
@@ -602,6 +653,38 @@ impl FileSource {
         self
     }
 
+    /// Makes the source a change stream (`None`: an append stream). The key
+    /// names at least one column, and the change column is none of them.
+    pub fn with_changes(mut self, changes: Option<ChangeSpec>) -> Result<Self, SourceError> {
+        if let Some(spec) = &changes {
+            let config = |key: &str, message: String| SourceError::Config { key: key.to_string(), message };
+            if spec.key.is_empty() || spec.key.iter().any(String::is_empty) {
+                return Err(config("source.key", "must name at least one column, and no empty name".to_string()));
+            }
+            if let Some(column) = &spec.column
+                && spec.key.contains(column)
+            {
+                return Err(config(
+                    "source.change_column",
+                    format!("{column:?} is also a key column (source.key); the change column is consumed"),
+                ));
+            }
+        }
+        self.changes = changes;
+        Ok(self)
+    }
+
+    /// The change key when the source is a change stream.
+    pub fn change_key(&self) -> Option<&[String]> {
+        self.changes.as_ref().map(|c| c.key.as_slice())
+    }
+
+    /// A change stream of one folder of files at parallelism > 1: every
+    /// subtask reads every file and keeps the rows whose key hashes to it.
+    fn hashes_keys(&self) -> bool {
+        self.changes.is_some() && !self.tree && self.parallelism > 1
+    }
+
     pub fn with_rate(mut self, rate: Option<f64>) -> Self {
         self.rate = rate;
         self
@@ -622,7 +705,13 @@ impl FileSource {
                 let first = &t.files[0];
                 let schema = self.known.schema_of(&t.name, &first.name, &first.at, self.format, self.csv_header)?;
                 untyped_columns(&schema, &t.name, self.format).map_err(|m| first.at.err(m))?;
-                Ok((t.name.clone(), schema))
+                match &self.changes {
+                    Some(spec) => {
+                        check_change_columns(spec, &schema, &t.name, &first.at)?;
+                        Ok((t.name.clone(), spec.table_schema(&schema)))
+                    }
+                    None => Ok((t.name.clone(), schema)),
+                }
             })
             .collect()
     }
@@ -662,6 +751,10 @@ impl FileSource {
                 .filter(|t| owner(&t.name, p) == subtask)
                 .flat_map(|t| t.files.iter().map(move |f| with_table(t, f)))
                 .collect(),
+            // Every subtask reads every file, keeping its keys' rows.
+            (Split::ByName, false) if self.changes.is_some() => {
+                self.tables.iter().flat_map(|t| t.files.iter().map(move |f| with_table(t, f))).collect()
+            }
             (Split::ByName, false) => self
                 .tables
                 .iter()
@@ -805,7 +898,21 @@ impl FileSource {
                 }
             }
         };
+        // A file's ordinal in its table's listing: the major part of its changes' positions.
+        let ordinals = mine
+            .iter()
+            .map(|(table, file)| {
+                self.tables
+                    .iter()
+                    .find(|t| &t.name == table)
+                    .and_then(|t| t.files.iter().position(|f| f.name == file.name))
+                    .map_or(0, |i| i as u64)
+            })
+            .collect();
         Ok(FileReader {
+            ordinals,
+            changes: self.changes.clone(),
+            share: self.hashes_keys().then_some((subtask, self.parallelism)),
             files: mine,
             split,
             format: self.format,
@@ -938,6 +1045,12 @@ fn one_based_line(message: &str) -> String {
 pub struct FileReader {
     /// This subtask's files, in reading order, with their tables.
     files: Vec<(String, DataFile)>,
+    /// Each file's ordinal in its table's listing (a change's `seq_hi`).
+    ordinals: Vec<u64>,
+    /// A change stream: rows become changes.
+    changes: Option<ChangeSpec>,
+    /// `(subtask, parallelism)` when this subtask keeps only its keys' rows.
+    share: Option<(u32, u32)>,
     split: Split,
     format: FileFormat,
     batch_rows: usize,
@@ -1055,7 +1168,62 @@ impl FileReader {
         let bad = std::mem::take(&mut self.pending_bad);
         self.row_in_file += bad.len() as u64;
         let batch = RecordBatch::new_empty(self.reading_schema()?);
-        Ok(TableBatch { table: self.files[self.file_idx].0.clone(), batch, bad, origin: None })
+        self.to_changes(TableBatch { table: self.files[self.file_idx].0.clone(), batch, bad, origin: None })
+    }
+
+    /// `read` as changes when the source is a change stream ([`changes`]):
+    /// the change column consumed, `seq` = (the file's ordinal, the record's
+    /// line as errors name it: a CSV record's line, or the 1-based record of
+    /// a JSON lines or Parquet file), the rows of other subtasks' keys left
+    /// out and the rows that are no change bad rows (an error unless they are
+    /// dead letters). With several subtasks reading the file, its bad rows
+    /// are handed out by the subtask the file's name belongs to alone.
+    fn to_changes(&self, mut read: TableBatch) -> Result<TableBatch, SourceError> {
+        let Some(spec) = &self.changes else { return Ok(read) };
+        let (_, file) = &self.files[self.file_idx];
+        let hi = self.ordinals.get(self.file_idx).copied().unwrap_or(0);
+        let share = self.share.map(|(subtask, parallelism)| Share {
+            subtask,
+            parallelism,
+            reports_bad: owner(&file.name, parallelism) == subtask,
+        });
+        if share.is_some_and(|s| !s.reports_bad) {
+            read.bad.clear();
+        }
+        let Some(origin) = read.origin.as_mut() else {
+            if read.batch.num_rows() > 0 {
+                return Err(SourceError::Internal(format!("{}: rows without their place in the file", file.name)));
+            }
+            read.batch = spec.apply(&read.batch, |_| (hi, 0), share).map_err(|e| file.at.err(e))?.batch;
+            return Ok(read);
+        };
+        let records: Vec<u64> = (0..read.batch.num_rows() as u64).map(|k| origin.record(k)).collect();
+        let line = |row: usize| records.get(row).map_or(0, |r| r + origin.line_offset.unwrap_or(1));
+        let changes = spec.apply(&read.batch, |row| (hi, line(row)), share).map_err(|e| file.at.err(e))?;
+        if let Some(first) = changes.bad.first()
+            && self.bad_rows == BadRows::Fail
+        {
+            return Err(SourceError::BadRow {
+                position: format!("{} ({})", origin.describe(first.row as u64), file.at.shown()),
+                reason: first.reason.clone(),
+            });
+        }
+        for bad in &changes.bad {
+            read.bad.push(BadRow {
+                raw: render_row(&read.batch, bad.row, self.format).map_err(|e| file.at.err(e))?,
+                position: origin.describe(bad.row as u64),
+                reason: bad.reason.clone(),
+            });
+        }
+        let mut kept = changes.kept.iter().peekable();
+        for (row, record) in records.iter().enumerate() {
+            if kept.next_if_eq(&&row).is_none() {
+                origin.skipped.push(record - origin.first);
+            }
+        }
+        origin.skipped.sort_unstable();
+        read.batch = changes.batch;
+        Ok(read)
     }
 
     fn reading_schema(&self) -> Result<SchemaRef, SourceError> {
@@ -1241,7 +1409,11 @@ impl SourceReader for FileReader {
                 } else {
                     (out, bad)
                 };
-                let batch = TableBatch { table, batch, bad, origin: Some(origin) };
+                let batch = self.to_changes(TableBatch { table, batch, bad, origin: Some(origin) })?;
+                if self.share.is_some() && batch.batch.num_rows() == 0 && batch.bad.is_empty() {
+                    // Only rows of other subtasks' keys: read on.
+                    continue;
+                }
                 return self.drop_rejected(batch).map(Some);
             }
             if self.ended {

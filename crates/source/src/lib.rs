@@ -23,6 +23,7 @@
 //!   the text); the host retries no read itself, the kind tells the
 //!   operator or a runner whether a rerun may succeed.
 
+pub mod changes;
 pub mod config;
 pub mod file;
 pub mod generator;
@@ -347,9 +348,27 @@ impl Source {
                         .with_shape(shape),
                 ))
             }
-            SourceSpec::File { path, format, batch_rows, csv_header, rate, .. } => Ok(Source::File(
-                file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism, stores)?.with_rate(*rate),
-            )),
+            SourceSpec::File { path, format, batch_rows, csv_header, rate, key, change_column, .. } => {
+                let changes = match (key, change_column) {
+                    (Some(key), column) => {
+                        Some(changes::ChangeSpec { key: key.names().to_vec(), column: column.clone() })
+                    }
+                    (None, Some(column)) => {
+                        return Err(SourceError::Config {
+                            key: "source.change_column".into(),
+                            message: format!(
+                                "{column:?} needs a change key: set source.key (or the sink's `key` option)"
+                            ),
+                        });
+                    }
+                    (None, None) => None,
+                };
+                Ok(Source::File(
+                    file::FileSource::open(path, *format, *batch_rows, *csv_header, parallelism, stores)?
+                        .with_rate(*rate)
+                        .with_changes(changes)?,
+                ))
+            }
             SourceSpec::Kafka(_) => Err(SourceError::Internal(
                 "a Kafka source opens from its loaded job (Source::of_config), where its secrets are read".to_string(),
             )),
@@ -401,6 +420,16 @@ impl Source {
             Source::Generator(g) => Ok(g.tables()),
             Source::File(f) => f.tables(),
             Source::Kafka(k) => k.tables(),
+        }
+    }
+
+    /// The change key when the source is a change stream: its batches carry
+    /// `sluice_core::changes`' columns after the table's own (see
+    /// [`changes`]), and the sink is given the key (`sluice.key`).
+    pub fn change_key(&self) -> Option<&[String]> {
+        match self {
+            Source::File(f) => f.change_key(),
+            Source::Generator(_) | Source::Kafka(_) => None,
         }
     }
 
