@@ -33,3 +33,4 @@ mod sandbox;
 mod simulation;
 mod sources;
 mod tables;
+mod upsert;

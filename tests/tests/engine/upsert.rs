@@ -1,0 +1,374 @@
+//! The Iceberg sink's `mode = "upsert"` (issue 41): a change stream over
+//! several JSON-lines files (inserts, updates of rows from earlier
+//! checkpoints, deletes, re-inserts, one key several times in a row) lands
+//! each key in its last state, exactly once, with v2 position deletes,
+//! across parallelism 2, crashes at every step of a checkpoint, catalog
+//! faults, and another writer appending between checkpoints.
+//!
+//! Every table is read back by PyIceberg and by DuckDB's `iceberg_scan`,
+//! which must agree, and by the host's iceberg-rust reader, and compared
+//! key by key with the model the test computes from the same lines.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use sluice::engine::{CrashPoint, Fault, RunOptions};
+use sluice_tests::{DUCKDB_ICEBERG, ICEBERG_PLUGIN, TestJob, python};
+
+const TABLE: &str = "crm.customers";
+
+/// A change-stream job over `in/*.jsonl` (`op` the change column, `id`
+/// the key) into `TABLE` of `warehouse`, in upsert mode.
+fn job(id: &str, warehouse: &Path, parallelism: u32, every_rows: u64) -> TestJob {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("in")).expect("in/");
+    let warehouse = warehouse.display();
+    let toml = format!(
+        r#"[job]
+id = "{id}"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every_rows}
+[source]
+kind = "file"
+path = "in"
+batch_rows = 3
+change_column = "op"
+key = ["id"]
+[sink]
+id = "lake"
+plugin = "{ICEBERG_PLUGIN}"
+[sink.options]
+table = "{TABLE}"
+mode = "upsert"
+key = "id"
+[sink.catalog]
+database = "{warehouse}/catalog.db"
+warehouse = "{warehouse}"
+[sink.sandbox]
+memory_mb = 512
+"#
+    );
+    TestJob { dir, toml }
+}
+
+/// One change: `(op as the file spells it, id, v)`; the name is `n<id>-<v>`.
+type Change = (&'static str, i64, i64);
+
+/// The change stream, three files in name order. Updates reach rows of
+/// earlier files (earlier checkpoints), keys are deleted and inserted
+/// again, and a key changes several times within a few lines; every
+/// spelling of an operation appears.
+fn stream() -> Vec<Vec<Change>> {
+    vec![
+        (1..=12).map(|i| ("insert", i, 1)).collect(),
+        vec![
+            ("update", 1, 2),
+            ("u", 2, 2),
+            ("UPDATE", 3, 2),
+            ("update", 4, 2),
+            ("delete", 5, 0),
+            ("d", 6, 0),
+            ("c", 13, 1),
+            ("insert", 14, 1),
+            ("update", 7, 2),
+            ("update", 7, 3),
+            ("Delete", 7, 0),
+            ("insert", 7, 4),
+        ],
+        vec![
+            ("insert", 5, 4),
+            ("delete", 1, 0),
+            ("update", 2, 5),
+            ("delete", 13, 0),
+            ("c", 15, 1),
+            ("u", 15, 6),
+            ("d", 15, 0),
+            ("r", 6, 7),
+            (" u ", 8, 2),
+            ("c", 16, 1),
+            ("D", 9, 0),
+            ("update", 3, 8),
+            ("update", 16, 2),
+            ("update", 16, 3),
+        ],
+    ]
+}
+
+/// Writes the stream as `in/00N.jsonl`.
+fn write_stream(job: &TestJob, files: &[Vec<Change>]) {
+    for (n, lines) in files.iter().enumerate() {
+        let text: String = lines
+            .iter()
+            .map(|(op, id, v)| {
+                let row = serde_json::json!({"op": op, "id": id, "name": format!("n{id}-{v}"), "v": v});
+                format!("{row}\n")
+            })
+            .collect();
+        std::fs::write(job.dir.path().join("in").join(format!("{n:03}.jsonl")), text).expect("jsonl");
+    }
+}
+
+/// A row as the readers give it: `(id, name, v)`.
+type Row = (i64, String, i64);
+
+/// The model: every key in its last state, applied in file and line order.
+fn model(files: &[Vec<Change>]) -> Vec<Row> {
+    let mut keys: BTreeMap<i64, Row> = BTreeMap::new();
+    for (op, id, v) in files.iter().flatten() {
+        match op.trim().to_ascii_lowercase().as_str() {
+            "delete" | "d" => {
+                keys.remove(id);
+            }
+            _ => {
+                keys.insert(*id, (*id, format!("n{id}-{v}"), *v));
+            }
+        }
+    }
+    keys.into_values().collect()
+}
+
+/// Every row of the table, sorted, as PyIceberg reads it; panics when
+/// DuckDB's `iceberg_scan` or iceberg-rust reads anything else.
+fn rows(warehouse: &Path) -> Vec<Row> {
+    let script = format!(
+        "{DUCKDB_ICEBERG}\n\
+         import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w, name = sys.argv[1], sys.argv[2]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table(name)\n\
+         a = t.scan(selected_fields=('id', 'name', 'v')).to_arrow()\n\
+         py = sorted([i, n, v] for i, n, v in zip(a.column('id').to_pylist(), a.column('name').to_pylist(), a.column('v').to_pylist()))\n\
+         con = _duckdb.connect()\n\
+         con.execute('SET enable_progress_bar = false')\n\
+         for ext in ('avro', 'iceberg'):\n\
+         \x20   con.load_extension(_duckdb_extension(ext))\n\
+         path = t.metadata_location.removeprefix('file://')\n\
+         dd = sorted([i, n, v] for i, n, v in con.execute('select id, name, v from iceberg_scan(?)', [path]).fetchall())\n\
+         if py != dd:\n\
+         \x20   sys.exit(f'PyIceberg reads {{len(py)}} rows, DuckDB {{len(dd)}}: {{py}} / {{dd}}')\n\
+         print(json.dumps(py))"
+    );
+    let out = python(&script, &[&warehouse.display().to_string(), TABLE])
+        .unwrap_or_else(|e| panic!("reading {TABLE} with PyIceberg and DuckDB: {e}"));
+    let py: Vec<Row> = serde_json::from_str(out.trim()).expect("rows as JSON");
+    assert_eq!(native(warehouse), py, "iceberg-rust and PyIceberg read different rows");
+    py
+}
+
+/// The rows as the host's iceberg-rust reader reads them, sorted.
+fn native(warehouse: &Path) -> Vec<Row> {
+    use arrow_schema::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let table = sluice_tests::read_iceberg_as(&sluice_tests::catalog(warehouse), TABLE, &schema);
+    table.assert_no_checkpoint_twice();
+    let b = &table.rows;
+    let ids = b.column(0).as_primitive::<Int64Type>();
+    let names = b.column(1).as_string::<i32>();
+    let vs = b.column(2).as_primitive::<Int64Type>();
+    let mut out: Vec<Row> =
+        (0..b.num_rows()).map(|i| (ids.value(i), names.value(i).to_string(), vs.value(i))).collect();
+    out.sort();
+    out
+}
+
+/// No key holds two rows: nothing was applied twice.
+fn assert_each_key_once(rows: &[Row]) {
+    let mut ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), rows.len(), "a key holds two rows: {rows:?}");
+}
+
+/// Every row of a table mid-run is a state its key had at some point of
+/// the stream (a deleted row never comes back from before its delete
+/// unless the stream inserted it again, and no row is invented).
+fn assert_states_of_the_stream(rows: &[Row], files: &[Vec<Change>]) {
+    for (id, name, v) in rows {
+        let seen = files
+            .iter()
+            .flatten()
+            .any(|(op, i, w)| i == id && w == v && !matches!(op.trim().to_ascii_lowercase().as_str(), "delete" | "d"));
+        assert!(seen && *name == format!("n{id}-{v}"), "row {id}/{name}/{v} is no state of key {id}");
+    }
+}
+
+/// The table's snapshots of job `id`: (checkpoint, operation, delete files added).
+fn snapshots_of(warehouse: &Path, id: &str) -> Vec<(u64, String, u64)> {
+    let ident = iceberg::TableIdent::from_strs(TABLE.split('.')).expect("table name");
+    let table = sluice_tests::catalog(warehouse).load(&ident).expect("loading the table");
+    let metadata = table.metadata();
+    let mut out = Vec::new();
+    let mut next = metadata.current_snapshot_id();
+    while let Some(s) = next.and_then(|id| metadata.snapshot_by_id(id)) {
+        let props = &s.summary().additional_properties;
+        if props.get("sluice.job-id").map(String::as_str) == Some(id) {
+            let c = props.get("sluice.checkpoint-id").and_then(|c| c.parse().ok()).unwrap_or(0);
+            let deletes = props.get("added-delete-files").and_then(|n| n.parse().ok()).unwrap_or(0);
+            out.push((c, s.summary().operation.as_str().to_string(), deletes));
+        }
+        next = s.parent_snapshot_id();
+    }
+    out.reverse();
+    out
+}
+
+/// At parallelism 2, with checkpoints every few rows, every key ends in
+/// its last state; the checkpoints that replaced or deleted rows committed
+/// one `overwrite` snapshot each, with position-delete files.
+#[test]
+fn a_change_stream_lands_each_key_in_its_last_state() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let files = stream();
+    let run = job("cdc", warehouse.path(), 2, 4);
+    write_stream(&run, &files);
+    run.run(None).expect("the upsert run");
+    let got = rows(warehouse.path());
+    assert_each_key_once(&got);
+    assert_eq!(got, model(&files));
+    let snapshots = snapshots_of(warehouse.path(), "cdc");
+    assert!(snapshots.len() >= 3, "several checkpoints: {snapshots:?}");
+    assert!(
+        snapshots.iter().any(|(_, op, deletes)| op == "overwrite" && *deletes > 0),
+        "no snapshot carried position deletes: {snapshots:?}"
+    );
+    // A second run finds nothing new: the table is as it was.
+    run.run(None).expect("the rerun");
+    assert_eq!(rows(warehouse.path()), model(&files));
+}
+
+fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let files = stream();
+    let run = job(&format!("crash-{point}-{checkpoint}"), warehouse.path(), 1, 4);
+    write_stream(&run, &files);
+    let err = run.run(Some(Fault { point, checkpoint, subtask: 0 })).expect_err("the crash");
+    assert!(err.is_injected_crash(), "{err}");
+    if sluice_tests::catalog(warehouse.path())
+        .load(&iceberg::TableIdent::from_strs(TABLE.split('.')).expect("name"))
+        .is_ok_and(|t| t.metadata().current_snapshot().is_some())
+    {
+        let mid = rows(warehouse.path());
+        assert_each_key_once(&mid);
+        assert_states_of_the_stream(&mid, &files);
+    }
+    run.run(None).expect("the recovery run");
+    let got = rows(warehouse.path());
+    assert_each_key_once(&got);
+    assert_eq!(got, model(&files));
+}
+
+// 38 changes, 4 per checkpoint: checkpoint 4 is the first to update rows
+// of earlier checkpoints, 5 deletes some, 7 to 10 re-insert and delete.
+sluice_tests::crash_tests! {
+    crash_after_write: CrashPoint::AfterWrite, 5;
+    crash_after_prepare_commit: CrashPoint::AfterPrepareCommit, 4;
+    crash_after_snapshot_state: CrashPoint::AfterSnapshotState, 6;
+    crash_after_persist_first: CrashPoint::AfterPersist, 1;
+    crash_after_persist: CrashPoint::AfterPersist, 5;
+    crash_during_commit: CrashPoint::DuringCommit, 7;
+    crash_after_commit_first: CrashPoint::AfterCommit, 1;
+    crash_after_commit_middle: CrashPoint::AfterCommit, 5;
+    crash_after_commit_late: CrashPoint::AfterCommit, 8;
+}
+
+/// Catalog faults on the upsert commits: a lost reply (applied) is settled
+/// by the watermark, not re-applied; a conflict is retried on the new head
+/// with new position deletes; a crash right after the catalog applied a
+/// commit is recovered as already committed.
+#[test]
+fn lost_replies_conflicts_and_a_crash_after_apply_apply_each_change_once() {
+    use sluice::fault::{CatalogFaults, CommitFault, Faults};
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let files = stream();
+    let run = job("faulty", warehouse.path(), 1, 4);
+    write_stream(&run, &files);
+    // Catalog commit calls (the first creates nothing: the table is created
+    // at open): c1..c3 insert, c4 on replace and delete rows.
+    let faults = vec![
+        (2, CommitFault::LoseReply),
+        (4, CommitFault::Conflict),
+        (6, CommitFault::LoseReply),
+        (8, CommitFault::CrashAfterApply),
+    ];
+    let catalog = CatalogFaults { faults, ..CatalogFaults::default() };
+    let opts = RunOptions { faults: Faults { catalog, ..Faults::default() }, ..RunOptions::default() };
+    let err = run.run_opts(&[], opts).expect_err("the crash after apply");
+    assert!(err.is_injected_crash(), "{err}");
+    let mid = rows(warehouse.path());
+    assert_each_key_once(&mid);
+    assert_states_of_the_stream(&mid, &files);
+    run.run(None).expect("the recovery run");
+    assert_eq!(rows(warehouse.path()), model(&files));
+    let snapshots = snapshots_of(warehouse.path(), "faulty");
+    let mut checkpoints: Vec<u64> = snapshots.iter().map(|s| s.0).collect();
+    checkpoints.dedup();
+    assert_eq!(checkpoints.len(), snapshots.len(), "a checkpoint committed twice: {snapshots:?}");
+}
+
+/// Another job appends to the table between two checkpoints of the
+/// upsert job, one of its rows with a key the stream changes later: the
+/// next commit conflicts or builds on the new head, its key index reads
+/// the other writer's file, and the later change replaces both rows of
+/// that key. The other writer's other rows stay.
+#[test]
+fn another_writers_append_between_checkpoints_is_indexed_and_kept() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let files = stream();
+    let run = job("cdc", warehouse.path(), 1, 4);
+    write_stream(&run, &files);
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 3, subtask: 0 };
+    assert!(run.run(Some(crash)).expect_err("stopped after checkpoint 3").is_injected_crash());
+    // The other writer: plain appends (no change stream).
+    let other = {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::create_dir_all(dir.path().join("in")).expect("in/");
+        let text = "id,name,v\n100,n100-1,1\n3,n3-99,99\n101,n101-1,1\n";
+        std::fs::write(dir.path().join("in/a.csv"), text).expect("csv");
+        let w = warehouse.path().display();
+        let toml = format!(
+            "[job]\nid = \"other\"\nstate_dir = \"state\"\n[source]\nkind = \"file\"\npath = \"in\"\n[sink]\nid = \
+             \"lake\"\nplugin = \"{ICEBERG_PLUGIN}\"\n[sink.options]\ntable = \"{TABLE}\"\n[sink.catalog]\ndatabase = \
+             \"{w}/catalog.db\"\nwarehouse = \"{w}\"\n"
+        );
+        TestJob { dir, toml }
+    };
+    other.run(None).expect("the other writer's append");
+    let between = rows(warehouse.path());
+    assert!(between.contains(&(3, "n3-99".to_string(), 99)) && between.contains(&(3, "n3-1".to_string(), 1)));
+    run.run(None).expect("the rest of the stream");
+    let mut want = model(&files);
+    want.push((100, "n100-1".to_string(), 1));
+    want.push((101, "n101-1".to_string(), 1));
+    want.sort();
+    let got = rows(warehouse.path());
+    assert_each_key_once(&got);
+    assert_eq!(got, want);
+}
+
+/// Upsert without a change stream is refused before anything is written,
+/// naming `[source] key`.
+#[test]
+fn upsert_without_a_source_key_is_refused_naming_it() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let run = job("nokey", warehouse.path(), 1, 4);
+    let toml = run.toml.replace("change_column = \"op\"\nkey = [\"id\"]\n", "").replace("key = \"id\"\n", "");
+    let run = TestJob { dir: run.dir, toml };
+    std::fs::write(run.dir.path().join("in/000.jsonl"), "{\"id\": 1, \"name\": \"a\", \"v\": 1}\n").expect("jsonl");
+    let err = run.run(None).expect_err("refused").to_string();
+    assert!(err.contains("[source] key") && err.contains("upsert"), "{err}");
+    let ident = iceberg::TableIdent::from_strs(TABLE.split('.')).expect("name");
+    assert!(
+        sluice_tests::catalog(warehouse.path())
+            .load(&ident)
+            .map_or(true, |t| t.metadata().current_snapshot().is_none()),
+        "nothing is written"
+    );
+}
