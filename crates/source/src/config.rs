@@ -153,8 +153,8 @@ impl SourceSpec {
     pub fn change_key(&self) -> Option<&[String]> {
         match self {
             SourceSpec::File { key, .. } => key.as_ref().map(Columns::names),
-            // A Kafka source's change key comes with its change format (#41, the Kafka side).
-            SourceSpec::Generator { .. } | SourceSpec::Kafka(_) => None,
+            SourceSpec::Kafka(k) => k.key.as_ref().map(Columns::names),
+            SourceSpec::Generator { .. } => None,
         }
     }
 }

@@ -429,7 +429,8 @@ impl Source {
     pub fn change_key(&self) -> Option<&[String]> {
         match self {
             Source::File(f) => f.change_key(),
-            Source::Generator(_) | Source::Kafka(_) => None,
+            Source::Kafka(k) => k.change_key(),
+            Source::Generator(_) => None,
         }
     }
 

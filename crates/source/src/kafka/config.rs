@@ -49,7 +49,7 @@ pub struct KafkaSpec {
     /// (`job.bad_rows`). Needed by `debezium-json` and `debezium-avro`;
     /// not taken by `raw`.
     #[serde(default)]
-    pub key: Vec<String>,
+    pub key: Option<crate::config::Columns>,
     /// The columns of a JSON message (and the table). Without them, each
     /// listed topic's table must exist in the sink's catalog, and its
     /// columns are the message's.
@@ -456,7 +456,7 @@ impl KafkaSpec {
             start: self.start,
             start_timestamp_ms: self.start_timestamp_ms,
             format: self.format,
-            key: self.key.clone(),
+            key: self.key_names().to_vec(),
             columns: self.columns.clone(),
             decoding,
             group_id: self.group_id.clone(),
@@ -470,6 +470,11 @@ impl KafkaSpec {
     /// `key`: needed by the Debezium formats, refused by `raw`, each column
     /// once, and among the declared columns when they are declared (else
     /// checked against the rows' columns when the source opens).
+    /// The change key's columns (none: not a change stream).
+    pub fn key_names(&self) -> &[String] {
+        self.key.as_ref().map_or(&[], |k| k.names())
+    }
+
     fn check_key<R: Resolver + ?Sized>(&self, r: &R) -> Result<(), R::Error> {
         let bad = |m: String| r.invalid("source.key", m);
         let format = match self.format {
@@ -479,7 +484,10 @@ impl KafkaSpec {
             MessageFormat::Avro => "avro",
             MessageFormat::Raw => "raw",
         };
-        if self.key.is_empty() {
+        if self.key.is_some() && self.key_names().is_empty() {
+            return Err(bad("must name at least one column".into()));
+        }
+        if self.key_names().is_empty() {
             if self.format.is_debezium() {
                 return Err(bad(format!(
                     "format = \"{format}\" is a change stream and needs its key's columns, e.g. key = [\"id\"]"
@@ -493,7 +501,7 @@ impl KafkaSpec {
             ));
         }
         let mut seen = std::collections::BTreeSet::new();
-        for k in &self.key {
+        for k in self.key_names() {
             if k.is_empty() || !seen.insert(k) {
                 return Err(bad(format!("{k:?}: name each key column once, not empty")));
             }
