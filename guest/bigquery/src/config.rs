@@ -53,7 +53,7 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
         ),
         option_spec(
             "format",
-            "How rows cross to the API: `arrow` (arrow_rows: the batches as Arrow IPC) or `proto` (ProtoRows, for services that take no Arrow)",
+            "How rows cross to the API: `arrow` (arrow_rows: the batches as Arrow IPC) or `proto` (ProtoRows, for services that take no Arrow); `mode = \"upsert\"` always sends proto, the only format change data capture takes",
             false,
             Some("arrow"),
         ),
