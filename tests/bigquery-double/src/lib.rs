@@ -7,7 +7,10 @@
 //! and, on a second port, the BigQuery API's table methods (`tables.get`,
 //! `tables.insert`, `tables.patch`; see [`rest`]) over the same tables,
 //! with time-unit column partitioning ([`partition`]), and copy jobs
-//! (`jobs.insert`, `jobs.get`; see [`jobs`]) that can replace one partition.
+//! (`jobs.insert`, `jobs.get`; see [`jobs`]) that can replace one partition;
+//! and change data capture ([`cdc`]): tables with a primary key take
+//! UPSERT and DELETE changes on their `_default` stream, applied by key in
+//! `_CHANGE_SEQUENCE_NUMBER` order.
 //!
 //! Invariants:
 //! - rows become visible only as the stream type says (see [`state`]);
