@@ -198,6 +198,7 @@ impl SqlCommits {
         };
         match swapped {
             Ok(done) if done.rows_affected() == 1 => {
+                remove_dropped_metadata(ident, table.metadata(), &metadata, table.file_io()).await;
                 let json = serde_json::to_string(&metadata).map_err(|e| {
                     CatalogError::UnknownOutcome(format!("committed, but the reply cannot be built: {e}"))
                 })?;
@@ -211,6 +212,46 @@ impl SqlCommits {
                 Err(CatalogError::Conflict(format!("the catalog database is busy: {e}")))
             }
             Err(e) => Err(CatalogError::UnknownOutcome(format!("updating the catalog failed: {e}"))),
+        }
+    }
+}
+
+/// The table property that has a commit delete the metadata files it
+/// drops from the metadata log (whose length `write.metadata.previous-versions-max`
+/// bounds; iceberg's metadata builder trims the log to it). Sluice sets it
+/// on the tables it creates; a table without it keeps every file, as the
+/// Java library's default does.
+pub const DELETE_AFTER_COMMIT: &str = "write.metadata.delete-after-commit.enabled";
+
+/// After a commit landed: deletes the metadata files `base`'s log named
+/// that `committed`'s log no longer does, when `committed` asks for it
+/// ([`DELETE_AFTER_COMMIT`]), as the Java library's
+/// `CatalogUtil.deleteRemovedMetadataFiles` does. Never `base`'s own file
+/// (the new log's newest entry) nor the new one. Best effort: the commit
+/// stands whatever happens here, a file left behind is an orphan that
+/// `sluice maintain --remove-orphans` removes, and a failure is logged.
+///
+/// Safe for exactly-once: Sluice's idempotence and recovery read the
+/// snapshots of the current metadata only, never an older metadata file.
+async fn remove_dropped_metadata(
+    ident: &TableIdent,
+    base: &TableMetadata,
+    committed: &TableMetadata,
+    io: &iceberg::io::FileIO,
+) {
+    let enabled = committed.properties().get(DELETE_AFTER_COMMIT).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if !enabled {
+        return;
+    }
+    let kept: std::collections::HashSet<&str> =
+        committed.metadata_log().iter().map(|e| e.metadata_file.as_str()).collect();
+    for entry in base.metadata_log() {
+        let file = entry.metadata_file.as_str();
+        if kept.contains(file) {
+            continue;
+        }
+        if let Err(e) = io.delete(file).await {
+            tracing::warn!(table = %ident, file, error = %e, "a metadata file dropped from the log was not deleted; orphan cleanup can remove it");
         }
     }
 }

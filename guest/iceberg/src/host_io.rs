@@ -325,12 +325,8 @@ pub fn create_table(
     schema: &iceberg::spec::Schema,
     spec: Option<&iceberg::spec::UnboundPartitionSpec>,
 ) -> std::result::Result<Table, LoadError> {
-    let request = CreateTableRequest {
-        name: ident.name(),
-        schema,
-        partition_spec: spec,
-        properties: created_properties(),
-    };
+    let request =
+        CreateTableRequest { name: ident.name(), schema, partition_spec: spec, properties: created_properties() };
     let json = serde_json::to_string(&request)
         .map_err(|e| LoadError::Invalid(format!("encoding the create-table request: {e}")))?;
     match cat::create_table(&wit_ident(ident), &json) {

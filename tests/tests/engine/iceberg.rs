@@ -396,3 +396,46 @@ fn a_committed_checkpoint_whose_files_were_compacted_away_stays_already_committe
     assert_exactly_once_range(&table.rows, 0, ROWS);
     assert_eq!(pyiceberg_ids(warehouse.path()), (0..ROWS as i64).collect::<Vec<_>>());
 }
+
+/// Metadata files do not pile up (#42): a table Sluice creates bounds its
+/// metadata log to 100 entries and deletes, with each commit, the metadata
+/// file that commit drops from the log. After 130 checkpoints the table's
+/// metadata folder holds the current file and the 100 the log names, the
+/// rows are exact, and PyIceberg reads the table.
+#[test]
+fn metadata_files_dropped_from_the_log_are_deleted_by_the_commit() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rows = 1300;
+    let job = TestJob::iceberg("ice-metadata-log", warehouse.path(), TABLE, rows, 0, 1, 10);
+    job.run(None).expect("run");
+    let ident = iceberg::TableIdent::from_strs(["db", "events"]).expect("ident");
+    let table = sluice_tests::catalog(warehouse.path()).load(&ident).expect("table");
+    let metadata = table.metadata();
+    assert_eq!(
+        metadata.properties().get("write.metadata.delete-after-commit.enabled").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(metadata.metadata_log().len(), 100, "the log is bounded to write.metadata.previous-versions-max");
+    let current = table.metadata_location().expect("a metadata location");
+    let folder = Path::new(current.trim_start_matches("file://")).parent().expect("metadata folder").to_path_buf();
+    let mut on_disk: Vec<String> = std::fs::read_dir(&folder)
+        .expect("metadata folder")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".metadata.json"))
+        .collect();
+    on_disk.sort();
+    let mut named: Vec<String> = metadata
+        .metadata_log()
+        .iter()
+        .map(|e| e.metadata_file.as_str())
+        .chain([current])
+        .filter_map(|f| f.rsplit('/').next().map(str::to_string))
+        .collect();
+    named.sort();
+    assert_eq!(on_disk, named, "exactly the files the log names, and the current one, are left");
+    assert!(read_iceberg_raw_snapshots(warehouse.path()) >= 130, "one snapshot per checkpoint");
+    let table = read_iceberg(warehouse.path(), TABLE);
+    assert_exactly_once_range(&table.rows, 0, rows);
+    assert_eq!(pyiceberg_ids(warehouse.path()), (0..rows as i64).collect::<Vec<_>>(), "PyIceberg reads the table");
+}
