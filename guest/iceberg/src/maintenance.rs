@@ -15,8 +15,19 @@
 //!   before a schema evolution read the added columns as null, before and
 //!   after; an identity-partitioned column, which iceberg's reader hands
 //!   back run-end encoded from the file's partition value, is written in
-//!   its plain type again ([`plain_columns`]). Tables with delete files are left alone (rewriting would give
-//!   the rows newer sequence numbers than their deletes).
+//!   its plain type again ([`plain_columns`]).
+//! - **Compaction applies position deletes**: a data file that live
+//!   position-delete files point at is rewritten whatever its size, read
+//!   with those deletes applied (iceberg's reader, checked by count), and
+//!   the `replace` snapshot also removes every delete file that points at
+//!   no data file left live (one pointing at a file not rewritten stays).
+//!   It commits only while no delete file added since the snapshot it read
+//!   points at a data file it rewrites (Java's
+//!   `validateNoNewDeletesForDataFiles`), checked on the very head the
+//!   commit asserts; otherwise it reads that head anew ([`ROUNDS`] times at
+//!   most). Tables with equality delete files are left alone (a rewritten
+//!   row would get a newer sequence number than its delete, which would no
+//!   longer apply to it).
 //! - **Expiry** uses iceberg's own `expire_snapshots` action, which changes
 //!   only the snapshot list, never the table properties, so every
 //!   `sluice.committed.*` watermark (what makes `commit` idempotent) stays.
@@ -29,7 +40,8 @@
 //!   pending upsert checkpoint writes its position-delete files to (its
 //!   `deletes_folder`: they are written at commit time, so no list of them
 //!   exists before). Delete files are referenced through the snapshots'
-//!   manifests exactly as data files are, for expiry too. When a live data file of the
+//!   manifests exactly as data files are, for expiry too: a delete file
+//!   is removed once no remaining snapshot holds it live. When a live data file of the
 //!   table cannot be found in the listing (the listing spells locations
 //!   another way), nothing is removed.
 //! - Only the host can see other jobs' state directories, and only the
@@ -58,7 +70,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Schema};
 use futures::TryStreamExt;
 use iceberg::arrow::ArrowReaderBuilder;
-use iceberg::scan::FileScanTask;
+use iceberg::scan::{FileScanTask, FileScanTaskDeleteFile};
 use iceberg::spec::{
     DataContentType, DataFile, DataFileFormat, ManifestContentType, Operation, PartitionKey, Snapshot, Struct, Summary,
     TableMetadata,
@@ -190,10 +202,17 @@ struct Bin {
     files: Vec<DataFile>,
 }
 
-/// Groups the current snapshot's small live data files by partition and
-/// packs them into bins of about `target` bytes; only bins of two or more
-/// files are worth rewriting.
-fn plan_bins(table: &Table, manifests: &[LoadedManifest], target: u64) -> (Vec<Bin>, Vec<String>) {
+/// Groups the current snapshot's small live data files, and those that live
+/// position deletes point at whatever their size, by partition and packs
+/// them into bins of about `target` bytes; only bins of two or more files,
+/// or holding a file with deletes (rewriting it drops them), are worth
+/// rewriting.
+fn plan_bins(
+    table: &Table,
+    manifests: &[LoadedManifest],
+    target: u64,
+    deletes: &LiveDeletes,
+) -> (Vec<Bin>, Vec<String>) {
     let metadata = table.metadata();
     let spec_id = metadata.default_partition_spec_id();
     let mut notes = Vec::new();
@@ -205,7 +224,8 @@ fn plan_bins(table: &Table, manifests: &[LoadedManifest], target: u64) -> (Vec<B
                 continue;
             }
             let file = entry.data_file();
-            if file.file_format() != DataFileFormat::Parquet || file.file_size_in_bytes() >= target {
+            let deleted = deletes.positions.contains_key(file.file_path());
+            if file.file_format() != DataFileFormat::Parquet || (file.file_size_in_bytes() >= target && !deleted) {
                 continue;
             }
             if m.file.partition_spec_id != spec_id {
@@ -235,7 +255,7 @@ fn plan_bins(table: &Table, manifests: &[LoadedManifest], target: u64) -> (Vec<B
             }
         }
         for (_, files) in packed {
-            if files.len() >= 2 {
+            if files.len() >= 2 || files.iter().any(|f| deletes.positions.contains_key(f.file_path())) {
                 bins.push(Bin { partition: partition.clone(), files });
             }
         }
@@ -243,13 +263,80 @@ fn plan_bins(table: &Table, manifests: &[LoadedManifest], target: u64) -> (Vec<B
     (bins, notes)
 }
 
-fn has_deletes(manifests: &[LoadedManifest]) -> bool {
-    manifests.iter().any(|m| m.file.content == ManifestContentType::Deletes && m.entries.iter().any(|e| e.is_alive()))
+/// The first live equality delete file of a snapshot: such a table is not
+/// compacted (a rewritten row gets a newer sequence number than an
+/// equality delete, which then no longer applies to it).
+fn equality_deletes(manifests: &[LoadedManifest]) -> Option<&str> {
+    manifests
+        .iter()
+        .filter(|m| m.file.content == ManifestContentType::Deletes)
+        .flat_map(|m| m.entries.iter())
+        .find(|e| e.is_alive() && e.content_type() == DataContentType::EqualityDeletes)
+        .map(|e| e.file_path())
+}
+
+/// The live position-delete files of one snapshot, read.
+#[derive(Default)]
+struct LiveDeletes {
+    /// Each delete file (with the spec of its manifest) and the data files it points at.
+    files: Vec<(i32, DataFile, HashSet<String>)>,
+    /// Data file → the positions deleted in it.
+    positions: HashMap<String, HashSet<u64>>,
+}
+
+impl LiveDeletes {
+    /// Reads every live position-delete file of `manifests`.
+    fn read(table: &Table, manifests: &[LoadedManifest]) -> Result<Self, SinkError> {
+        let mut out = Self::default();
+        for m in manifests.iter().filter(|m| m.file.content == ManifestContentType::Deletes) {
+            for entry in m.entries.iter().filter(|e| e.is_alive()) {
+                let file = entry.data_file();
+                if file.content_type() != DataContentType::PositionDeletes {
+                    continue;
+                }
+                let mut targets = HashSet::new();
+                for (path, pos) in crate::position_deletes::read(table.file_io(), file)? {
+                    out.positions.entry(path.clone()).or_default().insert(pos);
+                    targets.insert(path);
+                }
+                out.files.push((m.file.partition_spec_id, file.clone(), targets));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The delete files that point at `data` (a live data file).
+    fn of<'a>(&'a self, data: &'a str) -> impl Iterator<Item = &'a (i32, DataFile, HashSet<String>)> + 'a {
+        self.files.iter().filter(move |(_, _, targets)| targets.contains(data))
+    }
+
+    /// How many rows of `file` its deletes delete (positions past its end delete nothing).
+    fn deleted_in(&self, file: &DataFile) -> u64 {
+        self.positions
+            .get(file.file_path())
+            .map_or(0, |p| p.iter().filter(|pos| **pos < file.record_count()).count() as u64)
+    }
+}
+
+/// The data files a position-delete file points at: the one it names in
+/// `referenced_data_file`, else every `file_path` it holds (read).
+fn targets_of(table: &Table, file: &DataFile) -> Result<HashSet<String>, SinkError> {
+    if let Some(one) = file.referenced_data_file() {
+        return Ok(HashSet::from([one]));
+    }
+    Ok(crate::position_deletes::read(table.file_io(), file)?.into_iter().map(|(path, _)| path).collect())
 }
 
 /// Reads the rows of `bin` in the table's current schema and writes them as
 /// new data files of its partition, near `target` bytes each.
-fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u64) -> Result<Vec<DataFile>, SinkError> {
+fn rewrite(
+    cfg: &Config,
+    ctx: &SinkContext,
+    table: &Table,
+    bin: &Bin,
+    target: u64,
+    deletes: &LiveDeletes,
+) -> Result<Vec<DataFile>, SinkError> {
     let metadata = table.metadata();
     let schema = metadata.current_schema().clone();
     let spec = metadata.default_partition_spec().clone();
@@ -269,6 +356,19 @@ fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u6
                 .with_project_field_ids(field_ids.clone())
                 .with_partition(Some(file.partition().clone()))
                 .with_partition_spec(Some(spec.clone()))
+                .with_deletes(
+                    deletes
+                        .of(file.file_path())
+                        .map(|(spec_id, d, _)| {
+                            FileScanTaskDeleteFile::builder()
+                                .with_file_path(d.file_path().to_string())
+                                .with_file_size_in_bytes(d.file_size_in_bytes())
+                                .with_file_type(DataContentType::PositionDeletes)
+                                .with_partition_spec_id(*spec_id)
+                                .build()
+                        })
+                        .collect(),
+                )
                 .with_case_sensitive(true)
                 .build())
         })
@@ -305,12 +405,16 @@ fn rewrite(cfg: &Config, ctx: &SinkContext, table: &Table, bin: &Bin, target: u6
         writer.close().await
     })
     .map_err(|e| iceberg_error(&format!("rewriting data files of table {}", table.identifier()), e))?;
+    // iceberg's reader applies the position deletes given with each task;
+    // the count proves it did, exactly.
     let before: u64 = bin.files.iter().map(DataFile::record_count).sum();
+    let deleted: u64 = bin.files.iter().map(|f| deletes.deleted_in(f)).sum();
     let after: u64 = written.iter().map(DataFile::record_count).sum();
-    if before != after {
+    if before - deleted != after {
         delete_all(&written);
         return Err(error::fatal(format!(
-            "compacting table {}: read {after} row(s) back from {} file(s) that hold {before}; nothing was committed",
+            "compacting table {}: read {after} row(s) back from {} file(s) that hold {before}, {deleted} of them \
+             deleted; nothing was committed",
             table.identifier(),
             bin.files.len()
         )));
@@ -354,6 +458,10 @@ fn delete_all(files: &[DataFile]) {
     }
 }
 
+/// How many times a compaction reads its files anew from a newer head,
+/// after delete files pointing at files it rewrote were committed meanwhile.
+const ROUNDS: u32 = 3;
+
 fn compact(
     cfg: &Config,
     ctx: &SinkContext,
@@ -362,65 +470,113 @@ fn compact(
     dry_run: bool,
     report: &mut TableReport,
 ) -> Result<(), SinkError> {
-    let table = load(ident)?;
-    let Some(snapshot) = table.metadata().current_snapshot().cloned() else { return Ok(()) };
-    let manifests = manifests_of(&table, &snapshot)?;
-    if has_deletes(&manifests) {
-        report.notes.push("the table has delete files: compaction left it alone".to_string());
-        return Ok(());
-    }
-    let (bins, notes) = plan_bins(&table, &manifests, target);
-    report.notes.extend(notes);
-    if bins.is_empty() {
-        return Ok(());
-    }
-    if dry_run {
-        let files: usize = bins.iter().map(|b| b.files.len()).sum();
-        report.notes.push(format!("would compact {files} file(s) in {} group(s)", bins.len()));
-        return Ok(());
-    }
-    let mut replaced = Vec::new();
-    let mut written = Vec::new();
-    for bin in &bins {
-        match rewrite(cfg, ctx, &table, bin, target) {
-            Ok(files) => {
-                replaced.extend(bin.files.iter().cloned());
-                written.extend(files);
+    for round in 0..ROUNDS {
+        let table = load(ident)?;
+        let Some(snapshot) = table.metadata().current_snapshot().cloned() else { return Ok(()) };
+        let manifests = manifests_of(&table, &snapshot)?;
+        if let Some(file) = equality_deletes(&manifests) {
+            report.notes.push(format!("the table has equality delete file {file}: compaction left it alone"));
+            return Ok(());
+        }
+        let deletes = LiveDeletes::read(&table, &manifests)?;
+        let (bins, notes) = plan_bins(&table, &manifests, target, &deletes);
+        if round == 0 {
+            report.notes.extend(notes);
+        }
+        if bins.is_empty() {
+            return Ok(());
+        }
+        if dry_run {
+            let files: usize = bins.iter().map(|b| b.files.len()).sum();
+            report.notes.push(format!("would compact {files} file(s) in {} group(s)", bins.len()));
+            return Ok(());
+        }
+        let mut replaced = Vec::new();
+        let mut written = Vec::new();
+        for bin in &bins {
+            match rewrite(cfg, ctx, &table, bin, target, &deletes) {
+                Ok(files) => {
+                    replaced.extend(bin.files.iter().cloned());
+                    written.extend(files);
+                }
+                Err(e) => {
+                    delete_all(&written);
+                    return Err(e);
+                }
+            }
+        }
+        // The delete files that point at no data file left live: those of
+        // rewritten files only (their rows are gone from the new files), and
+        // any whose data files an earlier replace removed. One that still
+        // points at a file not rewritten stays.
+        let rewritten: HashSet<&str> = replaced.iter().map(DataFile::file_path).collect();
+        let live_data: HashSet<&str> = manifests
+            .iter()
+            .flat_map(|m| m.entries.iter())
+            .filter(|e| e.is_alive() && e.content_type() == DataContentType::Data)
+            .map(|e| e.file_path())
+            .collect();
+        let dropped: Vec<&DataFile> = deletes
+            .files
+            .iter()
+            .filter(|(_, _, targets)| {
+                targets.iter().all(|t| rewritten.contains(t.as_str()) || !live_data.contains(t.as_str()))
+            })
+            .map(|(_, file, _)| file)
+            .collect();
+        let base = Base {
+            data: &replaced,
+            deletes: dropped.clone(),
+            live_deletes: deletes.files.iter().map(|(_, f, _)| f.file_path().to_string()).collect(),
+        };
+        // Set once a commit attempt was sent whose outcome could not be
+        // settled: the new files may then be in the table (a reply lost, a
+        // REST commit that lands late), so they are never deleted here;
+        // orphan cleanup removes them once no snapshot names them.
+        let mut uncertain = false;
+        let spec_id = table.metadata().default_partition_spec_id();
+        match commit_replace(ident, &base, &written, spec_id, &mut uncertain) {
+            Ok(Replaced::Committed) => {
+                report.files_compacted += replaced.len() as u64;
+                report.files_written += written.len() as u64;
+                report.rows_rewritten += written.iter().map(DataFile::record_count).sum::<u64>();
+                if !dropped.is_empty() {
+                    report.notes.push(format!(
+                        "applied and removed {} delete file(s) ({} deleted row(s) left out)",
+                        dropped.len(),
+                        replaced.iter().map(|f| deletes.deleted_in(f)).sum::<u64>()
+                    ));
+                }
+                log::info(&format!(
+                    "table {ident}: compacted {} data file(s) into {}, removing {} delete file(s)",
+                    replaced.len(),
+                    written.len(),
+                    dropped.len()
+                ));
+                return Ok(());
+            }
+            Ok(Replaced::Stale) if !uncertain && round + 1 < ROUNDS => {
+                delete_all(&written);
+                log::info(&format!(
+                    "table {ident}: rows the compaction rewrote were deleted meanwhile; reading them anew"
+                ));
+            }
+            Ok(Replaced::Stale | Replaced::Gone) => {
+                keep_or_delete(ident, &written, uncertain);
+                report.notes.push(
+                    "another writer replaced some of the files, deleted rows of them or changed the partition spec \
+                     meanwhile: this compaction committed nothing"
+                        .to_string(),
+                );
+                return Ok(());
             }
             Err(e) => {
-                delete_all(&written);
+                keep_or_delete(ident, &written, uncertain);
                 return Err(e);
             }
         }
     }
-    // Set once a commit attempt was sent whose outcome could not be
-    // settled: the new files may then be in the table (a reply lost, a
-    // REST commit that lands late), so they are never deleted here; orphan
-    // cleanup removes them once no snapshot names them.
-    let mut uncertain = false;
-    let spec_id = table.metadata().default_partition_spec_id();
-    match commit_replace(ident, &replaced, &written, spec_id, &mut uncertain) {
-        Ok(Some(())) => {
-            report.files_compacted += replaced.len() as u64;
-            report.files_written += written.len() as u64;
-            report.rows_rewritten += replaced.iter().map(DataFile::record_count).sum::<u64>();
-            log::info(&format!("table {ident}: compacted {} data file(s) into {}", replaced.len(), written.len()));
-            Ok(())
-        }
-        Ok(None) => {
-            keep_or_delete(ident, &written, uncertain);
-            report.notes.push(
-                "another writer replaced some of the files, added delete files or changed the partition spec \
-                 meanwhile: this compaction committed nothing"
-                    .to_string(),
-            );
-            Ok(())
-        }
-        Err(e) => {
-            keep_or_delete(ident, &written, uncertain);
-            Err(e)
-        }
-    }
+    Ok(())
 }
 
 /// Deletes the files of a compaction that did not commit, unless an
@@ -438,24 +594,51 @@ fn keep_or_delete(ident: &TableIdent, written: &[DataFile], uncertain: bool) {
     }
 }
 
-/// Commits `replaced` → `written` as one `replace` snapshot, rebuilt on the
-/// newest head after each conflict. `Ok(None)`: nothing was committed,
-/// because a replaced file is no longer live, the table has gained delete
-/// files (a rewrite would bring deleted rows back) or its default partition
-/// spec is no longer `spec_id` (the one `written` is partitioned by).
-/// `uncertain` is set once an attempt was sent whose outcome is unknown:
-/// only a snapshot of ours seen in the table settles it (as committed).
+/// What a compaction read and replaces, as of the snapshot it read.
+struct Base<'a> {
+    /// The data files rewritten.
+    data: &'a [DataFile],
+    /// The delete files removed (they point at no data file left live).
+    deletes: Vec<&'a DataFile>,
+    /// Every live delete file of the snapshot read.
+    live_deletes: HashSet<String>,
+}
+
+/// How [`commit_replace`] ended.
+enum Replaced {
+    Committed,
+    /// Nothing committed: a file it replaces is no longer live, the table
+    /// gained equality deletes, or its default spec changed.
+    Gone,
+    /// Nothing committed: a delete file committed since the base points at
+    /// a rewritten data file (the new files would bring its rows back); a
+    /// rewrite from the new head may commit.
+    Stale,
+}
+
+/// Commits `base` → `written` as one `replace` snapshot, rebuilt on the
+/// newest head after each conflict, and only while no delete file added
+/// since the base points at a data file it rewrites (Java's
+/// `validateNoNewDeletesForDataFiles`): every attempt reads the new delete
+/// files of its head, and the head is asserted by the commit, so the check
+/// and the commit are one atomic step. `uncertain` is set once an attempt
+/// was sent whose outcome is unknown: only a snapshot of ours seen in the
+/// table settles it (as committed).
 fn commit_replace(
     ident: &TableIdent,
-    replaced: &[DataFile],
+    base: &Base<'_>,
     written: &[DataFile],
     spec_id: i32,
     uncertain: &mut bool,
-) -> Result<Option<()>, SinkError> {
-    let gone: HashSet<&str> = replaced.iter().map(DataFile::file_path).collect();
+) -> Result<Replaced, SinkError> {
+    let rewritten: HashSet<&str> = base.data.iter().map(DataFile::file_path).collect();
+    let mut gone = rewritten.clone();
+    gone.extend(base.deletes.iter().map(|f| f.file_path()));
     // Snapshots sent whose outcome is unknown: one of them may land late.
     let mut sent: Vec<i64> = Vec::new();
     let mut cache = HashMap::new();
+    // Delete files of later heads known to point at no rewritten file.
+    let mut checked: HashSet<String> = HashSet::new();
     let mut last = String::new();
     for attempt in 0..ATTEMPTS {
         if attempt > 0 {
@@ -463,20 +646,32 @@ fn commit_replace(
         }
         let table = load(ident)?;
         if sent.iter().any(|id| table.metadata().snapshot_by_id(*id).is_some()) {
-            return Ok(Some(()));
+            return Ok(Replaced::Committed);
         }
         if table.metadata().default_partition_spec_id() != spec_id {
-            return Ok(None);
+            return Ok(Replaced::Gone);
         }
-        let Some(head) = table.metadata().current_snapshot().cloned() else { return Ok(None) };
+        let Some(head) = table.metadata().current_snapshot().cloned() else { return Ok(Replaced::Gone) };
         let manifests = manifests_cached(&table, &head, &mut cache)?;
-        if has_deletes(&manifests) {
-            return Ok(None);
+        if equality_deletes(&manifests).is_some() {
+            return Ok(Replaced::Gone);
         }
         let live: HashSet<&str> =
             manifests.iter().flat_map(|m| m.entries.iter()).filter(|e| e.is_alive()).map(|e| e.file_path()).collect();
         if !gone.iter().all(|f| live.contains(f)) {
-            return Ok(None);
+            return Ok(Replaced::Gone);
+        }
+        for m in manifests.iter().filter(|m| m.file.content == ManifestContentType::Deletes) {
+            for entry in m.entries.iter().filter(|e| e.is_alive()) {
+                let path = entry.file_path();
+                if base.live_deletes.contains(path) || checked.contains(path) {
+                    continue;
+                }
+                if targets_of(&table, entry.data_file())?.iter().any(|t| rewritten.contains(t.as_str())) {
+                    return Ok(Replaced::Stale);
+                }
+                checked.insert(path.to_string());
+            }
         }
         let added: Vec<(i32, DataFile)> = written.iter().map(|f| (spec_id, f.clone())).collect();
         let summary = Summary {
@@ -489,7 +684,7 @@ fn commit_replace(
         // catalog in the same atomic step as the head.
         requirements.push(TableRequirement::DefaultSpecIdMatch { default_spec_id: spec_id });
         match host_io::commit_updates(ident, &requirements, &updates) {
-            Ok(()) => return Ok(Some(())),
+            Ok(()) => return Ok(Replaced::Committed),
             Err(CatalogError::Conflict(m)) => {
                 last = m;
             }
@@ -500,7 +695,7 @@ fn commit_replace(
                 // not (or the table cannot be read now), the next attempt
                 // looks again before it builds anew.
                 if load(ident).is_ok_and(|now| now.metadata().snapshot_by_id(snapshot).is_some()) {
-                    return Ok(Some(()));
+                    return Ok(Replaced::Committed);
                 }
                 last = m;
             }
