@@ -485,19 +485,16 @@ pub(crate) fn refuse_claimed(
 }
 
 /// Refuses a table `mode = "upsert"` cannot write: one of format version
-/// 1 (no delete files) or 3 (deletes are deletion vectors, not written yet).
+/// 1 (no delete files). Version 2 takes position-delete files, version 3
+/// deletion vectors.
 pub(crate) fn check_upsert_table(table: &Table) -> Result<(), SinkError> {
     let ident = table.identifier();
     match table.metadata().format_version() {
-        FormatVersion::V2 => Ok(()),
+        FormatVersion::V2 | FormatVersion::V3 => Ok(()),
         FormatVersion::V1 => Err(error::config(format!(
             "table {ident} is of Iceberg format version 1, which has no delete files, so [sink.options] mode = \
              \"upsert\" cannot replace or delete its rows; upgrade it to format version 2 (table property \
              format-version = 2)"
-        ))),
-        FormatVersion::V3 => Err(error::config(format!(
-            "table {ident} is of Iceberg format version 3, where row deletes are deletion vectors, which [sink.options] \
-             mode = \"upsert\" does not write yet; land the change stream in a format-version-2 table"
         ))),
     }
 }
@@ -827,8 +824,10 @@ impl IcebergCommitter {
     /// [`Self::to_commit`] loaded and checked it): the key index is advanced
     /// to that head, every row of it that a changed key held and every row
     /// the checkpoint wrote and superseded is deleted by position-delete
-    /// files written under `folder` (below the table's `data/`), and one
-    /// snapshot adds the data and delete files and moves the watermark,
+    /// files written under `folder` (below the table's `data/`; on a
+    /// format-version-3 table deletion vectors, one per data file, each
+    /// merged with the data file's live vector, which the snapshot
+    /// removes), and one snapshot adds the data and delete files and moves the watermark,
     /// under the requirement that the head has not moved. After a commit
     /// the index describes the new snapshot; after a failure it still
     /// describes the head it was advanced to, and the next attempt advances
@@ -923,12 +922,17 @@ impl IcebergCommitter {
             add(spec_id, file.partition(), path, *pos);
         }
         let location = table.metadata().location().trim_end_matches('/').to_string();
-        let delete_files = crate::position_deletes::write(
-            table,
-            &format!("{location}/data/{folder}"),
-            groups.into_values().collect(),
-            crate::writer::parquet_options(&self.cfg, 1),
-        )?;
+        let folder = format!("{location}/data/{folder}");
+        // Format version 3: one deletion vector per data file, merged with
+        // the live one, which the snapshot removes.
+        let (delete_files, old_vectors) = if table.metadata().format_version() == FormatVersion::V3 {
+            let (vectors, old) = crate::deletion_vectors::plan(table, &manifests, groups.into_values().collect())?;
+            (crate::deletion_vectors::write(table, &folder, vectors)?, old)
+        } else {
+            let options = crate::writer::parquet_options(&self.cfg, 1);
+            (crate::position_deletes::write(table, &folder, groups.into_values().collect(), options)?, Vec::new())
+        };
+        let gone: HashSet<&str> = old_vectors.iter().map(String::as_str).collect();
         let written: Vec<String> = delete_files.iter().map(|(_, f)| f.file_path().to_string()).collect();
         let mut added: Vec<(i32, DataFile)> = files.into_iter().map(|f| (spec_id, f)).collect();
         added.extend(delete_files);
@@ -948,7 +952,7 @@ impl IcebergCommitter {
             table,
             head.as_deref(),
             &manifests,
-            &HashSet::new(),
+            &gone,
             &added,
             Summary { operation, additional_properties: props },
             properties,
@@ -965,7 +969,7 @@ impl IcebergCommitter {
                     log::info(&format!("incarnation {} claimed table {ident}", self.ctx.incarnation));
                     self.claimed.borrow_mut().insert(name.clone());
                 }
-                if let Err(e) = index.committed(snapshot_id, &added, &merged) {
+                if let Err(e) = index.committed(snapshot_id, &added, &old_vectors, &merged) {
                     log::warn(&format!("table {ident}: the key index is read anew at the next commit: {e:?}"));
                     indexes.remove(&name);
                 }

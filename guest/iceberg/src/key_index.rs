@@ -12,6 +12,12 @@
 //!   columns with positions), a delete file come drops the positions it
 //!   names, and a delete file gone (its rows would come back) rebuilds the
 //!   index from the table. No history needs to reach back to `base`;
+//! - on a format-version-3 table a deletion vector gone is no reason to
+//!   rebuild when its data file is gone too, or when a deletion vector come
+//!   names its data file (at most one live vector per data file, and a
+//!   writer that replaces one merges the old positions into the new one);
+//!   the index's own commits forget the vectors they replace
+//!   ([`KeyIndex::committed`]);
 //! - equality delete files are refused (their rows cannot be placed);
 //! - memory is bounded by `key_index_max_mb`: the estimate
 //!   ([`BYTES_PER_KEY`] plus the key's bytes per key) past it is a `config`
@@ -102,7 +108,9 @@ pub(crate) struct KeyIndex {
     base: Option<Option<i64>>,
     files: Vec<Option<FileMeta>>,
     file_ids: HashMap<String, u32>,
-    deletes: HashSet<String>,
+    /// The live delete files read, each with the data file it is the
+    /// deletion vector of (`None`: a Parquet position-delete file).
+    deletes: HashMap<String, Option<String>>,
     keys: HashMap<Box<[u8]>, Locs>,
     bytes: usize,
 }
@@ -116,7 +124,7 @@ impl KeyIndex {
             base: None,
             files: Vec::new(),
             file_ids: HashMap::new(),
-            deletes: HashSet::new(),
+            deletes: HashMap::new(),
             keys: HashMap::new(),
             bytes: 0,
         }
@@ -264,7 +272,18 @@ impl KeyIndex {
             }
         }
         let live_deletes: HashSet<&str> = deletes.iter().map(|d| d.file_path()).collect();
-        let rebuild = self.base.is_none() || self.deletes.iter().any(|d| !live_deletes.contains(d.as_str()));
+        let live_data_files: HashSet<&str> = data.iter().map(|(_, f)| f.file_path()).collect();
+        // Data files a deletion vector not read yet applies to.
+        let new_vectors: HashSet<String> = deletes
+            .iter()
+            .filter(|d| !self.deletes.contains_key(d.file_path()) && crate::deletion_vectors::is_vector(d))
+            .filter_map(|d| d.referenced_data_file())
+            .collect();
+        let replaced = |vector_of: &Option<String>| {
+            vector_of.as_ref().is_some_and(|f| !live_data_files.contains(f.as_str()) || new_vectors.contains(f))
+        };
+        let rebuild = self.base.is_none()
+            || self.deletes.iter().any(|(d, vector_of)| !live_deletes.contains(d.as_str()) && !replaced(vector_of));
         if rebuild {
             if self.base.is_some() {
                 note(&format!(
@@ -293,7 +312,7 @@ impl KeyIndex {
             }
         }
         let mut dropped: HashSet<(u32, u64)> = HashSet::new();
-        for file in deletes.iter().filter(|d| !self.deletes.contains(d.file_path())) {
+        for file in deletes.iter().filter(|d| !self.deletes.contains_key(d.file_path())) {
             for (path, pos) in position_deletes::read(table.file_io(), file)? {
                 if let Some(id) = self.file_ids.get(&path) {
                     dropped.insert((*id, pos));
@@ -303,7 +322,13 @@ impl KeyIndex {
         if !dropped.is_empty() {
             self.drop_where(|at| dropped.contains(at));
         }
-        self.deletes = live_deletes.into_iter().map(str::to_string).collect();
+        self.deletes = deletes
+            .iter()
+            .map(|d| {
+                let vector_of = crate::deletion_vectors::is_vector(d).then(|| d.referenced_data_file()).flatten();
+                (d.file_path().to_string(), vector_of)
+            })
+            .collect();
         self.base = Some(head);
         if rebuild || read > 0 {
             note(&format!(
@@ -318,14 +343,19 @@ impl KeyIndex {
     }
 
     /// After the commit of `snapshot` on the index's base: its data files
-    /// `added` (with their spec), its delete files `deletes`, and the key
-    /// changes `merged` whose earlier rows those delete files delete.
+    /// `added` (with their spec), its delete files `deletes`, the deletion
+    /// vectors it removed (`replaced`, each merged into one it added), and
+    /// the key changes `merged` whose earlier rows those delete files delete.
     pub(crate) fn committed(
         &mut self,
         snapshot: i64,
         added: &[(i32, DataFile)],
+        replaced: &[String],
         merged: &Merged,
     ) -> Result<(), SinkError> {
+        for path in replaced {
+            self.deletes.remove(path);
+        }
         for (spec_id, file) in added {
             match file.content_type() {
                 DataContentType::Data => {
@@ -336,7 +366,9 @@ impl KeyIndex {
                     });
                 }
                 _ => {
-                    self.deletes.insert(file.file_path().to_string());
+                    let vector_of =
+                        crate::deletion_vectors::is_vector(file).then(|| file.referenced_data_file()).flatten();
+                    self.deletes.insert(file.file_path().to_string(), vector_of);
                 }
             }
         }
@@ -589,7 +621,7 @@ mod tests {
         let d = delete_file(&t1, "d", &dels);
         let t2 = commit(&t1, &[], vec![n.clone(), d.clone()]);
         let snapshot = t2.metadata().current_snapshot_id().unwrap();
-        idx.committed(snapshot, &[(0, n), (0, d)], &merged).unwrap();
+        idx.committed(snapshot, &[(0, n), (0, d)], &[], &merged).unwrap();
         let mut fresh = index();
         advance(&mut fresh, &t2);
         for id in 0..7 {
@@ -615,17 +647,113 @@ mod tests {
         assert_eq!(idx.base(), None);
     }
 
-    /// Upsert takes format-version-2 tables only: v1 has no delete files,
-    /// v3's deletes are deletion vectors (not written yet); both refused by name.
+    /// Upsert takes format-version-2 tables (position-delete files) and 3
+    /// (deletion vectors); v1 has no delete files and is refused by name.
     #[test]
-    fn upsert_refuses_tables_of_format_version_1_and_3() {
+    fn upsert_refuses_tables_of_format_version_1() {
         use iceberg::spec::FormatVersion;
         assert!(crate::committer::check_upsert_table(&table_of_version(FormatVersion::V2)).is_ok());
-        for (version, why) in [(FormatVersion::V1, "no delete files"), (FormatVersion::V3, "deletion vectors")] {
-            let Err(SinkError::Config(m)) = crate::committer::check_upsert_table(&table_of_version(version)) else {
-                panic!("{version} is refused")
-            };
-            assert!(m.contains("ns.t") && m.contains(why) && m.contains("mode = \"upsert\""), "{m}");
+        assert!(crate::committer::check_upsert_table(&table_of_version(FormatVersion::V3)).is_ok());
+        let Err(SinkError::Config(m)) = crate::committer::check_upsert_table(&table_of_version(FormatVersion::V1))
+        else {
+            panic!("v1 is refused")
+        };
+        assert!(m.contains("ns.t") && m.contains("no delete files") && m.contains("mode = \"upsert\""), "{m}");
+    }
+
+    /// Plans and writes the deletion vectors of `dels` (data file name,
+    /// position) on `table`'s head as the committer does, and commits them
+    /// with `added`; gives the new table, the vectors added and replaced.
+    fn commit_vectors(
+        table: &Table,
+        dels: &[(&str, u64)],
+        added: Vec<DataFile>,
+    ) -> (Table, Vec<DataFile>, Vec<String>) {
+        let head = table.metadata().current_snapshot().cloned();
+        let manifests = head.as_ref().map(|h| manifests_of(table, h).unwrap()).unwrap_or_default();
+        let mut positions: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+        for (f, p) in dels {
+            positions.entry(format!("memory://wh/t/data/{f}.parquet")).or_default().push(*p);
         }
+        let group = position_deletes::Group { spec_id: 0, partition: Struct::empty(), positions };
+        let (vectors, replaced) = crate::deletion_vectors::plan(table, &manifests, vec![group]).unwrap();
+        let written =
+            crate::deletion_vectors::write(table, "memory://wh/t/data/sluice-deletes/i/c1/", vectors).unwrap();
+        let gone: Vec<&str> = replaced.iter().map(String::as_str).collect();
+        let mut files = added;
+        files.extend(written.iter().map(|(_, f)| f.clone()));
+        let next = commit(table, &gone, files);
+        (next, written.into_iter().map(|(_, f)| f).collect(), replaced)
+    }
+
+    /// On a format-version-3 table deletes are deletion vectors, at most
+    /// one live per data file: a second delete of a data file merges the
+    /// first vector's positions and removes it; the index follows them
+    /// (another writer's, without a rebuild, and its own) and agrees with a
+    /// fresh read.
+    #[test]
+    fn on_v3_deletion_vectors_merge_and_the_index_follows_them() {
+        let t0 = table_of_version(iceberg::spec::FormatVersion::V3);
+        let t1 = commit(&t0, &[], vec![data_file(&t0, "a", &[1, 2, 3, 4]), data_file(&t0, "b", &[5, 6])]);
+        let mut idx = index();
+        advance(&mut idx, &t1);
+        assert_eq!(idx.len(), 6);
+        // Another writer's vector: key 2 (a:1) goes.
+        let (t2, first, replaced) = commit_vectors(&t1, &[("a", 1)], vec![]);
+        assert!(replaced.is_empty());
+        let [dv] = &first[..] else { panic!("one vector: {first:?}") };
+        assert_eq!(dv.file_format(), DataFileFormat::Puffin);
+        assert_eq!(dv.content_type(), DataContentType::PositionDeletes);
+        assert_eq!(dv.referenced_data_file().as_deref(), Some("memory://wh/t/data/a.parquet"));
+        assert_eq!((dv.record_count(), dv.content_offset()), (1, Some(4)));
+        advance(&mut idx, &t2);
+        assert!(rows(&idx, 2).is_empty());
+        // A second vector of a: merged with the first (a:1 and a:3), which goes; b gets its own.
+        let (t3, second, replaced) = commit_vectors(&t2, &[("a", 3), ("b", 0)], vec![]);
+        assert_eq!(replaced, vec![dv.file_path().to_string()]);
+        let of_a = second.iter().find(|f| f.referenced_data_file().as_deref() == Some("memory://wh/t/data/a.parquet"));
+        let (_, positions) = crate::deletion_vectors::read(t3.file_io(), of_a.unwrap()).unwrap();
+        assert_eq!(positions.iter().collect::<Vec<_>>(), [1, 3]);
+        let live: Vec<DataFile> = {
+            let head = t3.metadata().current_snapshot().cloned().unwrap();
+            manifests_of(&t3, &head)
+                .unwrap()
+                .iter()
+                .flat_map(|m| m.entries.iter().filter(|e| e.is_alive()).map(|e| e.data_file().clone()))
+                .filter(|f| f.content_type() == DataContentType::PositionDeletes)
+                .collect()
+        };
+        assert_eq!(live.len(), 2, "one live vector per data file: {live:?}");
+        // The replaced vector goes and a new one names its data file: no rebuild, the same as a fresh read.
+        advance(&mut idx, &t3);
+        let mut fresh = index();
+        advance(&mut fresh, &t3);
+        for id in 0..8 {
+            assert_eq!(rows(&fresh, id), rows(&idx, id), "key {id}");
+        }
+        assert_eq!(idx.len(), 3);
+        assert!(rows(&idx, 4).is_empty() && rows(&idx, 5).is_empty());
+        // The index's own commit: key 1 (a:0) replaced by n:0, merged into a's vector.
+        let mut log = crate::upsert::WriterLog::default();
+        log.rows("memory://wh/t/data/n.parquet", 0, [(key(1), (0, 1))]);
+        let merged = crate::upsert::merge(&[log.take().unwrap()]).unwrap();
+        let dels: Vec<(&str, u64)> = idx.rows_of(&key(1)).iter().map(|(_, p)| ("a", *p)).collect();
+        assert_eq!(dels, [("a", 0)]);
+        let n = data_file(&t3, "n", &[1]);
+        let (t4, third, replaced) = commit_vectors(&t3, &dels, vec![n.clone()]);
+        assert_eq!(replaced.len(), 1);
+        let snapshot = t4.metadata().current_snapshot_id().unwrap();
+        let mut added = vec![(0, n)];
+        added.extend(third.into_iter().map(|f| (0, f)));
+        idx.committed(snapshot, &added, &replaced, &merged).unwrap();
+        let mut fresh = index();
+        advance(&mut fresh, &t4);
+        for id in 0..8 {
+            assert_eq!(rows(&fresh, id), rows(&idx, id), "key {id}");
+        }
+        assert_eq!(rows(&idx, 1), [("n".into(), 0)]);
+        // Its own replaced vector is forgotten: advancing to the same snapshot reads nothing anew.
+        advance(&mut idx, &t4);
+        assert_eq!(idx.len(), 3);
     }
 }

@@ -28,6 +28,7 @@
 
 mod committer;
 mod config;
+mod deletion_vectors;
 mod filter;
 mod host_io;
 mod host_parquet;

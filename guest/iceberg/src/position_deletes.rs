@@ -8,7 +8,9 @@
 //!   data files it points at, which it carries), and names its one data
 //!   file in `referenced_data_file` when it points at one;
 //! - rows are read back by field id through iceberg's Arrow reader, in file
-//!   order, with no delete applied, so a row's position is its ordinal.
+//!   order, with no delete applied, so a row's position is its ordinal;
+//! - [`read`] reads a format-version-3 deletion vector as well, as the
+//!   rows it stands for.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -164,8 +166,14 @@ pub(crate) fn read_columns(
     failure.map_or(Ok(()), Err)
 }
 
-/// The `(file_path, pos)` rows of position-delete file `file`.
+/// The `(file_path, pos)` rows of position-delete file `file`: a Parquet
+/// position-delete file, or a deletion vector (Puffin, format version 3;
+/// [`crate::deletion_vectors`]).
 pub(crate) fn read(io: &FileIO, file: &DataFile) -> Result<Vec<(String, u64)>, SinkError> {
+    if crate::deletion_vectors::is_vector(file) {
+        let (data_file, positions) = crate::deletion_vectors::read(io, file)?;
+        return Ok(positions.into_iter().map(|p| (data_file.clone(), p)).collect());
+    }
     let mut out = Vec::new();
     read_columns(io, file, schema()?, vec![FILE_PATH_ID, POS_ID], None, |batch| {
         let bad = || error::fatal(format!("position-delete file {} does not hold file_path and pos", file.file_path()));
