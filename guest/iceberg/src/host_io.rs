@@ -319,14 +319,21 @@ pub fn created_properties() -> HashMap<String, String> {
     ])
 }
 
-/// Creates the table; `conflict` (another job created it first) is passed on.
+/// Creates the table in format version `format_version`; `conflict`
+/// (another job created it first) is passed on. A version other than 2
+/// (iceberg's default) travels as the REST spec's reserved table property
+/// `format-version`, as Java's catalogs send it.
 pub fn create_table(
     ident: &TableIdent,
     schema: &iceberg::spec::Schema,
     spec: Option<&iceberg::spec::UnboundPartitionSpec>,
+    format_version: u8,
 ) -> std::result::Result<Table, LoadError> {
-    let request =
-        CreateTableRequest { name: ident.name(), schema, partition_spec: spec, properties: created_properties() };
+    let mut properties = created_properties();
+    if format_version != 2 {
+        properties.insert("format-version".to_string(), format_version.to_string());
+    }
+    let request = CreateTableRequest { name: ident.name(), schema, partition_spec: spec, properties };
     let json = serde_json::to_string(&request)
         .map_err(|e| LoadError::Invalid(format!("encoding the create-table request: {e}")))?;
     match cat::create_table(&wit_ident(ident), &json) {

@@ -186,7 +186,7 @@ pub(crate) fn ensure_table(
             Err(LoadError::NotFound(_)) => {
                 let schema = schema::creation_schema(source)?;
                 let spec = cfg.partition_by.as_deref().map(|f| schema::creation_spec(f, &schema)).transpose()?;
-                match host_io::create_table(ident, &schema, spec.as_ref()) {
+                match host_io::create_table(ident, &schema, spec.as_ref(), cfg.format_version) {
                     Ok(table) => {
                         sluice_guest_sdk::log::info(&format!("created table {ident}"));
                         Ok(table)
