@@ -69,12 +69,12 @@ fn stream() -> Vec<Vec<Change>> {
                 .map(|line| {
                     let r = next();
                     let id = (r % KEYS as u64) as i64;
-                    let delete = (r >> 20) % 5 == 0;
+                    let delete = (r >> 20).is_multiple_of(5);
                     Change {
                         id,
                         delete,
                         name: (!delete).then(|| format!("n{c}-{line}")),
-                        v: (!delete && (r >> 30) % 7 != 0).then_some((r >> 40) as i64 % 1000),
+                        v: (!delete && !(r >> 30).is_multiple_of(7)).then_some((r >> 40) as i64 % 1000),
                         seq: (c - 1, line),
                     }
                 })
@@ -199,12 +199,12 @@ struct Record {
 
 /// Where a run stops within a checkpoint (the engine's crash points).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    AfterWrite,
-    AfterPrepareCommit,
+enum StopAfter {
+    Write,
+    PrepareCommit,
     /// The record is persisted (states, combined commit), not committed.
-    AfterPersist,
-    AfterCommit,
+    Persist,
+    Commit,
 }
 
 /// Writes checkpoints `from..=to` of `changes`, committing each, and
@@ -216,7 +216,7 @@ fn run(
     run: &mut Run,
     changes: &[Vec<Change>],
     from: u64,
-    stop: Option<(Stop, u64)>,
+    stop: Option<(StopAfter, u64)>,
 ) -> (Record, Option<(u64, Vec<u8>)>) {
     let mut record = Record::default();
     for c in from..=CHECKPOINTS {
@@ -224,11 +224,11 @@ fn run(
         let (a, b) = part.split_at(part.len() / 3);
         run.writer.write("", &batch(a)).expect("write");
         run.writer.write("", &batch(b)).expect("write");
-        if stop == Some((Stop::AfterWrite, c)) {
+        if stop == Some((StopAfter::Write, c)) {
             return (record, None);
         }
         let info = run.writer.prepare_commit(c).expect("prepare-commit");
-        if stop == Some((Stop::AfterPrepareCommit, c)) {
+        if stop == Some((StopAfter::PrepareCommit, c)) {
             return (record, None);
         }
         let writer_state = run.writer.snapshot_state(c).expect("writer state");
@@ -236,11 +236,11 @@ fn run(
         let combined = run.committer.combine(c, &infos).expect("combine");
         let committer_state = run.committer.snapshot_state(c).expect("committer state");
         record = Record { writer: Some(writer_state), committer: committer_state };
-        if stop == Some((Stop::AfterPersist, c)) {
+        if stop == Some((StopAfter::Persist, c)) {
             return (record, Some((c, combined)));
         }
         run.committer.commit(c, &combined).expect("commit");
-        if stop == Some((Stop::AfterCommit, c)) {
+        if stop == Some((StopAfter::Commit, c)) {
             return (record, None);
         }
     }
@@ -289,7 +289,7 @@ fn changes_across_checkpoints_end_in_the_models_state() {
 fn a_crash_at_every_step_then_a_replay_ends_in_the_models_state() {
     let changes = stream();
     for equal in EqualSequence::ALL {
-        for stop in [Stop::AfterWrite, Stop::AfterPrepareCommit, Stop::AfterPersist, Stop::AfterCommit] {
+        for stop in [StopAfter::Write, StopAfter::PrepareCommit, StopAfter::Persist, StopAfter::Commit] {
             for at in [1, 3] {
                 let d = double();
                 d.answer_equal_sequence(equal);
@@ -298,7 +298,7 @@ fn a_crash_at_every_step_then_a_replay_ends_in_the_models_state() {
                 let (record, pending) = run(&mut first, &changes, 1, Some((stop, at)));
                 drop(first);
                 let persisted = match (stop, &pending) {
-                    (Stop::AfterPersist | Stop::AfterCommit, _) => at,
+                    (StopAfter::Persist | StopAfter::Commit, _) => at,
                     _ => at - 1,
                 };
                 let mut second = open(
@@ -316,7 +316,7 @@ fn a_crash_at_every_step_then_a_replay_ends_in_the_models_state() {
                 assert_model(&d, &changes);
                 let stats = d.stats();
                 assert!(stats.changes_received >= CHECKPOINTS * PER_CHECKPOINT, "{equal:?} {stop:?} {at}: {stats:?}");
-                if stop == Stop::AfterWrite && equal == EqualSequence::Ignore {
+                if stop == StopAfter::Write && equal == EqualSequence::Ignore {
                     // The changes the crashed run sent were sent again, and ignored.
                     assert!(stats.changes_applied < stats.changes_received, "{stop:?} {at}: {stats:?}");
                 }
@@ -515,7 +515,7 @@ fn file_stream(files: usize, lines: usize, keys: i64) -> Vec<Vec<Line>> {
                     state ^= state << 17;
                     let id = (state % keys as u64) as i64;
                     let v = (state >> 24) as i64 % 10_000;
-                    if (state >> 16) % 4 == 0 {
+                    if (state >> 16).is_multiple_of(4) {
                         (DELETES[(state >> 40) as usize % DELETES.len()], id, v)
                     } else {
                         (UPSERTS[(state >> 40) as usize % UPSERTS.len()], id, v)
