@@ -511,11 +511,32 @@ impl CatalogGrant {
             ))));
         }
         let namespace = ident.namespace().clone();
+        let mut properties = request.properties;
+        // The REST spec's reserved property `format-version` picks the new
+        // table's format version: a REST server reads it from the
+        // properties; iceberg's SQL catalog refuses reserved properties and
+        // takes the version from `TableCreation::format_version`.
+        let mut format_version = iceberg::spec::FormatVersion::V2;
+        if self.uri.starts_with("sqlite:")
+            && let Some(v) = properties.remove(iceberg::spec::TableProperties::PROPERTY_FORMAT_VERSION)
+        {
+            format_version = match v.trim() {
+                "1" => iceberg::spec::FormatVersion::V1,
+                "2" => iceberg::spec::FormatVersion::V2,
+                "3" => iceberg::spec::FormatVersion::V3,
+                other => {
+                    return Ok(Err(CatalogError::Other(format!(
+                        "create-table request for {ident} asks for format-version {other:?}; 1, 2 or 3 are known"
+                    ))));
+                }
+            };
+        }
         let creation = TableCreation::builder()
             .name(request.name)
             .schema(request.schema)
             .partition_spec_opt(request.partition_spec)
-            .properties(request.properties)
+            .properties(properties)
+            .format_version(format_version)
             .build();
         super::block_on(CREATE, async {
             if !self.catalog.namespace_exists(&namespace).await.map_err(other)? {
