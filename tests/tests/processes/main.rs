@@ -5,3 +5,4 @@ mod crash_matrix;
 mod kill;
 mod overwrite_kill;
 mod soak;
+mod upsert_kill;
