@@ -8,6 +8,7 @@
 //! the compiled-component cache, as the CLI shares them in one run.
 
 mod checkpoint_files;
+mod changes;
 mod cli;
 mod columnar;
 mod committer_state;

@@ -28,6 +28,18 @@
 //! checkpoints it committed and their rows, journalled on `restore` and
 //! `snapshot`, so the runner can check that the state outlives crashes and
 //! never holds a checkpoint that was not committed.
+//!
+//! Change streams: it declares `sluice.key`. Given a key, its writers take
+//! each batch apart (`changes::split`) and carry the checkpoint's changes in
+//! their commit info; the committer applies a checkpoint's changes once, in
+//! the order the writers wrote them, to its state: per table and key the
+//! row the last change left (a delete removes it), and the log of every
+//! change applied (`[table, key, op, hi, lo]`). Values are their Arrow
+//! display text (null as null), a key the JSON array of its values. So the
+//! state in the newest record is what the job landed, to compare with a
+//! model. With a key, every `open`, `apply-changes` and `evolve` journals
+//! the tables' columns too (`tables name:[a,b]`). Without a key, commit
+//! infos stay a row count and the journal is as it was.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -44,6 +56,85 @@ use sluice_guest_sdk::{
     CommitOutcome, Committer, Guest, GuestCommitter, GuestCommitterState, GuestWriter, OptionSpec, PluginInfo,
     SinkContext, SinkError, Table, TableChange, Writer, error, ipc, option_spec,
 };
+
+/// `name:[a,b]` of each table, for the journal.
+fn tables_text(tables: &[Table]) -> String {
+    let parts: Vec<String> = tables
+        .iter()
+        .map(|t| match ipc::decode_schema(&t.schema) {
+            Ok(schema) => {
+                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                format!("{}:[{}]", t.name, names.join(","))
+            }
+            Err(_) => format!("{}:?", t.name),
+        })
+        .collect();
+    parts.join(" ")
+}
+
+/// One change a writer took from a batch.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Change {
+    table: String,
+    key: String,
+    op: u8,
+    hi: u64,
+    lo: u64,
+    /// Column name to value (display text; `None` for null).
+    row: Row,
+}
+
+/// A commit info (and a combined one) of a change stream.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct ChangeInfo {
+    rows: u64,
+    changes: Vec<Change>,
+    /// Rows of batches that are no changes (dead letters): table, row.
+    #[serde(default)]
+    plain: Vec<(String, Row)>,
+}
+
+/// Column name to value (display text; `None` for null).
+type Row = std::collections::BTreeMap<String, Option<String>>;
+
+/// The rows of `batch` as text.
+fn rows_of(batch: &arrow_array::RecordBatch) -> Result<Vec<Row>, SinkError> {
+    use arrow_array::Array;
+    let schema = batch.schema();
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        let mut row = Row::new();
+        for (field, col) in schema.fields().iter().zip(batch.columns()) {
+            let value = if col.is_null(i) {
+                None
+            } else {
+                Some(
+                    arrow_cast::display::array_value_to_string(col.as_ref(), i)
+                        .map_err(|e| error::fatal(format!("chaos: rendering a value: {e}")))?,
+                )
+            };
+            row.insert(field.name().clone(), value);
+        }
+        out.push(row);
+    }
+    Ok(out)
+}
+
+/// The changes in `batch` of `table`, keyed by `key`.
+fn changes_of(table: &str, key: &[String], batch: &arrow_array::RecordBatch) -> Result<Vec<Change>, SinkError> {
+    let split = sluice_guest_sdk::changes::split(batch)?;
+    let mut out = Vec::with_capacity(split.rows.num_rows());
+    for (i, row) in rows_of(&split.rows)?.into_iter().enumerate() {
+        let key_values: Vec<Option<String>> = key
+            .iter()
+            .map(|k| row.get(k).cloned().ok_or_else(|| error::invalid_data(format!("chaos: no key column `{k}`"))))
+            .collect::<Result<_, _>>()?;
+        let key = serde_json::to_string(&key_values).map_err(|e| error::fatal(e.to_string()))?;
+        let (hi, lo) = split.seqs[i];
+        out.push(Change { table: table.to_string(), key, op: split.ops[i], hi, lo, row });
+    }
+    Ok(out)
+}
 
 /// `name:kind` of each change, for the journal.
 fn changes_text(changes: &[TableChange]) -> String {
@@ -65,6 +156,8 @@ fn specs() -> Vec<OptionSpec> {
         option_spec("at", "open, write, prepare-commit or commit", false, Some("write")),
         option_spec("target", "a location outside the grants (for escape)", false, None),
         option_spec("state_dir", "the job's state directory, to check persist-before-commit", false, None),
+        option_spec("key", "the change key as a sink option takes it (only read by the host's fallback)", false, None),
+        sluice_guest_sdk::changes::key_option_spec(),
     ]
 }
 
@@ -74,6 +167,8 @@ struct Cfg {
     at: String,
     target: Option<String>,
     state_dir: Option<String>,
+    /// A change stream's key columns (`sluice.key`).
+    key: Option<Vec<String>>,
 }
 
 impl Cfg {
@@ -85,6 +180,7 @@ impl Cfg {
             at: o.required("at")?.to_string(),
             target: o.get("target").map(str::to_string),
             state_dir: o.get("state_dir").map(str::to_string),
+            key: o.get(sluice_guest_sdk::changes::KEY_OPTION).map(sluice_guest_sdk::changes::parse_key).transpose()?,
         })
     }
 
@@ -347,6 +443,10 @@ struct ChaosWriter {
     cfg: Cfg,
     journal: RefCell<Journal>,
     rows: RefCell<u64>,
+    /// A change stream: the changes written since the last prepare-commit.
+    changes: RefCell<Vec<Change>>,
+    /// A change stream: rows of other batches (dead letters) since then.
+    plain: RefCell<Vec<(String, Row)>>,
 }
 
 struct ChaosCommitter {
@@ -367,6 +467,15 @@ struct CommitterInner {
 struct Committed {
     checkpoints: Vec<u64>,
     rows: u64,
+    /// A change stream: per table and key, the row its last change left.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    landed: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Change>>,
+    /// A change stream: every change applied, in order: `[table, key, op, hi, lo]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    log: Vec<(String, String, u8, u64, u64)>,
+    /// A change stream: rows of batches that were no changes (dead letters), by table.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    appended: std::collections::BTreeMap<String, Vec<Row>>,
 }
 
 thread_local! {
@@ -443,20 +552,39 @@ impl GuestWriter for ChaosWriter {
     fn open(
         ctx: SinkContext,
         options: Vec<(String, String)>,
-        _tables: Vec<Table>,
+        tables: Vec<Table>,
         restored: Option<Vec<u8>>,
     ) -> Result<Writer, SinkError> {
         let cfg = Cfg::parse(options)?;
         let mut journal = Journal::new(&cfg, &format!("a{}-writer{}", ctx.attempt, ctx.subtask));
         let restored = restored.map(|r| String::from_utf8_lossy(&r).into_owned()).unwrap_or_else(|| "none".into());
         journal.note(format!("open restored={restored}"))?;
+        if cfg.key.is_some() {
+            journal.note(format!("tables {}", tables_text(&tables)))?;
+        }
         cfg.maybe_misbehave("open")?;
-        Ok(Writer::new(ChaosWriter { cfg, journal: RefCell::new(journal), rows: RefCell::new(0) }))
+        Ok(Writer::new(ChaosWriter {
+            cfg,
+            journal: RefCell::new(journal),
+            rows: RefCell::new(0),
+            changes: RefCell::default(),
+            plain: RefCell::default(),
+        }))
     }
 
     fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let (_, batches) = ipc::decode(rows)?;
         let n: usize = batches.iter().map(|b| b.num_rows()).sum();
+        if let Some(key) = &self.cfg.key {
+            for batch in &batches {
+                let schema = batch.schema();
+                if schema.fields().last().is_some_and(|f| f.name() == sluice_guest_sdk::changes::SEQ_LO) {
+                    self.changes.borrow_mut().extend(changes_of(&table, key, batch)?);
+                } else {
+                    self.plain.borrow_mut().extend(rows_of(batch)?.into_iter().map(|r| (table.clone(), r)));
+                }
+            }
+        }
         *self.rows.borrow_mut() += n as u64;
         let line = if table.is_empty() { format!("write rows={n}") } else { format!("write table={table} rows={n}") };
         self.journal.borrow_mut().note(line)?;
@@ -467,6 +595,13 @@ impl GuestWriter for ChaosWriter {
         let rows = std::mem::take(&mut *self.rows.borrow_mut());
         self.journal.borrow_mut().note(format!("prepare-commit {c} rows={rows}"))?;
         self.cfg.maybe_misbehave("prepare-commit")?;
+        if self.cfg.key.is_some() {
+            let changes = std::mem::take(&mut *self.changes.borrow_mut());
+            let plain = std::mem::take(&mut *self.plain.borrow_mut());
+            let info =
+                serde_json::to_vec(&ChangeInfo { rows, changes, plain }).map_err(|e| error::fatal(e.to_string()))?;
+            return Ok((rows > 0).then_some(info));
+        }
         Ok((rows > 0).then(|| format!("{rows}").into_bytes()))
     }
 
@@ -476,7 +611,12 @@ impl GuestWriter for ChaosWriter {
     }
 
     fn apply_changes(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
-        self.journal.borrow_mut().note(format!("apply-changes {}", changes_text(&changes)))
+        self.journal.borrow_mut().note(format!("apply-changes {}", changes_text(&changes)))?;
+        if self.cfg.key.is_none() {
+            return Ok(());
+        }
+        let tables: Vec<Table> = changes.into_iter().map(|c| c.table).collect();
+        self.journal.borrow_mut().note(format!("tables {}", tables_text(&tables)))
     }
 
     fn abort_prepare(&self, c: u64) -> Result<(), SinkError> {
@@ -489,16 +629,31 @@ impl GuestWriter for ChaosWriter {
 }
 
 impl GuestCommitter for ChaosCommitter {
-    fn open(ctx: SinkContext, options: Vec<(String, String)>, _tables: Vec<Table>) -> Result<Committer, SinkError> {
+    fn open(ctx: SinkContext, options: Vec<(String, String)>, tables: Vec<Table>) -> Result<Committer, SinkError> {
         let cfg = Cfg::parse(options)?;
         let mut journal = Journal::new(&cfg, &format!("a{}-committer", ctx.attempt));
         journal.note("open".into())?;
+        if cfg.key.is_some() {
+            journal.note(format!("tables {}", tables_text(&tables)))?;
+        }
         let inner = Rc::new(CommitterInner { cfg, journal: RefCell::new(journal), state: RefCell::default() });
         OPEN.with(|open| *open.borrow_mut() = Some(inner.clone()));
         Ok(Committer::new(ChaosCommitter { inner }))
     }
 
     fn combine(&self, c: u64, infos: Vec<Vec<u8>>) -> Result<Vec<u8>, SinkError> {
+        if self.inner.cfg.key.is_some() {
+            let mut all = ChangeInfo::default();
+            for info in &infos {
+                let one: ChangeInfo = serde_json::from_slice(info)
+                    .map_err(|e| error::fatal(format!("chaos: a change info is not valid: {e}")))?;
+                all.rows += one.rows;
+                all.changes.extend(one.changes);
+                all.plain.extend(one.plain);
+            }
+            self.inner.journal.borrow_mut().note(format!("combine {c} infos={} rows={}", infos.len(), all.rows))?;
+            return serde_json::to_vec(&all).map_err(|e| error::fatal(e.to_string()));
+        }
         let rows: u64 = infos.iter().filter_map(|i| String::from_utf8_lossy(i).parse::<u64>().ok()).sum();
         self.inner.journal.borrow_mut().note(format!("combine {c} infos={} rows={rows}", infos.len()))?;
         Ok(format!("{rows}").into_bytes())
@@ -513,7 +668,17 @@ impl GuestCommitter for ChaosCommitter {
             }
         }
         inner.cfg.maybe_misbehave("commit")?;
-        let rows = String::from_utf8_lossy(&combined).parse::<u64>().unwrap_or(0);
+        let changes = match inner.cfg.key {
+            Some(_) => Some(
+                serde_json::from_slice::<ChangeInfo>(&combined)
+                    .map_err(|e| error::fatal(format!("chaos: the combined changes are not valid: {e}")))?,
+            ),
+            None => None,
+        };
+        let rows = match &changes {
+            Some(info) => info.rows,
+            None => String::from_utf8_lossy(&combined).parse::<u64>().unwrap_or(0),
+        };
         let mut state = inner.state.borrow_mut();
         // A checkpoint committed before a crash comes again on resume, after
         // a record whose state was taken before its commit: folded once.
@@ -521,9 +686,25 @@ impl GuestCommitter for ChaosCommitter {
         if !state.checkpoints.contains(&c) {
             state.checkpoints.push(c);
             state.rows += rows;
+            let (changes, plain) = match changes {
+                Some(info) => (info.changes, info.plain),
+                None => (Vec::new(), Vec::new()),
+            };
+            for (table, row) in plain {
+                state.appended.entry(table).or_default().push(row);
+            }
+            for change in changes {
+                state.log.push((change.table.clone(), change.key.clone(), change.op, change.hi, change.lo));
+                let table = state.landed.entry(change.table.clone()).or_default();
+                if change.op == sluice_guest_sdk::changes::DELETE {
+                    table.remove(&change.key);
+                } else {
+                    table.insert(change.key.clone(), change);
+                }
+            }
         }
         drop(state);
-        inner.journal.borrow_mut().note(format!("commit {c} rows={}", String::from_utf8_lossy(&combined)))?;
+        inner.journal.borrow_mut().note(format!("commit {c} rows={rows}"))?;
         Ok(if already { CommitOutcome::AlreadyCommitted } else { CommitOutcome::Committed })
     }
 
@@ -532,7 +713,12 @@ impl GuestCommitter for ChaosCommitter {
     }
 
     fn evolve(&self, changes: Vec<TableChange>) -> Result<(), SinkError> {
-        self.inner.journal.borrow_mut().note(format!("evolve {}", changes_text(&changes)))
+        self.inner.journal.borrow_mut().note(format!("evolve {}", changes_text(&changes)))?;
+        if self.inner.cfg.key.is_none() {
+            return Ok(());
+        }
+        let tables: Vec<Table> = changes.into_iter().map(|c| c.table).collect();
+        self.inner.journal.borrow_mut().note(format!("tables {}", tables_text(&tables)))
     }
 }
 
