@@ -2320,6 +2320,90 @@ mod tests {
     }
 
     /// Reads every batch of subtask 0, to the end or the first error.
+    /// A change stream of one folder at parallelism 3: every subtask reads
+    /// every file and keeps its keys' rows, so each change reaches exactly
+    /// one subtask, every key one subtask, in source order, with `(hi, lo)` =
+    /// (the file's ordinal, its CSV line); a resume from any position reads
+    /// exactly the rest; the identity still refuses a new file that sorts
+    /// before one already read.
+    #[test]
+    fn a_change_stream_splits_by_key_and_resumes_exactly() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{UInt8Type, UInt64Type};
+        use sluice_core::changes::{OP, SEQ_HI, SEQ_LO};
+        let dir = tempfile::tempdir().unwrap();
+        for (f, name) in ["b.csv", "c.csv", "d.csv"].iter().enumerate() {
+            let mut text = String::from("id,op,v\n");
+            for i in 0..50 {
+                let op = if (i + f) % 4 == 0 { "d" } else { "U" };
+                text.push_str(&format!("{},{op},{f}-{i}\n", (i * 7 + f) % 13));
+            }
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let spec = ChangeSpec { key: vec!["id".into()], column: Some("op".into()) };
+        let src = open_local(dir.path(), 8, 3).unwrap().with_changes(Some(spec)).unwrap();
+        let names: Vec<String> = src.tables().unwrap()[0].1.fields().iter().map(|f| f.name().clone()).collect();
+        assert_eq!(names, vec!["id", "v"], "the change column is no table column");
+        // (id, op, hi, lo) of every change a reader hands out, and its positions.
+        type Read = (Vec<(i64, u8, u64, u64)>, Vec<Value>);
+        let read = |subtask: u32, position: Option<&Value>, max: usize| -> Read {
+            let mut r = src.reader(subtask, position).unwrap();
+            let (mut out, mut positions) = (Vec::new(), Vec::new());
+            while let Some(b) = r.next_batch(max).unwrap() {
+                let schema = b.batch.schema();
+                let n = schema.fields().len();
+                assert_eq!(schema.field(n - 3).name(), OP);
+                assert!(schema.field_with_name("op").is_err(), "the change column is consumed");
+                let ids = b.batch.column_by_name("id").unwrap().as_primitive::<arrow_array::types::Int64Type>();
+                let ops = b.batch.column_by_name(OP).unwrap().as_primitive::<UInt8Type>();
+                let hi = b.batch.column_by_name(SEQ_HI).unwrap().as_primitive::<UInt64Type>();
+                let lo = b.batch.column_by_name(SEQ_LO).unwrap().as_primitive::<UInt64Type>();
+                for i in 0..b.batch.num_rows() {
+                    out.push((ids.value(i), ops.value(i), hi.value(i), lo.value(i)));
+                }
+                positions.push(r.position());
+            }
+            (out, positions)
+        };
+        let mut all = Vec::new();
+        let mut owner_of = std::collections::HashMap::new();
+        for s in 0..3 {
+            let (changes, positions) = read(s, None, 8);
+            for (id, ..) in &changes {
+                assert_eq!(*owner_of.entry(*id).or_insert(s), s, "key {id} on one subtask");
+            }
+            assert!(changes.windows(2).all(|w| (w[0].2, w[0].3) < (w[1].2, w[1].3)), "source order");
+            for at in &positions {
+                let (rest, _) = read(s, Some(at), 5);
+                assert_eq!(&changes[changes.len() - rest.len()..], rest.as_slice(), "after {at}");
+            }
+            all.extend(changes);
+        }
+        all.sort_by_key(|c| (c.2, c.3));
+        let expected: Vec<(i64, u8, u64, u64)> = (0..3u64)
+            .flat_map(|f| {
+                (0..50u64).map(move |i| {
+                    let op = u8::from((i + f) % 4 == 0);
+                    (((i * 7 + f) % 13) as i64, op, f, i + 2)
+                })
+            })
+            .collect();
+        assert_eq!(all, expected, "every change once, seq = (file ordinal, line)");
+        assert!(owner_of.values().collect::<std::collections::HashSet<_>>().len() > 1, "keys spread");
+        // A new file that sorts before a file already read is refused.
+        let (_, positions) = read(0, None, 8);
+        let none = json!({ "after": null });
+        let identity = src.identity(&[&positions[positions.len() / 2], &none, &none]).unwrap();
+        std::fs::write(dir.path().join("a.csv"), "id,op,v\n1,u,x\n").unwrap();
+        let grown = open_local(dir.path(), 8, 3)
+            .unwrap()
+            .with_changes(Some(ChangeSpec { key: vec!["id".into()], column: Some("op".into()) }))
+            .unwrap();
+        let crate::SourceIdentity::File { subtasks } = identity else { panic!("a file identity") };
+        let err = grown.check_identity(&subtasks).unwrap_err().0;
+        assert!(err.contains("a.csv is new and sorts before"), "{err}");
+    }
+
     fn read_to_error(src: &FileSource) -> (Vec<RecordBatch>, Option<String>) {
         let mut r = src.reader(0, None).unwrap();
         let mut batches = Vec::new();
