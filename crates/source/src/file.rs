@@ -809,12 +809,28 @@ impl FileSource {
             };
             subtasks.push(consumed);
         }
-        Some(super::SourceIdentity::File { subtasks })
+        Some(super::SourceIdentity::File { subtasks, key: self.change_key().map(<[String]>::to_vec) })
     }
 
     /// Refuses to resume when a file a subtask consumed is gone or changed,
     /// or a file new to the folder sorts before what its subtask read.
-    pub fn check_identity(&self, recorded: &[Vec<FileIdentity>]) -> Result<(), SourceChange> {
+    /// A checkpoint of a change stream (`key`) resumes only as the same
+    /// change stream, and one of an append stream only as an append stream:
+    /// their splits and rows differ, so a position of one means other rows
+    /// in the other.
+    pub fn check_identity(&self, recorded: &[Vec<FileIdentity>], key: Option<&[String]>) -> Result<(), SourceChange> {
+        if key != self.change_key() {
+            let shown = |k: Option<&[String]>| match k {
+                Some(k) => format!("a change stream keyed by {k:?}"),
+                None => "an append stream (no source.key)".to_string(),
+            };
+            return Err(SourceChange(format!(
+                "the checkpoint was taken of {}, and the job now reads {}; start the job over in a fresh state \
+                 directory, or set source.key back",
+                shown(key),
+                shown(self.change_key())
+            )));
+        }
         let now: HashMap<&str, &DataFile> =
             self.tables.iter().flat_map(|t| t.files.iter()).map(|f| (f.name.as_str(), f)).collect();
         let shown = |name: &str| self.root.join(name).display().to_string();
@@ -2171,13 +2187,13 @@ mod tests {
         let pos = r.position();
         assert_eq!(pos, json!({"at": "c.csv", "row": 10}));
         let identity = src.identity(&[&pos]).unwrap();
-        let super::super::SourceIdentity::File { subtasks } = &identity else { panic!("{identity:?}") };
+        let super::super::SourceIdentity::File { subtasks, .. } = &identity else { panic!("{identity:?}") };
         assert_eq!(subtasks[0].iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["b.csv", "c.csv"]);
 
         // A file that sorts before the position.
         csv(dir.path(), "a.csv", 100..103);
         let now = open_local(dir.path(), 4, 1).unwrap();
-        let err = now.check_identity(subtasks).unwrap_err().to_string();
+        let err = now.check_identity(subtasks, None).unwrap_err().to_string();
         assert!(err.contains("a.csv is new and sorts before") && err.contains("c.csv"), "{err}");
         std::fs::remove_file(dir.path().join("a.csv")).unwrap();
 
@@ -2186,26 +2202,26 @@ mod tests {
         let original = std::fs::read(&c).unwrap();
         let mtime = std::fs::metadata(&c).unwrap().modified().unwrap();
         std::fs::write(&c, [original.clone(), b"60,120\n".to_vec()].concat()).unwrap();
-        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None).unwrap_err();
         assert!(err.to_string().contains("c.csv grew from"), "{err}");
         std::fs::write(&c, &original[..original.len() - 6]).unwrap();
-        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None).unwrap_err();
         assert!(err.to_string().contains("c.csv shrank from"), "{err}");
         std::fs::write(&c, &original).unwrap();
         let touched = mtime + std::time::Duration::from_secs(5);
         File::options().write(true).open(&c).unwrap().set_modified(touched).unwrap();
-        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None).unwrap_err();
         assert!(err.to_string().contains("c.csv was modified"), "{err}");
         File::options().write(true).open(&c).unwrap().set_modified(mtime).unwrap();
         std::fs::rename(dir.path().join("b.csv"), dir.path().join("b.csv.bak")).unwrap();
-        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None).unwrap_err();
         assert!(err.to_string().contains("b.csv is gone"), "{err}");
         std::fs::rename(dir.path().join("b.csv.bak"), dir.path().join("b.csv")).unwrap();
 
         // Restored as it was, plus a file that sorts after: accepted, and read once.
         csv(dir.path(), "d.csv", 60..70);
         let now = open_local(dir.path(), 4, 1).unwrap();
-        now.check_identity(subtasks).unwrap();
+        now.check_identity(subtasks, None).unwrap();
         let (rest, ends) = read_all(&now, &[Some(pos)]);
         assert_eq!([first, rest].concat(), (0..70).collect::<Vec<_>>());
         assert_eq!(ends, [json!({"after": "d.csv"})]);
@@ -2399,9 +2415,16 @@ mod tests {
             .unwrap()
             .with_changes(Some(ChangeSpec { key: vec!["id".into()], column: Some("op".into()) }))
             .unwrap();
-        let crate::SourceIdentity::File { subtasks } = identity else { panic!("a file identity") };
-        let err = grown.check_identity(&subtasks).unwrap_err().0;
+        let crate::SourceIdentity::File { subtasks, key } = identity else { panic!("a file identity") };
+        assert_eq!(key.as_deref(), Some(&["id".to_string()][..]));
+        let err = grown.check_identity(&subtasks, key.as_deref()).unwrap_err().0;
         assert!(err.contains("a.csv is new and sorts before"), "{err}");
+        // Nor does it resume as an append stream, or an append stream's checkpoint as a change stream.
+        let plain = open_local(dir.path(), 8, 3).unwrap();
+        let err = plain.check_identity(&subtasks, key.as_deref()).unwrap_err().0;
+        assert!(err.contains("change stream keyed by [\"id\"]") && err.contains("an append stream"), "{err}");
+        let err = grown.check_identity(&[], None).unwrap_err().0;
+        assert!(err.contains("the checkpoint was taken of an append stream"), "{err}");
     }
 
     fn read_to_error(src: &FileSource) -> (Vec<RecordBatch>, Option<String>) {

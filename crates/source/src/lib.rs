@@ -129,8 +129,13 @@ pub enum SourceIdentity {
     /// The generator's parameters that decide which rows exist.
     Generator(generator::Params),
     /// Per subtask, the files it consumed (the last one possibly in part), in
-    /// reading order.
-    File { subtasks: Vec<Vec<FileIdentity>> },
+    /// reading order; and a change stream's key (its split and its rows
+    /// differ from an append stream's; none in records before change streams).
+    File {
+        subtasks: Vec<Vec<FileIdentity>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<Vec<String>>,
+    },
     /// The topics, the message format and the partition rule.
     Kafka(kafka::KafkaIdentity),
 }
@@ -398,7 +403,9 @@ impl Source {
         match (self, recorded) {
             (_, None) => Ok(()),
             (Source::Generator(g), Some(SourceIdentity::Generator(p))) => g.params().check(p),
-            (Source::File(f), Some(SourceIdentity::File { subtasks })) => f.check_identity(subtasks),
+            (Source::File(f), Some(SourceIdentity::File { subtasks, key })) => {
+                f.check_identity(subtasks, key.as_deref())
+            }
             (Source::Kafka(k), Some(SourceIdentity::Kafka(id))) => k.check_identity(id),
             (now, Some(then)) => Err(SourceChange(format!("it {}, and the job now {}", read(then), now.kind_phrase()))),
         }
