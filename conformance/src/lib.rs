@@ -557,6 +557,7 @@ fn case_aborts(s: &Suite, k: u64) -> Result<String, CaseError> {
         parallelism: 1,
         attempt: 1,
         dead_letter_table: None,
+        incarnation_created_ms: 0,
     };
     let schema = sluice_engine::ipc::encode_schema(&Generator::schema_ref())?;
     let tables = [SourceTable { name: String::new(), schema }];

@@ -38,6 +38,7 @@ pub(crate) fn sink_ctx(d: &Bound<'_, PyDict>) -> PyResult<SinkCtx> {
         parallelism: get(d, "parallelism")?.ok_or_else(|| required("parallelism"))?,
         attempt: get(d, "attempt")?.unwrap_or(0),
         dead_letter_table: get(d, "dead_letter_table")?,
+        incarnation_created_ms: get(d, "incarnation_created_ms")?.unwrap_or(0),
     })
 }
 

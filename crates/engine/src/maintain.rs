@@ -191,6 +191,7 @@ pub(super) fn probe(job: &EngineConfig, plugin: &Plugin) -> Result<(), EngineErr
         parallelism: 1,
         attempt: 0,
         dead_letter_table: None,
+        incarnation_created_ms: 0,
     };
     let mut maintainer = Maintainer::open(plugin, &grants, Limits::of(&job.spec.sink.sandbox), ctx, job)?;
     maintainer.pass(&MaintainRequest::default()).map(drop)
@@ -346,6 +347,7 @@ pub fn maintain(job: &EngineConfig, host: &PluginHost, opts: &MaintainOptions) -
         parallelism: 1,
         attempt: attempt.saturating_add(1),
         dead_letter_table: None,
+        incarnation_created_ms: 0,
     };
     let mut maintainer = Maintainer::open(&plugin, &grants, limits, ctx, job)?;
     let plan = Plan {

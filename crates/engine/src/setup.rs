@@ -118,6 +118,7 @@ pub(super) fn sink_ctx(
         parallelism: job.spec.job.parallelism,
         attempt,
         dead_letter_table: job.dead_letters.as_ref().map(|d| d.table.clone()),
+        incarnation_created_ms: incarnation.created_at_ms,
     }
 }
 

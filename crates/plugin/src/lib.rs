@@ -190,6 +190,11 @@ pub struct SinkCtx {
     /// Host-side only: plugins get it as an option.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter_table: Option<String>,
+    /// When the incarnation began (ms since the Unix epoch; 0: unknown)
+    /// ([`reserved::INCARNATION_CREATED_MS`]). Host-side only: plugins get
+    /// it as an option.
+    #[serde(default)]
+    pub incarnation_created_ms: u64,
 }
 
 /// A table of the job's source, as plugins are told of it.
@@ -432,6 +437,9 @@ impl Plugin {
             && self.declares(reserved::DEAD_LETTER_TABLE)
         {
             options.push((reserved::DEAD_LETTER_TABLE.to_string(), table.clone()));
+        }
+        if ctx.incarnation_created_ms > 0 && self.declares(reserved::INCARNATION_CREATED_MS) {
+            options.push((reserved::INCARNATION_CREATED_MS.to_string(), ctx.incarnation_created_ms.to_string()));
         }
         options
     }

@@ -39,6 +39,15 @@ pub const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
 /// anything is written, when its plugin does not declare this option.
 pub const KEY: &str = sluice_core::changes::KEY_OPTION;
 
+/// When the job's incarnation began, in milliseconds since the Unix epoch
+/// (the state directory's record of it): the same in every run of the
+/// incarnation, and later for a later incarnation as far as the clocks of
+/// the machines that made them agree. A sink that orders changes by number
+/// (BigQuery's `_CHANGE_SEQUENCE_NUMBER`) puts it first, so a new
+/// incarnation's changes, over new input whose positions start again from
+/// zero, are never taken for older ones.
+pub const INCARNATION_CREATED_MS: &str = "sluice.incarnation-created-ms";
+
 /// Prefix no job-file option may use.
 pub const PREFIX: &str = "sluice.";
 

@@ -90,6 +90,12 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
         ),
         sluice_guest_sdk::changes::key_option_spec(),
         option_spec(
+            INCARNATION_CREATED_MS,
+            "set by the host, not the job file: when the job's incarnation began (ms since the Unix epoch), the first section of every `_CHANGE_SEQUENCE_NUMBER`",
+            false,
+            None,
+        ),
+        option_spec(
             DEAD_LETTER_TABLE,
             "set by the host, not the job file: the job's dead-letter table, which always takes appends",
             false,
@@ -98,6 +104,10 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
         claim::option_spec(),
     ]
 }
+
+/// The reserved option telling when the job's incarnation began (ms since
+/// the Unix epoch).
+pub const INCARNATION_CREATED_MS: &str = "sluice.incarnation-created-ms";
 
 /// The reserved option naming the job's dead-letter table (`[job.dead_letter] table`).
 pub const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
@@ -128,6 +138,10 @@ pub(crate) struct Config {
     /// `max_staleness` as the table resource's `maxStaleness` (an INTERVAL
     /// in BigQuery's canonical text, `Y-M D H:M:S`).
     pub max_staleness: Option<String>,
+    /// When the incarnation began (reserved option `sluice.incarnation-created-ms`;
+    /// 0 when the host does not say): the first section of every
+    /// `_CHANGE_SEQUENCE_NUMBER` (see [`crate::upsert`]).
+    pub incarnation_created_ms: u64,
     /// The job's dead-letter table as the source names it (reserved option
     /// `sluice.dead-letter-table`): always append.
     pub dead_letter_table: Option<String>,
@@ -241,9 +255,16 @@ impl Config {
                     .map_err(|why| error::config(format!("[sink.options] max_staleness = {text:?}: {why}")))?,
             ),
         };
+        let incarnation_created_ms = match o.get(INCARNATION_CREATED_MS) {
+            None => 0,
+            Some(v) => v.trim().parse::<u64>().map_err(|e| {
+                error::config(format!("option `{INCARNATION_CREATED_MS}` = {v:?} is not a number of milliseconds: {e}"))
+            })?,
+        };
         Ok(Self {
             key,
             max_staleness,
+            incarnation_created_ms,
             dead_letter_table: o.get(DEAD_LETTER_TABLE).map(str::to_string),
             mode,
             format,

@@ -12,11 +12,19 @@
 //!   (`.../streams/_default`; CDC takes no other stream) as protobuf rows
 //!   (CDC takes no Arrow) carrying the pseudo-columns `_CHANGE_TYPE`
 //!   (`UPSERT` or `DELETE`, from `_sluice_op`) and `_CHANGE_SEQUENCE_NUMBER`
-//!   = `format!("{hi:X}/{lo:X}")` from the batch's source position
-//!   (`_sluice_seq_hi`, `_sluice_seq_lo`). BigQuery compares the numbers
-//!   section by section and ignores a change lower than the one it applied
-//!   for the key, so a change sent again (a lost reply, a replay after a
-//!   crash, a rerun of the job) changes nothing: **effectively once**.
+//!   = `format!("{incarnation:X}/{hi:X}/{lo:X}")`: when the job's
+//!   incarnation began (ms, reserved option `sluice.incarnation-created-ms`),
+//!   then the batch's source position (`_sluice_seq_hi`, `_sluice_seq_lo`).
+//!   BigQuery compares the numbers section by section and ignores a change
+//!   lower than the one it applied for the key, so a change sent again
+//!   within the incarnation (a lost reply, a replay after a crash) changes
+//!   nothing: **effectively once**. The incarnation comes first because
+//!   source positions start again in a new incarnation (a fresh state
+//!   directory over a new folder whose first file is ordinal 0): without
+//!   it, the new incarnation's changes would number lower than the old
+//!   one's and BigQuery would silently ignore them. A rerun over the same
+//!   input applies its changes again, in order, and ends where the first
+//!   run ended.
 //!
 //! WHEN the writer sends: at `write`, as the batches come, not held until
 //! `prepare-commit`. The default stream applies a change as soon as it is
@@ -65,8 +73,8 @@ pub(crate) const CHANGE_SEQUENCE_NUMBER: &str = "_CHANGE_SEQUENCE_NUMBER";
 /// BigQuery's sequence number of the change at source position `(hi, lo)`:
 /// two hexadecimal sections, compared in order as BigQuery does, so it
 /// orders exactly as `(hi, lo)` does.
-pub(crate) fn sequence_number(hi: u64, lo: u64) -> String {
-    format!("{hi:X}/{lo:X}")
+pub(crate) fn sequence_number(incarnation_ms: u64, hi: u64, lo: u64) -> String {
+    format!("{incarnation_ms:X}/{hi:X}/{lo:X}")
 }
 
 fn key_text(key: &[String]) -> String {
@@ -200,12 +208,15 @@ pub(crate) fn change_table_schema(table: &TableSchema) -> TableSchema {
 /// A change-stream batch as the rows CDC takes: the table's columns, then
 /// `_CHANGE_TYPE` and `_CHANGE_SEQUENCE_NUMBER`. Returns the last sequence
 /// number too.
-pub(crate) fn change_rows(batch: &RecordBatch) -> Result<(RecordBatch, Option<String>), SinkError> {
+pub(crate) fn change_rows(
+    batch: &RecordBatch,
+    incarnation_ms: u64,
+) -> Result<(RecordBatch, Option<String>), SinkError> {
     let Changes { rows, ops, seqs } = changes::split(batch)?;
     let kinds: StringArray =
         ops.iter().map(|op| Some(if *op == changes::DELETE { "DELETE" } else { "UPSERT" })).collect();
-    let numbers: StringArray = seqs.iter().map(|(hi, lo)| Some(sequence_number(*hi, *lo))).collect();
-    let last = seqs.last().map(|(hi, lo)| sequence_number(*hi, *lo));
+    let numbers: StringArray = seqs.iter().map(|(hi, lo)| Some(sequence_number(incarnation_ms, *hi, *lo))).collect();
+    let last = seqs.last().map(|(hi, lo)| sequence_number(incarnation_ms, *hi, *lo));
     let mut columns: Vec<ArrayRef> = rows.columns().to_vec();
     columns.push(Arc::new(kinds));
     columns.push(Arc::new(numbers));
@@ -221,11 +232,13 @@ mod tests {
 
     #[test]
     fn sequence_numbers_order_as_source_positions_do() {
-        assert_eq!(sequence_number(0, 10), "0/A");
-        assert_eq!(sequence_number(0x1F, 0xABC), "1F/ABC");
-        // Section by section, as numbers: (1, 0) after (0, u64::MAX).
-        assert_eq!(sequence_number(0, u64::MAX), "0/FFFFFFFFFFFFFFFF");
-        assert_eq!(sequence_number(1, 0), "1/0");
+        assert_eq!(sequence_number(0, 0, 10), "0/0/A");
+        assert_eq!(sequence_number(0x19A, 0x1F, 0xABC), "19A/1F/ABC");
+        // Section by section, as numbers: (1, 0) after (0, u64::MAX), and a
+        // later incarnation after every position of an earlier one.
+        assert_eq!(sequence_number(5, 0, u64::MAX), "5/0/FFFFFFFFFFFFFFFF");
+        assert_eq!(sequence_number(5, 1, 0), "5/1/0");
+        assert_eq!(sequence_number(6, 0, 0), "6/0/0");
     }
 
     #[test]
@@ -245,12 +258,12 @@ mod tests {
             ],
         )
         .unwrap();
-        let (rows, last) = change_rows(&batch).unwrap();
+        let (rows, last) = change_rows(&batch, 0x10).unwrap();
         assert_eq!(rows.num_columns(), 3);
         let kinds = rows.column(1).as_any().downcast_ref::<StringArray>().unwrap();
         assert_eq!((kinds.value(0), kinds.value(1)), ("UPSERT", "DELETE"));
         let numbers = rows.column(2).as_any().downcast_ref::<StringArray>().unwrap();
-        assert_eq!((numbers.value(0), numbers.value(1)), ("2/9", "2/A"));
-        assert_eq!(last.as_deref(), Some("2/A"));
+        assert_eq!((numbers.value(0), numbers.value(1)), ("10/2/9", "10/2/A"));
+        assert_eq!(last.as_deref(), Some("10/2/A"));
     }
 }

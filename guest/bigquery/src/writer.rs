@@ -613,7 +613,7 @@ impl StreamWriter {
         if self.cdc {
             let mut rows = Vec::with_capacity(batches.len());
             for batch in batches {
-                let (changes, last) = upsert::change_rows(batch)?;
+                let (changes, last) = upsert::change_rows(batch, self.cfg.incarnation_created_ms)?;
                 rows.push(changes);
                 if last.is_some() {
                     self.last_seq = last;

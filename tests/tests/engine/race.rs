@@ -189,6 +189,7 @@ fn open_and_prepare_tables(
         parallelism: 1,
         attempt: 1,
         dead_letter_table: None,
+        incarnation_created_ms: 0,
     };
     let options = plugin.options_for(loaded.sink_options(), &ctx);
     let schema = sluice::ipc::encode_schema(&Generator::schema_ref()).expect("schema");
