@@ -467,7 +467,7 @@ mod tests {
     }
 
     fn data_file(table: &Table, name: &str, ids: &[i64]) -> DataFile {
-        let path = format!("memory://wh/t/data/{name}.parquet");
+        let path = format!("{}/data/{name}.parquet", table.metadata().location());
         let v: Vec<String> = ids.iter().map(|i| format!("{name}{i}")).collect();
         let (rows, size) = parquet(
             table,
@@ -673,12 +673,12 @@ mod tests {
         let manifests = head.as_ref().map(|h| manifests_of(table, h).unwrap()).unwrap_or_default();
         let mut positions: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
         for (f, p) in dels {
-            positions.entry(format!("memory://wh/t/data/{f}.parquet")).or_default().push(*p);
+            positions.entry(format!("{}/data/{f}.parquet", table.metadata().location())).or_default().push(*p);
         }
         let group = position_deletes::Group { spec_id: 0, partition: Struct::empty(), positions };
         let (vectors, replaced) = crate::deletion_vectors::plan(table, &manifests, vec![group]).unwrap();
-        let written =
-            crate::deletion_vectors::write(table, "memory://wh/t/data/sluice-deletes/i/c1/", vectors).unwrap();
+        let folder = format!("{}/data/sluice-deletes/i/c1/", table.metadata().location());
+        let written = crate::deletion_vectors::write(table, &folder, vectors).unwrap();
         let gone: Vec<&str> = replaced.iter().map(String::as_str).collect();
         let mut files = added;
         files.extend(written.iter().map(|(_, f)| f.clone()));

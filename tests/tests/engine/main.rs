@@ -35,3 +35,4 @@ mod simulation;
 mod sources;
 mod tables;
 mod upsert;
+mod upsert_v3;
