@@ -322,3 +322,38 @@ sluice_tests::crash_tests! {
     crash_after_commit: CrashPoint::AfterCommit, 8;
     crash_after_persist_merge: CrashPoint::AfterPersist, 9;
 }
+
+/// Catalog faults on commits that write and merge vectors: a lost reply
+/// (applied) is settled by the watermark, not applied again; a conflict is
+/// retried on the new head with vectors planned anew from it (the vector
+/// it would have replaced read again); a crash right after the catalog
+/// applied a commit is recovered as already committed.
+#[test]
+fn lost_replies_conflicts_and_a_crash_after_apply_merge_each_vector_once() {
+    use sluice::engine::RunOptions;
+    use sluice::fault::{CatalogFaults, CommitFault, Faults};
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let files = stream();
+    let run = job("faulty", warehouse.path(), 1, 4, 3);
+    write_stream(&run, &files);
+    // Catalog commit calls: c1..c4 insert, c5 on write and merge vectors.
+    let faults = vec![
+        (5, CommitFault::LoseReply),
+        (6, CommitFault::Conflict),
+        (8, CommitFault::Conflict),
+        (9, CommitFault::LoseReply),
+        (10, CommitFault::CrashAfterApply),
+    ];
+    let catalog = CatalogFaults { faults, ..CatalogFaults::default() };
+    let opts = RunOptions { faults: Faults { catalog, ..Faults::default() }, ..RunOptions::default() };
+    let err = run.run_opts(&[], opts).expect_err("the crash after apply");
+    assert!(err.is_injected_crash(), "{err}");
+    let mid = rows(warehouse.path(), 3);
+    assert_each_key_once(&mid);
+    assert_states_of_the_stream(&mid, &files);
+    vectors(warehouse.path(), "faulty");
+    run.run(None).expect("the recovery run");
+    assert_eq!(rows(warehouse.path(), 3), model(&files));
+    let (_, merges) = vectors(warehouse.path(), "faulty");
+    assert!(merges > 0, "no checkpoint merged a deletion vector");
+}
