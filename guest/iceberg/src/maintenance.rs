@@ -72,8 +72,8 @@ use futures::TryStreamExt;
 use iceberg::arrow::ArrowReaderBuilder;
 use iceberg::scan::{FileScanTask, FileScanTaskDeleteFile};
 use iceberg::spec::{
-    DataContentType, DataFile, DataFileFormat, ManifestContentType, Operation, PartitionKey, Snapshot, Struct, Summary,
-    TableMetadata,
+    DataContentType, DataFile, DataFileFormat, ManifestContentType, Operation, PartitionKey, PartitionSpecRef,
+    SchemaRef, Snapshot, Struct, Summary, TableMetadata,
 };
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
@@ -341,38 +341,8 @@ fn rewrite(
     let schema = metadata.current_schema().clone();
     let spec = metadata.default_partition_spec().clone();
     let field_ids: Vec<i32> = schema.as_struct().fields().iter().map(|f| f.id).collect();
-    let tasks: Vec<iceberg::Result<FileScanTask>> = bin
-        .files
-        .iter()
-        .map(|file| {
-            Ok(FileScanTask::builder()
-                .with_file_size_in_bytes(file.file_size_in_bytes())
-                .with_start(0)
-                .with_length(file.file_size_in_bytes())
-                .with_record_count(Some(file.record_count()))
-                .with_data_file_path(file.file_path().to_string())
-                .with_data_file_format(DataFileFormat::Parquet)
-                .with_schema(schema.clone())
-                .with_project_field_ids(field_ids.clone())
-                .with_partition(Some(file.partition().clone()))
-                .with_partition_spec(Some(spec.clone()))
-                .with_deletes(
-                    deletes
-                        .of(file.file_path())
-                        .map(|(spec_id, d, _)| {
-                            FileScanTaskDeleteFile::builder()
-                                .with_file_path(d.file_path().to_string())
-                                .with_file_size_in_bytes(d.file_size_in_bytes())
-                                .with_file_type(DataContentType::PositionDeletes)
-                                .with_partition_spec_id(*spec_id)
-                                .build()
-                        })
-                        .collect(),
-                )
-                .with_case_sensitive(true)
-                .build())
-        })
-        .collect();
+    let tasks: Vec<iceberg::Result<FileScanTask>> =
+        bin.files.iter().map(|file| Ok(scan_task(file, &schema, &field_ids, &spec, deletes))).collect();
     let prefix = format!(
         "compact-{}.{}-{}",
         sluice_guest_sdk::incarnation::key(ctx),
@@ -420,6 +390,42 @@ fn rewrite(
         )));
     }
     Ok(written)
+}
+
+/// The task reading every column `field_ids` of `file` (of partition spec
+/// `spec`) in `schema`, with the live position deletes that point at it.
+fn scan_task(
+    file: &DataFile,
+    schema: &SchemaRef,
+    field_ids: &[i32],
+    spec: &PartitionSpecRef,
+    deletes: &LiveDeletes,
+) -> FileScanTask {
+    let deletes = deletes
+        .of(file.file_path())
+        .map(|(spec_id, d, _)| {
+            FileScanTaskDeleteFile::builder()
+                .with_file_path(d.file_path().to_string())
+                .with_file_size_in_bytes(d.file_size_in_bytes())
+                .with_file_type(DataContentType::PositionDeletes)
+                .with_partition_spec_id(*spec_id)
+                .build()
+        })
+        .collect();
+    FileScanTask::builder()
+        .with_file_size_in_bytes(file.file_size_in_bytes())
+        .with_start(0)
+        .with_length(file.file_size_in_bytes())
+        .with_record_count(Some(file.record_count()))
+        .with_data_file_path(file.file_path().to_string())
+        .with_data_file_format(DataFileFormat::Parquet)
+        .with_schema(schema.clone())
+        .with_project_field_ids(field_ids.to_vec())
+        .with_partition(Some(file.partition().clone()))
+        .with_partition_spec(Some(spec.clone()))
+        .with_deletes(deletes)
+        .with_case_sensitive(true)
+        .build()
 }
 
 /// `batch` with every run-end-encoded column cast to the type of its
@@ -1084,6 +1090,86 @@ mod tests {
         let days = plain.column(1).as_any().downcast_ref::<Date32Array>().unwrap();
         assert_eq!(days.values().to_vec(), vec![19_724; 3]);
         assert_eq!(plain.column(0).as_ref(), &Int64Array::from(vec![1, 2, 3]) as &dyn Array);
+    }
+
+    /// The task a compaction reads a data file with carries the position
+    /// deletes that point at it, and iceberg's reader applies them: the
+    /// deleted rows are not read, the others are, in order; a delete of
+    /// another file or past the file's end deletes nothing of it.
+    #[test]
+    fn a_rewrite_reads_a_data_file_with_its_position_deletes_applied() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::Int64Type;
+        use arrow_array::{ArrayRef, Int64Array, StringArray};
+        use iceberg::io::FileIO;
+        use iceberg::spec::{DataFileBuilder, NestedField, PartitionSpec, PrimitiveType, Type};
+        let io = FileIO::new_with_memory();
+        let write = |path: &str, schema: &iceberg::spec::Schema, columns: Vec<ArrayRef>| -> (u64, u64) {
+            let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(schema).unwrap());
+            let batch = RecordBatch::try_new(arrow.clone(), columns).unwrap();
+            let mut bytes = Vec::new();
+            let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, arrow, None).unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            let size = bytes.len() as u64;
+            block_on(io.new_output(path).unwrap().write(bytes.into())).unwrap();
+            (batch.num_rows() as u64, size)
+        };
+        let file = |path: &str, content: DataContentType, (rows, size): (u64, u64)| {
+            DataFileBuilder::default()
+                .content(content)
+                .file_path(path.to_string())
+                .file_format(DataFileFormat::Parquet)
+                .partition(Struct::empty())
+                .partition_spec_id(0)
+                .record_count(rows)
+                .file_size_in_bytes(size)
+                .build()
+                .unwrap()
+        };
+        let schema = Arc::new(
+            iceberg::spec::Schema::builder()
+                .with_fields(vec![NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into()])
+                .build()
+                .unwrap(),
+        );
+        let a = "memory://wh/t/data/a.parquet";
+        let data = file(
+            a,
+            DataContentType::Data,
+            write(a, &schema, vec![Arc::new(Int64Array::from((10..16).collect::<Vec<i64>>()))]),
+        );
+        let d = "memory://wh/t/data/d.parquet";
+        let rows = [(a, 1), (a, 3), (a, 9), ("memory://wh/t/data/b.parquet", 0)];
+        let deleted = write(
+            d,
+            &crate::position_deletes::schema().unwrap(),
+            vec![
+                Arc::new(StringArray::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())),
+                Arc::new(Int64Array::from(rows.iter().map(|r| r.1).collect::<Vec<i64>>())),
+            ],
+        );
+        let delete_file = file(d, DataContentType::PositionDeletes, deleted);
+        let mut deletes = LiveDeletes::default();
+        for (path, pos) in rows {
+            deletes.positions.entry(path.to_string()).or_default().insert(pos as u64);
+        }
+        let targets = rows.iter().map(|r| r.0.to_string()).collect();
+        deletes.files.push((0, delete_file, targets));
+        assert_eq!(deletes.deleted_in(&data), 2);
+        let spec = Arc::new(PartitionSpec::unpartition_spec());
+        let task = scan_task(&data, &schema, &[1], &spec, &deletes);
+        assert_eq!(task.deletes.len(), 1);
+        let ids: Vec<i64> = block_on(async {
+            let reader = ArrowReaderBuilder::new(io.clone(), iceberg_runtime()).build();
+            let batches: Vec<RecordBatch> =
+                reader.read(Box::pin(futures::stream::iter([Ok(task)])))?.stream().try_collect().await?;
+            Ok::<_, iceberg::Error>(
+                batches.iter().flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec()).collect(),
+            )
+        })
+        .unwrap();
+        assert_eq!(ids, [10, 12, 14, 15]);
     }
 
     #[test]
