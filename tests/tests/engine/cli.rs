@@ -248,6 +248,94 @@ fn backfill_example_replaces_its_days_and_a_rerun_leaves_them_as_they_were() {
     assert_eq!(daily_orders(&warehouse), want, "the rerun leaves every day as the first run did");
 }
 
+/// `crm.customers` of `warehouse` as `[id, name, tier, balance_cents]` rows
+/// sorted by id, as PyIceberg reads it; panics when DuckDB's
+/// `iceberg_scan` reads anything else.
+fn customers(warehouse: &std::path::Path) -> Vec<(i64, String, String, i64)> {
+    let script = format!(
+        "{}\n\
+         import sys, json\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w = sys.argv[1]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table('crm.customers')\n\
+         cols = ('id', 'name', 'tier', 'balance_cents')\n\
+         a = t.scan(selected_fields=cols).to_arrow()\n\
+         py = sorted(list(r) for r in zip(*(a.column(c).to_pylist() for c in cols)))\n\
+         con = _duckdb.connect()\n\
+         con.execute('SET enable_progress_bar = false')\n\
+         for ext in ('avro', 'iceberg'):\n\
+         \x20   con.load_extension(_duckdb_extension(ext))\n\
+         path = t.metadata_location.removeprefix('file://')\n\
+         dd = sorted(list(r) for r in con.execute('select id, name, tier, balance_cents from iceberg_scan(?)', [path]).fetchall())\n\
+         if py != dd:\n\
+         \x20   sys.exit(f'PyIceberg reads {{py}}, DuckDB {{dd}}')\n\
+         print(json.dumps(py))",
+        sluice_tests::DUCKDB_ICEBERG
+    );
+    let out = sluice_tests::python(&script, &[&warehouse.display().to_string()])
+        .unwrap_or_else(|e| panic!("reading crm.customers with PyIceberg and DuckDB: {e}"));
+    serde_json::from_str(out.trim()).expect("rows as JSON")
+}
+
+/// `examples/cdc.toml`, as the Upserts page runs it, redirected into a temp
+/// dir: its change stream (`examples/data/cdc/`, Debezium-shaped rows with
+/// `op`) ends with every customer in its last state, as a model that
+/// applies the files' changes in name and line order says, read by PyIceberg
+/// and DuckDB alike; the `op` column is not in the table; a second run of
+/// the same job finds nothing new and changes nothing.
+#[test]
+fn cdc_example_lands_each_customer_in_its_last_state() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let warehouse = dir.path().join("warehouse");
+    std::fs::create_dir_all(&warehouse).expect("warehouse dir");
+    let sets = vec![
+        format!("sink.plugin={}", sluice_tests::ICEBERG_PLUGIN),
+        format!("job.state_dir={}", dir.path().join("state").display()),
+        format!("sink.catalog.database={}", warehouse.join("catalog.db").display()),
+        format!("sink.catalog.warehouse={}", warehouse.display()),
+    ];
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/cdc");
+    let mut files: Vec<_> = std::fs::read_dir(&data)
+        .expect("examples/data/cdc")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    let mut model = std::collections::BTreeMap::new();
+    let mut changes = 0;
+    for file in &files {
+        for line in std::fs::read_to_string(file).expect("jsonl").lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("json line");
+            let id = v["id"].as_i64().expect("id");
+            changes += 1;
+            match v["op"].as_str().expect("op").to_ascii_lowercase().as_str() {
+                "d" | "delete" => {
+                    model.remove(&id);
+                }
+                _ => {
+                    let s = |k: &str| v[k].as_str().expect("a string").to_string();
+                    model.insert(id, (id, s("name"), s("tier"), v["balance_cents"].as_i64().expect("balance")));
+                }
+            }
+        }
+    }
+    let want: Vec<_> = model.into_values().collect();
+    assert_eq!(want.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 7, 8, 10], "the example's comment");
+
+    let (code, stdout, err) = run_example("cdc.toml", &sets, dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains(&format!("job cdc-demo finished: {changes} rows")), "{stdout}");
+    assert_eq!(customers(&warehouse), want);
+    let ident = iceberg::TableIdent::from_strs(["crm", "customers"]).expect("ident");
+    let snapshots = sluice_tests::catalog(&warehouse).load(&ident).expect("table").metadata().snapshots().count();
+
+    let (code, _, err) = run_example("cdc.toml", &sets, dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(customers(&warehouse), want, "a second run changes nothing");
+    let after = sluice_tests::catalog(&warehouse).load(&ident).expect("table").metadata().snapshots().count();
+    assert_eq!(after, snapshots, "a second run commits nothing");
+}
+
 /// `sluice state` shows the incarnation, what is committed and what each
 /// pending checkpoint will commit; `--drop-pending` drops one on request and
 /// says so, and only then does the next run skip it.
