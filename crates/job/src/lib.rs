@@ -434,7 +434,9 @@ impl Loading {
                 ));
             }
             (Some(key), _, _) => key.names().to_vec(),
-            (None, Some(sink), _) => sink.clone(),
+            // The fallback applies only with a change column: a sink key alone
+            // never makes the source a change stream.
+            (None, Some(sink), Some(_)) => sink.clone(),
             (None, None, Some(column)) => {
                 return Err(self.invalid(
                     "source.change_column",
@@ -444,7 +446,7 @@ impl Loading {
                     ),
                 ));
             }
-            (None, None, None) => return Ok(()),
+            (None, _, None) => return Ok(()),
         };
         if names.is_empty() || names.iter().any(|n| n.is_empty()) {
             return Err(self.invalid("source.key", "must name at least one column, and no empty name"));
@@ -1223,6 +1225,9 @@ mod tests {
         assert_eq!(key_of(&job), Some(vec!["id".to_string(), "region".to_string()]));
         let job = load(&src, &["source.change_column=\"op\"", "sink.options.key=[\"id\"]"]).unwrap();
         assert_eq!(key_of(&job), Some(vec!["id".to_string()]));
+        // A sink key without a change column and without source.key leaves an append stream.
+        let job = load(&src, &["sink.options.key=\"id\""]).unwrap();
+        assert_eq!(key_of(&job), None, "a sink key alone makes no change stream");
         let err = load(&src, &["source.change_column=\"op\""]).unwrap_err().to_string();
         assert!(err.contains("key `source.change_column`") && err.contains("set source.key"), "{err}");
         let err = load(&src, &["source.key=\"id\"", "sink.options.key=\"other\""]).unwrap_err().to_string();
