@@ -16,9 +16,16 @@
 //!   to ([`owner`]), and a bad row only by the one share that reports them,
 //!   so each row of the input reaches exactly one subtask however many read
 //!   it;
-//! - the key's hash ([`key_hash`]) depends on the key's values as text, not
-//!   on their Arrow types, so a column widened between files (Int32 to
-//!   Int64, Utf8 to LargeUtf8) keeps every key on its subtask.
+//! - the key's hash ([`key_hash`], scheme [`KEY_HASH_SCHEME`]) is FNV-1a
+//!   over canonical bytes of the key's typed values ([`key_bytes`]), never
+//!   over Arrow's text rendering (not pinned across Arrow versions): a
+//!   column widened between files (Int32 to Int64, Utf8 to LargeUtf8,
+//!   Decimal128 to Decimal256) keeps every key on its subtask, and a
+//!   checkpoint records the scheme so that a resume under another one is
+//!   refused (a key could move to another subtask);
+//! - a key column of a type without a single identity per value (floats:
+//!   0.0 and -0.0, NaN) or of a type the scheme does not cover is refused
+//!   ([`check_key_type`]).
 
 use std::sync::Arc;
 
@@ -83,39 +90,169 @@ pub fn owner(hash: u64, parallelism: u32) -> u32 {
     (hash % u64::from(parallelism.max(1))) as u32
 }
 
-/// The key columns of `batch` as text (`None` for a column the batch lacks).
-fn key_text(batch: &RecordBatch, key: &[String]) -> Result<Vec<Option<ArrayRef>>, ArrowError> {
+/// The key hash scheme a checkpoint of a change stream records: which
+/// bytes of a key [`fnv1a64`] hashes ([`key_bytes`]). Change it (and the
+/// name) whenever those bytes change: a resume under another scheme is
+/// refused, since a key could move to another subtask.
+pub const KEY_HASH_SCHEME: &str = "key-hash-v1";
+
+/// Refuses a key column of `data_type` whose values have no canonical bytes
+/// in [`KEY_HASH_SCHEME`]: floats (0.0 and -0.0 are equal, NaN equals
+/// nothing, so a key has no single identity) and types the scheme does not
+/// cover. The reason names neither the column nor the key: the caller does.
+pub fn check_key_type(data_type: &DataType) -> Result<(), String> {
+    use DataType as D;
+    match data_type {
+        D::Int8 | D::Int16 | D::Int32 | D::Int64 | D::UInt8 | D::UInt16 | D::UInt32 | D::UInt64 => Ok(()),
+        D::Utf8 | D::LargeUtf8 | D::Utf8View | D::Binary | D::LargeBinary | D::BinaryView => Ok(()),
+        D::FixedSizeBinary(_) | D::Boolean | D::Date32 | D::Date64 | D::Timestamp(..) => Ok(()),
+        D::Decimal32(..) | D::Decimal64(..) | D::Decimal128(..) | D::Decimal256(..) => Ok(()),
+        D::Dictionary(_, value) => check_key_type(value),
+        D::Float16 | D::Float32 | D::Float64 => Err(format!(
+            "is of type {data_type}, and a floating-point value is no key (0.0 and -0.0 are equal, NaN equals \
+             nothing): key by an integer, string, date, timestamp or decimal column"
+        )),
+        other => Err(format!(
+            "is of type {other}, which is no key type (integers, strings, binary, booleans, dates, timestamps, \
+             decimals)"
+        )),
+    }
+}
+
+/// The key columns of `batch` (`None` for a column the batch lacks), a
+/// dictionary-encoded one unpacked to its values (a typed unpacking, no
+/// formatting). A key column of a type [`check_key_type`] refuses is an
+/// error naming it.
+fn key_columns(batch: &RecordBatch, key: &[String]) -> Result<Vec<Option<ArrayRef>>, ArrowError> {
     key.iter()
-        .map(|name| match batch.column_by_name(name) {
-            Some(col) => arrow_cast::cast(col, &DataType::Utf8).map(Some),
-            None => Ok(None),
+        .map(|name| {
+            let Some(col) = batch.column_by_name(name) else { return Ok(None) };
+            check_key_type(col.data_type())
+                .map_err(|why| ArrowError::InvalidArgumentError(format!("key column `{name}` (source.key) {why}")))?;
+            match col.data_type() {
+                DataType::Dictionary(_, value) => arrow_cast::cast(col, value).map(Some),
+                _ => Ok(Some(col.clone())),
+            }
         })
         .collect()
 }
 
-/// The hash of row `row`'s key, from the key columns as text
-/// ([`key_text`]): each value as its length (8 bytes, little-endian) and
-/// its UTF-8 bytes, in key order. `None` when a key column is missing or
-/// null there.
-fn hash_of(text: &[Option<ArrayRef>], row: usize) -> Option<u64> {
+/// Appends value `row` of `col` (not null there) to `out` as the canonical
+/// bytes of [`KEY_HASH_SCHEME`] "key-hash-v1": a class byte, then
+/// - integers of every width (`i`): the value as i64, little-endian (a
+///   UInt64 past i64::MAX as its bits), so a widened column keeps its keys;
+/// - strings (`s`) and binary (`b`): the length (u64, little-endian) and
+///   the bytes (a string's UTF-8);
+/// - booleans (`o`): one byte, 0 or 1;
+/// - dates (`d`): days since the Unix epoch as i64 (a Date64 floored to
+///   its day);
+/// - timestamps (`t`): microseconds since the Unix epoch as i64, from the
+///   column's unit (seconds and milliseconds multiplied, saturating;
+///   nanoseconds floored), whatever the zone (the value is an instant);
+/// - decimals (`n`): the unscaled value as i128, little-endian, then the
+///   scale as one byte (a Decimal256 past i128 as its 32 bytes).
+///
+/// `None` for a type [`check_key_type`] refuses.
+fn key_bytes(col: &dyn Array, row: usize, out: &mut Vec<u8>) -> Option<()> {
+    use DataType as D;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types as T;
+    use arrow_schema::TimeUnit;
+    let int = |out: &mut Vec<u8>, v: i64| {
+        out.push(b'i');
+        out.extend_from_slice(&v.to_le_bytes());
+    };
+    let bytes = |out: &mut Vec<u8>, class: u8, v: &[u8]| {
+        out.push(class);
+        out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        out.extend_from_slice(v);
+    };
+    let tagged = |out: &mut Vec<u8>, class: u8, v: i64| {
+        out.push(class);
+        out.extend_from_slice(&v.to_le_bytes());
+    };
+    let decimal = |out: &mut Vec<u8>, v: i128, scale: i8| {
+        out.push(b'n');
+        out.extend_from_slice(&v.to_le_bytes());
+        out.extend_from_slice(&scale.to_le_bytes());
+    };
+    match col.data_type() {
+        D::Int8 => int(out, i64::from(col.as_primitive_opt::<T::Int8Type>()?.value(row))),
+        D::Int16 => int(out, i64::from(col.as_primitive_opt::<T::Int16Type>()?.value(row))),
+        D::Int32 => int(out, i64::from(col.as_primitive_opt::<T::Int32Type>()?.value(row))),
+        D::Int64 => int(out, col.as_primitive_opt::<T::Int64Type>()?.value(row)),
+        D::UInt8 => int(out, i64::from(col.as_primitive_opt::<T::UInt8Type>()?.value(row))),
+        D::UInt16 => int(out, i64::from(col.as_primitive_opt::<T::UInt16Type>()?.value(row))),
+        D::UInt32 => int(out, i64::from(col.as_primitive_opt::<T::UInt32Type>()?.value(row))),
+        D::UInt64 => int(out, i64::from_le_bytes(col.as_primitive_opt::<T::UInt64Type>()?.value(row).to_le_bytes())),
+        D::Utf8 => bytes(out, b's', col.as_string_opt::<i32>()?.value(row).as_bytes()),
+        D::LargeUtf8 => bytes(out, b's', col.as_string_opt::<i64>()?.value(row).as_bytes()),
+        D::Utf8View => bytes(out, b's', col.as_string_view_opt()?.value(row).as_bytes()),
+        D::Binary => bytes(out, b'b', col.as_binary_opt::<i32>()?.value(row)),
+        D::LargeBinary => bytes(out, b'b', col.as_binary_opt::<i64>()?.value(row)),
+        D::BinaryView => bytes(out, b'b', col.as_binary_view_opt()?.value(row)),
+        D::FixedSizeBinary(_) => bytes(out, b'b', col.as_fixed_size_binary_opt()?.value(row)),
+        D::Boolean => out.extend_from_slice(&[b'o', u8::from(col.as_boolean_opt()?.value(row))]),
+        D::Date32 => tagged(out, b'd', i64::from(col.as_primitive_opt::<T::Date32Type>()?.value(row))),
+        D::Date64 => tagged(out, b'd', col.as_primitive_opt::<T::Date64Type>()?.value(row).div_euclid(86_400_000)),
+        D::Timestamp(unit, _) => {
+            let micros = match unit {
+                TimeUnit::Second => {
+                    col.as_primitive_opt::<T::TimestampSecondType>()?.value(row).saturating_mul(1_000_000)
+                }
+                TimeUnit::Millisecond => {
+                    col.as_primitive_opt::<T::TimestampMillisecondType>()?.value(row).saturating_mul(1_000)
+                }
+                TimeUnit::Microsecond => col.as_primitive_opt::<T::TimestampMicrosecondType>()?.value(row),
+                TimeUnit::Nanosecond => {
+                    col.as_primitive_opt::<T::TimestampNanosecondType>()?.value(row).div_euclid(1_000)
+                }
+            };
+            tagged(out, b't', micros)
+        }
+        D::Decimal32(_, scale) => {
+            decimal(out, i128::from(col.as_primitive_opt::<T::Decimal32Type>()?.value(row)), *scale)
+        }
+        D::Decimal64(_, scale) => {
+            decimal(out, i128::from(col.as_primitive_opt::<T::Decimal64Type>()?.value(row)), *scale)
+        }
+        D::Decimal128(_, scale) => decimal(out, col.as_primitive_opt::<T::Decimal128Type>()?.value(row), *scale),
+        D::Decimal256(_, scale) => {
+            let v = col.as_primitive_opt::<T::Decimal256Type>()?.value(row);
+            match v.to_i128() {
+                Some(v) => decimal(out, v, *scale),
+                None => {
+                    out.push(b'n');
+                    out.extend_from_slice(&v.to_le_bytes());
+                    out.extend_from_slice(&scale.to_le_bytes());
+                }
+            }
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+/// The hash of row `row`'s key, from the key columns ([`key_columns`]):
+/// [`fnv1a64`] of each value's canonical bytes ([`key_bytes`]), in key
+/// order. `None` when a key column is missing or null there.
+fn hash_of(cols: &[Option<ArrayRef>], row: usize) -> Option<u64> {
     let mut bytes = Vec::new();
-    for col in text {
-        let col = col.as_ref()?.as_any().downcast_ref::<StringArray>()?;
+    for col in cols {
+        let col = col.as_ref()?;
         if col.is_null(row) {
             return None;
         }
-        let v = col.value(row).as_bytes();
-        bytes.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(v);
+        key_bytes(col.as_ref(), row, &mut bytes)?;
     }
     Some(fnv1a64(bytes))
 }
 
 /// The key hash of every row of `batch` (`None` where the key is missing or
-/// null).
+/// null). A key column of a type [`check_key_type`] refuses is an error.
 pub fn key_hash(batch: &RecordBatch, key: &[String]) -> Result<Vec<Option<u64>>, ArrowError> {
-    let text = key_text(batch, key)?;
-    Ok((0..batch.num_rows()).map(|row| hash_of(&text, row)).collect())
+    let cols = key_columns(batch, key)?;
+    Ok((0..batch.num_rows()).map(|row| hash_of(&cols, row)).collect())
 }
 
 /// A value as a reason shows it: quoted, cut short.
@@ -178,7 +315,7 @@ impl ChangeSpec {
             )));
         }
         let ops = self.ops(batch)?;
-        let text = key_text(batch, &self.key)?;
+        let keys = key_columns(batch, &self.key)?;
         let (mut kept, mut bad) = (Vec::new(), Vec::new());
         let mut op_col = Vec::new();
         for (row, op) in ops.into_iter().enumerate() {
@@ -192,7 +329,7 @@ impl ChangeSpec {
                     continue;
                 }
             };
-            let Some(hash) = hash_of(&text, row) else {
+            let Some(hash) = hash_of(&keys, row) else {
                 if reports_bad {
                     bad.push(BadChange { row, reason: self.key_fault(batch, row) });
                 }
@@ -235,7 +372,7 @@ impl ChangeSpec {
                 Some(_) => {}
             }
         }
-        "its key did not read as text".to_string()
+        "its key has no canonical bytes".to_string()
     }
 }
 
@@ -359,6 +496,119 @@ mod tests {
         .unwrap();
         let ab = vec!["a".to_string(), "b".to_string()];
         assert_ne!(key_hash(&two, &ab).unwrap(), key_hash(&other, &ab).unwrap());
+    }
+
+    fn one(name: &str, col: ArrayRef) -> RecordBatch {
+        RecordBatch::try_from_iter(vec![(name, col)]).unwrap()
+    }
+
+    fn hashes(col: ArrayRef) -> Vec<Option<u64>> {
+        key_hash(&one("k", col), &["k".to_string()]).unwrap()
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_published_test_vectors() {
+        // http://www.isthe.com/chongo/src/fnv/test_fnv.c (FNV1A_64 of "", "a", "foobar").
+        assert_eq!(fnv1a64(*b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(*b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(*b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn the_key_hash_is_fnv1a64_of_the_documented_canonical_bytes() {
+        let bytes = |parts: &[&[u8]]| fnv1a64(parts.concat());
+        assert_eq!(hashes(Arc::new(Int64Array::from(vec![5]))), vec![Some(bytes(&[b"i", &5i64.to_le_bytes()]))]);
+        assert_eq!(
+            hashes(Arc::new(StringArray::from(vec!["ab"]))),
+            vec![Some(bytes(&[b"s", &2u64.to_le_bytes(), b"ab"]))]
+        );
+        assert_eq!(
+            hashes(Arc::new(arrow_array::BinaryArray::from(vec![&b"ab"[..]]))),
+            vec![Some(bytes(&[b"b", &2u64.to_le_bytes(), b"ab"]))]
+        );
+        assert_eq!(hashes(Arc::new(arrow_array::BooleanArray::from(vec![true]))), vec![Some(bytes(&[b"o\x01"]))]);
+        assert_eq!(
+            hashes(Arc::new(arrow_array::Date32Array::from(vec![20_000]))),
+            vec![Some(bytes(&[b"d", &20_000i64.to_le_bytes()]))]
+        );
+        assert_eq!(
+            hashes(Arc::new(arrow_array::TimestampMillisecondArray::from(vec![1_700_000_000_123]))),
+            vec![Some(bytes(&[b"t", &1_700_000_000_123_000i64.to_le_bytes()]))]
+        );
+        let dec = arrow_array::Decimal128Array::from(vec![-12_345i128]).with_precision_and_scale(10, 2).unwrap();
+        assert_eq!(hashes(Arc::new(dec)), vec![Some(bytes(&[b"n", &(-12_345i128).to_le_bytes(), &[2]]))]);
+        // Two key columns: each value's bytes in key order.
+        let two = RecordBatch::try_from_iter(vec![
+            ("a", Arc::new(Int32Array::from(vec![7])) as ArrayRef),
+            ("b", Arc::new(StringArray::from(vec!["x"])) as ArrayRef),
+        ])
+        .unwrap();
+        let want = bytes(&[b"i", &7i64.to_le_bytes(), b"s", &1u64.to_le_bytes(), b"x"]);
+        assert_eq!(key_hash(&two, &["a".to_string(), "b".to_string()]).unwrap(), vec![Some(want)]);
+    }
+
+    #[test]
+    fn a_widened_or_reencoded_key_column_keeps_its_hashes() {
+        use arrow_array::*;
+        let ints = hashes(Arc::new(Int64Array::from(vec![0, 5, 100, -3])));
+        assert_eq!(hashes(Arc::new(Int8Array::from(vec![0, 5, 100, -3]))), ints);
+        assert_eq!(hashes(Arc::new(Int16Array::from(vec![0, 5, 100, -3]))), ints);
+        assert_eq!(hashes(Arc::new(Int32Array::from(vec![0, 5, 100, -3]))), ints);
+        let unsigned = hashes(Arc::new(UInt64Array::from(vec![0, 5, 100])));
+        assert_eq!(&unsigned[..], &ints[..3]);
+        assert_eq!(hashes(Arc::new(UInt8Array::from(vec![0, 5, 100]))), unsigned);
+        assert_eq!(hashes(Arc::new(UInt16Array::from(vec![0, 5, 100]))), unsigned);
+        assert_eq!(hashes(Arc::new(UInt32Array::from(vec![0, 5, 100]))), unsigned);
+        let strings = hashes(Arc::new(StringArray::from(vec!["a", "é", ""])));
+        assert_eq!(hashes(Arc::new(LargeStringArray::from(vec!["a", "é", ""]))), strings);
+        assert_eq!(hashes(Arc::new(StringViewArray::from(vec!["a", "é", ""]))), strings);
+        let dict: DictionaryArray<types::Int32Type> = vec!["a", "é", ""].into_iter().collect();
+        assert_eq!(hashes(Arc::new(dict)), strings);
+        let dates = hashes(Arc::new(Date32Array::from(vec![0, 19_000, -1])));
+        let ms = |d: i64| d * 86_400_000;
+        assert_eq!(hashes(Arc::new(Date64Array::from(vec![ms(0), ms(19_000) + 5, ms(-1)]))), dates);
+        // The same instants in every unit and zone.
+        let micros = vec![1_700_000_000_000_000i64, -1_000_000];
+        let ts = hashes(Arc::new(TimestampMicrosecondArray::from(micros.clone())));
+        assert_eq!(hashes(Arc::new(TimestampSecondArray::from(vec![1_700_000_000, -1]))), ts);
+        assert_eq!(hashes(Arc::new(TimestampMillisecondArray::from(vec![1_700_000_000_000, -1_000]))), ts);
+        let nanos: Vec<i64> = micros.iter().map(|m| m * 1_000 + 999).collect();
+        assert_eq!(hashes(Arc::new(TimestampNanosecondArray::from(nanos))), ts, "nanoseconds floored");
+        let zoned = TimestampMicrosecondArray::from(micros).with_timezone("+05:30");
+        assert_eq!(hashes(Arc::new(zoned)), ts);
+        let d128 = hashes(Arc::new(Decimal128Array::from(vec![150, -7]).with_precision_and_scale(20, 2).unwrap()));
+        type I256 = <types::Decimal256Type as ArrowPrimitiveType>::Native;
+        let d256 = Decimal256Array::from(vec![I256::from_i128(150), I256::from_i128(-7)])
+            .with_precision_and_scale(40, 2)
+            .unwrap();
+        assert_eq!(hashes(Arc::new(d256)), d128);
+        let d64 = Decimal64Array::from(vec![150, -7]).with_precision_and_scale(12, 2).unwrap();
+        assert_eq!(hashes(Arc::new(d64)), d128);
+        // The scale is part of the value: 1.50 (scale 2) is not 15.0 (scale 1).
+        let scale1 = hashes(Arc::new(Decimal128Array::from(vec![150, -7]).with_precision_and_scale(20, 1).unwrap()));
+        assert_ne!(scale1, d128);
+        // Nulls have no hash.
+        assert_eq!(hashes(Arc::new(Int64Array::from(vec![None, Some(1)])))[0], None);
+    }
+
+    #[test]
+    fn float_and_other_untyped_keys_are_refused_naming_the_column() {
+        use arrow_array::{Float32Array, Float64Array};
+        for col in [Arc::new(Float64Array::from(vec![0.0])) as ArrayRef, Arc::new(Float32Array::from(vec![-0.0]))] {
+            let e = key_hash(&one("price", col), &["price".to_string()]).unwrap_err().to_string();
+            assert!(e.contains("key column `price` (source.key)") && e.contains("floating-point"), "{e}");
+        }
+        assert!(check_key_type(&DataType::Float16).is_err());
+        let e = check_key_type(&DataType::List(Arc::new(Field::new("item", DataType::Int64, true)))).unwrap_err();
+        assert!(e.contains("no key type"), "{e}");
+        assert!(check_key_type(&DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))).is_ok());
+        // apply refuses a float key too, rather than route by it.
+        let b = RecordBatch::try_from_iter(vec![
+            ("id", Arc::new(Float64Array::from(vec![1.0])) as ArrayRef),
+            ("op", Arc::new(StringArray::from(vec!["u"])) as ArrayRef),
+        ])
+        .unwrap();
+        assert!(spec().apply(&b, |_| (0, 0), None).unwrap_err().to_string().contains("key column `id`"));
     }
 
     #[test]

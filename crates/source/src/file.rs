@@ -23,7 +23,8 @@
 //! A change stream (`[source] key`, see `changes`) splits otherwise where
 //! a key's changes could go to two subtasks: in one folder of files every
 //! subtask reads every file in name order and keeps only the rows whose key
-//! hashes to it (`changes::owner`, FNV-1a of the key's values as text), so
+//! hashes to it (`changes::owner`, FNV-1a of the key values' canonical
+//! bytes, `changes::KEY_HASH_SCHEME`, recorded in the checkpoint), so
 //! each key's changes reach one subtask in source order; the rows that are
 //! no change (an unknown operation, a missing or null key) and the records
 //! that do not convert are handed out only by the subtask the file's name
@@ -77,7 +78,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::reader::ChunkReader;
 use serde_json::{Value, json};
 
-use super::changes::{ChangeSpec, Share};
+use super::changes::{ChangeSpec, KEY_HASH_SCHEME, Share};
 use super::object::{Bucket, ObjectFile};
 use super::{BadRow, BadRows, FileIdentity, Origin, Rejected, SourceChange, SourceError, SourceReader, TableBatch};
 use crate::config::FileFormat;
@@ -479,8 +480,16 @@ fn check_change_columns(
         }
     };
     for column in &spec.key {
-        if schema.field_with_name(column).is_err() {
-            return Err(lacks("source.key", column));
+        let Ok(field) = schema.field_with_name(column) else { return Err(lacks("source.key", column)) };
+        if let Err(why) = super::changes::check_key_type(field.data_type()) {
+            let table = if table.is_empty() { String::new() } else { format!(" of table {table:?}") };
+            return Err(SourceError::Config {
+                key: "source.key".to_string(),
+                message: format!(
+                    "names column `{column}`{table} (typed by {}, the first file read), which {why}",
+                    at.shown()
+                ),
+            });
         }
     }
     match &spec.column {
@@ -809,7 +818,11 @@ impl FileSource {
             };
             subtasks.push(consumed);
         }
-        Some(super::SourceIdentity::File { subtasks, key: self.change_key().map(<[String]>::to_vec) })
+        Some(super::SourceIdentity::File {
+            subtasks,
+            key: self.change_key().map(<[String]>::to_vec),
+            key_hash: self.changes.as_ref().map(|_| KEY_HASH_SCHEME.to_string()),
+        })
     }
 
     /// Refuses to resume when a file a subtask consumed is gone or changed,
@@ -817,8 +830,18 @@ impl FileSource {
     /// A checkpoint of a change stream (`key`) resumes only as the same
     /// change stream, and one of an append stream only as an append stream:
     /// their splits and rows differ, so a position of one means other rows
-    /// in the other.
-    pub fn check_identity(&self, recorded: &[Vec<FileIdentity>], key: Option<&[String]>) -> Result<(), SourceChange> {
+    /// in the other. A change stream's checkpoint resumes only under the key
+    /// hash scheme it recorded (`key_hash`, [`KEY_HASH_SCHEME`]): under
+    /// another, a key could move to another subtask, whose position is
+    /// elsewhere in the files, and its changes be skipped or applied out of
+    /// order. One that recorded none (taken before schemes were kept) is
+    /// refused too.
+    pub fn check_identity(
+        &self,
+        recorded: &[Vec<FileIdentity>],
+        key: Option<&[String]>,
+        key_hash: Option<&str>,
+    ) -> Result<(), SourceChange> {
         if key != self.change_key() {
             let shown = |k: Option<&[String]>| match k {
                 Some(k) => format!("a change stream keyed by {k:?}"),
@@ -829,6 +852,18 @@ impl FileSource {
                  directory, or set source.key back",
                 shown(key),
                 shown(self.change_key())
+            )));
+        }
+        if key.is_some() && key_hash != Some(KEY_HASH_SCHEME) {
+            let then = match key_hash {
+                Some(scheme) => format!("by key hash scheme {scheme:?}"),
+                None => "by a key hash scheme it did not record (an earlier version's)".to_string(),
+            };
+            return Err(SourceChange(format!(
+                "the checkpoint was taken of a change stream whose keys went to subtasks {then}, and this version \
+                 hashes keys by {KEY_HASH_SCHEME:?}: a key could move to another subtask, and its changes be \
+                 skipped or applied out of order. Start the job over in a fresh job.state_dir with \
+                 --new-incarnation"
             )));
         }
         let now: HashMap<&str, &DataFile> =
@@ -2193,7 +2228,7 @@ mod tests {
         // A file that sorts before the position.
         csv(dir.path(), "a.csv", 100..103);
         let now = open_local(dir.path(), 4, 1).unwrap();
-        let err = now.check_identity(subtasks, None).unwrap_err().to_string();
+        let err = now.check_identity(subtasks, None, None).unwrap_err().to_string();
         assert!(err.contains("a.csv is new and sorts before") && err.contains("c.csv"), "{err}");
         std::fs::remove_file(dir.path().join("a.csv")).unwrap();
 
@@ -2202,26 +2237,26 @@ mod tests {
         let original = std::fs::read(&c).unwrap();
         let mtime = std::fs::metadata(&c).unwrap().modified().unwrap();
         std::fs::write(&c, [original.clone(), b"60,120\n".to_vec()].concat()).unwrap();
-        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None, None).unwrap_err();
         assert!(err.to_string().contains("c.csv grew from"), "{err}");
         std::fs::write(&c, &original[..original.len() - 6]).unwrap();
-        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None, None).unwrap_err();
         assert!(err.to_string().contains("c.csv shrank from"), "{err}");
         std::fs::write(&c, &original).unwrap();
         let touched = mtime + std::time::Duration::from_secs(5);
         File::options().write(true).open(&c).unwrap().set_modified(touched).unwrap();
-        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None, None).unwrap_err();
         assert!(err.to_string().contains("c.csv was modified"), "{err}");
         File::options().write(true).open(&c).unwrap().set_modified(mtime).unwrap();
         std::fs::rename(dir.path().join("b.csv"), dir.path().join("b.csv.bak")).unwrap();
-        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None).unwrap_err();
+        let err = open_local(dir.path(), 4, 1).unwrap().check_identity(subtasks, None, None).unwrap_err();
         assert!(err.to_string().contains("b.csv is gone"), "{err}");
         std::fs::rename(dir.path().join("b.csv.bak"), dir.path().join("b.csv")).unwrap();
 
         // Restored as it was, plus a file that sorts after: accepted, and read once.
         csv(dir.path(), "d.csv", 60..70);
         let now = open_local(dir.path(), 4, 1).unwrap();
-        now.check_identity(subtasks, None).unwrap();
+        now.check_identity(subtasks, None, None).unwrap();
         let (rest, ends) = read_all(&now, &[Some(pos)]);
         assert_eq!([first, rest].concat(), (0..70).collect::<Vec<_>>());
         assert_eq!(ends, [json!({"after": "d.csv"})]);
@@ -2387,6 +2422,9 @@ mod tests {
             let (changes, positions) = read(s, None, 8);
             for (id, ..) in &changes {
                 assert_eq!(*owner_of.entry(*id).or_insert(s), s, "key {id} on one subtask");
+                // The subtask is the one key-hash-v1's bytes of the key name.
+                let bytes = [&b"i"[..], &id.to_le_bytes()].concat();
+                assert_eq!(super::super::changes::owner(super::super::changes::fnv1a64(bytes), 3), s, "key {id}");
             }
             assert!(changes.windows(2).all(|w| (w[0].2, w[0].3) < (w[1].2, w[1].3)), "source order");
             for at in &positions {
@@ -2415,16 +2453,69 @@ mod tests {
             .unwrap()
             .with_changes(Some(ChangeSpec { key: vec!["id".into()], column: Some("op".into()) }))
             .unwrap();
-        let crate::SourceIdentity::File { subtasks, key } = identity else { panic!("a file identity") };
+        let crate::SourceIdentity::File { subtasks, key, key_hash } = identity else { panic!("a file identity") };
         assert_eq!(key.as_deref(), Some(&["id".to_string()][..]));
-        let err = grown.check_identity(&subtasks, key.as_deref()).unwrap_err().0;
+        assert_eq!(key_hash.as_deref(), Some(KEY_HASH_SCHEME));
+        let err = grown.check_identity(&subtasks, key.as_deref(), key_hash.as_deref()).unwrap_err().0;
         assert!(err.contains("a.csv is new and sorts before"), "{err}");
         // Nor does it resume as an append stream, or an append stream's checkpoint as a change stream.
         let plain = open_local(dir.path(), 8, 3).unwrap();
-        let err = plain.check_identity(&subtasks, key.as_deref()).unwrap_err().0;
+        let err = plain.check_identity(&subtasks, key.as_deref(), key_hash.as_deref()).unwrap_err().0;
         assert!(err.contains("change stream keyed by [\"id\"]") && err.contains("an append stream"), "{err}");
-        let err = grown.check_identity(&[], None).unwrap_err().0;
+        let err = grown.check_identity(&[], None, None).unwrap_err().0;
         assert!(err.contains("the checkpoint was taken of an append stream"), "{err}");
+    }
+
+    /// A change stream's checkpoint records the key hash scheme, and resumes
+    /// only under it: another scheme, or none (a checkpoint taken before
+    /// schemes were recorded), is refused naming the way out; the record
+    /// round-trips through the checkpoint's JSON, and an append stream's
+    /// records none.
+    #[test]
+    fn a_change_stream_resumes_only_under_the_key_hash_scheme_it_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.jsonl"), "{\"id\": 1, \"op\": \"u\"}\n{\"id\": 2, \"op\": \"d\"}\n").unwrap();
+        let spec = ChangeSpec { key: vec!["id".into()], column: Some("op".into()) };
+        let src = crate::Source::File(open_local(dir.path(), 8, 2).unwrap().with_changes(Some(spec)).unwrap());
+        let mut r = src.reader(0, None).unwrap();
+        while r.next_batch(8).unwrap().is_some() {}
+        let (pos, none) = (r.position(), json!({ "after": null }));
+        let identity = src.identity(&[&pos, &none]).unwrap();
+        let text = serde_json::to_value(&identity).unwrap();
+        assert_eq!(text["key_hash"], json!(KEY_HASH_SCHEME), "{text}");
+        let back: crate::SourceIdentity = serde_json::from_value(text.clone()).unwrap();
+        assert_eq!(back, identity);
+        src.check_identity(Some(&back)).unwrap();
+        // Another scheme, and none recorded.
+        let mut other = text.clone();
+        other["key_hash"] = json!("key-hash-v0");
+        let err = src.check_identity(Some(&serde_json::from_value(other).unwrap())).unwrap_err().0;
+        assert!(err.contains("\"key-hash-v0\"") && err.contains("--new-incarnation"), "{err}");
+        let mut before = text;
+        before.as_object_mut().unwrap().remove("key_hash");
+        let err = src.check_identity(Some(&serde_json::from_value(before).unwrap())).unwrap_err().0;
+        assert!(err.contains("did not record") && err.contains("fresh job.state_dir with --new-incarnation"), "{err}");
+        // An append stream records no scheme, and resumes without one.
+        let plain = crate::Source::File(open_local(dir.path(), 8, 2).unwrap());
+        let identity = plain.identity(&[&none, &none]).unwrap();
+        assert!(serde_json::to_value(&identity).unwrap().get("key_hash").is_none());
+        plain.check_identity(Some(&identity)).unwrap();
+    }
+
+    /// A float key column is refused when the table's schema is known, as
+    /// a config error naming source.key and the column.
+    #[test]
+    fn a_float_key_column_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.jsonl"), "{\"id\": 1, \"price\": 1.5, \"op\": \"u\"}\n").unwrap();
+        let spec = ChangeSpec { key: vec!["id".into(), "price".into()], column: Some("op".into()) };
+        let src = open_local(dir.path(), 8, 1).unwrap().with_changes(Some(spec)).unwrap();
+        let err = src.tables().unwrap_err();
+        assert!(matches!(err, SourceError::Config { ref key, .. } if key == "source.key"), "{err:?}");
+        let err = err.to_string();
+        assert!(err.contains("column `price`") && err.contains("Float64") && err.contains("a.jsonl"), "{err}");
+        let spec = ChangeSpec { key: vec!["id".into()], column: Some("op".into()) };
+        open_local(dir.path(), 8, 1).unwrap().with_changes(Some(spec)).unwrap().tables().unwrap();
     }
 
     fn read_to_error(src: &FileSource) -> (Vec<RecordBatch>, Option<String>) {

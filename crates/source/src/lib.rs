@@ -130,11 +130,15 @@ pub enum SourceIdentity {
     Generator(generator::Params),
     /// Per subtask, the files it consumed (the last one possibly in part), in
     /// reading order; and a change stream's key (its split and its rows
-    /// differ from an append stream's; none in records before change streams).
+    /// differ from an append stream's; none in records before change streams)
+    /// with the scheme that hashed its keys to subtasks
+    /// ([`changes::KEY_HASH_SCHEME`]; none in records before it was kept).
     File {
         subtasks: Vec<Vec<FileIdentity>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key_hash: Option<String>,
     },
     /// The topics, the message format and the partition rule.
     Kafka(kafka::KafkaIdentity),
@@ -403,8 +407,8 @@ impl Source {
         match (self, recorded) {
             (_, None) => Ok(()),
             (Source::Generator(g), Some(SourceIdentity::Generator(p))) => g.params().check(p),
-            (Source::File(f), Some(SourceIdentity::File { subtasks, key })) => {
-                f.check_identity(subtasks, key.as_deref())
+            (Source::File(f), Some(SourceIdentity::File { subtasks, key, key_hash })) => {
+                f.check_identity(subtasks, key.as_deref(), key_hash.as_deref())
             }
             (Source::Kafka(k), Some(SourceIdentity::Kafka(id))) => k.check_identity(id),
             (now, Some(then)) => Err(SourceChange(format!("it {}, and the job now {}", read(then), now.kind_phrase()))),
