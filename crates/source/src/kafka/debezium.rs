@@ -27,7 +27,19 @@
 //! - the table's columns are the row's (the declared `columns`, the target
 //!   table's, or the Avro envelope's `after` record), every column outside
 //!   the key nullable: a tombstone carries the key alone. The key's columns
-//!   must be among them (checked when the source opens).
+//!   must be among them (checked when the source opens);
+//! - every message's key is its change key: changes are ordered by offset,
+//!   which orders a key's changes only when they all share one partition,
+//!   and the default partitioner keeps a message key in one partition. So
+//!   a message whose key is missing or null, is neither JSON (with or
+//!   without the converter's schema) nor registry Avro, does not hold
+//!   exactly the key's columns, or holds other values than the row's key,
+//!   is refused as above (each topic is its own table, so a key is never
+//!   split over topics);
+//! - an upsert is a whole row: a string column of a Debezium `after` row
+//!   holding Debezium's placeholder for a value it did not capture
+//!   ([`UNAVAILABLE`], a TOASTed Postgres column an update left unchanged)
+//!   is refused as above, never landed over the stored value.
 
 use std::sync::Arc;
 
@@ -37,6 +49,12 @@ use serde_json::{Map, Value};
 use sluice_core::changes::{OP, Op, SEQ_HI, SEQ_LO};
 
 use super::avro::AvroCodec;
+/// What Debezium writes for a column value the database did not send
+/// (`unavailable.value.placeholder`'s default): a Postgres TOASTed column
+/// an update left unchanged, without REPLICA IDENTITY FULL
+/// (<https://debezium.io/documentation/reference/stable/connectors/postgresql.html#postgresql-toasted-values>).
+pub const UNAVAILABLE: &str = "__debezium_unavailable_value";
+
 use super::decode::{Message, json_batch, json_culprit, refused};
 use crate::SourceError;
 
@@ -67,6 +85,8 @@ pub struct ChangeCodec {
     read: SchemaRef,
     /// `table` and the three reserved columns.
     batch: SchemaRef,
+    /// The key's columns alone, nullable: message keys are read so.
+    key_schema: SchemaRef,
 }
 
 /// The reserved columns a change batch carries after the table's own.
@@ -121,7 +141,8 @@ impl ChangeCodec {
         fields.extend(reserved());
         let batch = Arc::new(Schema::new(fields));
         let read = relaxed(&table, &[]);
-        Ok(Self { inner, key, key_at, table, read, batch })
+        let key_schema = Arc::new(Schema::new(key_at.iter().map(|at| read.field(*at).clone()).collect::<Vec<_>>()));
+        Ok(Self { inner, key, key_at, table, read, batch, key_schema })
     }
 
     /// A Debezium Avro codec: the table's columns are the envelope's `after` record's.
@@ -158,6 +179,100 @@ impl ChangeCodec {
             Inner::DebeziumAvro(avro) => self.debezium_avro_rows(avro, topic, messages)?,
         };
         self.finish(topic, messages, rows, &ops)
+    }
+
+    /// Each message's key as a row of the key's columns (`key_schema`):
+    /// JSON (an object of the key's columns, with or without the converter's
+    /// schema, or a bare value for a one-column key), else for the Avro
+    /// formats Avro in the registry's wire format.
+    fn message_keys(&self, topic: &str, messages: &[Message]) -> Result<RecordBatch, SourceError> {
+        let avro = match &self.inner {
+            Inner::Avro(a) | Inner::DebeziumAvro(a) => Some(a),
+            Inner::Json | Inner::DebeziumJson => None,
+        };
+        // Each key is JSON (0) or Avro (1): its index in `json` or `avros`.
+        let mut picks = Vec::with_capacity(messages.len());
+        let mut json = Vec::with_capacity(messages.len());
+        let mut avros = Vec::new();
+        for m in messages {
+            let bytes = m.key.as_deref().ok_or_else(|| refused(topic, m, NO_KEY))?;
+            match (serde_json::from_slice::<Value>(bytes), avro) {
+                (Ok(value), _) => {
+                    let row = key_object(value, &self.key).map_err(|why| refused(topic, m, why))?;
+                    exactly_the_key(row.keys().map(String::as_str), &self.key).map_err(|why| refused(topic, m, why))?;
+                    json.push(as_value(m, Value::Object(row)));
+                    picks.push((0, json.len() - 1));
+                }
+                (Err(_), Some(avro)) => {
+                    let key = avro.decode_key(topic, m)?;
+                    exactly_the_key(key.schema().fields().iter().map(|f| f.name().as_str()), &self.key)
+                        .map_err(|why| refused(topic, m, why))?;
+                    let mut columns = Vec::with_capacity(self.key.len());
+                    for f in self.key_schema.fields() {
+                        let c = key.column_by_name(f.name()).ok_or_else(|| {
+                            SourceError::Internal(format!("kafka: an Avro key lost its column {:?}", f.name()))
+                        })?;
+                        columns.push(arrow_cast::cast(c, f.data_type()).map_err(|e| {
+                            refused(
+                                topic,
+                                m,
+                                format!("message key column {:?} does not convert to {}: {e}", f.name(), f.data_type()),
+                            )
+                        })?);
+                    }
+                    avros.push(
+                        RecordBatch::try_new(self.key_schema.clone(), columns)
+                            .map_err(|e| refused(topic, m, format!("its message key: {e}")))?,
+                    );
+                    picks.push((1, avros.len() - 1));
+                }
+                (Err(e), None) => return Err(refused(topic, m, format!("its message key is not JSON: {e}"))),
+            }
+        }
+        let json = match json_batch(&self.key_schema, &json) {
+            Ok(batch) if batch.num_rows() == json.len() => batch,
+            _ => return Err(key_culprit(json_culprit(&self.key_schema, topic, &json))),
+        };
+        if avros.is_empty() {
+            return Ok(json);
+        }
+        let internal = |e: arrow_schema::ArrowError| SourceError::Rows {
+            topic: topic.to_string(),
+            message: format!("message keys to the key's columns: {e}"),
+        };
+        let avros = arrow_select::concat::concat_batches(&self.key_schema, &avros).map_err(internal)?;
+        let mut columns = Vec::with_capacity(self.key.len());
+        for j in 0..self.key.len() {
+            let from: [&dyn Array; 2] = [json.column(j).as_ref(), avros.column(j).as_ref()];
+            columns.push(arrow_select::interleave::interleave(&from, &picks).map_err(internal)?);
+        }
+        RecordBatch::try_new(self.key_schema.clone(), columns).map_err(internal)
+    }
+
+    /// The first message whose key does not name its row's key, refused.
+    fn check_keys(&self, topic: &str, messages: &[Message], rows: &RecordBatch) -> Result<(), SourceError> {
+        let keys = self.message_keys(topic, messages)?;
+        for (i, m) in messages.iter().enumerate() {
+            for (j, (name, at)) in self.key.iter().zip(&self.key_at).enumerate() {
+                let (row, key) = (rows.column(*at).slice(i, 1), keys.column(j).slice(i, 1));
+                if key.is_null(0) {
+                    return Err(refused(topic, m, format!("{MISMATCH}: its key column {name:?} is null")));
+                }
+                // ArrayData's equality is arrow's logical one (offsets and all).
+                if row.to_data() != key.to_data() {
+                    return Err(refused(
+                        topic,
+                        m,
+                        format!(
+                            "{MISMATCH}: its key column {name:?} is {} but the row's is {}",
+                            shown(&key),
+                            shown(&row)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Plain JSON rows of `messages` (values that are rows of the table).
@@ -218,7 +333,12 @@ impl ChangeCodec {
             let text = op.is_valid(i).then(|| op.value(i));
             let parsed = text.and_then(Op::parse).ok_or_else(|| refused(topic, m, unknown_op(text)))?;
             match parsed {
-                Op::Upsert if after.is_valid(i) => picks.push((0, i)),
+                Op::Upsert if after.is_valid(i) => {
+                    if let Some(column) = unavailable_at(&after, i) {
+                        return Err(refused(topic, m, partial_row(column)));
+                    }
+                    picks.push((0, i));
+                }
                 Op::Upsert => {
                     return Err(refused(topic, m, format!("op {:?} has no \"after\" row", text.unwrap_or(""))));
                 }
@@ -307,6 +427,7 @@ impl ChangeCodec {
                 format!("key column {name:?} is missing or null (the change key is {:?})", self.key),
             ));
         }
+        self.check_keys(topic, messages, &rows)?;
         let mut lo = Vec::with_capacity(messages.len());
         for m in messages {
             lo.push(u64::try_from(m.offset).map_err(|_| {
@@ -322,6 +443,16 @@ impl ChangeCodec {
     }
 }
 
+/// The first string column of row `i` of an Avro `after` record holding
+/// [`UNAVAILABLE`] (the row's own string columns; Debezium sends nested
+/// values as strings or JSON text, which this covers).
+fn unavailable_at(after: &StructArray, i: usize) -> Option<&str> {
+    after.fields().iter().zip(after.columns()).find_map(|(f, c)| {
+        let text = c.as_any().downcast_ref::<arrow_array::StringArray>()?;
+        (text.is_valid(i) && text.value(i) == UNAVAILABLE).then(|| f.name().as_str())
+    })
+}
+
 /// `m` with `value` as its value (its position kept, for errors).
 fn as_value(m: &Message, value: Value) -> Message {
     Message {
@@ -332,6 +463,65 @@ fn as_value(m: &Message, value: Value) -> Message {
         value: Some(value.to_string().into_bytes()),
         headers: Vec::new(),
     }
+}
+
+/// Why a message with no key is refused.
+const NO_KEY: &str = "it has no message key: a change stream's message key must be its change key (source.key), so \
+                      that the partitioner keeps each key's changes in one partition, in order";
+
+/// How a message key that is not the row's change key is refused.
+const MISMATCH: &str = "its message key is not the row's change key (source.key), so its changes may be spread over \
+                        partitions and applied out of order";
+
+/// A one-value array as an error shows it.
+fn shown(a: &ArrayRef) -> String {
+    arrow_cast::display::array_value_to_string(a, 0).unwrap_or_else(|_| "(a value)".to_string())
+}
+
+/// A message key's failure to read as the key's columns, named as such.
+fn key_culprit(e: SourceError) -> SourceError {
+    match e {
+        SourceError::Message { position, reason } => {
+            SourceError::Message { position, reason: format!("its message key does not fit source.key: {reason}") }
+        }
+        other => other,
+    }
+}
+
+/// Whether a message key's `columns` are exactly the change key's.
+fn exactly_the_key<'a>(columns: impl Iterator<Item = &'a str>, key: &[String]) -> Result<(), String> {
+    let mut got: Vec<&str> = columns.collect();
+    got.sort_unstable();
+    let mut want: Vec<&str> = key.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{MISMATCH}: it holds the columns {got:?}, the change key is {key:?}"))
+    }
+}
+
+/// The first string column of a Debezium `after` row holding [`UNAVAILABLE`].
+fn unavailable_column(row: &Map<String, Value>) -> Option<&str> {
+    fn holds(v: &Value) -> bool {
+        match v {
+            Value::String(s) => s == UNAVAILABLE,
+            Value::Array(a) => a.iter().any(holds),
+            Value::Object(o) => o.values().any(holds),
+            _ => false,
+        }
+    }
+    row.iter().find(|(_, v)| holds(v)).map(|(k, _)| k.as_str())
+}
+
+/// Why an `after` row with an [`UNAVAILABLE`] `column` is refused.
+fn partial_row(column: &str) -> String {
+    format!(
+        "column {column:?} of its \"after\" row is Debezium's {UNAVAILABLE:?}: the source sent a partial row (a \
+         TOASTed column an update left unchanged), and an upsert replaces the whole row. Give the source full row \
+         images (Postgres: ALTER TABLE ... REPLICA IDENTITY FULL; MySQL: binlog_row_image = FULL) or have Debezium \
+         fill such values in"
+    )
 }
 
 fn unknown_op(op: Option<&str>) -> String {
@@ -391,7 +581,10 @@ fn json_change(m: &Message, key: &[String]) -> Result<(Op, Map<String, Value>), 
     let op_name = text.unwrap_or_default().trim().to_string();
     match op {
         Op::Upsert => match envelope.remove("after") {
-            Some(Value::Object(row)) => Ok((op, row)),
+            Some(Value::Object(row)) => match unavailable_column(&row) {
+                Some(column) => Err(partial_row(column)),
+                None => Ok((op, row)),
+            },
             Some(Value::Null) | None => Err(format!("op {op_name:?} has no \"after\" row")),
             Some(other) => Err(format!("op {op_name:?}: \"after\" is not an object: {other}")),
         },
@@ -451,6 +644,7 @@ mod tests {
     use arrow_array::types::{Int64Type, UInt8Type, UInt64Type};
 
     use super::*;
+    use crate::kafka::decode::Codec;
 
     fn row_schema() -> Schema {
         Schema::new(vec![
@@ -589,9 +783,91 @@ mod tests {
         let codec = ChangeCodec::new(Inner::Json, &row_schema(), vec!["id".into()]).unwrap_or_else(|e| panic!("{e}"));
         assert!(!codec.table_schema().field(1).is_nullable(), "plain rows keep their columns");
         let batch = codec
-            .decode("t", &[msg(4, None, Some(r#"{"id":9,"name":"x"}"#)), msg(5, None, Some(r#"{"id":9,"name":"y"}"#))])
+            .decode(
+                "t",
+                &[
+                    msg(4, Some(r#"{"id":9}"#), Some(r#"{"id":9,"name":"x"}"#)),
+                    msg(5, Some("9"), Some(r#"{"id":9,"name":"y"}"#)),
+                    msg(6, Some(r#"{"schema":{"type":"int64"},"payload":{"id":9}}"#), Some(r#"{"id":9,"name":"z"}"#)),
+                ],
+            )
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(changes(&batch), vec![(9, Some("x".into()), 0, 4), (9, Some("y".into()), 0, 5)]);
+        assert_eq!(
+            changes(&batch),
+            vec![(9, Some("x".into()), 0, 4), (9, Some("y".into()), 0, 5), (9, Some("z".into()), 0, 6)]
+        );
+    }
+
+    /// Offsets order a key's changes only within one partition, and the
+    /// partitioner keeps a message key in one: the message key must be
+    /// the change key, with the row's values.
+    #[test]
+    fn a_message_key_that_is_not_the_rows_change_key_is_refused() {
+        let plain = ChangeCodec::new(Inner::Json, &row_schema(), vec!["id".into()]).unwrap_or_else(|e| panic!("{e}"));
+        let row = r#"{"id":9,"name":"x"}"#;
+        let after = r#"{"before":null,"after":{"id":9,"name":"x"},"op":"c"}"#;
+        let cases: [(Option<&str>, &str); 7] = [
+            (None, "has no message key"),
+            (Some("null"), "the message key is null"),
+            (Some(r#"{"customer":3}"#), r#"holds the columns ["customer"], the change key is ["id"]"#),
+            (Some(r#"{"id":9,"name":"x"}"#), r#"holds the columns ["id", "name"]"#),
+            (Some(r#"{"id":8}"#), "key column \"id\" is 8 but the row's is 9"),
+            (Some(r#"{"id":null}"#), "key column \"id\" is null"),
+            (Some("not json"), "not JSON"),
+        ];
+        for codec in [&plain, &json_codec()] {
+            let value = if matches!(codec.inner, Inner::Json) { row } else { after };
+            for (key, why) in cases {
+                let ok = msg(1, Some(r#"{"id":9}"#), Some(value));
+                let e = error(codec, &[ok, msg(2, key, Some(value))]);
+                assert!(e.contains("\"pg.orders\" partition 3 offset 2") && e.contains(why), "{key:?}: {e}");
+            }
+        }
+        // A Debezium delete's before row, too, is its key's.
+        let e = error(&json_codec(), &[msg(7, Some("1"), Some(r#"{"before":{"id":2},"after":null,"op":"d"}"#))]);
+        assert!(e.contains("offset 7") && e.contains("is 1 but the row's is 2"), "{e}");
+        // With dead letters the message is set aside, once; the others land.
+        let codec = Codec::Changes(plain);
+        let messages = [
+            msg(10, Some("1"), Some(r#"{"id":1,"name":"a"}"#)),
+            msg(11, Some("5"), Some(r#"{"id":2,"name":"b"}"#)),
+            msg(12, Some("3"), Some(r#"{"id":3,"name":"c"}"#)),
+        ];
+        let (batch, bad) = codec.decode_keeping_bad("pg.orders", &messages, true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(changes(&batch), vec![(1, Some("a".into()), 0, 10), (3, Some("c".into()), 0, 12)]);
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].position, "topic \"pg.orders\" partition 3 offset 11");
+        assert!(bad[0].reason.contains("is 5 but the row's is 2"), "{}", bad[0].reason);
+    }
+
+    #[test]
+    fn a_partial_row_image_is_refused_naming_the_column() {
+        let codec = json_codec();
+        let toasted = format!(r#"{{"before":null,"after":{{"id":4,"name":"{UNAVAILABLE}"}},"op":"u"}}"#);
+        let nested = format!(r#"{{"before":null,"after":{{"id":4,"name":"n","amount":["{UNAVAILABLE}"]}},"op":"u"}}"#);
+        for (value, column) in [(&toasted, "name"), (&nested, "amount")] {
+            let e = error(&codec, &[msg(21, Some("4"), Some(value))]);
+            assert!(e.contains("\"pg.orders\" partition 3 offset 21"), "{e}");
+            assert!(e.contains(&format!("column {column:?}")) && e.contains(UNAVAILABLE), "{e}");
+            assert!(e.contains("REPLICA IDENTITY FULL") && e.contains("binlog_row_image = FULL"), "{e}");
+        }
+        // In before, or as part of a longer string, it is a value as any other.
+        let fine = format!(
+            r#"{{"before":{{"id":4,"name":"{UNAVAILABLE}"}},"after":{{"id":4,"name":"x{UNAVAILABLE}"}},"op":"u"}}"#
+        );
+        assert!(codec.decode("pg.orders", &[msg(22, Some("4"), Some(&fine))]).is_ok());
+        // The Avro envelope's after record: its string columns.
+        let after = StructArray::from(vec![
+            (
+                Arc::new(Field::new("id", DataType::Int64, false)),
+                Arc::new(arrow_array::Int64Array::from(vec![1, 2])) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("name", DataType::Utf8, true)),
+                Arc::new(arrow_array::StringArray::from(vec![Some("a"), Some(UNAVAILABLE)])) as ArrayRef,
+            ),
+        ]);
+        assert_eq!((unavailable_at(&after, 0), unavailable_at(&after, 1)), (None, Some("name")));
     }
 
     #[test]
