@@ -5,8 +5,9 @@
 //! `"debezium-avro"` through the schema registry double. The batches the
 //! source hands on are applied key by key and compared with a model the
 //! test computes from what it produced: every change once, in partition
-//! order, with `(0, offset)` as its position. An unknown op is refused
-//! naming its offset, or set aside once as a dead letter.
+//! order, with `(0, offset)` as its position. An unknown op, and a
+//! message whose key is not its row's key, are refused naming the offset,
+//! or set aside once as a dead letter.
 //!
 //! Event shapes: <https://debezium.io/documentation/reference/stable/connectors/postgresql.html#postgresql-events>.
 
@@ -266,6 +267,44 @@ fn an_unknown_op_is_refused_naming_its_offset_or_set_aside_once_as_a_dead_letter
     let lo: Vec<u64> =
         batches.iter().flat_map(|b| b.batch.column(5).as_primitive::<UInt64Type>().values().to_vec()).collect();
     assert_eq!(lo, vec![0, 1, 2, 4, 5]);
+}
+
+/// Offsets order a key's changes only within one partition, which the
+/// partitioner keeps a message key in: a message keyed by another value
+/// than its row's key (a producer keyed by another column) is a bad row.
+#[test]
+fn a_message_whose_key_is_not_its_rows_key_is_refused_naming_its_offset_or_set_aside_once() {
+    let broker = Broker::start();
+    broker.create_topic("pg_miskeyed", 1);
+    let event = |key: Value, id: i64| {
+        let value = json!({ "before": null, "after": { "id": id, "name": format!("n{id}") }, "op": "c" });
+        (0, key.to_string().into_bytes(), Some(value.to_string().into_bytes()))
+    };
+    let messages = vec![
+        event(json!({ "id": 1 }), 1),
+        event(json!({ "id": 2 }), 2),
+        event(json!({ "id": 7 }), 3),
+        event(json!({ "schema": { "type": "struct" }, "payload": { "id": 4 } }), 4),
+    ];
+    produce(&broker, "pg_miskeyed", &messages);
+    let job = debezium_json_job(&broker, "k-dbz-miskeyed", "pg_miskeyed");
+    let e = read_all(&job, &[], false).expect_err("a message keyed by another value must stop the read");
+    assert!(e.contains("\"pg_miskeyed\" partition 0 offset 2") && e.contains("is 7 but the row's is 3"), "{e}");
+    // With dead letters: the others' changes, and the bad one once.
+    let batches = read_all(&job, &[], true).unwrap_or_else(|e| panic!("reading: {e}"));
+    let bad: Vec<_> = batches.iter().flat_map(|b| b.bad.iter()).collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].position, "topic \"pg_miskeyed\" partition 0 offset 2");
+    assert!(bad[0].reason.contains("not the row's change key") && bad[0].raw.contains("\"id\":3"), "{:?}", bad[0]);
+    let rows: Vec<(i64, u64)> = batches
+        .iter()
+        .flat_map(|b| {
+            let id = b.batch.column(0).as_primitive::<Int64Type>();
+            let lo = b.batch.column(5).as_primitive::<UInt64Type>();
+            (0..b.batch.num_rows()).map(|i| (id.value(i), lo.value(i))).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(rows, vec![(1, 0), (2, 1), (4, 3)]);
 }
 
 #[test]
