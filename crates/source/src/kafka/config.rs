@@ -47,7 +47,17 @@ pub struct KafkaSpec {
     /// applied in partition order, its position the message's offset. A
     /// message whose key column is missing or null is a bad row
     /// (`job.bad_rows`). Needed by `debezium-json` and `debezium-avro`;
-    /// not taken by `raw`.
+    /// not taken by `raw`. The message key must be the change key (JSON,
+    /// with or without the converter's schema, or Avro through
+    /// `schema_registry`; exactly these columns, the row's values), so that
+    /// the producer's default partitioner keeps each key's changes in one
+    /// partition, in order; a message whose key is missing, null or another
+    /// is a bad row. Adding partitions to a topic breaks this: a key's
+    /// later changes may land in another partition and apply out of order.
+    /// An upsert replaces the whole row, so the source must send full row
+    /// images (Postgres `REPLICA IDENTITY FULL`, MySQL
+    /// `binlog_row_image = FULL`): a Debezium `after` value
+    /// `__debezium_unavailable_value` is a bad row.
     #[serde(default)]
     pub key: Option<crate::config::Columns>,
     /// The columns of a JSON message (and the table). Without them, each
