@@ -47,7 +47,10 @@ pub fn option_specs() -> Vec<OptionSpec> {
             "`append` adds the rows to the table; `overwrite-partitions` makes the rows a run lands replace every \
              partition they touch (the first checkpoint of an incarnation that touches a partition replaces it, later \
              ones add to it; an unpartitioned table is replaced whole), in one `overwrite` snapshot per checkpoint, \
-             refused when another writer added rows to or deleted rows from such a partition since the run began",
+             refused when another writer added rows to or deleted rows from such a partition since the run began; \
+             `upsert`, for a change stream (`[source] key`), makes each change insert, replace or delete its key's \
+             row: one snapshot per checkpoint with the new rows and position deletes (deletion vectors on format \
+             version 3) for the rows they replace",
             false,
             Some("append"),
         ),
