@@ -7,8 +7,8 @@
 //! they share in one process: the plugin host (`sluice_tests::host`) and
 //! the compiled-component cache, as the CLI shares them in one run.
 
-mod checkpoint_files;
 mod changes;
+mod checkpoint_files;
 mod cli;
 mod columnar;
 mod committer_state;
