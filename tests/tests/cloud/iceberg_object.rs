@@ -202,7 +202,13 @@ pub(crate) fn the_example_killed_twice_then_rerun_lands_every_row_once_for_pyice
     let job = TestJob { dir, toml };
     let prefix = "example";
     let mut sets = on(b, job.dir.path(), prefix);
+    // A lease of 2 s lets the reruns take over soon, but a renewal answered
+    // after 2 s (moto or fake-gcs-server on a loaded machine) stops the run
+    // that sent it, as it must. 6 s keeps both: quick takeovers, and a
+    // renewal may take twice its period.
+    sets.retain(|s| !s.starts_with("job.lease_secs="));
     sets.extend([
+        "job.lease_secs=6".to_string(),
         format!("sink.plugin={ICEBERG_PLUGIN}"),
         format!("source.rows={ROWS}"),
         // About 4 s for the whole job: slow enough to be killed mid-way.
@@ -214,7 +220,7 @@ pub(crate) fn the_example_killed_twice_then_rerun_lands_every_row_once_for_pyice
 
     run_and_kill(&job, &sets, progress, 2);
     let first = progress();
-    // The rerun waits for the killed run's lease (2 s) to expire, then resumes.
+    // The rerun waits for the killed run's lease (6 s) to expire, then resumes.
     run_and_kill(&job, &sets, progress, first + 2);
     let out = sluice_run(&job, &sets).output().expect("running sluice");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sluice::engine::checkpoint::CheckpointError;
 use sluice::engine::{CrashPoint, EngineError, Fault};
-use sluice_store::{GcsOptions, ObjectStore};
+use sluice_store::{GcsOptions, ObjectStore, StoreError};
 use sluice_tests::harness::{block, buckets, gcs, moto};
 use sluice_tests::{TestJob, assert_exactly_once, ids, read_visible, run_cli, sluice_run};
 
@@ -285,10 +285,21 @@ pub(crate) fn a_holder_whose_compare_and_swap_fails_stops_before_its_next_write(
     // generation) fails.
     let key = format!("{prefix}/lease");
     let store = b.bucket();
-    let current = block(store.read_versioned(&key)).expect("lease");
-    let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() + 1500;
-    let thief = serde_json::json!({"holder": "the thief", "lease_ms": 1500, "expires_at_ms": expires as u64});
-    block(store.replace_if(&key, Bytes::from(thief.to_string()), &current.etag)).expect("replace the lease");
+    // The holder renews every third of its lease: a renewal between this
+    // read and this write makes the write conflict. The thief, like a run
+    // taking over, reads again and retries.
+    let mut tries = 0;
+    loop {
+        let current = block(store.read_versioned(&key)).expect("lease");
+        let expires =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() + 1500;
+        let thief = serde_json::json!({"holder": "the thief", "lease_ms": 1500, "expires_at_ms": expires as u64});
+        match block(store.replace_if(&key, Bytes::from(thief.to_string()), &current.etag)) {
+            Ok(_) => break,
+            Err(StoreError::Conflict { .. }) if tries < 20 => tries += 1,
+            Err(e) => panic!("replace the lease (try {tries}): {e}"),
+        }
+    }
     let stolen_at = committed_dirs(&job);
 
     let out = first.wait_with_output().expect("first run");
