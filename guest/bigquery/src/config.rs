@@ -105,12 +105,7 @@ pub(crate) fn option_specs() -> Vec<OptionSpec> {
     ]
 }
 
-/// The reserved option telling when the job's incarnation began (ms since
-/// the Unix epoch).
-pub const INCARNATION_CREATED_MS: &str = "sluice.incarnation-created-ms";
-
-/// The reserved option naming the job's dead-letter table (`[job.dead_letter] table`).
-pub const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
+pub use sluice_guest_sdk::reserved::{DEAD_LETTER_TABLE, INCARNATION_CREATED_MS};
 
 /// The API's own limit on one AppendRows request.
 const API_LIMIT: u64 = 10 * 1024 * 1024;

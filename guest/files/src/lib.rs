@@ -174,8 +174,7 @@ impl Publish {
     }
 }
 
-/// The reserved option naming the job's dead-letter table (`[job.dead_letter] table`).
-pub(crate) const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
+pub(crate) use sluice_guest_sdk::reserved::DEAD_LETTER_TABLE;
 
 /// Where data objects live under `path` on an object store.
 pub(crate) const DATA_DIR: &str = "_sluice_data";

@@ -30,6 +30,7 @@ pub mod incarnation;
 pub mod ipc;
 pub mod log;
 pub mod options;
+pub mod reserved;
 
 pub use bindings::exports::sluice::connector::committer_state::Guest as GuestCommitterState;
 pub use bindings::exports::sluice::connector::maintenance::{
