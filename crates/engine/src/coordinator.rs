@@ -754,6 +754,12 @@ impl<'a> Coordinator<'a> {
             let store = &self.store;
             let committed = self.committer.commit(&p, whose, &|| store.check_held());
             self.metrics.commit_duration(&self.job.spec.sink.id, committing.elapsed());
+            // One line per commit, for `scale-bench` (commit cost against the table's age).
+            tracing::debug!(
+                checkpoint = p.checkpoint,
+                commit_us = committing.elapsed().as_micros() as u64,
+                "commit done"
+            );
             let outcome = match committed {
                 Ok(Committed::Done(outcome)) => outcome,
                 // A fenced holder (paused past its lease, then woken) may find

@@ -14,9 +14,10 @@
 //!    the checkpoint stays pending for the operator (step 2 comes first: a
 //!    table holding `c` already is never checked, so files a later
 //!    compaction removed cannot turn an `already-committed` into an error);
-//! 4. build a fast-append snapshot on exactly the table step 1 loaded,
-//!    setting the watermark to `c` in the same commit, and commit it with
-//!    its `assert-ref-snapshot-id` requirement;
+//! 4. build an append snapshot on exactly the table step 1 loaded
+//!    ([`crate::snapshot::build_snapshot`], which merges small manifests as
+//!    Java's merging append does), setting the watermark to `c` in the same
+//!    commit, and commit it with its `assert-ref-snapshot-id` requirement;
 //! 5. a `conflict` (definitely not applied) or an `unknown-outcome` (maybe
 //!    applied) is answered `retryable`: the host calls `commit` again, which
 //!    starts at 1 for every table, so step 2 decides before anything is
@@ -81,7 +82,6 @@ use iceberg::spec::{
     DataContentType, DataFile, FormatVersion, Operation, Summary, TableMetadata, deserialize_data_file_from_json,
 };
 use iceberg::table::Table;
-use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{TableRequirement, TableUpdate};
 use serde::{Deserialize, Serialize};
 use sluice_guest_sdk::bindings::sluice::connector::iceberg_catalog::CatalogError;
@@ -91,12 +91,12 @@ use sluice_guest_sdk::{
 };
 
 use crate::config::{Config, Mode};
-use crate::host_io::{self, PinnedCatalog, catalog_message};
+use crate::host_io::{self, catalog_message};
 use crate::key_index::KeyIndex;
 use crate::overwrite::{self, Plan, State};
 use crate::runtime::block_on;
 use crate::schema;
-use crate::snapshot::{Built, build_snapshot, manifests_cached, manifests_of};
+use crate::snapshot::{Built, build_snapshot, listed, manifests_cached, manifests_of};
 use crate::writer::{CommitInfo, TableFiles, ensure_table, iceberg_error};
 use crate::{SUMMARY_CHECKPOINT, SUMMARY_INCARNATION, SUMMARY_JOB, SUMMARY_SINK};
 
@@ -159,6 +159,8 @@ pub struct IcebergCommitter {
     manifests: RefCell<HashMap<String, Vec<iceberg::spec::ManifestEntryRef>>>,
     /// Upsert mode: the key index of each table, by table ident.
     indexes: RefCell<HashMap<String, KeyIndex>>,
+    /// A table with `gc.enabled = false` was noted (once per committer).
+    gc_off_noted: std::cell::Cell<bool>,
 }
 
 /// What `committer-state` needs of the committer opened in this instance.
@@ -565,6 +567,64 @@ fn check_files(ident: &TableIdent, files: &[DataFile], problems: &mut Vec<String
     Ok(())
 }
 
+/// A table is left with this many snapshots more than `keep_snapshots`
+/// (or `keep_snapshots` more, when that is fewer) before the older ones
+/// are expired: one expiry per this many commits.
+const RETENTION_SLACK: usize = 50;
+
+/// The snapshots `keep_snapshots` = `keep` expires on `metadata` at
+/// `now_ms`: the ancestors of `main` older than its newest `keep` (or the
+/// table's own `history.expire.min-snapshots-to-keep`, if larger) and, when
+/// the table sets `history.expire.max-snapshot-age-ms`, older than that
+/// too. Never a snapshot another branch or tag reaches, nor one `main`
+/// does not (a staged or rolled-back snapshot is the operator's, and
+/// `sluice maintain` expires it by age).
+fn retention(metadata: &TableMetadata, keep: u32, now_ms: i64) -> Vec<i64> {
+    let property = |key: &str| metadata.properties().get(key).and_then(|v| v.trim().parse::<i64>().ok());
+    let keep = property("history.expire.min-snapshots-to-keep")
+        .and_then(|k| usize::try_from(k).ok())
+        .map_or(keep as usize, |k| k.max(keep as usize));
+    let cutoff = property("history.expire.max-snapshot-age-ms").map_or(i64::MAX, |age| now_ms.saturating_sub(age));
+    let ancestry = |from: Option<i64>| {
+        let mut out = Vec::new();
+        let mut at = from;
+        while let Some(id) = at {
+            let Some(snapshot) = metadata.snapshot_by_id(id) else { break };
+            out.push(snapshot.clone());
+            at = snapshot.parent_snapshot_id();
+        }
+        out
+    };
+    let Some(heads) = other_ref_heads(metadata) else { return Vec::new() };
+    let others: HashSet<i64> = heads.into_iter().flat_map(|h| ancestry(Some(h))).map(|s| s.snapshot_id()).collect();
+    ancestry(metadata.current_snapshot_id())
+        .iter()
+        .skip(keep)
+        .filter(|s| s.timestamp_ms() < cutoff && !others.contains(&s.snapshot_id()))
+        .map(|s| s.snapshot_id())
+        .collect()
+}
+
+/// The snapshots the table's refs other than `main` name, or `None` when
+/// they cannot be told (then nothing is expired). iceberg-rust 0.10 has no
+/// public accessor for a table's refs: they are read from the metadata's
+/// JSON form, the spec's `refs` map.
+fn other_ref_heads(metadata: &TableMetadata) -> Option<Vec<i64>> {
+    let json = serde_json::to_value(metadata).ok()?;
+    let Some(refs) = json.get("refs") else { return Some(Vec::new()) };
+    let refs = refs.as_object()?;
+    refs.iter()
+        .filter(|(name, _)| name.as_str() != iceberg::spec::MAIN_BRANCH)
+        .map(|(_, r)| r.get("snapshot-id").and_then(serde_json::Value::as_i64))
+        .collect()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// A catalog error on a table as a sink error: conflicts and unknown
 /// outcomes may be retried (the next attempt reloads and checks first).
 fn catalog_failure(context: String, e: CatalogError) -> SinkError {
@@ -581,6 +641,62 @@ fn catalog_failure(context: String, e: CatalogError) -> SinkError {
 }
 
 impl IcebergCommitter {
+    /// After a commit on `before` (the table as the commit loaded it):
+    /// once the table holds [`RETENTION_SLACK`] snapshots more than
+    /// `keep_snapshots` (at most `keep_snapshots` more), expires the
+    /// ancestors of `main` beyond the newest
+    /// [`retention`] keeps, by id (one attempt; a conflict waits for the
+    /// next commit). The checkpoint is committed whatever happens here: a
+    /// failure is a warning.
+    fn retain_snapshots(&self, ident: &TableIdent, before: &Table) {
+        let keep = self.cfg.keep_snapshots;
+        let count = before.metadata().snapshots().count() + 1;
+        let slack = RETENTION_SLACK.min(keep as usize);
+        if keep == 0 || count <= (keep as usize).saturating_add(slack) {
+            return;
+        }
+        let gc = before.metadata().properties().get("gc.enabled").is_none_or(|v| !v.eq_ignore_ascii_case("false"));
+        if !gc {
+            if !self.gc_off_noted.replace(true) {
+                log::info(&format!(
+                    "table {ident} sets gc.enabled = false: its snapshots are not expired (`keep_snapshots` = {keep})"
+                ));
+            }
+            return;
+        }
+        let choose = |table: &Table| {
+            let ids = retention(table.metadata(), keep, now_ms());
+            (!ids.is_empty()).then_some(crate::maintenance::Chosen {
+                // Nothing by age: only the ids chosen.
+                older_than_ms: Some(i64::MIN),
+                keep_last: None,
+                ids,
+            })
+        };
+        let mut report = sluice_guest_sdk::TableReport {
+            target: ident.to_string(),
+            files_compacted: 0,
+            files_written: 0,
+            rows_rewritten: 0,
+            snapshots_expired: 0,
+            files_removed: Vec::new(),
+            notes: Vec::new(),
+        };
+        match crate::maintenance::expire(ident, &choose, false, 1, &mut report) {
+            Ok(()) => {
+                for note in &report.notes {
+                    log::warn(&format!("table {ident}: keeping its newest {keep} snapshots: {note}"));
+                }
+            }
+            Err(SinkError::Config(m) | SinkError::InvalidData(m) | SinkError::Retryable(m) | SinkError::Fatal(m)) => {
+                log::warn(&format!(
+                    "table {ident}: could not expire the snapshots beyond its newest {keep} (`keep_snapshots`): {m}; \
+                     the next commit tries again"
+                ));
+            }
+        }
+    }
+
     fn load(&self, ident: &TableIdent) -> Result<Table, SinkError> {
         block_on(host_io::load_table(ident)).map_err(|e| e.into_sink_error(ident))
     }
@@ -622,15 +738,20 @@ impl IcebergCommitter {
         Ok(Some((ident, table, files)))
     }
 
-    /// Commits checkpoint `c`'s `files` of table `ident` as one snapshot on
-    /// `table` (as [`Self::to_commit`] loaded and checked it), moving the
-    /// watermark in the same commit.
+    /// Commits checkpoint `c`'s `files` (written for partition spec
+    /// `spec_id`) of table `ident` as one `append` snapshot on exactly the
+    /// head of `table` (as [`Self::to_commit`] loaded and checked it),
+    /// moving the watermark in the same commit. The head's manifests are
+    /// only listed, not read, unless the table's merge policy merges them
+    /// ([`crate::snapshot::MergePolicy`]): the cost of an append does not
+    /// grow with the table's history.
     fn commit_table(
         &self,
         c: u64,
         incarnation: Option<&str>,
         ident: &TableIdent,
         table: &Table,
+        spec_id: i32,
         files: Vec<DataFile>,
     ) -> Result<(), SinkError> {
         // Judged on the table as loaded; a claim taken since makes the commit conflict.
@@ -640,33 +761,31 @@ impl IcebergCommitter {
             (SUMMARY_SINK.to_string(), self.ctx.sink_id.clone()),
             (SUMMARY_CHECKPOINT.to_string(), c.to_string()),
         ]);
-        let tx = Transaction::new(table);
-        // The duplicate check would read every manifest; the watermark is
-        // what makes the commit idempotent.
-        let append = tx.fast_append().with_check_duplicate(false).add_data_files(files);
-        let tx = match incarnation {
-            Some(inc) => {
-                summary.insert(SUMMARY_INCARNATION.to_string(), inc.to_string());
-                let tx = append.set_snapshot_properties(summary).apply(tx);
-                let tx = tx.map_err(|e| iceberg_error("building the snapshot", e))?;
-                let mut properties = tx.update_table_properties().set(watermark_key(&self.ctx, inc), c.to_string());
-                if take_claim {
-                    properties = properties.set(claim_key(&self.ctx), self.ctx.incarnation.clone());
-                }
-                properties.apply(tx)
-            }
-            None if take_claim => {
-                let tx = append.set_snapshot_properties(summary).apply(tx);
-                let tx = tx.map_err(|e| iceberg_error("building the snapshot", e))?;
-                tx.update_table_properties().set(claim_key(&self.ctx), self.ctx.incarnation.clone()).apply(tx)
-            }
-            None => append.set_snapshot_properties(summary).apply(tx),
+        let mut properties = HashMap::new();
+        if let Some(inc) = incarnation {
+            summary.insert(SUMMARY_INCARNATION.to_string(), inc.to_string());
+            properties.insert(watermark_key(&self.ctx, inc), c.to_string());
         }
-        .map_err(|e| iceberg_error("building the snapshot", e))?;
-        let catalog = PinnedCatalog::new(table.clone());
-        let result = block_on(tx.commit(&catalog));
-        match (result, catalog.verdict()) {
-            (Ok(_), _) | (Err(_), Some(Ok(()))) => {
+        if take_claim {
+            properties.insert(claim_key(&self.ctx), self.ctx.incarnation.clone());
+        }
+        let head = table.metadata().current_snapshot().cloned();
+        let manifests = match &head {
+            Some(h) => listed(table, h)?,
+            None => Vec::new(),
+        };
+        let added: Vec<(i32, DataFile)> = files.into_iter().map(|f| (spec_id, f)).collect();
+        let Built { requirements, updates, .. } = build_snapshot(
+            table,
+            head.as_deref(),
+            &manifests,
+            &HashSet::new(),
+            &added,
+            Summary { operation: Operation::Append, additional_properties: summary },
+            properties,
+        )?;
+        match host_io::commit_updates(ident, &requirements, &updates) {
+            Ok(()) => {
                 log::debug(&format!("checkpoint {c}: snapshot committed to {ident}"));
                 if take_claim {
                     log::info(&format!("incarnation {} claimed table {ident}", self.ctx.incarnation));
@@ -674,9 +793,7 @@ impl IcebergCommitter {
                 }
                 Ok(())
             }
-            (Err(_), Some(Err(e))) => Err(catalog_failure(format!("committing checkpoint {c} to table {ident}"), e)),
-            // Failed before the catalog was asked (writing manifests): nothing was committed.
-            (Err(e), None) => Err(iceberg_error(&format!("preparing the snapshot of checkpoint {c} for {ident}"), e)),
+            Err(e) => Err(catalog_failure(format!("committing checkpoint {c} to table {ident}"), e)),
         }
     }
 
@@ -1175,6 +1292,7 @@ impl GuestCommitter for IcebergCommitter {
             state: Rc::new(RefCell::new(State::default())),
             manifests: RefCell::new(HashMap::new()),
             indexes: RefCell::new(HashMap::new()),
+            gc_off_noted: std::cell::Cell::new(false),
         };
         for table in &tables {
             let ident = committer.cfg.ident(&table.name)?;
@@ -1328,16 +1446,22 @@ impl GuestCommitter for IcebergCommitter {
                     )));
                 };
                 self.commit_upsert(c, inc, folder, &ident, &table, part, files)?;
-                continue;
-            }
-            match (plan, incarnation.as_deref()) {
-                (Some(plan), Some(inc)) => self.commit_overwrite(c, inc, &ident, &table, spec_id, files, plan)?,
-                (Some(_), None) => {
-                    return Err(error::fatal(format!(
-                        "checkpoint {c} overwrites table {ident} but names no incarnation; it is not a commit of this build"
-                    )));
+            } else {
+                match (plan, incarnation.as_deref()) {
+                    (Some(plan), Some(inc)) => self.commit_overwrite(c, inc, &ident, &table, spec_id, files, plan)?,
+                    (Some(_), None) => {
+                        return Err(error::fatal(format!(
+                            "checkpoint {c} overwrites table {ident} but names no incarnation; it is not a commit of \
+                             this build"
+                        )));
+                    }
+                    (None, _) => self.commit_table(c, incarnation.as_deref(), &ident, &table, spec_id, files)?,
                 }
-                (None, _) => self.commit_table(c, incarnation.as_deref(), &ident, &table, files)?,
+            }
+            // Only a commit that moved a watermark: a checkpoint of a state
+            // directory made before incarnations is known by its snapshot.
+            if incarnation.is_some() {
+                self.retain_snapshots(&ident, &table);
             }
         }
         Ok(if committed { CommitOutcome::Committed } else { CommitOutcome::AlreadyCommitted })

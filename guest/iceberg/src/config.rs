@@ -99,13 +99,23 @@ pub fn option_specs() -> Vec<OptionSpec> {
             false,
             Some("2"),
         ),
+        option_spec(
+            "keep_snapshots",
+            "how many of the newest snapshots of a table the job keeps: once a commit leaves the table with 50 more (or \
+             `keep_snapshots` more, when that is fewer), \
+             the older ones are expired in the same call (their files no remaining snapshot names are deleted), so \
+             the table's metadata stays small however long the job runs. What makes commits exactly-once (the \
+             table's `sluice.committed.*` properties) does not depend on snapshots. `0` keeps every snapshot \
+             (expire them with `sluice maintain`)",
+            false,
+            Some("300"),
+        ),
         sluice_guest_sdk::changes::key_option_spec(),
         claim::option_spec(),
     ]
 }
 
-/// The reserved option naming the job's dead-letter table (`[job.dead_letter] table`).
-pub const DEAD_LETTER_TABLE: &str = "sluice.dead-letter-table";
+pub use sluice_guest_sdk::reserved::DEAD_LETTER_TABLE;
 
 /// How the rows of a run meet the rows a table holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +165,8 @@ pub struct Config {
     /// `format_version`: the Iceberg format version (2 or 3) of a table
     /// Sluice creates.
     pub format_version: u8,
+    /// `keep_snapshots`: 0 keeps every snapshot.
+    pub keep_snapshots: u32,
 }
 
 impl Config {
@@ -239,7 +251,9 @@ impl Config {
                 )));
             }
         };
+        let keep_snapshots: u32 = opts.parsed("keep_snapshots")?.unwrap_or(300);
         Ok(Self {
+            keep_snapshots,
             key,
             key_index_max_bytes: index_mb.saturating_mul(1024 * 1024),
             format_version,

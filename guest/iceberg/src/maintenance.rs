@@ -152,7 +152,7 @@ pub fn maintain(
             failed.get_or_insert(e);
         }
         if let Some(expiry) = &request.expiry
-            && let Err(e) = expire(&ident, expiry, request.dry_run, &mut report)
+            && let Err(e) = expire(&ident, &asked(expiry), request.dry_run, ATTEMPTS, &mut report)
         {
             failed.get_or_insert(e);
         }
@@ -779,24 +779,55 @@ impl References {
     }
 }
 
-fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut TableReport) -> Result<(), SinkError> {
+/// What one expiry attempt asks iceberg's `expire_snapshots` for, chosen
+/// on the table as that attempt loaded it.
+pub(crate) struct Chosen {
+    pub(crate) older_than_ms: Option<i64>,
+    pub(crate) keep_last: Option<u32>,
+    /// Snapshots expired by id, besides what the age and count select.
+    pub(crate) ids: Vec<i64>,
+}
+
+/// The snapshots `expiry` (of `sluice maintain`) names.
+fn asked(expiry: &Expiry) -> impl Fn(&Table) -> Option<Chosen> + '_ {
+    |_| Some(Chosen { older_than_ms: expiry.older_than_ms, keep_last: expiry.keep_last, ids: Vec::new() })
+}
+
+/// Expires the snapshots `choose` picks on the loaded table (`None`:
+/// nothing to expire), committing at most `attempts` times; deletes the
+/// files only they referenced once the expiry is committed (found by
+/// comparing the table before and after, so an unknown outcome is settled
+/// too). An expiry that still conflicts at its last attempt changed
+/// nothing, and that is not an error: the report notes it, and the
+/// committer's retention, for one, tries again after its next commit.
+pub(crate) fn expire(
+    ident: &TableIdent,
+    choose: &dyn Fn(&Table) -> Option<Chosen>,
+    dry_run: bool,
+    attempts: u32,
+    report: &mut TableReport,
+) -> Result<(), SinkError> {
     if dry_run {
         report.notes.push("a dry run expires no snapshots".to_string());
         return Ok(());
     }
     let mut last = String::new();
-    for attempt in 0..ATTEMPTS {
+    for attempt in 0..attempts {
         if attempt > 0 {
             std::thread::sleep(std::time::Duration::from_millis(50 * u64::from(attempt.min(10))));
         }
         let before = load(ident)?;
+        let Some(chosen) = choose(&before) else { return Ok(()) };
         let tx = Transaction::new(&before);
         let mut action = tx.expire_snapshots();
-        if let Some(older) = expiry.older_than_ms {
+        if let Some(older) = chosen.older_than_ms {
             action = action.expire_older_than_ms(older);
         }
-        if let Some(keep) = expiry.keep_last {
+        if let Some(keep) = chosen.keep_last {
             action = action.retain_last(keep.max(1) as usize);
+        }
+        if !chosen.ids.is_empty() {
+            action = action.expire_snapshot_ids(chosen.ids);
         }
         let tx = action.apply(tx).map_err(|e| iceberg_error("planning the snapshot expiry", e))?;
         let catalog = PinnedCatalog::new(before.clone());
@@ -818,8 +849,11 @@ fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut Table
         let removed: Vec<Arc<Snapshot>> =
             before.metadata().snapshots().filter(|s| !remaining.contains(&s.snapshot_id())).cloned().collect();
         if removed.is_empty() {
-            if !last.is_empty() && attempt + 1 < ATTEMPTS {
+            if !last.is_empty() && attempt + 1 < attempts {
                 continue;
+            }
+            if !last.is_empty() {
+                report.notes.push(format!("the expiry conflicted with another commit and changed nothing ({last})"));
             }
             return Ok(());
         }
@@ -847,7 +881,7 @@ fn expire(ident: &TableIdent, expiry: &Expiry, dry_run: bool, report: &mut Table
         log::info(&format!("table {ident}: expired {} snapshot(s)", removed.len()));
         return Ok(());
     }
-    Err(error::retryable(format!("expiring snapshots of table {ident}: it conflicted {ATTEMPTS} times ({last})")))
+    Err(error::retryable(format!("expiring snapshots of table {ident}: it conflicted {attempts} times ({last})")))
 }
 
 // ------------------------------------------------------------------- orphans

@@ -24,7 +24,15 @@
 //!   table properties given are set by the same atomic commit;
 //! - the summary's `added-*`/`deleted-*`/`removed-*` counts are those of the
 //!   files actually added and removed, and its `total-*` counts are the
-//!   head's carried on (a total the head does not have stays absent).
+//!   head's carried on (a total the head does not have stays absent);
+//! - manifests are merged as Java's merging snapshot producers merge them
+//!   ([`MergePolicy`]: `commit.manifest-merge.enabled`,
+//!   `commit.manifest.min-count-to-merge`, `commit.manifest.target-size-bytes`
+//!   and their defaults): once a (spec, content) group counts that many
+//!   manifests, its kept manifests under the target size are rewritten into
+//!   as few as the target allows, every live entry an `existing` one with
+//!   the snapshot and sequence numbers that added its file, so a long run of
+//!   appends keeps its manifest list short and the live files are unchanged.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -36,15 +44,33 @@ use iceberg::spec::{
 };
 use iceberg::table::Table;
 use iceberg::{TableRequirement, TableUpdate};
-use sluice_guest_sdk::{SinkError, error};
+use sluice_guest_sdk::{SinkError, error, log};
 
 use crate::runtime::block_on;
 use crate::writer::iceberg_error;
 
-/// A manifest of a snapshot with its entries (inherited values filled in).
+/// A manifest of a snapshot with its entries (inherited values filled in),
+/// or only its line of the manifest list ([`listed`]: `loaded` is false and
+/// `entries` empty until a merge reads them).
 pub(crate) struct LoadedManifest {
     pub(crate) file: ManifestFile,
     pub(crate) entries: Vec<ManifestEntryRef>,
+    pub(crate) loaded: bool,
+}
+
+/// The manifests of `snapshot` as its manifest list names them, none read:
+/// what an append needs, whose cost must not grow with the table's files.
+pub(crate) fn listed(table: &Table, snapshot: &Arc<Snapshot>) -> Result<Vec<LoadedManifest>, SinkError> {
+    block_on(async {
+        let list = table.manifest_list_reader(snapshot).load().await?;
+        Ok::<_, iceberg::Error>(
+            list.consume_entries()
+                .into_iter()
+                .map(|file| LoadedManifest { file, entries: Vec::new(), loaded: false })
+                .collect(),
+        )
+    })
+    .map_err(|e| iceberg_error(&format!("reading the manifest list of table {}", table.identifier()), e))
 }
 
 /// The manifests of `snapshot`, each read once.
@@ -72,7 +98,7 @@ pub(crate) fn manifests_cached(
                     entries
                 }
             };
-            out.push(LoadedManifest { file, entries });
+            out.push(LoadedManifest { file, entries, loaded: true });
         }
         Ok::<_, iceberg::Error>(out)
     })
@@ -94,6 +120,72 @@ type ManifestKey = (i32, bool);
 
 fn is_deletes(file: &DataFile) -> bool {
     file.content_type() != DataContentType::Data
+}
+
+/// Table properties of manifest merging, named and defaulted as in Java's
+/// `TableProperties` (the Iceberg spec leaves merging to writers).
+pub(crate) const MERGE_ENABLED: &str = "commit.manifest-merge.enabled";
+pub(crate) const MERGE_MIN_COUNT: &str = "commit.manifest.min-count-to-merge";
+pub(crate) const MERGE_TARGET_BYTES: &str = "commit.manifest.target-size-bytes";
+
+/// The most manifests one snapshot merges: a table with a long backlog
+/// (written without merging) drains it over several commits, each well
+/// inside a call's deadline and memory.
+const MAX_MERGED_MANIFESTS: usize = 200;
+
+/// When and how far a snapshot merges the manifests it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MergePolicy {
+    /// A (spec, content) group with at least this many manifests is merged.
+    pub(crate) min_count: usize,
+    /// Manifests at or above this length stay as they are; merged ones are
+    /// packed up to it.
+    pub(crate) target_bytes: i64,
+}
+
+impl MergePolicy {
+    /// The table's policy: `None` when `commit.manifest-merge.enabled` is
+    /// anything but `true`. A count or size that does not parse is the
+    /// default (100 manifests, 8 MiB).
+    pub(crate) fn of(metadata: &TableMetadata) -> Option<Self> {
+        let get = |key: &str| metadata.properties().get(key).map(|v| v.trim());
+        // As Java's `Boolean.parseBoolean`: anything but `true` is false.
+        if get(MERGE_ENABLED).is_some_and(|v| !v.eq_ignore_ascii_case("true")) {
+            return None;
+        }
+        let min_count = get(MERGE_MIN_COUNT).and_then(|v| v.parse::<usize>().ok()).unwrap_or(100).max(2);
+        let target_bytes =
+            get(MERGE_TARGET_BYTES).and_then(|v| v.parse::<i64>().ok()).filter(|v| *v > 0).unwrap_or(8 << 20);
+        Some(Self { min_count, target_bytes })
+    }
+
+    /// Which of a group's kept manifests (their lengths, in list order) to
+    /// merge, as bins of indexes: none while the group (`count` manifests
+    /// in the new snapshot, written ones included) is under `min_count`;
+    /// otherwise the manifests under the target size, packed in order into
+    /// bins of at most the target, each bin of two or more merged into one.
+    pub(crate) fn bins(&self, count: usize, lengths: &[i64]) -> Vec<Vec<usize>> {
+        if count < self.min_count {
+            return Vec::new();
+        }
+        let mut bins: Vec<Vec<usize>> = Vec::new();
+        let mut current: Vec<usize> = Vec::new();
+        let mut size = 0i64;
+        for (i, &length) in lengths.iter().enumerate() {
+            if length >= self.target_bytes {
+                continue;
+            }
+            if !current.is_empty() && size.saturating_add(length) > self.target_bytes {
+                bins.push(std::mem::take(&mut current));
+                size = 0;
+            }
+            current.push(i);
+            size = size.saturating_add(length);
+        }
+        bins.push(current);
+        bins.retain(|b| b.len() >= 2);
+        bins
+    }
 }
 
 /// Builds, on `head` (the table's current snapshot, `None` when it has
@@ -129,6 +221,17 @@ pub(crate) fn build_snapshot(
             return Err(error::fatal(format!("table {ident}: a delete snapshot cannot add files")));
         }
         _ => {}
+    }
+    if metadata.properties().contains_key("encryption.key-id") {
+        return Err(error::config(format!(
+            "table {ident} is encrypted (`encryption.key-id`); the Iceberg sink writes no encrypted manifests or \
+             data files, so nothing was committed"
+        )));
+    }
+    if !gone.is_empty() && manifests.iter().any(|m| !m.loaded) {
+        return Err(error::fatal(format!(
+            "table {ident}: a snapshot that removes files was asked for on manifests not read; nothing was committed"
+        )));
     }
     let live: HashSet<&str> =
         manifests.iter().flat_map(|m| m.entries.iter()).filter(|e| e.is_alive()).map(|e| e.file_path()).collect();
@@ -182,13 +285,18 @@ pub(crate) fn build_snapshot(
     // sequence numbers that added them), so an attempt writes a few
     // manifests however many small ones it rewrites.
     let mut merged: BTreeMap<ManifestKey, ManifestWriter> = BTreeMap::new();
+    // The manifests kept as they are, by group, in list order.
+    let mut kept: BTreeMap<ManifestKey, Vec<&LoadedManifest>> = BTreeMap::new();
+    let key_of = |m: &LoadedManifest| -> ManifestKey {
+        (m.file.partition_spec_id, m.file.content == iceberg::spec::ManifestContentType::Deletes)
+    };
     for m in manifests {
         let touches = m.entries.iter().any(|e| e.is_alive() && gone.contains(e.file_path()));
         if !touches {
-            out.push(m.file.clone());
+            kept.entry(key_of(m)).or_default().push(m);
             continue;
         }
-        let key = (m.file.partition_spec_id, m.file.content == iceberg::spec::ManifestContentType::Deletes);
+        let key = key_of(m);
         let writer = match merged.entry(key) {
             std::collections::btree_map::Entry::Occupied(w) => w.into_mut(),
             std::collections::btree_map::Entry::Vacant(v) => {
@@ -223,8 +331,90 @@ pub(crate) fn build_snapshot(
         };
         writer.add_file(file.clone(), -1).map_err(fail)?;
     }
+    // Merging: each group's kept manifests, counted with those this
+    // snapshot writes for the group, oldest first, at most
+    // [`MAX_MERGED_MANIFESTS`] of them (a backlog drains over several
+    // commits). Not the data manifests of a format-version-3 table: their
+    // entries would need their inherited `first_row_id` written out, which
+    // iceberg-rust 0.10's reader does not fill in, or the rows would get
+    // new row ids. A bin that cannot be merged (a manifest that cannot be
+    // read, or rewritten under the table's current schema) stays as it is:
+    // merging is an optimisation, never a reason to fail the commit.
+    let policy = MergePolicy::of(metadata);
+    let mut budget = MAX_MERGED_MANIFESTS;
+    for (key, group) in &kept {
+        let mut in_bin = vec![false; group.len()];
+        let lineage = version == FormatVersion::V3 && !key.1;
+        if let Some(policy) = policy.filter(|_| !lineage) {
+            let count = group.len() + usize::from(merged.contains_key(key)) + usize::from(fresh.contains_key(key));
+            let mut order: Vec<usize> = (0..group.len()).collect();
+            order.sort_by_key(|&i| group[i].file.sequence_number);
+            let lengths: Vec<i64> = order.iter().map(|&i| group[i].file.manifest_length).collect();
+            for bin in policy.bins(count, &lengths) {
+                let members: Vec<usize> = bin.iter().map(|&b| order[b]).take(budget).collect();
+                if members.len() < 2 {
+                    break;
+                }
+                let mut merge_bin = || -> Result<ManifestFile, SinkError> {
+                    let mut writer = writer_for(*key, "merged manifests")?;
+                    for &i in &members {
+                        let m = group[i];
+                        let read;
+                        let entries = if m.loaded {
+                            &m.entries
+                        } else {
+                            read = block_on(m.file.load_manifest(table.file_io())).map_err(fail)?.into_parts().0;
+                            &read
+                        };
+                        for entry in entries.iter().filter(|e| e.is_alive()) {
+                            let seq = match (entry.sequence_number(), version) {
+                                (Some(seq), _) => seq,
+                                (None, FormatVersion::V1) => 0,
+                                (None, _) => {
+                                    return Err(error::fatal(format!(
+                                        "manifest {} has an entry without a sequence number ({})",
+                                        m.file.manifest_path,
+                                        entry.file_path()
+                                    )));
+                                }
+                            };
+                            let file_seq = entry.file_sequence_number.or(Some(seq));
+                            let added_by = entry.snapshot_id().unwrap_or(m.file.added_snapshot_id);
+                            writer
+                                .add_existing_file(entry.data_file().clone(), added_by, seq, file_seq)
+                                .map_err(fail)?;
+                        }
+                    }
+                    block_on(writer.write_manifest_file()).map_err(fail)
+                };
+                match merge_bin() {
+                    Ok(file) => {
+                        out.push(file);
+                        budget -= members.len();
+                        for &i in &members {
+                            in_bin[i] = true;
+                        }
+                    }
+                    Err(e) => {
+                        let why = match e {
+                            SinkError::Config(m)
+                            | SinkError::InvalidData(m)
+                            | SinkError::Retryable(m)
+                            | SinkError::Fatal(m) => m,
+                        };
+                        log::warn(&format!(
+                            "table {ident}: {} small manifests were left unmerged, this commit goes on without \
+                             merging them: {why}",
+                            members.len()
+                        ));
+                    }
+                }
+            }
+        }
+        out.extend(group.iter().zip(&in_bin).filter(|(_, done)| !**done).map(|(m, _)| m.file.clone()));
+    }
     block_on(async {
-        for (_, writer) in merged.into_iter().chain(fresh) {
+        for writer in merged.into_values().chain(fresh.into_values()) {
             out.push(writer.write_manifest_file().await?);
         }
         Ok::<_, iceberg::Error>(())
@@ -505,6 +695,96 @@ mod tests {
 
     fn prop<'a>(snapshot: &'a Snapshot, key: &str) -> Option<&'a str> {
         snapshot.summary().additional_properties.get(key).map(String::as_str)
+    }
+
+    /// `table` with its properties extended by `props`.
+    fn with_properties(table: &Table, props: &[(&str, &str)]) -> Table {
+        let builder = table.metadata().clone().into_builder(table.metadata_location().map(str::to_string));
+        let updates = props.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let metadata = builder.set_properties(updates).unwrap().build().unwrap().metadata;
+        table_of(metadata, table.file_io().clone())
+    }
+
+    /// Appends through the path the committer takes: the head's manifests
+    /// listed, not read.
+    fn append_listed(table: &Table, added: &[(i32, DataFile)]) -> Table {
+        let current = table.metadata().current_snapshot().cloned();
+        let manifests = match &current {
+            Some(h) => listed(table, h).unwrap(),
+            None => Vec::new(),
+        };
+        assert!(manifests.iter().all(|m| !m.loaded && m.entries.is_empty()));
+        let built = build_snapshot(
+            table,
+            current.as_deref(),
+            &manifests,
+            &HashSet::new(),
+            added,
+            summary(Operation::Append, &[]),
+            HashMap::new(),
+        )
+        .unwrap();
+        commit(table, built)
+    }
+
+    #[test]
+    fn the_merge_policy_follows_the_table_properties_and_packs_small_manifests() {
+        let t = table(FormatVersion::V2);
+        assert_eq!(MergePolicy::of(t.metadata()), Some(MergePolicy { min_count: 100, target_bytes: 8 << 20 }));
+        let off = with_properties(&t, &[(MERGE_ENABLED, "false")]);
+        assert_eq!(MergePolicy::of(off.metadata()), None);
+        let set = with_properties(&t, &[(MERGE_MIN_COUNT, "3"), (MERGE_TARGET_BYTES, "100")]);
+        let policy = MergePolicy::of(set.metadata()).unwrap();
+        assert_eq!(policy, MergePolicy { min_count: 3, target_bytes: 100 });
+        // Under the count: nothing merges.
+        assert!(policy.bins(2, &[10, 10]).is_empty());
+        // Big ones stay; small ones pack up to the target; a bin of one stays.
+        assert_eq!(policy.bins(6, &[10, 200, 50, 30, 40, 90]), vec![vec![0, 2, 3]]);
+        assert!(policy.bins(4, &[60, 60, 60, 60]).is_empty(), "no two fit the target together");
+        assert_eq!(policy.bins(4, &[40, 40, 40, 40]), vec![vec![0, 1], vec![2, 3]]);
+    }
+
+    /// Appends one file at a time to a table that merges once it has three
+    /// manifests: the manifest list stays short, every file stays live with
+    /// the snapshot and sequence number that added it, and the totals hold.
+    /// A format-version-3 table's data manifests are not merged (their rows'
+    /// ids would change).
+    #[test]
+    fn appends_merge_small_manifests_and_keep_every_file_as_it_was_added() {
+        for version in [FormatVersion::V1, FormatVersion::V2, FormatVersion::V3] {
+            let mut t = with_properties(&table(version), &[(MERGE_MIN_COUNT, "3")]);
+            let mut added_by: Vec<(String, i64, Option<i64>)> = Vec::new();
+            for i in 0..10 {
+                let name = format!("f{i:02}");
+                t = append_listed(&t, &[(0, data(&name, i % 2, 1 + i as u64))]);
+                let h = head(&t);
+                let seq = (version != FormatVersion::V1).then(|| h.sequence_number());
+                added_by.push((format!("memory://wh/t/data/{name}.parquet"), h.snapshot_id(), seq));
+                let manifests = manifests_of(&t, &h).unwrap();
+                let most = if version == FormatVersion::V3 { i as usize + 1 } else { 3 };
+                assert!(manifests.len() <= most, "{version:?} after {} appends: {} manifests", i + 1, manifests.len());
+                let mut live: Vec<(String, i64, Option<i64>)> = manifests
+                    .iter()
+                    .flat_map(|m| m.entries.iter())
+                    .filter(|e| e.is_alive())
+                    .map(|e| {
+                        let seq = (version != FormatVersion::V1).then(|| e.sequence_number().unwrap());
+                        (e.file_path().to_string(), e.snapshot_id().unwrap(), seq)
+                    })
+                    .collect();
+                live.sort();
+                assert_eq!(live, added_by, "{version:?} after {} appends", i + 1);
+                assert_eq!(prop(&h, "total-data-files"), Some((i + 1).to_string().as_str()));
+                let rows: u64 = (0..=i as u64).map(|k| k + 1).sum();
+                assert_eq!(prop(&h, "total-records"), Some(rows.to_string().as_str()));
+            }
+            // With merging off, every append keeps its own manifest.
+            let mut t = with_properties(&table(version), &[(MERGE_ENABLED, "false")]);
+            for i in 0..5 {
+                t = append_listed(&t, &[(0, data(&format!("g{i}"), 1, 1))]);
+            }
+            assert_eq!(manifests_of(&t, &head(&t)).unwrap().len(), 5, "{version:?}");
+        }
     }
 
     #[test]

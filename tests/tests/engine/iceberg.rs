@@ -439,3 +439,82 @@ fn metadata_files_dropped_from_the_log_are_deleted_by_the_commit() {
     assert_exactly_once_range(&table.rows, 0, rows);
     assert_eq!(pyiceberg_ids(warehouse.path()), (0..rows as i64).collect::<Vec<_>>(), "PyIceberg reads the table");
 }
+
+/// Commit cost that does not grow with history (#42): a table that merges
+/// manifests once a group has 4 (`commit.manifest.min-count-to-merge`, set
+/// by PyIceberg as an operator would) and a job that keeps its newest 5
+/// snapshots (`keep_snapshots`: expired once 5 more piled up) stay small
+/// over 90 checkpoints, and every row lands once though the job is crashed
+/// at steps of a checkpoint, every catalog reply of a run is lost (the
+/// appends' and the expiries' alike), and the catalog applies a commit
+/// then the engine dies. Read back by iceberg-rust, PyIceberg and DuckDB;
+/// the metadata folder holds a manifest list for each remaining snapshot
+/// and few more (an expiry whose engine died before it deleted files
+/// leaves them to orphan cleanup).
+#[test]
+fn a_long_job_merges_manifests_and_keeps_its_newest_snapshots_exactly_once_across_crashes() {
+    let warehouse = tempfile::tempdir().expect("warehouse");
+    let rows = 900;
+    let job = TestJob::iceberg("ice-retention", warehouse.path(), TABLE, rows, 0, 1, 10);
+    let sets = ["sink.options.keep_snapshots=5"];
+    let first = Fault { point: CrashPoint::AfterCommit, checkpoint: 3, subtask: 0 };
+    assert!(job.run_with(&sets, Some(first)).expect_err("crash").is_injected_crash());
+    sluice_tests::python(
+        "import sys\n\
+         from pyiceberg.catalog.sql import SqlCatalog\n\
+         w = sys.argv[1]\n\
+         t = SqlCatalog('sluice', uri=f'sqlite:///{w}/catalog.db', warehouse=f'file://{w}').load_table('db.events')\n\
+         with t.transaction() as tx:\n\
+         \x20   tx.set_properties({'commit.manifest.min-count-to-merge': '4'})\n",
+        &[&warehouse.path().display().to_string()],
+    )
+    .expect("setting the merge property with PyIceberg");
+    // An expiry follows every fifth commit from checkpoint 11 on, a merge
+    // every third.
+    for (point, checkpoint) in
+        [(CrashPoint::DuringCommit, 20), (CrashPoint::AfterCommit, 31), (CrashPoint::AfterPersist, 37)]
+    {
+        let crash = Fault { point, checkpoint, subtask: 0 };
+        let err = job.run_with(&sets, Some(crash)).expect_err("crash");
+        assert!(err.is_injected_crash(), "{point:?} at {checkpoint}: {err}");
+    }
+    // Every reply lost, appends and expiries alike, until a crash.
+    let lost = CatalogFaults { faults: (1..=200).map(|n| (n, CommitFault::LoseReply)).collect(), ..Default::default() };
+    let crash = Fault { point: CrashPoint::AfterCommit, checkpoint: 60, subtask: 0 };
+    let opts = RunOptions {
+        faults: Faults { crash: Some(crash), catalog: lost, ..Faults::default() },
+        ..RunOptions::default()
+    };
+    assert!(job.run_opts(&sets, opts).expect_err("crash").is_injected_crash());
+    // Applied, then the engine dies: at an append or at an expiry.
+    for n in [3, 4, 5, 6] {
+        let err = job.run_opts(&sets, with_catalog_faults(vec![(n, CommitFault::CrashAfterApply)])).expect_err("crash");
+        assert!(err.is_injected_crash(), "crash after commit-table call {n}: {err}");
+    }
+    job.run_with(&sets, None).expect("the last run");
+
+    let table = read_iceberg(warehouse.path(), TABLE);
+    assert_exactly_once_range(&table.rows, 0, rows);
+    table.assert_no_checkpoint_twice();
+    assert_eq!(pyiceberg_ids(warehouse.path()), (0..rows as i64).collect::<Vec<_>>(), "PyIceberg and DuckDB");
+    let ident = iceberg::TableIdent::from_strs(["db", "events"]).expect("ident");
+    let loaded = sluice_tests::catalog(warehouse.path()).load(&ident).expect("table");
+    let metadata = loaded.metadata();
+    let snapshots = metadata.snapshots().count();
+    assert!((5..=10).contains(&snapshots), "kept 5 and at most 5 more: {snapshots}");
+    let head = metadata.current_snapshot().expect("a head");
+    let manifests =
+        sluice_tests::harness::block(loaded.manifest_list_reader(head).load()).expect("manifest list").entries().len();
+    assert!(manifests <= 4, "the head has {manifests} manifests: merged once a group reached 4");
+    let folder = Path::new(metadata.location().trim_start_matches("file://")).join("metadata");
+    let lists = std::fs::read_dir(&folder)
+        .expect("metadata folder")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("snap-"))
+        .count();
+    for snapshot in metadata.snapshots() {
+        let list = snapshot.manifest_list().trim_start_matches("file://");
+        assert!(Path::new(list).exists(), "snapshot {} lost its manifest list {list}", snapshot.snapshot_id());
+    }
+    assert!(lists <= snapshots + 20, "{lists} manifest lists for {snapshots} snapshots: expired ones were deleted");
+}

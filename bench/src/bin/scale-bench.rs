@@ -1,0 +1,292 @@
+//! Cost against the size of the work (issue 42, point 4): how a commit's
+//! time grows with the table's age, and how throughput grows with writers.
+//!
+//! Invariants: every figure is a ratio to a baseline measured in the same
+//! run (the early commits of the same job; one writer), beside the absolute
+//! numbers; the job is `sluice run`, the real binary, as a user runs it.
+//!
+//! - **Commits against age.** The README's job shape as the issue measured
+//!   it (one writer, a checkpoint every 500 rows, unpartitioned, no
+//!   `[sink.maintenance]`, the sink's defaults) for `--checkpoints`
+//!   checkpoints (3,000; 10,000 with `--long`). The engine logs each
+//!   commit's time (`commit done`, at debug); the mean over windows of the
+//!   job's checkpoints is compared with the mean over checkpoints 100-300
+//!   (goal: at most 2× for the last 200). The newest `metadata.json` is
+//!   measured at the end (goal: under 512 KB), with the snapshots and the
+//!   head's manifests the table holds.
+//! - **Writers.** The same generator, `--writer-rows` rows in checkpoints of
+//!   100,000 rows per writer, at 1, 2, 4 and 8 writers: rows per second
+//!   and per CPU-second, each against one writer (on 2 cores the slope past
+//!   2 should stay flat, not fall).
+//!
+//! `cargo build-plugins && cargo build --release -p sluice && cargo run --release -p sluice-bench --bin scale-bench`
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Parser;
+use sluice_bench::{children_cpu, today};
+
+#[derive(Parser)]
+struct Args {
+    /// Checkpoints of the commit section's job.
+    #[arg(long, default_value_t = 3000)]
+    checkpoints: u64,
+    /// 10,000 checkpoints instead of `--checkpoints`.
+    #[arg(long)]
+    long: bool,
+    /// Rows per checkpoint of the commit section's job.
+    #[arg(long, default_value_t = 500)]
+    rows_per_checkpoint: u64,
+    /// Rows of each run of the writers section.
+    #[arg(long, default_value_t = 2_000_000)]
+    writer_rows: u64,
+    /// Writer counts of the writers section.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8])]
+    writers: Vec<u32>,
+    /// The `sluice` binary; by default the one beside this benchmark's.
+    #[arg(long)]
+    sluice: Option<PathBuf>,
+    /// Where to write the report (markdown).
+    #[arg(long, default_value = "docs/src/performance/scale.md")]
+    out: PathBuf,
+}
+
+struct Setup {
+    sluice: PathBuf,
+    plugin: PathBuf,
+    cache: PathBuf,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let sluice = match &args.sluice {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("sluice"),
+    };
+    ensure!(sluice.is_file(), "{} is missing: run `cargo build --release -p sluice` first", sluice.display());
+    let s = Setup {
+        sluice,
+        plugin: sluice_bench::plugin("sluice_sink_iceberg.wasm")?,
+        cache: sluice_bench::workspace().join("target/bench-component-cache"),
+    };
+    let checkpoints = if args.long { 10_000 } else { args.checkpoints };
+    ensure!(checkpoints >= 400, "--checkpoints: at least 400, for the windows the ratios compare");
+    let started = Instant::now();
+    // Compile the plugin into the cache outside any measured run.
+    let warm = tempfile::tempdir()?;
+    run(&s, warm.path(), &job(&s, warm.path(), 1, 1000, 1000), &[])?;
+
+    let commits = commit_section(&s, &args, checkpoints)?;
+    println!("{commits}");
+    let writers = writer_section(&s, &args)?;
+    println!("{writers}");
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, document(&args, checkpoints, &commits, &writers, started.elapsed()))?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}
+
+/// A generator → Iceberg job with the sink's defaults (unpartitioned, no
+/// maintenance), in `dir`.
+fn job(s: &Setup, dir: &Path, parallelism: u32, every_rows: u64, rows: u64) -> String {
+    let warehouse = dir.join("warehouse");
+    format!(
+        r#"[job]
+id = "scale"
+parallelism = {parallelism}
+state_dir = "state"
+[job.checkpoint]
+every_rows = {every_rows}
+[source]
+kind = "generator"
+rows = {rows}
+[sink]
+id = "events"
+plugin = "{plugin}"
+[sink.options]
+table = "demo.events"
+[sink.catalog]
+database = "{warehouse}/catalog.db"
+warehouse = "{warehouse}"
+[sink.sandbox]
+memory_mb = 1024
+"#,
+        plugin = s.plugin.display(),
+        warehouse = warehouse.display(),
+    )
+}
+
+/// One `sluice run` of `toml` in `dir` with `env`; its stderr.
+fn run(s: &Setup, dir: &Path, toml: &str, env: &[(&str, &str)]) -> Result<String> {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, toml)?;
+    let err = dir.join("run.err");
+    let out = Command::new(&s.sluice)
+        .arg("run")
+        .arg(&path)
+        .args(["--progress", "plain"])
+        .current_dir(dir)
+        .env("SLUICE_CACHE_DIR", &s.cache)
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err)?)
+        .status()
+        .with_context(|| format!("starting {}", s.sluice.display()))?;
+    let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+    if !out.success() {
+        bail!("sluice run failed: {}", stderr.lines().rev().take(5).collect::<Vec<_>>().join(" | "));
+    }
+    Ok(stderr)
+}
+
+/// `(checkpoint, µs)` of every `commit done` line.
+fn commit_times(stderr: &str) -> Vec<(u64, u64)> {
+    let field = |line: &str, key: &str| -> Option<u64> {
+        let at = line.find(key)? + key.len();
+        line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    stderr
+        .lines()
+        .filter(|l| l.contains("commit done"))
+        .filter_map(|l| Some((field(l, "checkpoint=")?, field(l, "commit_us=")?)))
+        .collect()
+}
+
+/// Mean commit time (ms) over checkpoints `from..to`.
+fn mean_ms(times: &[(u64, u64)], from: u64, to: u64) -> Option<f64> {
+    let inside: Vec<u64> = times.iter().filter(|(c, _)| (from..to).contains(c)).map(|(_, us)| *us).collect();
+    (!inside.is_empty()).then(|| inside.iter().sum::<u64>() as f64 / inside.len() as f64 / 1000.0)
+}
+
+fn commit_section(s: &Setup, args: &Args, checkpoints: u64) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let rows = checkpoints * args.rows_per_checkpoint;
+    let toml = job(s, dir.path(), 1, args.rows_per_checkpoint, rows);
+    let cpu = children_cpu();
+    let wall = Instant::now();
+    let stderr = run(s, dir.path(), &toml, &[("RUST_LOG", "warn,sluice_engine::coordinator=debug")])?;
+    let (wall, cpu) = (wall.elapsed(), children_cpu().saturating_sub(cpu));
+    let times = commit_times(&stderr);
+    ensure!(
+        times.len() as u64 >= checkpoints,
+        "the run logged {} commits of {checkpoints} checkpoints: is `commit done` still logged at debug?",
+        times.len()
+    );
+    let base = mean_ms(&times, 100, 300).context("no commits in 100-300")?;
+    let mut windows = vec![(1, 100), (100, 300), (500, 600), (1000, 1100)];
+    if checkpoints >= 2600 {
+        windows.push((2400, 2500));
+    }
+    windows.push((checkpoints - 200, checkpoints));
+    let mut t = format!(
+        "### Commits as the table ages: {checkpoints} checkpoints of {} rows, one writer, unpartitioned, the sink's \
+         defaults\n\n| checkpoints | mean commit time | × checkpoints 100-300 | goal |\n|---|---:|---:|---|\n",
+        args.rows_per_checkpoint
+    );
+    for (from, to) in windows {
+        let Some(ms) = mean_ms(&times, from, to) else { continue };
+        let goal = if to == checkpoints { "≤ 2×" } else { "" };
+        t.push_str(&format!("| {from}-{} | {ms:.1} ms | {:.2}× | {goal} |\n", to - 1, ms / base));
+    }
+    let table = read_table(dir.path())?;
+    t.push_str(&format!(
+        "\nAt the end: the newest `metadata.json` is {:.0} KB (goal: under 512 KB), the table keeps {} snapshots and \
+         its head names {} manifests; {} metadata files are left in its folder. The run took {:.0} s, {:.0} CPU-s \
+         ({:.0} rows/s).\n",
+        table.metadata_bytes as f64 / 1024.0,
+        table.snapshots,
+        table.manifests,
+        table.metadata_files,
+        wall.as_secs_f64(),
+        cpu.as_secs_f64(),
+        rows as f64 / wall.as_secs_f64().max(1e-9),
+    ));
+    Ok(t)
+}
+
+struct TableFacts {
+    metadata_bytes: u64,
+    metadata_files: usize,
+    snapshots: usize,
+    manifests: usize,
+}
+
+/// What the job's table holds, read through iceberg-rust's SQL catalog.
+fn read_table(dir: &Path) -> Result<TableFacts> {
+    let warehouse = dir.join("warehouse");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let catalog = sluice_bench::sql_catalog(&warehouse).await?;
+        let ident = iceberg::TableIdent::from_strs(["demo", "events"])?;
+        let table = iceberg::Catalog::load_table(&catalog, &ident).await?;
+        let location = table.metadata_location().context("no metadata location")?;
+        let local = location.trim_start_matches("file://");
+        let metadata_bytes = std::fs::metadata(local).with_context(|| local.to_string())?.len();
+        let folder = Path::new(local).parent().context("metadata folder")?;
+        let metadata_files = std::fs::read_dir(folder)?
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".metadata.json"))
+            .count();
+        let metadata = table.metadata();
+        let head = metadata.current_snapshot().context("no snapshot")?;
+        let manifests = table.manifest_list_reader(head).load().await?.entries().len();
+        Ok(TableFacts { metadata_bytes, metadata_files, snapshots: metadata.snapshots().count(), manifests })
+    })
+}
+
+fn writer_section(s: &Setup, args: &Args) -> Result<String> {
+    let mut measured: Vec<(u32, Duration, Duration)> = Vec::new();
+    for &n in &args.writers {
+        let dir = tempfile::tempdir()?;
+        let every = 100_000u64.min(args.writer_rows / u64::from(n.max(1))).max(1);
+        let toml = job(s, dir.path(), n, every, args.writer_rows);
+        let cpu = children_cpu();
+        let wall = Instant::now();
+        run(s, dir.path(), &toml, &[])?;
+        measured.push((n, wall.elapsed(), children_cpu().saturating_sub(cpu)));
+    }
+    let rate = |d: &Duration| args.writer_rows as f64 / d.as_secs_f64().max(1e-9);
+    let Some((_, wall1, cpu1)) = measured.first().copied() else { bail!("--writers: none given") };
+    let mut t = format!(
+        "### Writers: {} rows, checkpoints of 100,000 rows per writer, unpartitioned ({} cores)\n\n\
+         | writers | rows/s | × {} writer(s) | rows/CPU-s | × {} writer(s) |\n|---:|---:|---:|---:|---:|\n",
+        args.writer_rows,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        measured[0].0,
+        measured[0].0,
+    );
+    for (n, wall, cpu) in &measured {
+        t.push_str(&format!(
+            "| {n} | {:.0} | {:.2}× | {:.0} | {:.2}× |\n",
+            rate(wall),
+            rate(wall) / rate(&wall1),
+            rate(cpu),
+            rate(cpu) / rate(&cpu1),
+        ));
+    }
+    Ok(t)
+}
+
+fn document(args: &Args, checkpoints: u64, commits: &str, writers: &str, took: Duration) -> String {
+    let date = today();
+    let flag = if args.long { "--long".to_string() } else { format!("--checkpoints {checkpoints}") };
+    format!(
+        "# Cost against the size of the work, measured {date}\n\n\
+         Produced on {date} by:\n\n```sh\n\
+         cargo build-plugins && cargo build --release -p sluice && cargo run --release -p sluice-bench --bin \
+         scale-bench -- {flag} --rows-per-checkpoint {rpc} --writer-rows {wr}\n```\n\n\
+         The real `sluice` binary on the 2-core development machine, a local warehouse and a SQLite catalog; the \
+         whole run took {took:.0} s. Each figure is compared with a baseline of the same run. Commit times are the \
+         engine's own (`commit done` at debug level: the plugin's `commit` call, the host's retries included).\n\n\
+         {commits}\n{writers}",
+        rpc = args.rows_per_checkpoint,
+        wr = args.writer_rows,
+        took = took.as_secs_f64(),
+    )
+}
