@@ -87,6 +87,28 @@ pub fn workspace() -> PathBuf {
 }
 
 /// A plugin component built by `cargo build-plugins`.
+/// The `sluice` binary a benchmark runs as a process: `given`, or the one
+/// beside the benchmark's own executable (the same release build).
+pub fn sluice_binary(given: Option<&Path>) -> Result<PathBuf> {
+    let sluice = match given {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()?.with_file_name("sluice"),
+    };
+    anyhow::ensure!(sluice.is_file(), "{} is missing: run `cargo build --release -p sluice` first", sluice.display());
+    Ok(sluice)
+}
+
+/// The Iceberg sink component a benchmark runs: `given`, or
+/// `cargo build-plugins`'s.
+pub fn iceberg_plugin(given: Option<&Path>) -> Result<PathBuf> {
+    let plugin = match given {
+        Some(p) => p.to_path_buf(),
+        None => plugin("sluice_sink_iceberg.wasm")?,
+    };
+    anyhow::ensure!(plugin.is_file(), "no plugin at {}", plugin.display());
+    Ok(plugin)
+}
+
 pub fn plugin(file: &str) -> Result<PathBuf> {
     let path = workspace().join("target/guests/wasm32-wasip2/release").join(file);
     anyhow::ensure!(path.is_file(), "{} is missing: run `cargo build-plugins` first", path.display());

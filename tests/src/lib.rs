@@ -4,11 +4,13 @@
 //! Invariants of every exactly-once assertion here: rows are compared by id
 //! *and* by value against the generator's deterministic rows, never by count.
 
+pub mod changes;
 pub mod fault_proxy;
 pub mod files_store;
 pub mod harness;
 pub mod imds;
 pub mod kafka;
+pub mod kill;
 pub mod nested_cargo;
 pub mod rest_catalog;
 pub mod schema_registry;

@@ -131,16 +131,8 @@ struct Outcome {
 fn main() -> Result<()> {
     let args = Args::parse();
     let root = workspace();
-    let sluice = match &args.sluice {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("sluice"),
-    };
-    ensure!(sluice.is_file(), "{} is missing: run `cargo build --release -p sluice` first", sluice.display());
-    let plugin = match &args.plugin {
-        Some(p) => p.clone(),
-        None => sluice_bench::plugin("sluice_sink_iceberg.wasm")?,
-    };
-    ensure!(plugin.is_file(), "no plugin at {}", plugin.display());
+    let sluice = sluice_bench::sluice_binary(args.sluice.as_deref())?;
+    let plugin = sluice_bench::iceberg_plugin(args.plugin.as_deref())?;
     let setup = Setup {
         python: args.python.clone(),
         script: root.join("bench/backfill/pyiceberg_window.py"),

@@ -62,14 +62,9 @@ struct Setup {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let sluice = match &args.sluice {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("sluice"),
-    };
-    ensure!(sluice.is_file(), "{} is missing: run `cargo build --release -p sluice` first", sluice.display());
     let s = Setup {
-        sluice,
-        plugin: sluice_bench::plugin("sluice_sink_iceberg.wasm")?,
+        sluice: sluice_bench::sluice_binary(args.sluice.as_deref())?,
+        plugin: sluice_bench::iceberg_plugin(None)?,
         cache: sluice_bench::workspace().join("target/bench-component-cache"),
     };
     let checkpoints = if args.long { 10_000 } else { args.checkpoints };

@@ -16,6 +16,9 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use sluice::engine::{CrashPoint, Fault, RunOptions};
+use sluice_tests::changes::{
+    self, Change, Row, assert_each_key_once, assert_states_of_the_stream, model, write_changes as write_stream,
+};
 use sluice_tests::{DUCKDB_ICEBERG, ICEBERG_PLUGIN, TestJob, python};
 
 const TABLE: &str = "crm.customers";
@@ -23,41 +26,8 @@ const TABLE: &str = "crm.customers";
 /// A change-stream job over `in/*.jsonl` (`op` the change column, `id`
 /// the key) into `TABLE` of `warehouse`, in upsert mode.
 fn job(id: &str, warehouse: &Path, parallelism: u32, every_rows: u64) -> TestJob {
-    let dir = tempfile::tempdir().expect("dir");
-    std::fs::create_dir_all(dir.path().join("in")).expect("in/");
-    let warehouse = warehouse.display();
-    let toml = format!(
-        r#"[job]
-id = "{id}"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every_rows}
-[source]
-kind = "file"
-path = "in"
-batch_rows = 3
-change_column = "op"
-key = ["id"]
-[sink]
-id = "lake"
-plugin = "{ICEBERG_PLUGIN}"
-[sink.options]
-table = "{TABLE}"
-mode = "upsert"
-key = "id"
-[sink.catalog]
-database = "{warehouse}/catalog.db"
-warehouse = "{warehouse}"
-[sink.sandbox]
-memory_mb = 512
-"#
-    );
-    TestJob { dir, toml }
+    changes::upsert_job(id, warehouse, TABLE, parallelism, every_rows, "batch_rows = 3", "key = \"id\"")
 }
-
-/// One change: `(op as the file spells it, id, v)`; the name is `n<id>-<v>`.
-type Change = (&'static str, i64, i64);
 
 /// The change stream, three files in name order. Updates reach rows of
 /// earlier files (earlier checkpoints), keys are deleted and inserted
@@ -99,105 +69,12 @@ fn stream() -> Vec<Vec<Change>> {
     ]
 }
 
-/// Writes the stream as `in/00N.jsonl`.
-fn write_stream(job: &TestJob, files: &[Vec<Change>]) {
-    for (n, lines) in files.iter().enumerate() {
-        let text: String = lines
-            .iter()
-            .map(|(op, id, v)| {
-                let row = serde_json::json!({"op": op, "id": id, "name": format!("n{id}-{v}"), "v": v});
-                format!("{row}\n")
-            })
-            .collect();
-        std::fs::write(job.dir.path().join("in").join(format!("{n:03}.jsonl")), text).expect("jsonl");
-    }
-}
-
-/// A row as the readers give it: `(id, name, v)`.
-type Row = (i64, String, i64);
-
-/// The model: every key in its last state, applied in file and line order.
-fn model(files: &[Vec<Change>]) -> Vec<Row> {
-    let mut keys: BTreeMap<i64, Row> = BTreeMap::new();
-    for (op, id, v) in files.iter().flatten() {
-        match op.trim().to_ascii_lowercase().as_str() {
-            "delete" | "d" => {
-                keys.remove(id);
-            }
-            _ => {
-                keys.insert(*id, (*id, format!("n{id}-{v}"), *v));
-            }
-        }
-    }
-    keys.into_values().collect()
-}
-
 /// Every row of the table, sorted, as PyIceberg reads it; panics when
 /// DuckDB's `iceberg_scan` or iceberg-rust reads anything else.
 fn rows(warehouse: &Path) -> Vec<Row> {
-    let script = format!(
-        "{DUCKDB_ICEBERG}\n\
-         import sys, json\n\
-         from pyiceberg.catalog.sql import SqlCatalog\n\
-         w, name = sys.argv[1], sys.argv[2]\n\
-         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table(name)\n\
-         a = t.scan(selected_fields=('id', 'name', 'v')).to_arrow()\n\
-         py = sorted([i, n, v] for i, n, v in zip(a.column('id').to_pylist(), a.column('name').to_pylist(), a.column('v').to_pylist()))\n\
-         con = _duckdb.connect()\n\
-         con.execute('SET enable_progress_bar = false')\n\
-         for ext in ('avro', 'iceberg'):\n\
-         \x20   con.load_extension(_duckdb_extension(ext))\n\
-         path = t.metadata_location.removeprefix('file://')\n\
-         dd = sorted([i, n, v] for i, n, v in con.execute('select id, name, v from iceberg_scan(?)', [path]).fetchall())\n\
-         if py != dd:\n\
-         \x20   sys.exit(f'PyIceberg reads {{len(py)}} rows, DuckDB {{len(dd)}}: {{py}} / {{dd}}')\n\
-         print(json.dumps(py))"
-    );
-    let out = python(&script, &[&warehouse.display().to_string(), TABLE])
-        .unwrap_or_else(|e| panic!("reading {TABLE} with PyIceberg and DuckDB: {e}"));
-    let py: Vec<Row> = serde_json::from_str(out.trim()).expect("rows as JSON");
-    assert_eq!(native(warehouse), py, "iceberg-rust and PyIceberg read different rows");
+    let py = changes::read_rows(warehouse, TABLE, None);
+    assert_eq!(changes::native_rows(warehouse, TABLE), py, "iceberg-rust and PyIceberg read different rows");
     py
-}
-
-/// The rows as the host's iceberg-rust reader reads them, sorted.
-fn native(warehouse: &Path) -> Vec<Row> {
-    use arrow_schema::{DataType, Field, Schema};
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, true),
-        Field::new("name", DataType::Utf8, true),
-        Field::new("v", DataType::Int64, true),
-    ]));
-    let table = sluice_tests::read_iceberg_as(&sluice_tests::catalog(warehouse), TABLE, &schema);
-    table.assert_no_checkpoint_twice();
-    let b = &table.rows;
-    let ids = b.column(0).as_primitive::<Int64Type>();
-    let names = b.column(1).as_string::<i32>();
-    let vs = b.column(2).as_primitive::<Int64Type>();
-    let mut out: Vec<Row> =
-        (0..b.num_rows()).map(|i| (ids.value(i), names.value(i).to_string(), vs.value(i))).collect();
-    out.sort();
-    out
-}
-
-/// No key holds two rows: nothing was applied twice.
-fn assert_each_key_once(rows: &[Row]) {
-    let mut ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-    ids.dedup();
-    assert_eq!(ids.len(), rows.len(), "a key holds two rows: {rows:?}");
-}
-
-/// Every row of a table mid-run is a state its key had at some point of
-/// the stream (a deleted row never comes back from before its delete
-/// unless the stream inserted it again, and no row is invented).
-fn assert_states_of_the_stream(rows: &[Row], files: &[Vec<Change>]) {
-    for (id, name, v) in rows {
-        let seen = files
-            .iter()
-            .flatten()
-            .any(|(op, i, w)| i == id && w == v && !matches!(op.trim().to_ascii_lowercase().as_str(), "delete" | "d"));
-        assert!(seen && *name == format!("n{id}-{v}"), "row {id}/{name}/{v} is no state of key {id}");
-    }
 }
 
 /// The table's snapshots of job `id`: (checkpoint, operation, delete files added).

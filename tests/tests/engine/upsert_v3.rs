@@ -11,15 +11,15 @@
 //! Parquet), so the host's reader is no third reader on a v3 table; on the
 //! v2 table of `an_existing_table_keeps_its_format_version` it is.
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::Int64Type;
 use iceberg::spec::{DataContentType, DataFileFormat, FormatVersion};
 use sluice::engine::{CrashPoint, Fault};
-use sluice_tests::{DUCKDB_ICEBERG, ICEBERG_PLUGIN, TestJob, python};
+use sluice_tests::TestJob;
+use sluice_tests::changes::{
+    self, Change, Row, assert_each_key_once, assert_states_of_the_stream, model, native_rows,
+    write_changes as write_stream,
+};
 
 const TABLE: &str = "crm.accounts";
 
@@ -27,41 +27,16 @@ const TABLE: &str = "crm.accounts";
 /// the key) into `TABLE` of `warehouse`, in upsert mode, creating the
 /// table in format version `version`.
 fn job(id: &str, warehouse: &Path, parallelism: u32, every_rows: u64, version: u8) -> TestJob {
-    let dir = tempfile::tempdir().expect("dir");
-    std::fs::create_dir_all(dir.path().join("in")).expect("in/");
-    let warehouse = warehouse.display();
-    let toml = format!(
-        r#"[job]
-id = "{id}"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every_rows}
-[source]
-kind = "file"
-path = "in"
-batch_rows = 3
-change_column = "op"
-key = ["id"]
-[sink]
-id = "lake"
-plugin = "{ICEBERG_PLUGIN}"
-[sink.options]
-table = "{TABLE}"
-mode = "upsert"
-format_version = {version}
-[sink.catalog]
-database = "{warehouse}/catalog.db"
-warehouse = "{warehouse}"
-[sink.sandbox]
-memory_mb = 512
-"#
-    );
-    TestJob { dir, toml }
+    changes::upsert_job(
+        id,
+        warehouse,
+        TABLE,
+        parallelism,
+        every_rows,
+        "batch_rows = 3",
+        &format!("format_version = {version}"),
+    )
 }
-
-/// One change: `(op, id, v)`; the row's name is `n<id>-<v>`.
-type Change = (&'static str, i64, i64);
 
 /// Three files in name order. The first inserts 16 keys (at 4 rows a
 /// checkpoint, 4 data files at parallelism 1); the second updates and
@@ -97,100 +72,10 @@ fn stream() -> Vec<Vec<Change>> {
     ]
 }
 
-fn write_stream(job: &TestJob, files: &[Vec<Change>]) {
-    for (n, lines) in files.iter().enumerate() {
-        let text: String = lines
-            .iter()
-            .map(|(op, id, v)| {
-                let row = serde_json::json!({"op": op, "id": id, "name": format!("n{id}-{v}"), "v": v});
-                format!("{row}\n")
-            })
-            .collect();
-        std::fs::write(job.dir.path().join("in").join(format!("{n:03}.jsonl")), text).expect("jsonl");
-    }
-}
-
-/// A row as the readers give it: `(id, name, v)`.
-type Row = (i64, String, i64);
-
-/// The model: every key in its last state, applied in file and line order.
-fn model(files: &[Vec<Change>]) -> Vec<Row> {
-    let mut keys: BTreeMap<i64, Row> = BTreeMap::new();
-    for (op, id, v) in files.iter().flatten() {
-        match op.trim().to_ascii_lowercase().as_str() {
-            "delete" | "d" => {
-                keys.remove(id);
-            }
-            _ => {
-                keys.insert(*id, (*id, format!("n{id}-{v}"), *v));
-            }
-        }
-    }
-    keys.into_values().collect()
-}
-
 /// Every row, sorted, as PyIceberg reads it; panics when DuckDB's
 /// `iceberg_scan` reads anything else, or the table is not of `version`.
 fn rows(warehouse: &Path, version: u8) -> Vec<Row> {
-    let script = format!(
-        "{DUCKDB_ICEBERG}\n\
-         import sys, json\n\
-         from pyiceberg.catalog.sql import SqlCatalog\n\
-         w, name, version = sys.argv[1], sys.argv[2], int(sys.argv[3])\n\
-         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table(name)\n\
-         assert t.format_version == version, f'format version {{t.format_version}}'\n\
-         a = t.scan(selected_fields=('id', 'name', 'v')).to_arrow()\n\
-         py = sorted([i, n, v] for i, n, v in zip(a.column('id').to_pylist(), a.column('name').to_pylist(), a.column('v').to_pylist()))\n\
-         con = _duckdb.connect()\n\
-         con.execute('SET enable_progress_bar = false')\n\
-         for ext in ('avro', 'iceberg'):\n\
-         \x20   con.load_extension(_duckdb_extension(ext))\n\
-         path = t.metadata_location.removeprefix('file://')\n\
-         dd = sorted([i, n, v] for i, n, v in con.execute('select id, name, v from iceberg_scan(?)', [path]).fetchall())\n\
-         if py != dd:\n\
-         \x20   sys.exit(f'PyIceberg reads {{len(py)}} rows, DuckDB {{len(dd)}}: {{py}} / {{dd}}')\n\
-         print(json.dumps(py))"
-    );
-    let out = python(&script, &[&warehouse.display().to_string(), TABLE, &version.to_string()])
-        .unwrap_or_else(|e| panic!("reading {TABLE} with PyIceberg and DuckDB: {e}"));
-    serde_json::from_str(out.trim()).expect("rows as JSON")
-}
-
-/// The rows as the host's iceberg-rust reader reads them, sorted.
-fn native(warehouse: &Path) -> Vec<Row> {
-    use arrow_schema::{DataType, Field, Schema};
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, true),
-        Field::new("name", DataType::Utf8, true),
-        Field::new("v", DataType::Int64, true),
-    ]));
-    let table = sluice_tests::read_iceberg_as(&sluice_tests::catalog(warehouse), TABLE, &schema);
-    table.assert_no_checkpoint_twice();
-    let b = &table.rows;
-    let ids = b.column(0).as_primitive::<Int64Type>();
-    let names = b.column(1).as_string::<i32>();
-    let vs = b.column(2).as_primitive::<Int64Type>();
-    let mut out: Vec<Row> =
-        (0..b.num_rows()).map(|i| (ids.value(i), names.value(i).to_string(), vs.value(i))).collect();
-    out.sort();
-    out
-}
-
-fn assert_each_key_once(rows: &[Row]) {
-    let mut ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-    ids.dedup();
-    assert_eq!(ids.len(), rows.len(), "a key holds two rows: {rows:?}");
-}
-
-/// Every row mid-run is a state its key had at some point of the stream.
-fn assert_states_of_the_stream(rows: &[Row], files: &[Vec<Change>]) {
-    for (id, name, v) in rows {
-        let seen = files
-            .iter()
-            .flatten()
-            .any(|(op, i, w)| i == id && w == v && !matches!(op.trim().to_ascii_lowercase().as_str(), "delete" | "d"));
-        assert!(seen && *name == format!("n{id}-{v}"), "row {id}/{name}/{v} is no state of key {id}");
-    }
+    changes::read_rows(warehouse, TABLE, Some(version))
 }
 
 fn load(warehouse: &Path) -> Option<iceberg::table::Table> {
@@ -288,7 +173,7 @@ fn an_existing_table_keeps_its_format_version() {
     assert_eq!(load(warehouse.path()).expect("the table").metadata().format_version(), FormatVersion::V2);
     let got = rows(warehouse.path(), 2);
     assert_eq!(got, model(&files));
-    assert_eq!(native(warehouse.path()), got);
+    assert_eq!(native_rows(warehouse.path(), TABLE), got);
 }
 
 fn crash_then_recover(point: CrashPoint, checkpoint: u64) {

@@ -20,15 +20,14 @@
 //! `SLUICE_OVERWRITE_KILL_SEED` repeats a sequence of kill times.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sluice_tests::kill::{STARTED, run_kill_after};
 use sluice_tests::{DUCKDB_ICEBERG, ICEBERG_PLUGIN, TestJob, cache_dir, python, rerun_to_end, run_cli, sluice_run};
 
 const TABLE: &str = "db.daily";
@@ -222,66 +221,8 @@ fn assert_no_checkpoint_twice(warehouse: &Path, id: &str) {
     assert_eq!(distinct.len(), snapshots.len(), "a checkpoint of job {id} was committed twice: {snapshots:?}");
 }
 
-/// What became of a run killed a while after it started writing.
-struct Killed {
-    killed: bool,
-    stderr: String,
-}
-
-/// The log lines one of which every run writes once it has opened the
-/// state directory and settled its incarnation, before it writes rows.
-const STARTED: &[&str] = &["resuming from checkpoint record", "starting job from the beginning"];
 /// The log line of a run that starts a new incarnation, once it is recorded.
 const NEW_INCARNATION: &[&str] = &["started a new incarnation of the job"];
-
-/// Starts `sluice run` with `extra` arguments, and SIGKILLs it
-/// `after` once it logged one of `markers`, unless it ended before.
-/// Measured from that line rather than from the start, so a slow start on
-/// a busy machine does not turn every kill into one during start-up.
-fn run_kill_after(job: &TestJob, extra: &[&str], markers: &[&str], after: Duration) -> Killed {
-    let mut cmd = sluice_run(job, &[]);
-    cmd.args(extra).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting sluice");
-    let stderr = child.stderr.take().expect("piped stderr");
-    let (tx, rx) = mpsc::channel();
-    let markers: Vec<String> = markers.iter().map(ToString::to_string).collect();
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if markers.iter().any(|m| line.contains(m.as_str())) {
-                let _ = tx.send(());
-            }
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    let started = Instant::now();
-    let mut deadline = None;
-    let mut killed = false;
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
-        }
-        if deadline.is_none() && rx.try_recv().is_ok() {
-            deadline = Some(Instant::now() + after);
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("sluice did not start writing within 2 minutes");
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            child.kill().expect("SIGKILL");
-            killed = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let status = child.wait().expect("reaping sluice");
-    let stderr = reader.join().expect("stderr reader");
-    assert!(killed || status.success(), "sluice failed:\n{stderr}");
-    Killed { killed, stderr }
-}
 
 /// Runs the job to its end at full speed; returns what it printed.
 fn finish(job: &TestJob) -> String {

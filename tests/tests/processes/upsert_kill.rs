@@ -19,23 +19,21 @@
 //! a stream and its kill times.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sluice_tests::{DUCKDB_ICEBERG, ICEBERG_PLUGIN, TestJob, cache_dir, python, rerun_to_end, run_cli, sluice_run};
+use sluice_tests::changes::{self, Row};
+use sluice_tests::kill::{STARTED, run_kill_after};
+use sluice_tests::{TestJob, cache_dir, python, rerun_to_end, run_cli, sluice_run};
 
 const TABLE: &str = "crm.accounts";
 
 /// One change: `(delete, id, v)`; `v` is unique in the stream.
 type Change = (bool, i64, i64);
-/// A row as read back: `(id, name, v)`.
-type Row = (i64, String, i64);
 
 fn seed() -> u64 {
     let seed = std::env::var("SLUICE_UPSERT_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -89,105 +87,52 @@ fn stream(rng: &mut StdRng, keys: i64, files: usize, lines: usize) -> Vec<Vec<Ch
 /// key) into `TABLE` of `warehouse` in upsert mode, checkpoints every
 /// `every_rows` rows per writer, a source of `rate` rows per second.
 fn job(id: &str, warehouse: &Path, parallelism: u32, every_rows: u64, rate: u32) -> TestJob {
-    let dir = tempfile::tempdir().expect("dir");
-    std::fs::create_dir_all(dir.path().join("in")).expect("in/");
-    let warehouse = warehouse.display();
-    let toml = format!(
-        r#"[job]
-id = "{id}"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every_rows}
-[source]
-kind = "file"
-path = "in"
-batch_rows = 20
-rate = {rate}.0
-change_column = "op"
-key = ["id"]
-[sink]
-id = "lake"
-plugin = "{ICEBERG_PLUGIN}"
-[sink.options]
-table = "{TABLE}"
-mode = "upsert"
-key = "id"
-[sink.catalog]
-database = "{warehouse}/catalog.db"
-warehouse = "{warehouse}"
-[sink.sandbox]
-memory_mb = 512
-"#
-    );
-    let job = TestJob { dir, toml };
+    let source = format!("batch_rows = 20\nrate = {rate}.0");
+    let job = changes::upsert_job(id, warehouse, TABLE, parallelism, every_rows, &source, "key = \"id\"");
     job.load(&[]).expect("a valid job");
     job
 }
 
-/// Writes the stream as `in/00N.jsonl`; deletes spell their op three ways,
+/// The stream as the files spell it: deletes spell their op three ways,
 /// upserts four.
+fn spelled(files: &[Vec<Change>]) -> Vec<Vec<(&'static str, i64, i64)>> {
+    files
+        .iter()
+        .map(|lines| {
+            lines
+                .iter()
+                .map(|&(delete, id, v)| {
+                    let op = match (delete, v % 4) {
+                        (true, 0) => "d",
+                        (true, 1) => "Delete",
+                        (true, _) => "delete",
+                        (false, 0) => "insert",
+                        (false, 1) => "u",
+                        (false, 2) => "update",
+                        (false, _) => "c",
+                    };
+                    (op, id, v)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Writes the stream as `in/00N.jsonl`.
 fn write_stream(job: &TestJob, files: &[Vec<Change>]) {
-    for (n, lines) in files.iter().enumerate() {
-        let text: String = lines
-            .iter()
-            .map(|(delete, id, v)| {
-                let op = match (delete, v % 4) {
-                    (true, 0) => "d",
-                    (true, 1) => "Delete",
-                    (true, _) => "delete",
-                    (false, 0) => "insert",
-                    (false, 1) => "u",
-                    (false, 2) => "update",
-                    (false, _) => "c",
-                };
-                format!("{}\n", serde_json::json!({"op": op, "id": id, "name": format!("n{id}-{v}"), "v": v}))
-            })
-            .collect();
-        std::fs::write(job.dir.path().join("in").join(format!("{n:03}.jsonl")), text).expect("jsonl");
-    }
+    changes::write_changes(job, &spelled(files));
 }
 
 /// Every key in its last state.
 fn model(files: &[Vec<Change>]) -> Vec<Row> {
-    let mut keys: BTreeMap<i64, Row> = BTreeMap::new();
-    for (delete, id, v) in files.iter().flatten() {
-        if *delete {
-            keys.remove(id);
-        } else {
-            keys.insert(*id, (*id, format!("n{id}-{v}"), *v));
-        }
-    }
-    keys.into_values().collect()
+    changes::model(&spelled(files))
 }
 
 /// Every row of the table, sorted, as PyIceberg reads it; panics when
 /// DuckDB's `iceberg_scan` reads anything else. Empty before the table has
 /// a snapshot.
 fn rows(warehouse: &Path) -> Vec<Row> {
-    let script = format!(
-        "{DUCKDB_ICEBERG}\n\
-         import sys, json\n\
-         from pyiceberg.catalog.sql import SqlCatalog\n\
-         w, name = sys.argv[1], sys.argv[2]\n\
-         t = SqlCatalog('sluice', uri=f'sqlite:///{{w}}/catalog.db', warehouse=f'file://{{w}}').load_table(name)\n\
-         if t.current_snapshot() is None:\n\
-         \x20   print('[]'); sys.exit(0)\n\
-         a = t.scan(selected_fields=('id', 'name', 'v')).to_arrow()\n\
-         py = sorted([i, n, v] for i, n, v in zip(a.column('id').to_pylist(), a.column('name').to_pylist(), a.column('v').to_pylist()))\n\
-         con = _duckdb.connect()\n\
-         con.execute('SET enable_progress_bar = false')\n\
-         for ext in ('avro', 'iceberg'):\n\
-         \x20   con.load_extension(_duckdb_extension(ext))\n\
-         path = t.metadata_location.removeprefix('file://')\n\
-         dd = sorted([i, n, v] for i, n, v in con.execute('select id, name, v from iceberg_scan(?)', [path]).fetchall())\n\
-         if py != dd:\n\
-         \x20   sys.exit(f'PyIceberg reads {{len(py)}} rows, DuckDB {{len(dd)}} ({{t.metadata_location}})')\n\
-         print(json.dumps(py))"
-    );
-    let out = python(&script, &[&warehouse.display().to_string(), TABLE])
-        .unwrap_or_else(|e| panic!("reading {TABLE} with PyIceberg and DuckDB: {e}"));
-    serde_json::from_str(out.trim()).expect("rows as JSON")
+    changes::read_rows(warehouse, TABLE, None)
 }
 
 /// Checks a read taken mid-run: each key once, each row a state its key
@@ -228,64 +173,6 @@ fn assert_no_checkpoint_twice(warehouse: &Path, id: &str) {
     }
 }
 
-/// What became of a run killed a while after it started.
-struct Killed {
-    killed: bool,
-    stderr: String,
-}
-
-/// The log lines one of which every run writes once it has opened the
-/// state directory and settled its incarnation, before it writes rows.
-const STARTED: &[&str] = &["resuming from checkpoint record", "starting job from the beginning"];
-
-/// Starts `sluice run` and SIGKILLs it `after` once it logged one of
-/// [`STARTED`], unless it ended before (measured from that line, so a
-/// slow start on a busy machine does not make every kill one during
-/// start-up). The same harness as `overwrite_kill.rs`.
-fn run_kill_after(job: &TestJob, after: Duration) -> Killed {
-    let mut cmd = sluice_run(job, &[]);
-    cmd.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting sluice");
-    let stderr = child.stderr.take().expect("piped stderr");
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if STARTED.iter().any(|m| line.contains(m)) {
-                let _ = tx.send(());
-            }
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    let started = Instant::now();
-    let mut deadline = None;
-    let mut killed = false;
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
-        }
-        if deadline.is_none() && rx.try_recv().is_ok() {
-            deadline = Some(Instant::now() + after);
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("sluice did not start writing within 2 minutes");
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            child.kill().expect("SIGKILL");
-            killed = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let status = child.wait().expect("reaping sluice");
-    let stderr = reader.join().expect("stderr reader");
-    assert!(killed || status.success(), "sluice failed:\n{stderr}");
-    Killed { killed, stderr }
-}
-
 /// How many files `sluice maintain` reported compacting (`compacted N file(s)`).
 fn compacted_files(stdout: &str) -> u64 {
     stdout
@@ -315,7 +202,7 @@ fn a_killed_change_stream_resumes_to_each_keys_last_state() {
     let mut kills = 0;
     while kills < 3 {
         let life = Duration::from_millis(rng.random_range(300..1200));
-        let killed = run_kill_after(&run, life);
+        let killed = run_kill_after(&run, &[], STARTED, life);
         eprintln!(
             "run killed {life:?} after start: {} checkpoint(s) committed",
             killed.stderr.matches("checkpoint committed").count()
@@ -371,7 +258,7 @@ fn compaction_beside_a_killed_change_stream_keeps_each_key_exact() {
         let running = scope.spawn(|| {
             // After the first checkpoint or two.
             let life = Duration::from_millis(rng.random_range(3500..7000));
-            let killed = run_kill_after(&run, life);
+            let killed = run_kill_after(&run, &[], STARTED, life);
             eprintln!("change stream killed {life:?} after start: {}", killed.killed);
             let out = sluice_run(&run, &[]).output().expect("running sluice");
             done.store(true, Ordering::Relaxed);

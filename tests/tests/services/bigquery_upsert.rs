@@ -162,10 +162,14 @@ fn open(
     writer_state: Option<&[u8]>,
     committer_state: Option<&[u8]>,
 ) -> Result<Run, String> {
+    open_as(job, ctx_of(job, incarnation, 1_000_000), key, writer_state, committer_state)
+}
+
+/// The sink context of a run of `job` as incarnation `incarnation`, made at
+/// `created_ms`, that takes its table's claim.
+fn ctx_of(job: &TestJob, incarnation: &str, created_ms: u64) -> SinkCtx {
     let loaded = job.load(&[]).expect("job file");
-    let plugin = host().load(&loaded.spec.sink.plugin).expect("plugin");
-    let (grants, limits) = engine::grants_and_limits(&loaded).expect("grants");
-    let ctx = SinkCtx {
+    SinkCtx {
         job_id: loaded.spec.job.id.clone(),
         sink_id: loaded.spec.sink.id.clone(),
         incarnation: incarnation.to_string(),
@@ -175,8 +179,21 @@ fn open(
         parallelism: 1,
         attempt: 1,
         dead_letter_table: None,
-        incarnation_created_ms: 1_000_000,
-    };
+        incarnation_created_ms: created_ms,
+    }
+}
+
+/// [`open`] with the sink context `ctx`.
+fn open_as(
+    job: &TestJob,
+    ctx: SinkCtx,
+    key: Option<&str>,
+    writer_state: Option<&[u8]>,
+    committer_state: Option<&[u8]>,
+) -> Result<Run, String> {
+    let loaded = job.load(&[]).expect("job file");
+    let plugin = host().load(&loaded.spec.sink.plugin).expect("plugin");
+    let (grants, limits) = engine::grants_and_limits(&loaded).expect("grants");
     let mut options = plugin.options_for(loaded.sink_options(), &ctx);
     if let Some(key) = key {
         options.push(("sluice.key".to_string(), key.to_string()));
@@ -388,35 +405,12 @@ fn a_later_incarnation_over_new_input_is_applied_though_its_positions_start_agai
     }
 }
 
+/// A run of `job` as another, later incarnation beside the first
+/// (`--new-incarnation`: it neither takes nor checks the claim).
 fn open_beside(job: &TestJob, key: Option<&str>) -> Result<Run, String> {
-    let loaded = job.load(&[]).expect("job file");
-    let plugin = host().load(&loaded.spec.sink.plugin).expect("plugin");
-    let (grants, limits) = engine::grants_and_limits(&loaded).expect("grants");
-    let ctx = SinkCtx {
-        job_id: loaded.spec.job.id.clone(),
-        sink_id: loaded.spec.sink.id.clone(),
-        incarnation: "rrrrrrrrrrrr".to_string(),
-        refuse_other_incarnations: false,
-        beside: true,
-        subtask: 0,
-        parallelism: 1,
-        attempt: 1,
-        dead_letter_table: None,
-        // A later incarnation than `open`'s.
-        incarnation_created_ms: 2_000_000,
-    };
-    let mut options = plugin.options_for(loaded.sink_options(), &ctx);
-    if let Some(key) = key {
-        options.push(("sluice.key".to_string(), key.to_string()));
-    }
-    let schema = sluice::ipc::encode_schema(&table_schema()).expect("schema");
-    let tables = vec![SourceTable { name: String::new(), schema }];
-    let inst = plugin.instantiate("committer", &grants, limits).expect("instance");
-    let mut committer = CommitterInstance::open(inst, &ctx, &options, &tables).map_err(|e| e.to_string())?;
-    committer.restore_state(None).map_err(|e| e.to_string())?;
-    let inst = plugin.instantiate("writer", &grants, limits).expect("instance");
-    let writer = WriterInstance::open(inst, &ctx, &options, &tables, None).map_err(|e| e.to_string())?;
-    Ok(Run { writer, committer })
+    // A later incarnation than `open`'s.
+    let ctx = SinkCtx { refuse_other_incarnations: false, beside: true, ..ctx_of(job, "rrrrrrrrrrrr", 2_000_000) };
+    open_as(job, ctx, key, None, None)
 }
 
 /// Lost replies, connections broken before a request, and in-band
