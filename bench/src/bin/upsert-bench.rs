@@ -3,13 +3,12 @@
 //! `mode = "upsert"`, one commit per round on both sides.
 //!
 //! Invariants: both sides start from a table holding the same initial rows
-//! (loaded untimed: PyIceberg appends them, Sluice lands them in a first
-//! run of the job) and get the same rounds of changes from the same Parquet
+//! (loaded untimed: PyIceberg appends them, Sluice lands them with a job of
+//! their own) and get the same rounds of changes from the same Parquet
 //! files (`bench/upsert/pyiceberg_upsert.py gen`: each round updates a share
 //! of distinct existing ids and inserts new ones). Sluice's timed part is a
-//! second run of the same job over the same folder, which now also holds the
-//! rounds: one writer, a checkpoint (one snapshot) per round, its key index
-//! rebuilt from the table when it starts. Both tables are read back with
+//! second job over a folder of the rounds: one writer, a checkpoint (one
+//! snapshot) per round, its key index built from the table when it starts. Both tables are read back with
 //! PyIceberg and must equal the model's digest, or the run fails. CPU
 //! seconds count every thread: PyIceberg's per round from
 //! `time.process_time()`, Sluice's from its process as this benchmark's
@@ -174,12 +173,13 @@ fn pyiceberg(s: &Setup, args: &Args, dir: &Path, model: &Value) -> Result<Side> 
     })
 }
 
-fn job_toml(s: &Setup, args: &Args, input: &Path, warehouse: &Path) -> String {
+/// Job `id` (state in `state-<id>`) upserting the files of `input`.
+fn job_toml(s: &Setup, args: &Args, id: &str, input: &Path, warehouse: &Path) -> String {
     format!(
         r#"[job]
-id = "upsert-bench"
+id = "{id}"
 parallelism = 1
-state_dir = "state"
+state_dir = "state-{id}"
 [job.checkpoint]
 every_rows = {every}
 [source]
@@ -227,19 +227,24 @@ fn run_sluice(s: &Setup, dir: &Path, job: &Path, log: &str) -> Result<String> {
 
 fn sluice_side(s: &Setup, args: &Args, dir: &Path, model: &Value) -> Result<Side> {
     let warehouse = dir.join("sluice-warehouse");
-    let input = dir.join("sluice-input");
     std::fs::create_dir_all(&warehouse)?;
-    std::fs::create_dir_all(&input)?;
-    std::fs::copy(dir.join("data/000-initial.parquet"), input.join("000-initial.parquet"))?;
-    let job = dir.join("upsert-bench.toml");
-    std::fs::write(&job, job_toml(s, args, &input, &warehouse))?;
-    // The initial rows, not timed.
-    run_sluice(s, dir, &job, "load.err")?;
-    // The rounds sort after the initial file: the second run reads them only.
+    // The initial rows, not timed: a job of their own (a job that ended
+    // stays ended; it reads no file added later).
+    let load = dir.join("sluice-load");
+    std::fs::create_dir_all(&load)?;
+    std::fs::copy(dir.join("data/000-initial.parquet"), load.join("000-initial.parquet"))?;
+    let load_job = dir.join("upsert-bench-load.toml");
+    std::fs::write(&load_job, job_toml(s, args, "upsert-bench-load", &load, &warehouse))?;
+    run_sluice(s, dir, &load_job, "load.err")?;
+    // The rounds: the timed job, its key index built from the table.
+    let rounds = dir.join("sluice-rounds");
+    std::fs::create_dir_all(&rounds)?;
     for k in 1..=args.rounds {
         let name = format!("{k:03}-round.parquet");
-        std::fs::copy(dir.join("data/rounds").join(&name), input.join(&name))?;
+        std::fs::copy(dir.join("data/rounds").join(&name), rounds.join(&name))?;
     }
+    let job = dir.join("upsert-bench.toml");
+    std::fs::write(&job, job_toml(s, args, "upsert-bench", &rounds, &warehouse))?;
     let cpu = children_cpu();
     let started = Instant::now();
     let summary = run_sluice(s, dir, &job, "rounds.err")?;
@@ -290,9 +295,9 @@ fn document(args: &Args, table: &str, took: Duration) -> String {
          - **PyIceberg 0.12**: `table.upsert(round, join_cols=[\"id\"])` per round, on a table its own `append` \
          loaded. Its CPU seconds are `time.process_time()` around each call (every thread of the process).\n\
          - **Sluice**: one job, `[source] key = [\"id\"]`, `mode = \"upsert\"`, one writer, a checkpoint every \
-         {changes} rows: a run lands the initial rows (not timed), then a second run of the same job reads the \
-         rounds added to its folder: one snapshot per round with the new rows and position deletes for the rows \
-         they replace. Its time covers the whole process: start, rebuilding the key index from the table, the \
+         {changes} rows: a job lands the initial rows (not timed), then a second job over a folder of the \
+         rounds, timed: one snapshot per round with the new rows and position deletes for the rows they \
+         replace. Its time covers the whole process: start, rebuilding the key index from the table, the \
          rounds. CPU seconds are the process's user and system time.\n\n\
          Both tables are read back with PyIceberg and equal the model's (row count and a digest of every row), or \
          the benchmark fails.\n\n{table}",

@@ -161,6 +161,9 @@ pub struct IcebergCommitter {
     indexes: RefCell<HashMap<String, KeyIndex>>,
     /// A table with `gc.enabled = false` was noted (once per committer).
     gc_off_noted: std::cell::Cell<bool>,
+    /// What the snapshots of each table reference, kept across the
+    /// retention's expiries (manifests and their lists never change).
+    expiry_refs: RefCell<HashMap<String, crate::maintenance::References>>,
 }
 
 /// What `committer-state` needs of the committer opened in this instance.
@@ -682,7 +685,9 @@ impl IcebergCommitter {
             files_removed: Vec::new(),
             notes: Vec::new(),
         };
-        match crate::maintenance::expire(ident, &choose, false, 1, &mut report) {
+        let mut refs = self.expiry_refs.borrow_mut();
+        let refs = refs.entry(ident.to_string()).or_default();
+        match crate::maintenance::expire(ident, &choose, false, 1, refs, &mut report) {
             Ok(()) => {
                 for note in &report.notes {
                     log::warn(&format!("table {ident}: keeping its newest {keep} snapshots: {note}"));
@@ -1293,6 +1298,7 @@ impl GuestCommitter for IcebergCommitter {
             manifests: RefCell::new(HashMap::new()),
             indexes: RefCell::new(HashMap::new()),
             gc_off_noted: std::cell::Cell::new(false),
+            expiry_refs: RefCell::new(HashMap::new()),
         };
         for table in &tables {
             let ident = committer.cfg.ident(&table.name)?;

@@ -108,7 +108,7 @@ pub fn option_specs() -> Vec<OptionSpec> {
              table's `sluice.committed.*` properties) does not depend on snapshots. `0` keeps every snapshot \
              (expire them with `sluice maintain`)",
             false,
-            Some("300"),
+            Some("200"),
         ),
         sluice_guest_sdk::changes::key_option_spec(),
         claim::option_spec(),
@@ -251,7 +251,7 @@ impl Config {
                 )));
             }
         };
-        let keep_snapshots: u32 = opts.parsed("keep_snapshots")?.unwrap_or(300);
+        let keep_snapshots: u32 = opts.parsed("keep_snapshots")?.unwrap_or(200);
         Ok(Self {
             keep_snapshots,
             key,

@@ -152,7 +152,8 @@ pub fn maintain(
             failed.get_or_insert(e);
         }
         if let Some(expiry) = &request.expiry
-            && let Err(e) = expire(&ident, &asked(expiry), request.dry_run, ATTEMPTS, &mut report)
+            && let Err(e) =
+                expire(&ident, &asked(expiry), request.dry_run, ATTEMPTS, &mut References::default(), &mut report)
         {
             failed.get_or_insert(e);
         }
@@ -747,12 +748,72 @@ fn commit_replace(
 /// The files snapshots reference, read once per manifest: a manifest is
 /// never changed once written, so its live data files are cached by its
 /// location (a table of N snapshots shares most manifests between them).
+/// The manifest lists are cached too (by location, the manifests each
+/// names), for the committer's retention, which keeps one `References`
+/// across its expiries and prunes it to what the table still references.
 #[derive(Default)]
-struct References {
+pub(crate) struct References {
     live_in: HashMap<String, Vec<String>>,
+    lists: HashMap<String, Vec<String>>,
 }
 
 impl References {
+    /// Every file `snapshots` reference: their manifest lists, their
+    /// manifests and the files live in those, each distinct manifest read
+    /// (and its files gathered) once however many snapshots name it.
+    fn all_of<'a>(
+        &mut self,
+        table: &Table,
+        snapshots: impl Iterator<Item = &'a Arc<Snapshot>>,
+    ) -> Result<HashSet<String>, SinkError> {
+        let context = || format!("reading the manifests of table {}", table.identifier());
+        let mut out = HashSet::new();
+        let mut manifests: HashSet<String> = HashSet::new();
+        for snapshot in snapshots {
+            let list_path = norm(snapshot.manifest_list()).to_string();
+            if !self.lists.contains_key(&list_path) {
+                let list =
+                    block_on(table.manifest_list_reader(snapshot).load()).map_err(|e| iceberg_error(&context(), e))?;
+                let mut paths = Vec::new();
+                for file in list.consume_entries() {
+                    let path = norm(&file.manifest_path).to_string();
+                    if !self.live_in.contains_key(&path) {
+                        let manifest =
+                            block_on(file.load_manifest(table.file_io())).map_err(|e| iceberg_error(&context(), e))?;
+                        let (entries, _) = manifest.into_parts();
+                        let live =
+                            entries.iter().filter(|e| e.is_alive()).map(|e| norm(e.file_path()).to_string()).collect();
+                        self.live_in.insert(path.clone(), live);
+                    }
+                    paths.push(path);
+                }
+                self.lists.insert(list_path.clone(), paths);
+            }
+            if let Some(paths) = self.lists.get(&list_path) {
+                manifests.extend(paths.iter().cloned());
+            }
+            out.insert(list_path);
+        }
+        for manifest in manifests {
+            if let Some(live) = self.live_in.get(&manifest) {
+                out.extend(live.iter().cloned());
+            }
+            out.insert(manifest);
+        }
+        Ok(out)
+    }
+
+    /// Forgets every manifest list and manifest `table`'s snapshots do not
+    /// name (they are never named again: a new snapshot names new lists).
+    fn prune(&mut self, table: &Table) {
+        let lists: HashSet<String> =
+            table.metadata().snapshots().map(|s| norm(s.manifest_list()).to_string()).collect();
+        self.lists.retain(|path, _| lists.contains(path));
+        let manifests: HashSet<&String> = self.lists.values().flatten().collect();
+        let keep: HashSet<String> = manifests.into_iter().cloned().collect();
+        self.live_in.retain(|path, _| keep.contains(path));
+    }
+
     /// Every file `snapshot` references: its manifest list, its manifests,
     /// and the data files live in it. A file a manifest marks deleted is
     /// not read through this snapshot; while it is live in a kept
@@ -805,6 +866,7 @@ pub(crate) fn expire(
     choose: &dyn Fn(&Table) -> Option<Chosen>,
     dry_run: bool,
     attempts: u32,
+    refs: &mut References,
     report: &mut TableReport,
 ) -> Result<(), SinkError> {
     if dry_run {
@@ -857,16 +919,10 @@ pub(crate) fn expire(
             }
             return Ok(());
         }
-        let mut refs = References::default();
-        let mut candidates = HashSet::new();
-        for snapshot in &removed {
-            candidates.extend(refs.of(&before, snapshot)?);
-        }
-        for snapshot in after.metadata().snapshots() {
-            for kept in refs.of(&after, snapshot)? {
-                candidates.remove(&kept);
-            }
-        }
+        let mut candidates = refs.all_of(&before, removed.iter())?;
+        let kept = refs.all_of(&after, after.metadata().snapshots())?;
+        candidates.retain(|f| !kept.contains(f));
+        refs.prune(&after);
         report.snapshots_expired += removed.len() as u64;
         let mut gone: Vec<String> = candidates.into_iter().collect();
         gone.sort();
