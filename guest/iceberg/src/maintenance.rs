@@ -919,8 +919,26 @@ pub(crate) fn expire(
             }
             return Ok(());
         }
-        let mut candidates = refs.all_of(&before, removed.iter())?;
-        let kept = refs.all_of(&after, after.metadata().snapshots())?;
+        // A file that cannot be read here was deleted by another expiry
+        // running at the same time (a job's retention beside `sluice
+        // maintain`): then nothing is deleted by this one, and what it would
+        // have deleted is left to orphan cleanup.
+        let both = refs
+            .all_of(&before, removed.iter())
+            .and_then(|c| Ok((c, refs.all_of(&after, after.metadata().snapshots())?)));
+        let (mut candidates, kept) = match both {
+            Ok(both) => both,
+            Err(SinkError::Config(m) | SinkError::InvalidData(m) | SinkError::Retryable(m) | SinkError::Fatal(m)) => {
+                report.snapshots_expired += removed.len() as u64;
+                report.notes.push(format!(
+                    "expired {} snapshot(s) but deleted none of their files, as another expiry was deleting them at \
+                     the same time ({m}); orphan cleanup removes what is left",
+                    removed.len()
+                ));
+                *refs = References::default();
+                return Ok(());
+            }
+        };
         candidates.retain(|f| !kept.contains(f));
         refs.prune(&after);
         report.snapshots_expired += removed.len() as u64;
@@ -1105,7 +1123,21 @@ fn remove_orphans(
     }
     let mut refs = References::default();
     for snapshot in metadata.snapshots() {
-        referenced.extend(refs.of(&table, snapshot)?);
+        match refs.of(&table, snapshot) {
+            Ok(files) => referenced.extend(files),
+            // A running job's retention (or another maintain) may expire
+            // the oldest snapshots, and delete their files, while they are
+            // read here. A snapshot the table no longer has names nothing
+            // anyone reads: its files are kept exactly when a snapshot
+            // read here names them too. One the table still has is
+            // missing a file: that is an error.
+            Err(e) => {
+                let now = load(ident)?;
+                if now.metadata().snapshot_by_id(snapshot.snapshot_id()).is_some() {
+                    return Err(e);
+                }
+            }
+        }
     }
     // Upsert mode: the position-delete files of a pending checkpoint are
     // written at its commit, so its folder is protected as a whole.
