@@ -256,11 +256,14 @@ fn soak_two_iceberg_jobs_with_maintenance_beside() {
     }
     eprintln!("soak maintain: {maintained} runs of sluice maintain ended on their own");
     assert!(soaks[1].maintenance_passes > 0, "no [sink.maintenance] pass ended before a kill");
-    // A last maintain, not killed, compacts what the final runs appended.
+    // A last maintain, not killed, ends on its own. What it compacts
+    // depends on the race: the second job's own maintenance goes on after
+    // the first job ended and may have compacted everything already
+    // (CI, 2026-12-06), so only its success and the rows are checked.
     let path = jobs[0].1.path().display().to_string();
     let (code, out, err) = run_cli(&["maintain", &path, "--target-file-mb", "1"], jobs[0].1.dir.path());
     assert_eq!(code, 0, "{err}");
-    assert!(!out.contains("compacted 0 file(s)"), "{out}");
+    assert!(out.contains("table db.soak:"), "{out}");
     let table = read_iceberg(warehouse.path(), "db.soak");
     table.assert_no_checkpoint_twice();
     assert_exactly_once_range(&table.rows, 0, 2 * rows);
