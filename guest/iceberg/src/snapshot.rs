@@ -675,9 +675,18 @@ mod tests {
     }
 
     fn append(table: &Table, added: &[(i32, DataFile)]) -> Table {
+        append_on(table, added, manifests_of)
+    }
+
+    /// Appends `added` on the head, whose manifests `read` gives.
+    fn append_on(
+        table: &Table,
+        added: &[(i32, DataFile)],
+        read: fn(&Table, &Arc<Snapshot>) -> Result<Vec<LoadedManifest>, SinkError>,
+    ) -> Table {
         let current = table.metadata().current_snapshot().cloned();
         let manifests = match &current {
-            Some(h) => manifests_of(table, h).unwrap(),
+            Some(h) => read(table, h).unwrap(),
             None => Vec::new(),
         };
         let built = build_snapshot(
@@ -708,23 +717,11 @@ mod tests {
     /// Appends through the path the committer takes: the head's manifests
     /// listed, not read.
     fn append_listed(table: &Table, added: &[(i32, DataFile)]) -> Table {
-        let current = table.metadata().current_snapshot().cloned();
-        let manifests = match &current {
-            Some(h) => listed(table, h).unwrap(),
-            None => Vec::new(),
-        };
-        assert!(manifests.iter().all(|m| !m.loaded && m.entries.is_empty()));
-        let built = build_snapshot(
-            table,
-            current.as_deref(),
-            &manifests,
-            &HashSet::new(),
-            added,
-            summary(Operation::Append, &[]),
-            HashMap::new(),
-        )
-        .unwrap();
-        commit(table, built)
+        append_on(table, added, |table, head| {
+            let manifests = listed(table, head)?;
+            assert!(manifests.iter().all(|m| !m.loaded && m.entries.is_empty()));
+            Ok(manifests)
+        })
     }
 
     #[test]
