@@ -367,10 +367,13 @@ fn compaction_beside_an_overwrite_job_keeps_each_day_old_or_new() {
     assert!(compacted > 0, "no maintain run compacted anything while the job ran ({runs} runs)");
     let want = after_backfill(&old, &new);
     assert_eq!(by_day(warehouse.path()), want, "after the job");
-    // A last compaction, after the job: the days it replaced are compacted too.
+    // A last compaction, after the job. The days the job replaced are
+    // compacted by it, or were by a maintain run that ended after the job's
+    // last commit (a tests/run of 2026-12-06 saw that): either way it ends
+    // on its own and leaves the rows as they were.
     let (code, out, err) = run_cli(&["maintain", &base_file, "--target-file-mb", "1"], base.dir.path());
     assert_eq!(code, 0, "{err}");
-    assert!(compacted_files(&out) > 0, "{out}");
+    assert!(out.contains("table db.daily:"), "{out}");
     assert_eq!(by_day(warehouse.path()), want, "after the last compaction");
     assert_no_checkpoint_twice(warehouse.path(), "compacted");
 }
