@@ -364,7 +364,7 @@ fn rewrite(
     let rolling = RollingFileWriterBuilder::new(parquet, target_bytes, table.file_io().clone(), locations, names);
     let key = (!spec.is_unpartitioned())
         .then(|| PartitionKey::new(spec.as_ref().clone(), schema.clone(), bin.partition.clone()));
-    let budget = (cfg.buffer_bytes as u64) * 3 / 4;
+    let budget = (cfg.buffer_bytes as u64) * crate::writer::HOST_SHARE.0 / crate::writer::HOST_SHARE.1;
     // Each file is read alone, with no delete applied, so a row's position
     // is its ordinal, and the rows its live deletes name are left out here:
     // iceberg 0.10's reader applies Parquet position deletes but not

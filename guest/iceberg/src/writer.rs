@@ -64,9 +64,14 @@ use crate::upsert::WriterLog;
 const MIN_ROW_GROUP_BYTES: usize = 256 * 1024;
 
 /// The part of `buffer_mb` the host may hold for a writer's open files (the
-/// row groups it is encoding); the rest is the plugin's own (the batch
-/// being converted and split, and its IPC copy on the way out).
-const HOST_SHARE: (u64, u64) = (3, 4);
+/// row groups it is encoding, as the host counts them); the rest is the
+/// plugin's own (the batch being converted and split, and its IPC copy on
+/// the way out) and what the host's count leaves out (each open column's
+/// encoder and compressor state). At 3/4, four writers at `buffer_mb = 64`
+/// with 30 open partitions each peaked at 335 MB of process memory, over
+/// the 282-300 MB of the same job before the host encoded; at 1/2, see
+/// docs/src/performance.md (issue 42, 2026-12-06).
+pub(crate) const HOST_SHARE: (u64, u64) = (1, 2);
 
 /// The `columnar` capability's name for a Parquet codec.
 fn host_compression(c: parquet::basic::Compression) -> (columnar::Compression, Option<i32>) {
