@@ -81,9 +81,10 @@ fn zstd_compress(data: &[u8], level: i32) -> Result<Vec<u8>, String> {
 
 /// The frames of `data`, streamed, stopping once `stop_at` bytes came out
 /// (so a small `max-size` bounds the work and the memory, whatever the data
-/// says). zstd-safe's streaming call, because the `zstd` crate of this
-/// workspace is Sluice's stand-in (guest/zstd-shim), which decodes whole
-/// streams at once.
+/// says): each call may write only into a window that ends at `stop_at`.
+/// zstd-safe's streaming call, because the `zstd` crate of this workspace
+/// is Sluice's stand-in (guest/zstd-shim), which decodes whole streams at
+/// once.
 fn zstd_decompress(data: &[u8], stop_at: usize) -> Result<Vec<u8>, String> {
     use zstd::zstd_safe::{DCtx, InBuffer, OutBuffer};
     let error = |code: usize| format!("zstd: {}", zstd::zstd_safe::get_error_name(code));
@@ -91,22 +92,23 @@ fn zstd_decompress(data: &[u8], stop_at: usize) -> Result<Vec<u8>, String> {
     let mut out: Vec<u8> = Vec::new();
     let mut input = InBuffer::around(data);
     loop {
-        if out.len() >= stop_at {
+        let pos = out.len();
+        if pos >= stop_at {
             return Ok(out);
         }
-        if out.len() == out.capacity() {
-            out.reserve(DCtx::out_size().min(stop_at - out.len()));
-        }
-        let pos = out.len();
-        let hint = {
-            let mut output = OutBuffer::around_pos(&mut out, pos);
-            ctx.decompress_stream(&mut output, &mut input).map_err(error)?
+        let window = DCtx::out_size().min(stop_at - pos);
+        out.resize(pos + window, 0);
+        let (hint, produced) = {
+            let mut output = OutBuffer::around(&mut out[pos..]);
+            let hint = ctx.decompress_stream(&mut output, &mut input).map_err(error)?;
+            (hint, output.pos())
         };
+        out.truncate(pos + produced);
         let consumed = input.pos() == data.len();
         if consumed && hint == 0 {
             return Ok(out);
         }
-        if consumed && out.len() < out.capacity() {
+        if consumed && produced < window {
             return Err("zstd: the frame is incomplete".to_string());
         }
     }
@@ -232,6 +234,21 @@ mod tests {
             assert!(err.contains("more than the 1000 bytes"), "{algorithm:?}: {err}");
             assert!(decompress(algorithm, b"not compressed at all", 1 << 20).is_err(), "{algorithm:?}");
         }
+    }
+
+    #[test]
+    fn zstd_never_writes_past_what_it_may_yield() {
+        let data = vec![0u8; 8 << 20];
+        let packed = compress(Algorithm::Zstd, 3, &data).unwrap();
+        for stop_at in [1, 1000, 128 << 10, (1 << 20) + 1, 3 << 20] {
+            let out = zstd_decompress(&packed, stop_at).unwrap();
+            assert_eq!(out.len(), stop_at, "stops at {stop_at}");
+            assert!(out.capacity() <= 2 * stop_at + (128 << 10), "capacity {} for {stop_at}", out.capacity());
+        }
+        let mut two = packed.clone();
+        two.extend_from_slice(&packed);
+        assert_eq!(zstd_decompress(&two, usize::MAX).unwrap().len(), 16 << 20, "concatenated frames");
+        assert!(zstd_decompress(&packed[..packed.len() - 4], usize::MAX).is_err(), "a truncated frame");
     }
 
     #[test]

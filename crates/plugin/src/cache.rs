@@ -121,10 +121,18 @@ impl ComponentCache {
             Ok(()) => {
                 drop(serialized);
                 return_freed_memory();
-                let component = try_deserialize(engine, &artifact).ok_or_else(|| {
-                    loaded_just_now(format!("{} is unusable (see the warning above)", artifact.display()))
-                })?;
-                (component, Some(artifact))
+                match try_deserialize(engine, &artifact) {
+                    Some(component) => (component, Some(artifact)),
+                    None => {
+                        // Stored but not loadable from its file (a cache on a
+                        // `noexec` mount, say): its bytes load from memory.
+                        let stored = fs::read(&artifact).map_err(cache_err(&artifact))?;
+                        // SAFETY: the file is this engine's own output, written
+                        // just now under the lock.
+                        let loaded = unsafe { Component::deserialize(engine, &stored) };
+                        (loaded.map_err(|e| loaded_just_now(format!("{e:#}")))?, None)
+                    }
+                }
             }
             Err(e) => {
                 let _ = fs::remove_file(&tmp);

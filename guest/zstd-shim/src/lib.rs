@@ -4,8 +4,10 @@
 //! `zstd_safe` `get_frame_content_size` and `DCtx::in_size`), put in place of
 //! the real crate by `[patch.crates-io]` in the workspace manifest.
 //!
-//! The host's workspace puts it in place of the real crate too, for one
-//! difference: [`bulk::Decompressor`] makes its context at its first use.
+//! The host's workspace puts it in place of the real crate too (where
+//! parquet, apache-avro and iceberg call the same API, and the `codec`
+//! capability only `zstd_safe`), for one difference: [`bulk::Decompressor`]
+//! makes its context at its first use.
 //!
 //! Why (plugins): the real crate compiles libzstd (C) with clang and wasi-libc for a
 //! plugin, and runs it as wasm at a fraction of native speed. Here:

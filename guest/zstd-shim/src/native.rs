@@ -21,7 +21,12 @@ impl Compress {
     pub fn compress(&mut self, data: &[u8], checksum: bool) -> io::Result<Vec<u8>> {
         self.0.set_parameter(CParameter::ChecksumFlag(checksum)).map_err(error)?;
         let mut out = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
-        self.0.compress2(&mut out, data).map_err(error)?;
+        if let Err(code) = self.0.compress2(&mut out, data) {
+            // A failed frame leaves the context mid-frame, where setting a
+            // parameter fails: the next call starts afresh.
+            let _ = self.0.reset(zstd_safe::ResetDirective::SessionOnly);
+            return Err(error(code));
+        }
         Ok(out)
     }
 }

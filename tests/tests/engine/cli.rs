@@ -32,6 +32,35 @@ fn second_start_skips_compilation() {
     assert!(!second.contains("INFO compiled plugin"), "{second}");
 }
 
+/// A compiled plugin is stored, then loaded back from its file; a damaged
+/// artifact is compiled again and replaced, never fatal.
+#[test]
+fn a_damaged_cached_plugin_is_compiled_again_and_replaced() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let cache_arg = cache.to_str().expect("utf-8 path");
+    let inspect = |dir: &std::path::Path| run_cli(&["--cache-dir", cache_arg, "plugin", "inspect", FILES_PLUGIN], dir);
+    let (code, out, first) = inspect(dir.path());
+    assert_eq!(code, 0, "{first}");
+    assert!(out.contains("plugin:      files 0.1.0"), "{out}");
+    let artifacts: Vec<_> = std::fs::read_dir(&cache)
+        .expect("the cache")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .collect();
+    assert_eq!(artifacts.len(), 1, "one artifact: {artifacts:?}");
+    std::fs::write(&artifacts[0], b"not a compiled component").expect("damage it");
+    let (code, out, second) = inspect(dir.path());
+    assert_eq!(code, 0, "{second}");
+    assert!(out.contains("plugin:      files 0.1.0"), "{out}");
+    assert!(second.contains("ignoring unusable cached component; recompiling"), "{second}");
+    assert!(second.contains("compiled plugin"), "{second}");
+    let (code, _, third) = inspect(dir.path());
+    assert_eq!(code, 0, "{third}");
+    assert!(third.contains("loaded precompiled plugin from the cache (compilation skipped)"), "{third}");
+}
+
 #[test]
 fn check_accepts_a_good_job() {
     let job = TestJob::files("check-ok", 100, 2, 50);
