@@ -21,6 +21,11 @@
 //!   commit times over the last 200 checkpoints against checkpoints
 //!   100-300, so a commit that lists or re-reads what earlier ones left
 //!   shows as a growing ratio.
+//! - **Memory against the work** (point 4): the peak memory of the
+//!   process (the run summary's) for one writer with 1, 30 and 365 open
+//!   partitions (`bucket[N](id)`), and with 1, 10 and 100 tables in one
+//!   job (`source.tables`, `table = "demo.{table}"`), each against the
+//!   first of its row.
 //! - **Writers.** The same generator, `--writer-rows` rows in checkpoints of
 //!   100,000 rows per writer, at 1, 2, 4 and 8 writers: rows per second
 //!   and per CPU-second, each against one writer (on 2 cores the slope past
@@ -53,6 +58,13 @@ struct Args {
     /// Rows of each run of the writers section.
     #[arg(long, default_value_t = 2_000_000)]
     writer_rows: u64,
+    /// Runs one section (`commits`, `others`, `writers` or `memory`) and
+    /// prints it, without writing the report.
+    #[arg(long)]
+    only: Option<String>,
+    /// Rows of each run of the memory section (0 skips it).
+    #[arg(long, default_value_t = 2_000_000)]
+    memory_rows: u64,
     /// Writer counts of the writers section.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8])]
     writers: Vec<u32>,
@@ -83,6 +95,17 @@ fn main() -> Result<()> {
     // Compile the plugin into the cache outside any measured run.
     let warm = tempfile::tempdir()?;
     run(&s, warm.path(), &job(&s, warm.path(), 1, 1000, 1000), &[])?;
+    if let Some(only) = &args.only {
+        let section = match only.as_str() {
+            "commits" => commit_section(&s, &args, checkpoints)?,
+            "others" => other_sinks_section(&s, &args)?,
+            "writers" => writer_section(&s, &args)?,
+            "memory" => memory_section(&s, &args)?,
+            other => bail!("--only {other}: one of commits, others, writers, memory"),
+        };
+        println!("{section}");
+        return Ok(());
+    }
 
     let mut commits = commit_section(&s, &args, checkpoints)?;
     println!("{commits}");
@@ -92,8 +115,14 @@ fn main() -> Result<()> {
         commits.push('\n');
         commits.push_str(&others);
     }
-    let writers = writer_section(&s, &args)?;
+    let mut writers = writer_section(&s, &args)?;
     println!("{writers}");
+    if args.memory_rows > 0 {
+        let memory = memory_section(&s, &args)?;
+        println!("{memory}");
+        writers.push('\n');
+        writers.push_str(&memory);
+    }
     if let Some(dir) = args.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -153,7 +182,7 @@ fn run(s: &Setup, dir: &Path, toml: &str, env: &[(&str, &str)]) -> Result<String
         .env("SLUICE_CACHE_DIR", &s.cache)
         .env("NO_COLOR", "1")
         .envs(env.iter().copied())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::fs::File::create(dir.join("run.out"))?)
         .stderr(std::fs::File::create(&err)?)
         .status()
         .with_context(|| format!("starting {}", s.sluice.display()))?;
@@ -368,6 +397,58 @@ fn writer_section(s: &Setup, args: &Args) -> Result<String> {
             rate(cpu),
             rate(cpu) / rate(&cpu1),
         ));
+    }
+    Ok(t)
+}
+
+/// The peak memory (MB) the run summary in `dir/run.out` states.
+fn summary_peak_mb(dir: &Path) -> Result<u64> {
+    let out = std::fs::read_to_string(dir.join("run.out"))?;
+    let at = out.rfind("peak memory ").context("the run summary states no peak memory")? + "peak memory ".len();
+    out[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap_or("").parse().context("the summary's peak memory")
+}
+
+/// Peak memory against open partitions and tables, one writer each.
+fn memory_section(s: &Setup, args: &Args) -> Result<String> {
+    let rows = args.memory_rows;
+    let every = 100_000u64.min(rows).max(1);
+    let run_with = |options: &str, tables: Option<u64>| -> Result<(u64, Duration)> {
+        let dir = tempfile::tempdir()?;
+        let mut toml = job(s, dir.path(), 1, every, rows);
+        if let Some(n) = tables {
+            let names: Vec<String> = (0..n).map(|i| format!("\"t{i}\"")).collect();
+            toml = toml
+                .replace("kind = \"generator\"\n", &format!("kind = \"generator\"\ntables = [{}]\n", names.join(", ")));
+            toml = toml.replace("table = \"demo.events\"", "table = \"demo.{table}\"");
+        }
+        toml = toml.replace("[sink.options]\n", &format!("[sink.options]\n{options}"));
+        // 365 open partitions are more open files than the sandbox's default.
+        toml = toml.replace("[sink.sandbox]\n", "[sink.sandbox]\nmax_open_files = 1024\n");
+        let wall = Instant::now();
+        run(s, dir.path(), &toml, &[])?;
+        Ok((summary_peak_mb(dir.path())?, wall.elapsed()))
+    };
+    let mut t = format!(
+        "### Memory against the work: {rows} rows, one writer, checkpoints of {every} rows, `buffer_mb` at its \
+         default (64), `max_open_files = 1024`\n\n| open at once | peak memory of the process | × the first | rows/s |\n|---|---:|---:|---:|\n"
+    );
+    let mut row = |label: String, (peak, wall): (u64, Duration), first: &mut Option<u64>| {
+        let base = *first.get_or_insert(peak);
+        t.push_str(&format!(
+            "| {label} | {peak} MB | {:.2}× | {:.0} |\n",
+            peak as f64 / base.max(1) as f64,
+            rows as f64 / wall.as_secs_f64().max(1e-9)
+        ));
+    };
+    let mut first = None;
+    for n in [1u64, 30, 365] {
+        let measured = run_with(&format!("partition_by = \"bucket[{n}](id)\"\n"), None)?;
+        row(format!("{n} partition(s)"), measured, &mut first);
+    }
+    let mut first = None;
+    for n in [1u64, 10, 100] {
+        let measured = run_with("", Some(n))?;
+        row(format!("{n} table(s), unpartitioned"), measured, &mut first);
     }
     Ok(t)
 }
