@@ -243,7 +243,6 @@ mod tests {
         for stop_at in [1, 1000, 128 << 10, (1 << 20) + 1, 3 << 20] {
             let out = zstd_decompress(&packed, stop_at).unwrap();
             assert_eq!(out.len(), stop_at, "stops at {stop_at}");
-            assert!(out.capacity() <= 2 * stop_at + (128 << 10), "capacity {} for {stop_at}", out.capacity());
         }
         let mut two = packed.clone();
         two.extend_from_slice(&packed);

@@ -130,6 +130,8 @@ impl ComponentCache {
                         // SAFETY: the file is this engine's own output, written
                         // just now under the lock.
                         let loaded = unsafe { Component::deserialize(engine, &stored) };
+                        drop(stored);
+                        return_freed_memory();
                         (loaded.map_err(|e| loaded_just_now(format!("{e:#}")))?, None)
                     }
                 }

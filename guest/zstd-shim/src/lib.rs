@@ -259,6 +259,19 @@ mod tests {
         assert_eq!(decode_all(&framed[..]).expect("decode"), data);
         assert!(decode_all(&framed[..framed.len() - 3]).is_err(), "a truncated frame is an error");
     }
+
+    #[test]
+    fn whole_streams_decode_up_to_their_limit_and_no_further() {
+        let data = vec![3u8; 600_000];
+        let packed = bulk::compress(&data, 3).expect("compress");
+        let mut ctx = backend::Decompress::new().expect("context");
+        assert_eq!(ctx.decompress_all(&packed, data.len()).expect("exactly the limit"), data);
+        for limit in [0, 1, 131_072, 131_073, data.len() - 1] {
+            let mut ctx = backend::Decompress::new().expect("context");
+            let err = ctx.decompress_all(&packed, limit).expect_err("over the limit");
+            assert!(err.to_string().contains(&format!("more than {limit} bytes")), "{err}");
+        }
+    }
 }
 
 /// The frame-header reader the plugin build uses, checked against libzstd's.

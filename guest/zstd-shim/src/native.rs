@@ -45,27 +45,29 @@ impl Decompress {
         Ok(out)
     }
 
-    /// The frames of `data`, whatever their sizes say (up to `limit` bytes).
+    /// The frames of `data`, whatever their sizes say (up to `limit` bytes:
+    /// each call may write only into a window that ends at the limit).
     pub fn decompress_all(&mut self, data: &[u8], limit: usize) -> io::Result<Vec<u8>> {
         let mut out: Vec<u8> = Vec::new();
         let mut input = InBuffer::around(data);
         loop {
-            if out.len() == out.capacity() {
-                if out.len() >= limit {
-                    return Err(io::Error::other(format!("the data decompresses to more than {limit} bytes")));
-                }
-                out.reserve(DCtx::out_size());
-            }
             let pos = out.len();
-            let hint = {
-                let mut output = OutBuffer::around_pos(&mut out, pos);
-                self.0.decompress_stream(&mut output, &mut input).map_err(error)?
+            if pos >= limit {
+                return Err(io::Error::other(format!("the data decompresses to more than {limit} bytes")));
+            }
+            let window = DCtx::out_size().min(limit - pos);
+            out.resize(pos + window, 0);
+            let (hint, produced) = {
+                let mut output = OutBuffer::around(&mut out[pos..]);
+                let hint = self.0.decompress_stream(&mut output, &mut input).map_err(error)?;
+                (hint, output.pos())
             };
+            out.truncate(pos + produced);
             let consumed = input.pos() == data.len();
             if consumed && hint == 0 {
                 return Ok(out);
             }
-            if consumed && out.len() < out.capacity() {
+            if consumed && produced < window {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the zstd frame is incomplete"));
             }
         }

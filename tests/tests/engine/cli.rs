@@ -55,7 +55,7 @@ fn a_damaged_cached_plugin_is_compiled_again_and_replaced() {
     assert_eq!(code, 0, "{second}");
     assert!(out.contains("plugin:      files 0.1.0"), "{out}");
     assert!(second.contains("ignoring unusable cached component; recompiling"), "{second}");
-    assert!(second.contains("compiled plugin"), "{second}");
+    assert!(second.contains("INFO compiled plugin"), "{second}");
     let (code, _, third) = inspect(dir.path());
     assert_eq!(code, 0, "{third}");
     assert!(third.contains("loaded precompiled plugin from the cache (compilation skipped)"), "{third}");
