@@ -153,20 +153,10 @@ memory_mb = 1024
     generator_job(parallelism, every_rows, rows, &sink)
 }
 
-/// A generator job into `sink` (a `[sink]` section).
+/// A generator job into `sink` (a `[sink]` section), with the generator's
+/// default batches (8,192 rows) and first id (0).
 fn generator_job(parallelism: u32, every_rows: u64, rows: u64, sink: &str) -> String {
-    format!(
-        r#"[job]
-id = "scale"
-parallelism = {parallelism}
-state_dir = "state"
-[job.checkpoint]
-every_rows = {every_rows}
-[source]
-kind = "generator"
-rows = {rows}
-{sink}"#
-    )
+    sluice_bench::generator_job_toml("scale", parallelism, every_rows, rows, 0, 8192, sink)
 }
 
 /// One `sluice run` of `toml` in `dir` with `env`; its stderr.

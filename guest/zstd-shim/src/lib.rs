@@ -223,6 +223,14 @@ pub mod stream {
 
 pub use stream::{Decoder, Encoder, decode_all, encode_all};
 
+/// Sluice's addition to the crate's API: the frames of `data`, refusing more
+/// than `limit` bytes out (natively with an error of kind
+/// [`io::ErrorKind::FileTooLarge`], having written at most one byte past the
+/// limit). The host's `codec` capability decodes plugins' data with it.
+pub fn decode_all_within(data: &[u8], limit: usize) -> io::Result<Vec<u8>> {
+    backend::Decompress::new()?.decompress_all(data, limit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,13 +272,19 @@ mod tests {
     fn whole_streams_decode_up_to_their_limit_and_no_further() {
         let data = vec![3u8; 600_000];
         let packed = bulk::compress(&data, 3).expect("compress");
-        let mut ctx = backend::Decompress::new().expect("context");
-        assert_eq!(ctx.decompress_all(&packed, data.len()).expect("exactly the limit"), data);
+        assert_eq!(decode_all_within(&packed, data.len()).expect("exactly the limit"), data);
         for limit in [0, 1, 131_072, 131_073, data.len() - 1] {
-            let mut ctx = backend::Decompress::new().expect("context");
-            let err = ctx.decompress_all(&packed, limit).expect_err("over the limit");
+            let err = decode_all_within(&packed, limit).expect_err("over the limit");
+            assert_eq!(err.kind(), io::ErrorKind::FileTooLarge, "{err}");
             assert!(err.to_string().contains(&format!("more than {limit} bytes")), "{err}");
         }
+        let mut two = packed.clone();
+        two.extend_from_slice(&packed);
+        assert_eq!(decode_all_within(&two, usize::MAX).expect("concatenated frames").len(), 2 * data.len());
+        let err = decode_all_within(&packed[..packed.len() - 4], usize::MAX).expect_err("a truncated frame");
+        assert_ne!(err.kind(), io::ErrorKind::FileTooLarge, "{err}");
+        let empty = bulk::compress(&[], 3).expect("compress nothing");
+        assert!(decode_all_within(&empty, 0).expect("nothing, within nothing").is_empty());
     }
 }
 

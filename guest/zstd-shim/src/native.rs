@@ -45,17 +45,21 @@ impl Decompress {
         Ok(out)
     }
 
-    /// The frames of `data`, whatever their sizes say (up to `limit` bytes:
-    /// each call may write only into a window that ends at the limit).
+    /// The frames of `data`, whatever their sizes say, up to `limit` bytes:
+    /// each call may write only into a window that ends one byte past the
+    /// limit, and more than the limit is an error of kind `FileTooLarge`.
     pub fn decompress_all(&mut self, data: &[u8], limit: usize) -> io::Result<Vec<u8>> {
+        let too_large =
+            || io::Error::new(io::ErrorKind::FileTooLarge, format!("the data decompresses to more than {limit} bytes"));
+        let stop_at = limit.saturating_add(1);
         let mut out: Vec<u8> = Vec::new();
         let mut input = InBuffer::around(data);
         loop {
             let pos = out.len();
-            if pos >= limit {
-                return Err(io::Error::other(format!("the data decompresses to more than {limit} bytes")));
+            if pos > limit {
+                return Err(too_large());
             }
-            let window = DCtx::out_size().min(limit - pos);
+            let window = DCtx::out_size().min(stop_at - pos);
             out.resize(pos + window, 0);
             let (hint, produced) = {
                 let mut output = OutBuffer::around(&mut out[pos..]);
@@ -63,6 +67,9 @@ impl Decompress {
                 (hint, output.pos())
             };
             out.truncate(pos + produced);
+            if out.len() > limit {
+                return Err(too_large());
+            }
             let consumed = input.pos() == data.len();
             if consumed && hint == 0 {
                 return Ok(out);
