@@ -776,16 +776,7 @@ impl References {
                     block_on(table.manifest_list_reader(snapshot).load()).map_err(|e| iceberg_error(&context(), e))?;
                 let mut paths = Vec::new();
                 for file in list.consume_entries() {
-                    let path = norm(&file.manifest_path).to_string();
-                    if !self.live_in.contains_key(&path) {
-                        let manifest =
-                            block_on(file.load_manifest(table.file_io())).map_err(|e| iceberg_error(&context(), e))?;
-                        let (entries, _) = manifest.into_parts();
-                        let live =
-                            entries.iter().filter(|e| e.is_alive()).map(|e| norm(e.file_path()).to_string()).collect();
-                        self.live_in.insert(path.clone(), live);
-                    }
-                    paths.push(path);
+                    paths.push(self.load_live(table, &file, &context)?);
                 }
                 self.lists.insert(list_path.clone(), paths);
             }
@@ -801,6 +792,24 @@ impl References {
             out.insert(manifest);
         }
         Ok(out)
+    }
+
+    /// The path of manifest `file`, with the data files live in it read
+    /// into `live_in` unless they are there already.
+    fn load_live(
+        &mut self,
+        table: &Table,
+        file: &iceberg::spec::ManifestFile,
+        context: &dyn Fn() -> String,
+    ) -> Result<String, SinkError> {
+        let path = norm(&file.manifest_path).to_string();
+        if !self.live_in.contains_key(&path) {
+            let manifest = block_on(file.load_manifest(table.file_io())).map_err(|e| iceberg_error(&context(), e))?;
+            let (entries, _) = manifest.into_parts();
+            let live = entries.iter().filter(|e| e.is_alive()).map(|e| norm(e.file_path()).to_string()).collect();
+            self.live_in.insert(path.clone(), live);
+        }
+        Ok(path)
     }
 
     /// Forgets every manifest list and manifest `table`'s snapshots do not
@@ -823,14 +832,7 @@ impl References {
         let context = || format!("reading the manifests of table {}", table.identifier());
         let list = block_on(table.manifest_list_reader(snapshot).load()).map_err(|e| iceberg_error(&context(), e))?;
         for file in list.consume_entries() {
-            let path = norm(&file.manifest_path).to_string();
-            if !self.live_in.contains_key(&path) {
-                let manifest =
-                    block_on(file.load_manifest(table.file_io())).map_err(|e| iceberg_error(&context(), e))?;
-                let (entries, _) = manifest.into_parts();
-                let live = entries.iter().filter(|e| e.is_alive()).map(|e| norm(e.file_path()).to_string()).collect();
-                self.live_in.insert(path.clone(), live);
-            }
+            let path = self.load_live(table, &file, &context)?;
             if let Some(live) = self.live_in.get(&path) {
                 out.extend(live.iter().cloned());
             }
