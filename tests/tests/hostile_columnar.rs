@@ -20,8 +20,9 @@ use sluice::bindings::v0_2::sluice::connector::columnar::{
 };
 use sluice::capability::Effects;
 use sluice::capability::columnar::{ColumnarView, ParquetWriterHandle};
-use sluice::capability::file_io::{FileGrants, FileIoCtx};
+use sluice::capability::file_io::{FileGrants, FileIoCtx, FileIoView};
 use sluice::capability::limits::{CallDeadline, HandleCap, HostMemory};
+use sluice::capability::syncs::Syncs;
 use wasmtime::component::{Resource, ResourceTable};
 
 // ---------------------------------------------------------------- allocator
@@ -96,6 +97,7 @@ impl Instance {
             grants: Arc::new(grants),
             open: HandleCap::new(max_open_files, "output files open", "sink.sandbox.max_open_files"),
             memory: HostMemory::new(host_memory_mb),
+            syncs: Default::default(),
         };
         Self { ctx, table: ResourceTable::new(), effects: Effects::default(), dir }
     }
@@ -142,6 +144,13 @@ impl Instance {
         w: u32,
     ) -> Result<sluice::bindings::v0_2::sluice::connector::columnar::ClosedFile, ColumnarError> {
         HostParquetWriter::close(&mut self.view(), Resource::<ParquetWriterHandle>::new_borrow(w)).expect("no trap")
+    }
+
+    /// `file-io.rename`, as the plugin's call reaches it (a trap is `Err`).
+    fn rename(&mut self, from: &str, to: &str) -> wasmtime::Result<()> {
+        use sluice::bindings::v0_2::sluice::connector::file_io::Host;
+        let mut view = FileIoView { ctx: &self.ctx, table: &mut self.table, effects: &mut self.effects };
+        view.rename(from.into(), to.into())?.map_err(|e| wasmtime::Error::msg(format!("{e:?}")))
     }
 
     fn drop_writer(&mut self, w: u32) {
@@ -703,4 +712,35 @@ fn bloom_filters_make_the_host_hold_memory_the_budget_no_longer_counts() {
         held / MB,
         reserved >> 20
     );
+}
+
+/// A closed file's sync runs off the plugin's thread; a rename (which could
+/// publish the file under its final name) waits for it, and a file that
+/// could not be synced stops the rename: the call traps, nothing moves.
+#[test]
+fn a_rename_waits_for_the_closed_files_sync_and_a_failed_sync_stops_it() {
+    let _g = serial();
+    let schema_ipc = sluice::ipc::encode_schema(&string_schema()).unwrap();
+    for fail in [false, true] {
+        let mut inst = Instance::new(64, 16);
+        inst.ctx.syncs = Arc::new(Syncs::injected(Duration::from_millis(300), fail));
+        let w = inst.create("out/staged.parquet", &schema_ipc, &options(), false).expect("create");
+        inst.write(w, sluice::ipc::encode_batch(&strings(100, 8, 0)).unwrap()).expect("write");
+        let closing = Instant::now();
+        inst.close(w).expect("close");
+        assert!(closing.elapsed() < Duration::from_millis(250), "close waited for the sync");
+        assert_eq!(inst.ctx.syncs.pending(), 1, "the sync runs in the background");
+        let renamed = inst.rename("out/staged.parquet", "out/final.parquet");
+        assert_eq!(inst.ctx.syncs.pending(), 0, "the rename went ahead of the sync");
+        let landed = inst.dir.path().join("out/final.parquet").exists();
+        if fail {
+            let e = renamed.expect_err("a rename after a failed sync");
+            assert!(format!("{e:#}").contains("syncing the finished file to disk failed"), "{e:#}");
+            assert!(!landed, "the unsynced file was published");
+            assert!(inst.ctx.syncs.settle().is_err(), "a failed sync must stick");
+        } else {
+            renamed.expect("rename");
+            assert!(landed);
+        }
+    }
 }

@@ -69,6 +69,7 @@ use super::catalog_storage::{WarehouseStorage, WarehouseStorageFactory};
 use super::catalog_vended::{ACCESS_DELEGATION_HEADER, VENDED_CREDENTIALS, Vended};
 use super::file_io::StoreConfig;
 use super::limits::HostDeadline;
+use super::syncs::Syncs;
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::iceberg_catalog::{self as wit, CatalogError, LoadedTable};
 use crate::config::{CatalogConfig, RestAuth};
@@ -618,6 +619,8 @@ fn no_catalog() -> CatalogError {
 /// One instance's catalog: the run's, when the job configures one.
 pub struct CatalogCtx {
     pub catalog: Option<Arc<CatalogGrant>>,
+    /// The instance's deferred syncs, settled before a table changes.
+    pub syncs: Arc<Syncs>,
 }
 
 /// What the `iceberg-catalog` interface is linked through.
@@ -658,6 +661,7 @@ impl wit::Host for CatalogView<'_> {
         request_json: String,
     ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
         let Some(catalog) = self.ctx.catalog.clone() else { return Ok(Err(no_catalog())) };
+        self.ctx.syncs.before_publishing()?;
         let result = match ident(&table) {
             Ok(ident) => catalog.create_table_within(&ident, &request_json)?,
             Err(e) => Err(e),
@@ -675,6 +679,7 @@ impl wit::Host for CatalogView<'_> {
         updates_json: String,
     ) -> wasmtime::Result<Result<LoadedTable, CatalogError>> {
         let Some(catalog) = self.ctx.catalog.clone() else { return Ok(Err(no_catalog())) };
+        self.ctx.syncs.before_publishing()?;
         let result = ident(&table)
             .map_err(CommitError::Catalog)
             .and_then(|ident| catalog.commit_table(&ident, &requirements_json, &updates_json));

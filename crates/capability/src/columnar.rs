@@ -25,8 +25,10 @@
 //!   batch's IPC size (the encoder grows by at most about the batch), and set to
 //!   what the writer holds after it; a batch that does not fit is refused
 //!   with `limit`, naming the setting, and the file is left unfinished;
-//! - `close` completes the file durably (synced, as `output-file.finish`)
-//!   and is a side effect for the fault-injection hook; a writer dropped
+//! - `close` completes the file; its sync runs off the plugin's thread
+//!   ([`super::syncs`]) and is done before the call that closed it returns
+//!   and before anything the call does can name it, which is the durability
+//!   `output-file.finish` gives. It is a side effect for the fault-injection hook; a writer dropped
 //!   without `close` leaves a partial file, never a complete-looking one
 //!   (the footer is written only by `close`);
 //! - every batch must have exactly the writer's schema (fields, types and
@@ -46,6 +48,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use super::file_io::{FileGrants, FileIoCtx, OutputFileHandle, started};
 use super::file_io_store::Failure;
 use super::limits::{CallDeadline, HandleCap, HostMemory, Reservation};
+use super::syncs::Syncs;
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::columnar::{
     self as wit, ClosedFile, ColumnarError, Compression, Host, HostParquetWriter, Statistics, WriterOptions,
@@ -511,7 +514,7 @@ impl ParquetWriterHandle {
         Ok(self.status())
     }
 
-    fn close(&mut self) -> Result<ClosedFile, Fail> {
+    fn close(&mut self, syncs: &Syncs) -> Result<ClosedFile, Fail> {
         // Write the last row group out first, so what is captured from here
         // on is the page indexes and the footer only.
         let result = self.writer()?.flush();
@@ -533,7 +536,7 @@ impl ParquetWriterHandle {
             // Every Parquet file has bytes (its magic and footer): never reached.
             None => sink.opener.open()?,
         };
-        out.finish_call()?;
+        out.finish_deferred(syncs)?;
         let tail = sink.capture.take().unwrap_or_default();
         let footer = footer_of(&tail).ok_or_else(|| invalid(&self.location, "the written footer is malformed"))?;
         Ok(ClosedFile { size: sink.written, footer: footer.to_vec() })
@@ -611,7 +614,7 @@ impl HostParquetWriter for ColumnarView<'_> {
 
     fn close(&mut self, this: Resource<ParquetWriterHandle>) -> wasmtime::Result<Result<ClosedFile, ColumnarError>> {
         started("sluice:connector/columnar.[method]parquet-writer.close")?;
-        let result = answer(self.table.get_mut(&this)?.close())?;
+        let result = answer(self.table.get_mut(&this)?.close(&self.file_io.syncs))?;
         if result.is_ok() {
             self.effects.done()?;
         }

@@ -40,6 +40,7 @@ use crate::bindings::v0_2::sluice::connector::file_io::{
 };
 use crate::location::Location;
 use crate::location::normalize;
+use crate::syncs::Syncs;
 
 /// A grant that cannot be set up (named in the job's `[sink.grants]`).
 #[derive(Debug, Error)]
@@ -732,6 +733,20 @@ impl OutputFileHandle {
         drop(f);
         Ok(sync_parent(&local.dir, &local.rel).map_err(|e| io_error(&self.location, e))?)
     }
+
+    /// Completes the file as [`OutputFileHandle::finish_call`] does, but a
+    /// local file is synced by `syncs`' thread: durable once they settle.
+    pub(super) fn finish_deferred(&mut self, syncs: &Syncs) -> Result<(), Failure> {
+        let local = match &mut self.inner {
+            Output::Object(upload) => return upload.finish(),
+            Output::Local(local) => local,
+        };
+        let f = local.file.take().ok_or_else(|| other(&self.location, "already finished"))?;
+        let parent = local.rel.parent().unwrap_or(Path::new(""));
+        let dir = local.dir.open(rel_or_dot(parent)).map_err(|e| io_error(&self.location, e))?;
+        syncs.defer(&self.location, f, dir).map_err(|e| other(&self.location, e.message))?;
+        Ok(())
+    }
 }
 
 /// A host-memory budget that never refuses, for the in-process API.
@@ -761,6 +776,8 @@ pub struct FileIoCtx {
     pub grants: Arc<FileGrants>,
     pub open: HandleCap,
     pub memory: Arc<HostMemory>,
+    /// Finished files being synced off the plugin's thread.
+    pub syncs: Arc<Syncs>,
 }
 
 /// Traps when the call is past its deadline before `op` starts.
@@ -832,6 +849,7 @@ impl Host for FileIoView<'_> {
         overwrite: bool,
     ) -> wasmtime::Result<Result<(), IoError>> {
         started("sluice:connector/file-io.write-file")?;
+        self.ctx.syncs.before_publishing()?;
         let result = answer(self.ctx.grants.write_file_call(&location, contents, overwrite, &self.ctx.memory))?;
         if result.is_ok() {
             self.effects.done()?;
@@ -841,6 +859,7 @@ impl Host for FileIoView<'_> {
 
     fn rename(&mut self, from: String, to: String) -> wasmtime::Result<Result<(), IoError>> {
         started("sluice:connector/file-io.rename")?;
+        self.ctx.syncs.before_publishing()?;
         let result = self.ctx.grants.rename(&from, &to);
         if result.is_ok() {
             self.effects.done()?;
@@ -885,6 +904,8 @@ impl HostOutputFile for FileIoView<'_> {
 
     fn finish(&mut self, this: Resource<OutputFileHandle>) -> wasmtime::Result<Result<(), IoError>> {
         started("sluice:connector/file-io.[method]output-file.finish")?;
+        // A finished output (a marker, a manifest) may name deferred files.
+        self.ctx.syncs.before_publishing()?;
         let result = answer(self.table.get_mut(&this)?.finish_call())?;
         if result.is_ok() {
             self.effects.done()?;

@@ -52,6 +52,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::google_auth::{GoogleAuthError, GoogleToken};
 use super::limits::{CallDeadline, HandleCap, HandleSlot, HostDeadline, HostMemory, Reservation};
+use super::syncs::Syncs;
 use super::{CapabilityHost, Effects};
 use crate::bindings::v0_2::sluice::connector::grpc::{self as wit, GrpcError, Received};
 use crate::config::EndpointConfig;
@@ -547,6 +548,8 @@ pub struct GrpcCtx {
     pub calls: HandleCap,
     pub memory: Arc<HostMemory>,
     pub channels: InstanceChannels,
+    /// The instance's deferred syncs, settled before any call goes out.
+    pub syncs: Arc<Syncs>,
 }
 
 /// One instance's connections, one per endpoint it has called; a
@@ -612,6 +615,7 @@ impl wit::Host for GrpcView<'_> {
         if self.ctx.grpc.is_empty() {
             return Ok(Err(no_grpc()));
         }
+        self.ctx.syncs.before_publishing()?;
         let _slot = match self.ctx.calls.take() {
             Ok(slot) => slot,
             Err(e) => return Ok(Err(too_many(e))),
@@ -631,6 +635,7 @@ impl wit::HostBidiStream for GrpcView<'_> {
         if self.ctx.grpc.is_empty() {
             return Ok(Err(no_grpc()));
         }
+        self.ctx.syncs.before_publishing()?;
         let slot = match self.ctx.calls.take() {
             Ok(slot) => slot,
             Err(e) => return Ok(Err(too_many(e))),
@@ -645,6 +650,7 @@ impl wit::HostBidiStream for GrpcView<'_> {
     }
 
     fn send(&mut self, stream: Resource<BidiStream>, message: Vec<u8>) -> wasmtime::Result<Result<(), GrpcError>> {
+        self.ctx.syncs.before_publishing()?;
         let memory = self.ctx.memory.clone();
         Ok(self.table.get_mut(&stream)?.send(message, &memory)?)
     }

@@ -47,6 +47,7 @@ use wasmtime_wasi_http::{
 use super::CapabilityHost;
 use super::google_auth::{GoogleAuthError, GoogleToken};
 use super::limits::{CallDeadline, HandleCap};
+use super::syncs::Syncs;
 use crate::config::EndpointConfig;
 
 /// Longest a request waits for a connection or its first reply byte when
@@ -181,9 +182,9 @@ pub struct HttpCtx {
 }
 
 impl HttpCtx {
-    pub fn new(grant: Arc<HttpGrant>, max_requests: u32) -> Self {
+    pub fn new(grant: Arc<HttpGrant>, max_requests: u32, syncs: Arc<Syncs>) -> Self {
         let requests = HandleCap::new(max_requests, "HTTP requests in flight", "sink.sandbox.max_http_requests");
-        Self { ctx: WasiHttpCtx::new(), hooks: Hooks { grant, requests } }
+        Self { ctx: WasiHttpCtx::new(), hooks: Hooks { grant, requests, syncs } }
     }
 }
 
@@ -192,6 +193,8 @@ impl HttpCtx {
 struct Hooks {
     grant: Arc<HttpGrant>,
     requests: HandleCap,
+    /// The instance's deferred syncs, settled before a request goes out.
+    syncs: Arc<Syncs>,
 }
 
 type ResponseFuture = Box<
@@ -226,7 +229,13 @@ impl WasiHttpHooks for Hooks {
         let left = CallDeadline::remaining();
         let bound = move |t: Duration| left.map_or(t, |left| t.min(left + GRACE));
         let slot = self.requests.take();
+        // Nothing goes out before the files the call finished are durable.
+        let settled = self.syncs.settle();
         Box::new(async move {
+            if let Err(failed) = settled {
+                tracing::error!("{failed}");
+                return Err(wasmtime_wasi_http::Error::InternalError(Some(failed.to_string())));
+            }
             use http_body_util::BodyExt;
             // Held until the response headers are in (or the request fails).
             let _slot = match slot {

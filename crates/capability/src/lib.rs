@@ -45,6 +45,7 @@ pub mod grpc;
 pub mod http;
 pub mod limits;
 pub mod log;
+pub mod syncs;
 mod v0_1;
 
 use std::sync::Arc;
@@ -52,6 +53,7 @@ use std::sync::Arc;
 use wasmtime::component::{Linker, ResourceTable};
 
 use crate::fault::Faults;
+use crate::syncs::Syncs;
 // The shared pieces, under the names the modules use.
 use catalog::{CatalogCtx, CatalogGrant, CatalogSetupError};
 use config::GrantsConfig;
@@ -138,21 +140,24 @@ impl Granted {
     /// The capabilities of one instance, named by `tag`, within `limits`.
     pub fn for_instance(&self, tag: InstanceTag, limits: &HostLimits) -> InstanceCaps {
         let memory = HostMemory::new(limits.host_memory_mb);
+        let syncs = Arc::new(Syncs::default());
         InstanceCaps {
             log: LogCtx { tag, budget: SharedLogBudget::new(limits.log_bytes_per_call, limits.log_bytes_per_sec) },
             file_io: FileIoCtx {
                 grants: self.files.clone(),
                 open: HandleCap::new(limits.max_open_files, "output files open", "sink.sandbox.max_open_files"),
                 memory: memory.clone(),
+                syncs: syncs.clone(),
             },
-            catalog: CatalogCtx { catalog: self.catalog.clone() },
+            catalog: CatalogCtx { catalog: self.catalog.clone(), syncs: syncs.clone() },
             grpc: GrpcCtx {
                 grpc: self.grpc.clone(),
                 calls: HandleCap::new(limits.max_grpc_streams, "gRPC calls in flight", "sink.sandbox.max_grpc_streams"),
                 memory: memory.clone(),
                 channels: Default::default(),
+                syncs: syncs.clone(),
             },
-            http: HttpCtx::new(self.http.clone(), limits.max_http_requests),
+            http: HttpCtx::new(self.http.clone(), limits.max_http_requests, syncs),
             memory,
             effects: Effects::default(),
         }

@@ -649,6 +649,7 @@ impl<'a> Coordinator<'a> {
             }
         };
         let record = self.record(c, subtask_records, combined.as_deref(), rows, tables, state)?;
+        tracing::debug!(checkpoint = c, "persisting the checkpoint's record");
         if let Err(e) = self.store.persist(&record) {
             if e.outcome_unknown() {
                 tracing::error!(checkpoint = c, error = %e, "whether the checkpoint's record is durable is unknown; its files are kept, and the next run decides");

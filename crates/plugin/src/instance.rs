@@ -265,8 +265,20 @@ impl Guest<'_> {
             }
             result
         };
+        // What the call finished is durable before the call is answered
+        // (`capability::syncs`): a file that cannot be synced fails it.
+        let settled = self.store.data().caps.file_io.syncs.settle();
         match result {
-            Ok(Ok(r)) => Ok(r),
+            Ok(Ok(r)) => match settled {
+                Ok(()) => Ok(r),
+                Err(e) => Err(PluginError::Sink {
+                    plugin: self.tag.plugin.clone(),
+                    instance: self.tag.instance.clone(),
+                    call,
+                    kind: SinkErrorKind::Fatal,
+                    message: e.to_string(),
+                }),
+            },
             Ok(Err(failure)) => {
                 let Failure { kind, message } = failure.into();
                 Err(PluginError::Sink {

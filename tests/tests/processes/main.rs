@@ -5,4 +5,5 @@ mod crash_matrix;
 mod kill;
 mod overwrite_kill;
 mod soak;
+mod sync_order;
 mod upsert_kill;
