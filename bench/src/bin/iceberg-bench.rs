@@ -31,8 +31,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use sluice_bench::{
-    Measured, create_generator_table, generator_job_toml, measure, native_iceberg_append_files, native_iceberg_write,
-    plugin, print_ratio_table, run_quiet, sql_catalog, write_job,
+    Measured, cpu_time, create_generator_table, generator_job_toml, measure, native_iceberg_append_files,
+    native_iceberg_write, plugin, print_ratio_table, run_quiet, sql_catalog, write_job,
 };
 use sluice_engine::plugin::PluginHost;
 use sluice_engine::source::generator::Generator;
@@ -338,7 +338,7 @@ fn cost_job(wasm: &Path, args: &Args, trigger: &str) -> String {
 }
 
 /// What one probe run measured.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Probe {
     secs: f64,
     checkpoints: u64,
@@ -349,14 +349,6 @@ struct Probe {
     /// The most host memory held for one writer instance (the row groups
     /// the host encodes for its open files).
     host: u64,
-}
-
-/// Runs `toml` `reps` times, each in a child process (this binary with
-/// `--probe`) so that its peak memory is its own; the run of median time.
-fn probe_median(toml: &str, reps: usize) -> Result<Probe> {
-    let mut runs = (0..reps.max(1)).map(|_| probe(toml)).collect::<Result<Vec<_>>>()?;
-    runs.sort_by(|a, b| a.secs.total_cmp(&b.secs));
-    Ok(runs[runs.len() / 2])
 }
 
 /// Runs `toml` in a child process (this binary with `--probe`).
@@ -551,32 +543,67 @@ fn costs(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
     println!("| iceberg (table created in the run) | {:.1} ms |\n", iceberg_start.as_secs_f64() * 1e3);
 
     // Pay the plugin's compilation (if any) outside the measured runs.
-    probe(&cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows)))?;
-    let one = probe_median(&cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows)), args.reps)?;
-    let quarter = probe_median(&cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows / 16)), args.reps)?;
-    let second = probe_median(&cost_job(wasm, args, "interval_secs = 1.0"), args.reps)?;
+    let jobs = [
+        cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows)),
+        cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows / 16)),
+        cost_job(wasm, args, "interval_secs = 1.0"),
+    ];
+    probe(&jobs[0])?;
+    // The three jobs take turns within each repetition, so that a machine
+    // that slows down or speeds up over minutes weighs on all three alike;
+    // each ratio is also taken within a repetition (paired), then the median.
+    let mut runs: [Vec<(Probe, f64)>; 3] = Default::default();
+    for rep in 0..args.reps.max(1) {
+        eprintln!("costs: repetition {}/{}", rep + 1, args.reps);
+        for (job, into) in jobs.iter().zip(runs.iter_mut()) {
+            let cpu = cpu_time();
+            let p = probe(job)?;
+            into.push((p, cpu_time().saturating_sub(cpu).as_secs_f64()));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let of = |k: usize| {
+        let mut by_time = runs[k].clone();
+        by_time.sort_by(|a, b| a.0.secs.total_cmp(&b.0.secs));
+        by_time[by_time.len() / 2].0
+    };
+    let (one, quarter, second) = (of(0), of(1), of(2));
+    let paired = |k: usize, cpu: bool| {
+        let mut r: Vec<f64> = runs[0]
+            .iter()
+            .zip(&runs[k])
+            .map(|(base, this)| if cpu { base.1 / this.1.max(1e-9) } else { base.0.secs / this.0.secs.max(1e-9) })
+            .collect();
+        median(&mut r)
+    };
     let rate = |p: &Probe| args.cost_rows as f64 / p.secs.max(f64::MIN_POSITIVE);
     let per_ck = (second.secs - one.secs) / (second.checkpoints.saturating_sub(one.checkpoints).max(1) as f64);
     println!(
-        "### Checkpoint overhead and peak memory: {} rows, 4 writers, a day-partitioned table (30 partitions), buffer_mb = {} per writer, sandbox limit 2048 MB per instance, median of {}\n",
+        "### Checkpoint overhead and peak memory: {} rows, 4 writers, a day-partitioned table (30 partitions), buffer_mb = {} per writer, sandbox limit 2048 MB per instance, {} repetitions taking turns\n",
         args.cost_rows, args.buffer_mb, args.reps
     );
     println!(
-        "| checkpoints | rows/s | × one checkpoint | peak memory of the process | largest writer instance | most host memory for one writer |\n|---|---:|---:|---:|---:|---:|"
+        "| checkpoints | rows/s (median) | × one checkpoint, wall (median of paired) | × one checkpoint, per CPU-s | peak memory of the process | largest writer instance | most host memory for one writer |\n|---|---:|---:|---:|---:|---:|---:|"
     );
-    for (label, p) in
+    for (k, (label, p)) in
         [("one at the end", &one), ("every 1/4 of each writer's rows", &quarter), ("one every second", &second)]
+            .into_iter()
+            .enumerate()
     {
         println!(
-            "| {} ({label}) | {:.0} | {:.2} | {} MB | {} MB | {} MB |",
+            "| {} ({label}) | {:.0} | {:.2} | {:.2} | {} MB | {} MB | {} MB |",
             p.checkpoints,
             rate(p),
-            rate(p) / rate(&one),
+            paired(k, false),
+            paired(k, true),
             p.peak >> 20,
             p.writer >> 20,
             p.host >> 20
         );
     }
-    println!("\nabout {:.0} ms per extra checkpoint", per_ck * 1e3);
+    println!("\nabout {:.0} ms per extra checkpoint (medians)", per_ck * 1e3);
     Ok(())
 }

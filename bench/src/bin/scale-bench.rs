@@ -223,6 +223,7 @@ fn commit_section(s: &Setup, args: &Args, checkpoints: u64) -> Result<String> {
     );
     t.push_str(&windows_table(&times, checkpoints)?);
     let table = read_table(dir.path())?;
+    t.push_str(&share_table(&stderr, &times, checkpoints, table.data_files)?);
     t.push_str(&format!(
         "\nAt the end: the newest `metadata.json` is {:.0} KB (goal: under 512 KB), the table keeps {} snapshots and \
          its head names {} manifests; {} metadata files are left in its folder. The run took {:.0} s, {:.0} CPU-s \
@@ -265,6 +266,75 @@ fn windows_table(times: &[(u64, u64)], checkpoints: u64) -> Result<String> {
         ));
     }
     Ok(t)
+}
+
+/// The commit's share of each checkpoint (the coordinator's time from one
+/// `checkpoint done` to the next, commit included) against how many data
+/// files the table holds by then. One writer, nothing compacted: a
+/// checkpoint adds one file, so checkpoint `c` commits into a table of `c`
+/// files (checked against the files the table holds at the end).
+fn share_table(stderr: &str, times: &[(u64, u64)], checkpoints: u64, files_at_end: usize) -> Result<String> {
+    ensure!(
+        files_at_end as u64 == checkpoints,
+        "the table holds {files_at_end} data files after {checkpoints} checkpoints: not one file per checkpoint"
+    );
+    let done = checkpoint_ends(stderr);
+    let commit: std::collections::BTreeMap<u64, u64> = times.iter().copied().collect();
+    let mut t = "\n| checkpoints | data files in the table | mean checkpoint time | of it, the commit |\n\
+                 |---|---:|---:|---:|\n"
+        .to_string();
+    let mut windows = vec![(2, 100), (100, 300)];
+    if checkpoints >= 1100 {
+        windows.push((1000, 1100));
+    }
+    if checkpoints >= 3000 {
+        windows.push((2900, 3000));
+    }
+    if checkpoints > 3000 {
+        windows.push((checkpoints - 100, checkpoints));
+    }
+    for (from, to) in windows {
+        let (mut total, mut committing, mut n) = (0u64, 0u64, 0u64);
+        for c in from..to {
+            let (Some(end), Some(before), Some(us)) = (done.get(&c), done.get(&(c - 1)), commit.get(&c)) else {
+                continue;
+            };
+            total += end.saturating_sub(*before);
+            committing += us;
+            n += 1;
+        }
+        ensure!(n > 0, "no checkpoint in {from}-{} was timed", to - 1);
+        t.push_str(&format!(
+            "| {from}-{} | {}-{} | {:.1} ms | {:.0} % |\n",
+            to - 1,
+            from,
+            to - 1,
+            total as f64 / n as f64 / 1000.0,
+            100.0 * committing as f64 / total.max(1) as f64
+        ));
+    }
+    Ok(t)
+}
+
+/// When each `checkpoint done` line was logged, in µs of its day (the log's
+/// RFC 3339 timestamp); a run that passes midnight loses those pairs only.
+fn checkpoint_ends(stderr: &str) -> std::collections::BTreeMap<u64, u64> {
+    let micros = |stamp: &str| -> Option<u64> {
+        let time = stamp.split('T').nth(1)?.trim_end_matches('Z');
+        let mut parts = time.split(':');
+        let (h, m, sec): (u64, u64, f64) =
+            (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
+        Some((h * 3600 + m * 60) * 1_000_000 + (sec * 1e6) as u64)
+    };
+    stderr
+        .lines()
+        .filter(|l| l.contains("checkpoint done"))
+        .filter_map(|l| {
+            let at = l.find("checkpoint=")? + "checkpoint=".len();
+            let c = l[at..].split(|ch: char| !ch.is_ascii_digit()).next()?.parse().ok()?;
+            Some((c, micros(l.split_whitespace().next()?)?))
+        })
+        .collect()
 }
 
 /// Median commit time (ms) over checkpoints `from..to`.
@@ -330,6 +400,8 @@ fn timed_commits(s: &Setup, dir: &Path, toml: &str, checkpoints: u64) -> Result<
 
 struct TableFacts {
     metadata_bytes: u64,
+    /// Data files the current snapshot holds.
+    data_files: usize,
     metadata_files: usize,
     snapshots: usize,
     manifests: usize,
@@ -353,8 +425,20 @@ fn read_table(dir: &Path) -> Result<TableFacts> {
             .count();
         let metadata = table.metadata();
         let head = metadata.current_snapshot().context("no snapshot")?;
+        let data_files = head
+            .summary()
+            .additional_properties
+            .get("total-data-files")
+            .and_then(|n| n.parse().ok())
+            .context("the head snapshot's summary has no total-data-files")?;
         let manifests = table.manifest_list_reader(head).load().await?.entries().len();
-        Ok(TableFacts { metadata_bytes, metadata_files, snapshots: metadata.snapshots().count(), manifests })
+        Ok(TableFacts {
+            metadata_bytes,
+            data_files,
+            metadata_files,
+            snapshots: metadata.snapshots().count(),
+            manifests,
+        })
     })
 }
 
