@@ -726,10 +726,9 @@ fn a_rename_waits_for_the_closed_files_sync_and_a_failed_sync_stops_it() {
         inst.ctx.syncs = Arc::new(Syncs::injected(Duration::from_millis(300), fail));
         let w = inst.create("out/staged.parquet", &schema_ipc, &options(), false).expect("create");
         inst.write(w, sluice::ipc::encode_batch(&strings(100, 8, 0)).unwrap()).expect("write");
-        let closing = Instant::now();
         inst.close(w).expect("close");
-        assert!(closing.elapsed() < Duration::from_millis(250), "close waited for the sync");
-        assert_eq!(inst.ctx.syncs.pending(), 1, "the sync runs in the background");
+        // Still pending 300 ms later than a sync on the writer's thread would be.
+        assert_eq!(inst.ctx.syncs.pending(), 1, "close waited for the sync");
         let renamed = inst.rename("out/staged.parquet", "out/final.parquet");
         assert_eq!(inst.ctx.syncs.pending(), 0, "the rename went ahead of the sync");
         let landed = inst.dir.path().join("out/final.parquet").exists();

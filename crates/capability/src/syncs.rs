@@ -67,16 +67,20 @@ impl Shared {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts one file done, remembering the first failure.
+    /// Counts one file done, remembering the first failure (recorded
+    /// before the file counts as done, and logged after, so that nothing
+    /// between can lose it).
     fn done(&self, result: Result<(), SyncFailed>) {
         let mut p = self.progress();
-        p.synced += 1;
-        if let Err(e) = result {
-            tracing::error!("{e}");
-            p.failed.get_or_insert(e);
+        if let Err(e) = &result {
+            p.failed.get_or_insert(e.clone());
         }
+        p.synced = (p.synced + 1).min(p.deferred);
         drop(p);
         self.moved.notify_all();
+        if let Err(e) = result {
+            tracing::error!("{e}");
+        }
     }
 }
 
@@ -89,14 +93,14 @@ impl Drop for Stopped {
         if !std::thread::panicking() {
             return;
         }
+        // Whatever the counts say: the file being synced when it stopped
+        // may already count as done.
         let mut p = self.0.progress();
-        if p.synced < p.deferred {
-            p.synced = p.deferred;
-            p.failed.get_or_insert(SyncFailed {
-                location: "finished files".into(),
-                message: "the thread syncing them stopped".into(),
-            });
-        }
+        p.synced = p.deferred;
+        p.failed.get_or_insert(SyncFailed {
+            location: "finished files".into(),
+            message: "the thread syncing them stopped".into(),
+        });
         drop(p);
         self.0.moved.notify_all();
     }
@@ -156,7 +160,10 @@ impl Syncs {
         if let Err(returned) = sender.send(job) {
             // The thread is gone (and counted what it held as failed); this
             // file comes back, and is synced here.
-            self.shared.progress().deferred -= 1;
+            let mut p = self.shared.progress();
+            p.deferred -= 1;
+            p.synced = p.synced.min(p.deferred);
+            drop(p);
             *tx = None;
             return self.inline(&returned.0);
         }
@@ -208,7 +215,7 @@ impl Syncs {
     /// How many deferred files are not synced yet.
     pub fn pending(&self) -> u64 {
         let p = self.shared.progress();
-        p.deferred - p.synced
+        p.deferred.saturating_sub(p.synced)
     }
 
     /// Settles before an operation that could tell the world of a deferred

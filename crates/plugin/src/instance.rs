@@ -280,7 +280,13 @@ impl Guest<'_> {
                 }),
             },
             Ok(Err(failure)) => {
-                let Failure { kind, message } = failure.into();
+                let Failure { mut kind, mut message } = failure.into();
+                // A disk that lost a finished file outranks what the plugin
+                // answered: no retry of the call can make that file durable.
+                if let Err(e) = settled {
+                    kind = SinkErrorKind::Fatal;
+                    message = format!("{e} (and the plugin answered: {message})");
+                }
                 Err(PluginError::Sink {
                     plugin: self.tag.plugin.clone(),
                     instance: self.tag.instance.clone(),

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use sluice_tests::{TestJob, assert_exactly_once, read_iceberg, sluice_run};
+use sluice_tests::{TestJob, assert_exactly_once, cache_dir, read_iceberg, sluice_bin, sluice_run};
 
 const ROWS: u64 = 6_000;
 
@@ -89,4 +89,44 @@ fn a_file_that_cannot_be_synced_stops_the_run_before_any_record_names_it() {
     let table = read_iceberg(warehouse.path(), "db.unsynced");
     assert_exactly_once(&table.rows, ROWS);
     table.assert_no_checkpoint_twice();
+}
+
+/// `sluice maintain` on `job`'s table with `sync` as `SLUICE_TEST_SYNC`.
+fn maintain_logged(job: &TestJob, sync: &str) -> (bool, String) {
+    let out = std::process::Command::new(sluice_bin())
+        .args(["maintain", "job.toml"])
+        .current_dir(job.dir.path())
+        .env("SLUICE_CACHE_DIR", cache_dir())
+        .env("NO_COLOR", "1")
+        .env("SLUICE_TEST_SYNC", sync)
+        .output()
+        .expect("running sluice maintain");
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Compaction closes its new files and commits them in one plugin call: the
+/// writes that name them (its manifests, then the catalog commit) must wait
+/// for their syncs, and a file that cannot be synced must stop them, so the
+/// table keeps its old files. (Checked: with those waits removed, the
+/// compaction is committed and this fails.)
+#[test]
+fn a_compaction_whose_files_cannot_be_synced_commits_nothing() {
+    let warehouse = tempfile::tempdir().expect("temp dir");
+    let job = TestJob::iceberg("compacted", warehouse.path(), "db.compacted", ROWS, 0, 2, 1000);
+    let (ok, log) = run_logged(&job, "0");
+    assert!(ok, "the run failed:\n{log}");
+    let head = |w: &Path| read_iceberg(w, "db.compacted").table.metadata().current_snapshot_id();
+    let before = head(warehouse.path());
+
+    let (ok, out) = maintain_logged(&job, "0:fail");
+    assert!(!ok, "the compaction succeeded although its files could not be synced:\n{out}");
+    assert!(out.contains("syncing the finished file to disk failed"), "{out}");
+    assert_eq!(head(warehouse.path()), before, "a compaction was committed over files that are not durable");
+    assert_exactly_once(&read_iceberg(warehouse.path(), "db.compacted").rows, ROWS);
+
+    let (ok, out) = maintain_logged(&job, "0");
+    assert!(ok, "the compaction failed:\n{out}");
+    assert_ne!(head(warehouse.path()), before, "nothing was compacted:\n{out}");
+    assert_exactly_once(&read_iceberg(warehouse.path(), "db.compacted").rows, ROWS);
 }
