@@ -295,10 +295,13 @@ fn compaction_beside_a_killed_change_stream_keeps_each_key_exact() {
     assert_mid_run(&got, &files, &mut seen, "at the end");
     assert_eq!(got, model(&files), "after the job");
     assert_no_checkpoint_twice(warehouse.path(), "cdc-compacted");
-    // A last compaction after the job applies every delete left.
+    // A last compaction after the job applies every delete left, or finds
+    // that a maintain run which ended after the job's last commit already
+    // did (a tests/run of 2026-12-06 saw that): either way no delete file
+    // stays live, and the rows are as they were.
     let (code, out, err) = run_cli(&["maintain", &maint_file, "--target-file-mb", "1"], maint.dir.path());
     assert_eq!(code, 0, "{err}");
-    assert!(compacted_files(&out) > 0, "{out}");
+    assert!(out.contains(&format!("table {TABLE}:")), "{out}");
     assert_eq!(rows(warehouse.path()), model(&files), "after the last compaction");
     let live_deletes = python(
         "import sys\n\
