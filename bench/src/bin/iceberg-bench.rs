@@ -351,13 +351,23 @@ struct Probe {
     host: u64,
 }
 
-/// Runs `toml` in a child process (this binary with `--probe`).
-fn probe(toml: &str) -> Result<Probe> {
-    let dir = tempfile::tempdir()?;
-    std::fs::write(dir.path().join("job.toml"), toml)?;
+/// Runs `toml` in a child process (this binary with `--probe`), in a new
+/// folder under `keep`, which the caller removes when its section is done.
+///
+/// Not removed at once because this machine's root file system is ext4
+/// without a journal, where creating a file skips every inode deleted in
+/// the last minutes one by one (`recently_deleted` in ext4's inode
+/// allocator): a run started just after the last one's 1,000 files were
+/// deleted spent 3.9 % of its CPU there (`perf`, 2026-12-06), and more
+/// the more files it creates, which charged the bench's own cleanup to the
+/// job with the most checkpoints.
+fn probe(keep: &Path, toml: &str) -> Result<Probe> {
+    let dir = tempfile::tempdir_in(keep)?;
+    let dir = dir.keep();
+    std::fs::write(dir.join("job.toml"), toml)?;
     let out = Command::new(std::env::current_exe()?)
         .arg("--probe")
-        .arg(dir.path().join("job.toml"))
+        .arg(dir.join("job.toml"))
         .output()
         .context("running the memory probe")?;
     if !out.status.success() {
@@ -548,17 +558,20 @@ fn costs(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
         cost_job(wasm, args, &format!("every_rows = {}", args.cost_rows / 16)),
         cost_job(wasm, args, "interval_secs = 1.0"),
     ];
-    probe(&jobs[0])?;
+    let keep = tempfile::tempdir()?;
+    probe(keep.path(), &jobs[0])?;
     // The three jobs take turns within each repetition, so that a machine
-    // that slows down or speeds up over minutes weighs on all three alike;
+    // that slows down or speeds up over minutes weighs on all three alike,
+    // and each repetition starts with the next job, so that none always runs
+    // in the wake of the same one (the disk still writing back its files);
     // each ratio is also taken within a repetition (paired), then the median.
     let mut runs: [Vec<(Probe, f64)>; 3] = Default::default();
     for rep in 0..args.reps.max(1) {
         eprintln!("costs: repetition {}/{}", rep + 1, args.reps);
-        for (job, into) in jobs.iter().zip(runs.iter_mut()) {
+        for k in (0..jobs.len()).map(|i| (i + rep) % jobs.len()) {
             let cpu = cpu_time();
-            let p = probe(job)?;
-            into.push((p, cpu_time().saturating_sub(cpu).as_secs_f64()));
+            let p = probe(keep.path(), &jobs[k])?;
+            runs[k].push((p, cpu_time().saturating_sub(cpu).as_secs_f64()));
         }
     }
     let median = |v: &mut Vec<f64>| {
@@ -571,13 +584,15 @@ fn costs(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
         by_time[by_time.len() / 2].0
     };
     let (one, quarter, second) = (of(0), of(1), of(2));
+    // The median of the paired ratios, with their range.
     let paired = |k: usize, cpu: bool| {
         let mut r: Vec<f64> = runs[0]
             .iter()
             .zip(&runs[k])
             .map(|(base, this)| if cpu { base.1 / this.1.max(1e-9) } else { base.0.secs / this.0.secs.max(1e-9) })
             .collect();
-        median(&mut r)
+        let (low, high) = r.iter().fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
+        format!("{:.2} ({low:.2}–{high:.2})", median(&mut r))
     };
     let rate = |p: &Probe| args.cost_rows as f64 / p.secs.max(f64::MIN_POSITIVE);
     let per_ck = (second.secs - one.secs) / (second.checkpoints.saturating_sub(one.checkpoints).max(1) as f64);
@@ -586,7 +601,7 @@ fn costs(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
         args.cost_rows, args.buffer_mb, args.reps
     );
     println!(
-        "| checkpoints | rows/s (median) | × one checkpoint, wall (median of paired) | × one checkpoint, per CPU-s | peak memory of the process | largest writer instance | most host memory for one writer |\n|---|---:|---:|---:|---:|---:|---:|"
+        "| checkpoints | rows/s (median) | × one checkpoint, wall (median of paired; range) | × one checkpoint, per CPU-s (median; range) | peak memory of the process | largest writer instance | most host memory for one writer |\n|---|---:|---:|---:|---:|---:|---:|"
     );
     for (k, (label, p)) in
         [("one at the end", &one), ("every 1/4 of each writer's rows", &quarter), ("one every second", &second)]
@@ -594,7 +609,7 @@ fn costs(host: &PluginHost, wasm: &Path, args: &Args) -> Result<()> {
             .enumerate()
     {
         println!(
-            "| {} ({label}) | {:.0} | {:.2} | {:.2} | {} MB | {} MB | {} MB |",
+            "| {} ({label}) | {:.0} | {} | {} | {} MB | {} MB | {} MB |",
             p.checkpoints,
             rate(p),
             paired(k, false),

@@ -455,17 +455,25 @@ fn writer_section(s: &Setup, args: &Args) -> Result<String> {
     }
     let rate = |d: &Duration| args.writer_rows as f64 / d.as_secs_f64().max(1e-9);
     let Some((_, wall1, cpu1)) = measured.first().copied() else { bail!("--writers: none given") };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    // The goal past as many writers as cores: throughput stays flat, never
+    // under what as many writers as cores reached.
+    let at_cores = measured.iter().find(|(n, _, _)| *n == cores).map(|(_, wall, _)| rate(wall));
     let mut t = format!(
-        "### Writers: {} rows, checkpoints of 100,000 rows per writer, unpartitioned ({} cores)\n\n\
-         | writers | rows/s | × {} writer(s) | rows/CPU-s | × {} writer(s) |\n|---:|---:|---:|---:|---:|\n",
-        args.writer_rows,
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
-        measured[0].0,
-        measured[0].0,
+        "### Writers: {} rows, checkpoints of 100,000 rows per writer, unpartitioned ({cores} cores)\n\n\
+         | writers | rows/s | × {} writer(s) | rows/CPU-s | × {} writer(s) | goal |\n|---:|---:|---:|---:|---:|---|\n",
+        args.writer_rows, measured[0].0, measured[0].0,
     );
     for (n, wall, cpu) in &measured {
+        let goal = match at_cores {
+            Some(base) if *n > cores => {
+                let verdict = if rate(wall) >= base { "met" } else { "**not met**" };
+                format!("≥ {cores} writers' rows/s (flat past {cores} cores): {verdict}")
+            }
+            _ => String::new(),
+        };
         t.push_str(&format!(
-            "| {n} | {:.0} | {:.2}× | {:.0} | {:.2}× |\n",
+            "| {n} | {:.0} | {:.2}× | {:.0} | {:.2}× | {goal} |\n",
             rate(wall),
             rate(wall) / rate(&wall1),
             rate(cpu),
