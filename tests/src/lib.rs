@@ -430,13 +430,17 @@ pub fn sluice_bin() -> PathBuf {
     .clone()
 }
 
+/// `sluice` with `args` in `cwd`, with the tests' compiled-plugin cache and
+/// no colours; the caller may add its own environment.
+pub fn sluice_cli(args: &[&str], cwd: &Path) -> Command {
+    let mut cmd = Command::new(sluice_bin());
+    cmd.args(args).current_dir(cwd).env("SLUICE_CACHE_DIR", cache_dir()).env("NO_COLOR", "1");
+    cmd
+}
+
 /// `sluice run job.toml --progress plain` in the job's directory, with `sets`.
 pub fn sluice_run(job: &TestJob, sets: &[String]) -> Command {
-    let mut cmd = Command::new(sluice_bin());
-    cmd.args(["run", "job.toml", "--progress", "plain"])
-        .current_dir(job.dir.path())
-        .env("SLUICE_CACHE_DIR", cache_dir())
-        .env("NO_COLOR", "1");
+    let mut cmd = sluice_cli(&["run", "job.toml", "--progress", "plain"], job.dir.path());
     for s in sets {
         cmd.args(["--set", s]);
     }
@@ -505,13 +509,7 @@ pub fn rerun_to_end(job: &TestJob, sets: &[String]) -> String {
 
 /// Runs `sluice` with `args`; returns (status code, stdout, stderr).
 pub fn run_cli(args: &[&str], cwd: &Path) -> (i32, String, String) {
-    let out = Command::new(sluice_bin())
-        .args(args)
-        .current_dir(cwd)
-        .env("SLUICE_CACHE_DIR", cache_dir())
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("running sluice");
+    let out = sluice_cli(args, cwd).output().expect("running sluice");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use sluice_tests::{TestJob, assert_exactly_once, cache_dir, read_iceberg, sluice_bin, sluice_run};
+use sluice_tests::{TestJob, assert_exactly_once, read_iceberg, sluice_cli, sluice_run};
 
 const ROWS: u64 = 6_000;
 
@@ -93,11 +93,7 @@ fn a_file_that_cannot_be_synced_stops_the_run_before_any_record_names_it() {
 
 /// `sluice maintain` on `job`'s table with `sync` as `SLUICE_TEST_SYNC`.
 fn maintain_logged(job: &TestJob, sync: &str) -> (bool, String) {
-    let out = std::process::Command::new(sluice_bin())
-        .args(["maintain", "job.toml"])
-        .current_dir(job.dir.path())
-        .env("SLUICE_CACHE_DIR", cache_dir())
-        .env("NO_COLOR", "1")
+    let out = sluice_cli(&["maintain", "job.toml"], job.dir.path())
         .env("SLUICE_TEST_SYNC", sync)
         .output()
         .expect("running sluice maintain");
