@@ -12,14 +12,15 @@
 //! so a guest blocked in a host call never stalls another guest.
 
 /// The versions this host serves, newest first.
-pub const SUPPORTED: &[&str] = &["0.2.3", "0.2.2", "0.2.1", "0.2.0", "0.1.0"];
+pub const SUPPORTED: &[&str] = &["0.2.4", "0.2.3", "0.2.2", "0.2.1", "0.2.0", "0.1.0"];
 
-/// `sluice:connector@0.2.3`: many tables per sink, schema evolution, the
+/// `sluice:connector@0.2.4`: many tables per sink, schema evolution, the
 /// incarnation in the context, the `codec` capability (0.2.0), the
 /// `columnar` capability (0.2.1), `file-io.list-tree` with the optional
-/// `maintenance` export (0.2.2), and the optional `committer-state` export
-/// (0.2.3). A 0.2.0, 0.2.1 or 0.2.2 plugin links against it unchanged:
-/// wasmtime matches `@0.2.0` imports and exports to `@0.2.3` (semver within
+/// `maintenance` export (0.2.2), the optional `committer-state` export
+/// (0.2.3), and `columnar`'s `project-input` and `write-input` (0.2.4). A
+/// 0.2.0 to 0.2.3 plugin links against it unchanged:
+/// wasmtime matches `@0.2.0` imports and exports to `@0.2.4` (semver within
 /// 0.2), and each minor version only added imports such a plugin never asks
 /// for, and exports the host looks for separately ([`v0_2_maintenance`],
 /// [`v0_2_state`]).

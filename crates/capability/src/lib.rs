@@ -160,6 +160,7 @@ impl Granted {
             http: HttpCtx::new(self.http.clone(), limits.max_http_requests, syncs),
             memory,
             effects: Effects::default(),
+            columnar: columnar::ColumnarInput::default(),
         }
     }
 }
@@ -174,6 +175,9 @@ pub struct InstanceCaps {
     pub grpc: GrpcCtx,
     pub http: HttpCtx,
     pub effects: Effects,
+    /// What `columnar.project-input` asked and the input of the `write`
+    /// call in progress.
+    pub columnar: columnar::ColumnarInput,
 }
 
 /// The store data of an instance that capabilities are linked into.

@@ -388,7 +388,6 @@ impl Subtask {
             for part in parts {
                 self.seen.insert(part.table.clone(), part.sent.clone());
                 let n = part.batch.num_rows() as u64;
-                let bytes = ipc::encode_batch(&part.batch)?;
                 let first = self.input_rows.get(&part.table).copied().unwrap_or(0);
                 let origin = if part.letters { None } else { next.origin.clone() };
                 self.spans.entry(part.table.clone()).or_default().push(Span {
@@ -398,10 +397,10 @@ impl Subtask {
                     before: before.clone(),
                 });
                 self.input_rows.insert(part.table.clone(), first + n);
-                self.writer.write(&part.table, &bytes).map_err(|e| self.name_rejected(e))?;
+                let bytes = self.writer.write_batch(&part.table, &part.batch).map_err(|e| self.name_rejected(e))?;
                 let tally = filled.tables.entry(part.table.clone()).or_default();
                 tally.rows += n;
-                tally.bytes += bytes.len() as u64;
+                tally.bytes += bytes;
                 if part.letters {
                     continue;
                 }

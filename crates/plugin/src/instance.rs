@@ -11,6 +11,8 @@
 
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
+
 use wasmtime::Store;
 use wasmtime::component::{ResourceAny, ResourceTable};
 use wasmtime_wasi::WasiCtx;
@@ -342,9 +344,43 @@ impl WriterInstance {
         Ok(Self { inst, handle })
     }
 
+    /// Hands the writer a batch of `table` as an Arrow IPC stream (the
+    /// Python API's form). When the plugin asked for some of the table's
+    /// columns only (`columnar.project-input`, 0.2.4), it is decoded here
+    /// and handed over as [`Self::write_batch`] does.
     pub fn write(&mut self, table: &str, batch: &[u8]) -> Result<(), PluginError> {
+        if self.inst.store.data().caps.columnar.projects(table) {
+            let batches = sluice_core::ipc::decode_batches(batch.to_vec()).map_err(|e| self.batch_error(table, e))?;
+            for batch in &batches {
+                self.write_batch(table, batch)?;
+            }
+            return Ok(());
+        }
         let h = self.handle;
         self.inst.with(|a, g| a.write(g, h, table, batch))
+    }
+
+    /// Hands the writer `batch` of `table`: the whole batch as Arrow IPC,
+    /// or, when the plugin asked for some of the table's columns only, those
+    /// columns, with the whole batch held for the call as the input
+    /// `columnar.parquet-writer.write-input` encodes rows of (released when
+    /// the call ends, however it ends). Returns the bytes that crossed.
+    pub fn write_batch(&mut self, table: &str, batch: &RecordBatch) -> Result<u64, PluginError> {
+        let projected =
+            self.inst.store.data().caps.columnar.project(table, batch).map_err(|e| self.batch_error(table, e))?;
+        let bytes = sluice_core::ipc::encode_batch(projected.as_ref().unwrap_or(batch))
+            .map_err(|e| self.batch_error(table, e))?;
+        let h = self.handle;
+        if projected.is_some() {
+            self.inst.store.data_mut().caps.columnar.hold(batch.clone());
+        }
+        let result = self.inst.with(|a, g| a.write(g, h, table, &bytes));
+        self.inst.store.data_mut().caps.columnar.release();
+        result.map(|()| bytes.len() as u64)
+    }
+
+    fn batch_error(&self, table: &str, e: impl std::fmt::Display) -> PluginError {
+        PluginError::Batch { plugin: self.inst.tag.plugin.clone(), table: table.to_string(), message: e.to_string() }
     }
 
     pub fn prepare_commit(&mut self, c: u64) -> Result<Option<Vec<u8>>, PluginError> {

@@ -51,7 +51,7 @@ impl std::fmt::Display for ContractVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ContractVersion::V0_1 => "0.1.0",
-            ContractVersion::V0_2 => "0.2.3",
+            ContractVersion::V0_2 => "0.2.4",
         })
     }
 }
@@ -119,6 +119,9 @@ pub enum PluginError {
         newest = bindings::SUPPORTED[0]
     )]
     NoMaintenance { plugin: Arc<str>, contract: String },
+    /// A batch could not be made into what crosses into the plugin.
+    #[error("cannot hand a batch of table {table:?} to plugin '{plugin}': {message}")]
+    Batch { plugin: Arc<str>, table: String, message: String },
 }
 
 /// `0.2.1, 0.2.0, 0.1.0`.

@@ -18,12 +18,17 @@
 //!   rule for rule, and the interop tests compare manifests with PyIceberg;
 //! - the host holds the row group being encoded; its memory is reported
 //!   after every batch and kept in [`HostFiles`], so the writer keeps all of
-//!   its open files within its share of `buffer_mb`, cutting row groups.
+//!   its open files within its share of `buffer_mb`, cutting row groups;
+//! - a builder made [`HostParquetWriterBuilder::for_input`] is handed
+//!   batches of the columns this plugin reads (see `writer.rs`) with an
+//!   [`INPUT_ROW`] column last, each row's number in the host's input batch
+//!   of the `write` call in progress, and has the host encode those rows of
+//!   that batch (`write-input`): the rows never come back across.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use arrow_array::{Array, ArrayRef, Float32Array, Float64Array, RecordBatch, StructArray};
+use arrow_array::{Array, ArrayRef, Float32Array, Float64Array, RecordBatch, StructArray, UInt32Array};
 use arrow_schema::{DataType, Field, SchemaRef as ArrowSchemaRef};
 use bytes::Bytes;
 use iceberg::io::OutputFile;
@@ -97,6 +102,10 @@ impl SharedHostFiles {
     }
 }
 
+/// The column a batch for a [`HostParquetWriterBuilder::for_input`]
+/// writer ends with: each row's number in the host's input batch.
+pub const INPUT_ROW: &str = "_sluice_input_row";
+
 /// Builds a [`HostParquetWriter`] per data file.
 #[derive(Clone)]
 pub struct HostParquetWriterBuilder {
@@ -104,13 +113,41 @@ pub struct HostParquetWriterBuilder {
     schema: SchemaRef,
     arrow: ArrowSchemaRef,
     files: SharedHostFiles,
+    /// Rows are numbers of the host's input batch ([`INPUT_ROW`]).
+    input: bool,
 }
 
 impl HostParquetWriterBuilder {
     pub fn new(options: WriterOptions, schema: SchemaRef, files: SharedHostFiles) -> Result<Self> {
         let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
-        Ok(Self { options: Arc::new(options), schema, arrow, files })
+        Ok(Self { options: Arc::new(options), schema, arrow, files, input: false })
     }
+
+    /// Writers whose batches name rows of the host's input batch (they end
+    /// with [`INPUT_ROW`]) instead of carrying them.
+    pub fn for_input(mut self) -> Self {
+        self.input = true;
+        self
+    }
+}
+
+/// Which rows of the host's input batch the [`INPUT_ROW`] column of
+/// `batch` (its last) names: a range when they follow each other, as an
+/// unsplit batch's do, so the host slices instead of copying.
+fn input_rows(batch: &RecordBatch) -> Result<columnar::InputRows> {
+    let rows = batch
+        .columns()
+        .last()
+        .filter(|_| batch.schema().fields().last().is_some_and(|f| f.name() == INPUT_ROW))
+        .and_then(|c| c.as_any().downcast_ref::<UInt32Array>())
+        .ok_or_else(|| Error::new(ErrorKind::Unexpected, format!("a batch without its {INPUT_ROW} column")))?;
+    let values = rows.values();
+    let first = values.first().copied().unwrap_or(0);
+    let contiguous =
+        values.iter().enumerate().all(|(i, v)| u32::try_from(i).ok().and_then(|i| first.checked_add(i)) == Some(*v));
+    let count = u32::try_from(values.len())
+        .map_err(|_| Error::new(ErrorKind::DataInvalid, "more than 2^32 rows in a batch"))?;
+    Ok(if contiguous { columnar::InputRows::Range((first, count)) } else { columnar::InputRows::Rows(values.to_vec()) })
 }
 
 impl FileWriterBuilder for HostParquetWriterBuilder {
@@ -163,12 +200,19 @@ impl FileWriter for HostParquetWriter {
         let Some((file, id)) = self.file.as_ref() else {
             return Err(Error::new(ErrorKind::Unexpected, "the data file was not opened"));
         };
-        // iceberg's batches carry the table schema's field ids; the host
-        // compares schemas exactly, so hand it the batch under its own.
-        let batch = batch.clone().with_schema(self.builder.arrow.clone()).map_err(|e| {
-            Error::new(ErrorKind::DataInvalid, format!("rows do not fit the table schema of {}: {e}", self.location))
-        })?;
-        let held = {
+        let held = if self.builder.input {
+            let rows = input_rows(batch)?;
+            let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
+            file.write_input(&rows).map_err(|e| host_error("writing", &self.location, &e))?.memory_bytes
+        } else {
+            // iceberg's batches carry the table schema's field ids; the host
+            // compares schemas exactly, so hand it the batch under its own.
+            let batch = batch.clone().with_schema(self.builder.arrow.clone()).map_err(|e| {
+                Error::new(
+                    ErrorKind::DataInvalid,
+                    format!("rows do not fit the table schema of {}: {e}", self.location),
+                )
+            })?;
             let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
             file.write(&batch).map_err(|e| host_error("writing", &self.location, &e))?.memory_bytes
         };

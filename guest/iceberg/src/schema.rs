@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, new_null_array};
+use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, new_null_array};
 use arrow_schema::{Schema as ArrowSchema, SchemaRef as ArrowSchemaRef};
 use iceberg::arrow::{arrow_schema_to_schema_auto_assign_ids, arrow_type_to_type, schema_to_arrow_schema};
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type, UnboundPartitionSpec};
@@ -247,7 +247,10 @@ impl BatchConverter {
             }
             columns.push(column);
         }
-        RecordBatch::try_new(self.target.clone(), columns)
+        // The row count is given: a writer that reads none of a table's
+        // columns converts batches of none (see `writer::input_schema`).
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        RecordBatch::try_new_with_options(self.target.clone(), columns, &options)
             .map_err(|e| error::invalid_data(format!("batch does not fit the table schema: {e}")))
     }
 }

@@ -27,16 +27,28 @@
 //!   changed), so the host names its file and line. So is a row inside the
 //!   filter whose partition is not wholly inside it (a filter that cuts a
 //!   partition): its file would straddle the filter, and no later run could
-//!   replace that partition as a whole.
+//!   replace that partition as a whole;
+//! - a table written by plain appends (no `overwrite_filter`, no upserts)
+//!   is written from the host's input: the writer asks the host for the
+//!   columns it reads itself (those partition values come from and the
+//!   float columns whose NaNs the manifest counts, [`input_schema`]),
+//!   splits those, and names each file's rows by their number in the
+//!   host's batch (`columnar.write-input`, contract 0.2.4), which the host
+//!   takes and converts to the table's schema as [`BatchConverter`] does.
+//!   The other columns never cross the boundary.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 
-use arrow_schema::SchemaRef;
+use std::sync::Arc;
+
+use arrow_array::{RecordBatch, UInt32Array};
+use arrow_schema::{DataType, Field, FieldRef, Schema as ArrowSchema, SchemaRef};
 use iceberg::TableIdent;
 use iceberg::arrow::{PartitionValueCalculator, RecordBatchPartitionSplitter};
 use iceberg::spec::{
-    DataFile, DataFileFormat, PartitionKey, PartitionSpecRef, Struct, StructType, serialize_data_file_to_json,
+    DataFile, DataFileFormat, NestedField, NestedFieldRef, PartitionKey, PartitionSpec, PartitionSpecRef,
+    PrimitiveType, Schema, Struct, StructType, Type, serialize_data_file_to_json,
 };
 use iceberg::table::Table;
 use iceberg::writer::CurrentFileStatus;
@@ -54,7 +66,7 @@ use sluice_guest_sdk::{
 use crate::config::Config;
 use crate::filter::{BoundFilter, FilterError, PartitionFilter, Placement};
 use crate::host_io::{self, LoadError};
-use crate::host_parquet::{HostParquetWriterBuilder, SharedHostFiles};
+use crate::host_parquet::{HostParquetWriterBuilder, INPUT_ROW, SharedHostFiles};
 use crate::runtime::block_on;
 use crate::schema::{self, BatchConverter};
 use crate::upsert::WriterLog;
@@ -151,6 +163,10 @@ struct TableWriter {
     rows: u64,
     /// Upsert mode (not for the dead-letter table).
     upsert: Option<UpsertTable>,
+    /// Written from the host's input: `converter` and `splitter` work on
+    /// the columns the writer reads ([`input_schema`]), and each batch ends
+    /// with [`INPUT_ROW`].
+    input: bool,
 }
 
 struct Inner {
@@ -223,11 +239,86 @@ fn table_writer(cfg: &Config, source: &SourceTable) -> Result<TableWriter, SinkE
         (Some(key), true) => Some(upsert_table(&table, key)?),
         _ => None,
     };
+    let plain = filter.is_none() && placement.is_none() && upsert.is_none();
     let mut writer = prepare_table_writer(cfg, table, &arrow)?;
     writer.filter = filter;
     writer.placement = placement;
     writer.upsert = upsert;
+    if plain {
+        let metadata = writer.table.metadata();
+        let spec = metadata.default_partition_spec().clone();
+        let (schema, names) = input_schema(metadata.current_schema(), &spec)?;
+        writer.converter = BatchConverter::new(&schema)?;
+        if writer.splitter.is_some() {
+            writer.splitter = Some(
+                RecordBatchPartitionSplitter::try_new_with_computed_values(schema, spec)
+                    .map_err(|e| iceberg_error("preparing the partition splitter", e))?,
+            );
+        }
+        writer.input = true;
+        columnar::project_input(&source.name, Some(&names));
+    } else {
+        columnar::project_input(&source.name, None);
+    }
     Ok(writer)
+}
+
+/// The columns of `schema` a plain-append writer reads itself: those a
+/// partition field of `spec` takes its value from, and those holding floats
+/// (the manifest counts their NaNs). Top-level columns, whole; the schema
+/// of just those, and their names.
+fn input_schema(schema: &Schema, spec: &PartitionSpec) -> Result<(iceberg::spec::SchemaRef, Vec<String>), SinkError> {
+    fn ids(field: &NestedField, out: &mut Vec<i32>) {
+        out.push(field.id);
+        match field.field_type.as_ref() {
+            Type::Struct(s) => s.fields().iter().for_each(|f| ids(f, out)),
+            Type::List(l) => ids(&l.element_field, out),
+            Type::Map(m) => {
+                ids(&m.key_field, out);
+                ids(&m.value_field, out);
+            }
+            Type::Primitive(_) => {}
+        }
+    }
+    fn floats(t: &Type) -> bool {
+        match t {
+            Type::Primitive(p) => matches!(p, PrimitiveType::Float | PrimitiveType::Double),
+            Type::Struct(s) => s.fields().iter().any(|f| floats(&f.field_type)),
+            Type::List(l) => floats(&l.element_field.field_type),
+            Type::Map(m) => floats(&m.key_field.field_type) || floats(&m.value_field.field_type),
+        }
+    }
+    let sources: Vec<i32> = spec.fields().iter().map(|f| f.source_id).collect();
+    let read: Vec<NestedFieldRef> = schema
+        .as_struct()
+        .fields()
+        .iter()
+        .filter(|f| {
+            let mut within = Vec::new();
+            ids(f, &mut within);
+            floats(&f.field_type) || within.iter().any(|id| sources.contains(id))
+        })
+        .cloned()
+        .collect();
+    let names = read.iter().map(|f| f.name.clone()).collect();
+    let projected = Schema::builder()
+        .with_schema_id(schema.schema_id())
+        .with_fields(read)
+        .build()
+        .map_err(|e| iceberg_error("projecting the table schema onto the columns the writer reads", e))?;
+    Ok((Arc::new(projected), names))
+}
+
+/// `batch` with [`INPUT_ROW`] last: each row's number in the host's batch.
+fn with_input_rows(batch: RecordBatch) -> Result<RecordBatch, SinkError> {
+    let n = u32::try_from(batch.num_rows())
+        .map_err(|_| error::invalid_data(format!("a batch of {} rows, more than 2^32", batch.num_rows())))?;
+    let mut fields: Vec<FieldRef> = batch.schema().fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(INPUT_ROW, DataType::UInt32, false)));
+    let mut columns = batch.columns().to_vec();
+    columns.push(Arc::new(UInt32Array::from_iter_values(0..n)));
+    RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)
+        .map_err(|e| error::fatal(format!("numbering the input's rows: {e}")))
 }
 
 /// Refuses a table upsert mode cannot write (format version, key columns)
@@ -286,6 +377,7 @@ fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result
         placement: None,
         rows: 0,
         upsert: None,
+        input: false,
     })
 }
 
@@ -336,8 +428,11 @@ impl Inner {
         let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
         let locations =
             DefaultLocationGenerator::new(metadata).map_err(|e| iceberg_error("choosing data file locations", e))?;
-        let parquet = HostParquetWriterBuilder::new(props, metadata.current_schema().clone(), files)
+        let mut parquet = HostParquetWriterBuilder::new(props, metadata.current_schema().clone(), files)
             .map_err(|e| iceberg_error("preparing the Parquet writer", e))?;
+        if t.input {
+            parquet = parquet.for_input();
+        }
         let rolling = RollingFileWriterBuilder::new(parquet, target, t.table.file_io().clone(), locations, names);
         let builder = DataFileWriterBuilder::new(rolling);
         if t.upsert.is_some() {
@@ -467,6 +562,7 @@ impl Inner {
         }
         let t = self.table_mut(table)?;
         let batch = t.converter.convert(batch)?;
+        let batch = if t.input { with_input_rows(batch)? } else { batch };
         if let Some(filter) = &t.filter
             && let Some(outside) = filter.first_row_outside(&batch).map_err(|e| e.into_sink_error())?
         {
@@ -515,7 +611,15 @@ impl Inner {
             }
         });
         t.open = Some(open);
-        result.map_err(|e| iceberg_error(&format!("writing a data file of table {}", t.table.identifier()), e))?;
+        result.map_err(|e| match e.kind() {
+            // The host found the rows unfit for the table as it converted
+            // them (a value that does not cast, a null in a required
+            // column): the same answer as this plugin's own conversion.
+            iceberg::ErrorKind::DataInvalid if t.input => {
+                error::invalid_data(format!("rows of table {}: {}", t.table.identifier(), e.message()))
+            }
+            _ => iceberg_error(&format!("writing a data file of table {}", t.table.identifier()), e),
+        })?;
         self.keep_within_budget()
     }
 

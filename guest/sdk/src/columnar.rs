@@ -8,15 +8,28 @@
 //! - a batch must have exactly the file's schema, field metadata included
 //!   (Iceberg's `PARQUET:field_id`); the host refuses any other;
 //! - the footer returned by [`ParquetFile::close`] is the file's own, so a
-//!   plugin describes the file from what was written, not from a guess.
+//!   plugin describes the file from what was written, not from a guess;
+//! - [`ParquetFile::write_input`] (0.2.4) encodes rows of the batch the
+//!   host holds for the `write` call in progress, which a plugin that
+//!   called [`project_input`] for the table sees only part of; it is valid
+//!   only inside that call.
 
 use arrow_array::RecordBatch;
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::{Schema, SchemaRef};
 
 pub use crate::bindings::sluice::connector::columnar::{
-    ClosedFile, ColumnOptions, ColumnarError, Compression, ParquetWriter, Statistics, WriterOptions, WriterStatus,
+    ClosedFile, ColumnOptions, ColumnarError, Compression, InputRows, ParquetWriter, Statistics, WriterOptions,
+    WriterStatus,
 };
+
+/// From the next `write` of `table` on, the writer receives only the named
+/// columns of its batches (`None`: every column again), and the host keeps
+/// the whole batch for the call as the input [`ParquetFile::write_input`]
+/// encodes rows of (contract 0.2.4).
+pub fn project_input(table: &str, columns: Option<&[String]>) {
+    crate::bindings::sluice::connector::columnar::project_input(table, columns)
+}
 use crate::{SinkError, files};
 
 /// Renders a `columnar-error` for a message.
@@ -127,6 +140,14 @@ impl ParquetFile {
     /// writer stands after them.
     pub fn write_ipc(&mut self, ipc: &[u8]) -> Result<&WriterStatus, ColumnarError> {
         self.status = self.writer.write(ipc)?;
+        Ok(&self.status)
+    }
+
+    /// Encodes `rows` of the input batch of the `write` call in progress,
+    /// conformed by the host to the file's schema (see [`project_input`]):
+    /// where the writer stands after them.
+    pub fn write_input(&mut self, rows: &InputRows) -> Result<&WriterStatus, ColumnarError> {
+        self.status = self.writer.write_input(rows)?;
         Ok(&self.status)
     }
 

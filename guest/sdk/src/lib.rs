@@ -1,7 +1,7 @@
 //! Shared helpers for Sluice sink plugins (WebAssembly components).
 //!
 //! Invariants:
-//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.3`);
+//! - The contract is the WIT package in `wit/0.2/` (`sluice:connector@0.2.4`);
 //!   [`bindings`] is generated from it and is the only way a plugin talks to
 //!   the host. Every plugin built with this crate exports `maintenance` and
 //!   `committer-state` (world `stateful-sink-plugin`): one that keeps no

@@ -43,7 +43,7 @@ pub mod zstd_safe;
 mod bindings {
     // Only the `codec` interface of the plugin contract.
     wit_bindgen::generate!({
-        inline: "package sluice:zstd-shim; world shim { import sluice:connector/codec@0.2.3; }",
+        inline: "package sluice:zstd-shim; world shim { import sluice:connector/codec@0.2.4; }",
         path: "../../wit/0.2",
         world: "sluice:zstd-shim/shim",
         generate_all,

@@ -10,12 +10,12 @@ fn plugin_inspect_shows_world_options_and_imports() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (code, out, err) = run_cli(&["plugin", "inspect", FILES_PLUGIN], dir.path());
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("contract:    sluice:connector@0.2.3"), "{out}");
-    assert!(out.contains("world:       sluice:connector/sink-plugin@0.2.3"), "{out}");
+    assert!(out.contains("contract:    sluice:connector@0.2.4"), "{out}");
+    assert!(out.contains("world:       sluice:connector/sink-plugin@0.2.4"), "{out}");
     assert!(out.contains("plugin:      files 0.1.0"), "{out}");
     assert!(out.contains("path") && out.contains("required"), "{out}");
-    assert!(out.contains("sluice:connector/file-io@0.2.3"), "{out}");
-    assert!(out.contains("sluice:connector/sink@0.2.3"), "{out}");
+    assert!(out.contains("sluice:connector/file-io@0.2.4"), "{out}");
+    assert!(out.contains("sluice:connector/sink@0.2.4"), "{out}");
 }
 
 #[test]

@@ -9,6 +9,10 @@
 //!   instance's `sink.sandbox.host_memory_mb` (a budget too small stops the
 //!   job, naming it, before anything is committed), and the plugin keeps it
 //!   within `buffer_mb` however many partitions are open.
+//! - Plain appends are encoded from the host's own batch (0.2.4,
+//!   `project-input` and `write-input`): the same bytes as above, each
+//!   partition's rows in its own files, and a table the plugin reads no
+//!   column of lands whole.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -173,4 +177,104 @@ fn more_open_partitions_than_open_files_land() {
     let table = read_iceberg(dir.path(), TABLE);
     assert_exactly_once_range(&table.rows, 0, ROWS);
     assert!(data_files(&table.table).len() >= 64, "one file per partition");
+}
+
+/// Plain appends are written from the host's input (contract 0.2.4): the
+/// plugin reads only the columns partition values come from (and the float
+/// ones), and names each partition's rows in the host's batch. Every data
+/// file holds exactly the rows of its partition, with the generator's
+/// values (batches of 700 rows straddle the partitions of 1,000 ids).
+#[test]
+fn partitioned_rows_named_in_the_hosts_batch_land_in_their_partition() {
+    const ROWS: u64 = 20_000;
+    const WIDTH: i64 = 1000;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = TestJob::iceberg("columnar-input", dir.path(), TABLE, ROWS, 0, 2, 3_000);
+    let summary = job.run_with(&["sink.options.partition_by=\"truncate[1000](id)\""], None).expect("the job runs");
+    assert_eq!(summary.rows_total, ROWS);
+    let table = read_iceberg(dir.path(), TABLE);
+    assert_exactly_once_range(&table.rows, 0, ROWS);
+    let files = data_files(&table.table);
+    assert!(files.len() >= (ROWS as i64 / WIDTH) as usize, "{}", files.len());
+    let mut rows = 0;
+    for file in &files {
+        let Some(Some(iceberg::spec::Literal::Primitive(iceberg::spec::PrimitiveLiteral::Long(start)))) =
+            file.partition().fields().first().cloned()
+        else {
+            panic!("a truncate(id) partition value: {:?}", file.partition())
+        };
+        let bytes = std::fs::read(local_path(file.file_path())).expect("a data file");
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
+            .expect("a Parquet file")
+            .build()
+            .expect("a reader");
+        for batch in reader {
+            let batch = batch.expect("a batch");
+            let ids = batch
+                .column_by_name("id")
+                .and_then(|c| c.as_any().downcast_ref::<arrow_array::Int64Array>().cloned())
+                .expect("the id column");
+            for id in ids.values() {
+                assert!((start..start + WIDTH).contains(id), "id {id} in the file of partition {start}");
+            }
+            rows += batch.num_rows() as u64;
+        }
+    }
+    assert_eq!(rows, ROWS, "the files hold every row once");
+}
+
+/// A table of which the plugin reads no column (unpartitioned, no floats)
+/// still lands whole: the batches that cross carry only their row counts.
+#[test]
+fn a_table_the_writer_reads_no_column_of_lands_from_the_hosts_input() {
+    const ROWS: i64 = 5_000;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).expect("input folder");
+    let mut csv = String::from("id,name\n");
+    for id in 0..ROWS {
+        csv.push_str(&format!("{id},name-{id}\n"));
+    }
+    std::fs::write(input.join("a.csv"), csv).expect("csv");
+    let wh = dir.path().join("warehouse");
+    let toml = format!(
+        r#"[job]
+id = "no-columns"
+parallelism = 1
+state_dir = "{state}"
+[job.checkpoint]
+every_rows = 1500
+[source]
+kind = "file"
+path = "{input}"
+batch_rows = 700
+[sink]
+id = "lake"
+plugin = "{plugin}"
+[sink.options]
+table = "{TABLE}"
+[sink.catalog]
+database = "{wh}/catalog.db"
+warehouse = "{wh}"
+"#,
+        state = dir.path().join("state").display(),
+        input = input.display(),
+        plugin = sluice_tests::ICEBERG_PLUGIN,
+        wh = wh.display(),
+    );
+    let job = TestJob { dir, toml };
+    let summary = job.run(None).expect("the job runs");
+    assert_eq!(summary.rows_total, ROWS as u64);
+    let schema = Arc::new(arrow_schema::Schema::new(vec![
+        arrow_schema::Field::new("id", arrow_schema::DataType::Int64, true),
+        arrow_schema::Field::new("name", arrow_schema::DataType::Utf8, true),
+    ]));
+    let table = sluice_tests::read_iceberg_as(&catalog(&wh), TABLE, &schema);
+    let ids = sluice_tests::ids(&table.rows);
+    assert_eq!(ids, (0..ROWS).collect::<Vec<_>>());
+    let names = table.rows.column(1).as_any().downcast_ref::<arrow_array::StringArray>().expect("names");
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(name, Some(format!("name-{i}").as_str()));
+    }
+    assert!(data_files(&table.table).len() >= 4, "a file per checkpoint");
 }

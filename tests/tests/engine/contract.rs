@@ -1,7 +1,7 @@
 //! Contract versions side by side: plugins built for `sluice:connector@0.1.0`
 //! and `@0.2.0` (the committed fixtures, `tests/fixtures/sluice_sink_files_0.1.wasm`
 //! and `_0.2.wasm`, the latter encoding Parquet in wasm) run unchanged on a
-//! host whose newest contract is 0.2.3, pass the crash matrix, and hand
+//! host whose newest contract is 0.2.4, pass the crash matrix, and hand
 //! their state over to today's build (which encodes through `columnar`);
 //! components of no served version are refused with the versions the host
 //! serves.
@@ -89,7 +89,7 @@ fn a_component_of_no_served_version_names_the_served_ones() {
     let Err(err) = host().load(&future) else { panic!("0.3 is not served") };
     assert!(matches!(err, PluginError::Incompatible { .. }), "{err:?}");
     let message = err.to_string();
-    assert!(message.contains("0.2.3, 0.2.2, 0.2.1, 0.2.0, 0.1.0"), "{message}");
+    assert!(message.contains("0.2.4, 0.2.3, 0.2.2, 0.2.1, 0.2.0, 0.1.0"), "{message}");
     assert!(message.contains("sluice:connector/sink@0.3.0"), "{message}");
 
     let module = write_component(dir.path(), "module.wasm", "(module)");
@@ -104,7 +104,7 @@ fn a_0_1_plugin_is_refused_for_many_tables_before_anything_is_written() {
     let job = TestJob::files_with(&fixture_str(), "v01-tables", 600, 1, 100);
     let err = job.run_with(&["source.tables=[\"a\", \"b\"]"], None).expect_err("refused").to_string();
     assert!(
-        err.contains("implements contract 0.1.0, which cannot take several tables; rebuild it for contract 0.2.3"),
+        err.contains("implements contract 0.1.0, which cannot take several tables; rebuild it for contract 0.2.4"),
         "{err}"
     );
     assert!(!job.out().exists(), "nothing was written");
@@ -137,13 +137,13 @@ mod v0_2_0 {
 
     #[test]
     fn the_fixture_is_a_0_2_0_plugin_without_columnar() {
-        let plugin = host().load(&fixture()).expect("the 0.2.0 fixture loads on the 0.2.3 host");
+        let plugin = host().load(&fixture()).expect("the 0.2.0 fixture loads on the 0.2.4 host");
         assert_eq!(plugin.contract(), "0.2.0");
         assert!(!plugin.imports().iter().any(|i| i.contains("columnar")), "{:?}", plugin.imports());
         assert!(!plugin.maintains(), "a 0.2.0 plugin has no `maintenance` export");
         let today = host().load(Path::new(sluice_tests::FILES_PLUGIN)).expect("today's build");
-        assert_eq!(today.contract(), "0.2.3");
-        assert!(today.imports().iter().any(|i| i == "sluice:connector/columnar@0.2.3"), "{:?}", today.imports());
+        assert_eq!(today.contract(), "0.2.4");
+        assert!(today.imports().iter().any(|i| i == "sluice:connector/columnar@0.2.4"), "{:?}", today.imports());
         assert!(today.maintains(), "plugins of the author kit export `maintenance`");
         let dir = tempfile::tempdir().expect("temp dir");
         let (code, out, err) = run_cli(&["plugin", "inspect", &fixture_str()], dir.path());
@@ -192,7 +192,7 @@ mod v0_2_1 {
 
     #[test]
     fn the_fixture_is_a_0_2_1_plugin_without_maintenance() {
-        let plugin = host().load(&fixture()).expect("the 0.2.1 fixture loads on the 0.2.3 host");
+        let plugin = host().load(&fixture()).expect("the 0.2.1 fixture loads on the 0.2.4 host");
         assert_eq!(plugin.contract(), "0.2.1");
         assert!(plugin.imports().iter().any(|i| i == "sluice:connector/columnar@0.2.1"), "{:?}", plugin.imports());
         assert!(!plugin.maintains(), "a 0.2.1 plugin has no `maintenance` export");
@@ -243,13 +243,13 @@ mod v0_2_2 {
 
     #[test]
     fn the_fixture_is_a_0_2_2_plugin_that_maintains_without_committer_state() {
-        let plugin = host().load(&fixture()).expect("the 0.2.2 fixture loads on the 0.2.3 host");
+        let plugin = host().load(&fixture()).expect("the 0.2.2 fixture loads on the 0.2.4 host");
         assert_eq!(plugin.contract(), "0.2.2");
         assert!(plugin.maintains(), "a 0.2.2 plugin of the author kit exports `maintenance`");
         assert!(!plugin.keeps_committer_state(), "a 0.2.2 plugin has no `committer-state` export");
         assert!(!plugin.exports().iter().any(|e| e.contains("committer-state")), "{:?}", plugin.exports());
         let today = host().load(Path::new(sluice_tests::FILES_PLUGIN)).expect("today's build");
-        assert_eq!(today.contract(), "0.2.3");
+        assert_eq!(today.contract(), "0.2.4");
         assert!(today.keeps_committer_state(), "plugins of the author kit export `committer-state`");
         // A 0.2.2 plugin's records carry no committer state.
         let job = TestJob::files_with(&fixture_str(), "v022-records", 600, 1, 200);
@@ -271,6 +271,52 @@ mod v0_2_2 {
         assert!(job.run(Some(fault)).expect_err("crash").is_injected_crash());
         let upgraded = format!("sink.plugin={}", sluice_tests::FILES_PLUGIN);
         let summary = job.run_with(&[&upgraded], None).expect("today's build resumes the 0.2.2 state");
+        assert_exactly_once(&read_visible(&job.out()), ROWS);
+        assert_eq!(summary.recovered.len(), 1, "{summary}");
+    }
+}
+
+/// The files sink as built for 0.2.3, before `columnar`'s `project-input`
+/// and `write-input` (0.2.4) existed: it hands every batch back to the host
+/// as IPC, which the host still takes.
+mod v0_2_3 {
+    use super::*;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/sluice_sink_files_0.2.3.wasm")
+    }
+
+    fn fixture_str() -> String {
+        fixture().to_str().expect("utf-8 path").to_string()
+    }
+
+    fn crash_then_recover(point: CrashPoint, checkpoint: u64) {
+        let job = TestJob::files_with(&fixture_str(), &format!("v023-{point}-{checkpoint}"), ROWS, PARALLELISM, EVERY);
+        sluice_tests::crash_and_recover(&job, ROWS, point, checkpoint);
+    }
+
+    sluice_tests::crash_tests! {
+        v023_after_persist: CrashPoint::AfterPersist, 3;
+        v023_during_commit: CrashPoint::DuringCommit, 3;
+    }
+
+    #[test]
+    fn the_fixture_is_a_0_2_3_plugin_on_the_0_2_4_host() {
+        let plugin = host().load(&fixture()).expect("the 0.2.3 fixture loads on the 0.2.4 host");
+        assert_eq!(plugin.contract(), "0.2.3");
+        assert!(plugin.imports().iter().any(|i| i == "sluice:connector/columnar@0.2.3"), "{:?}", plugin.imports());
+        assert!(plugin.keeps_committer_state(), "a 0.2.3 plugin of the author kit exports `committer-state`");
+    }
+
+    /// The upgrade from 0.2.3 to 0.2.4: a pending checkpoint of the 0.2.3
+    /// build is committed by today's build.
+    #[test]
+    fn a_0_2_3_state_resumes_on_todays_build() {
+        let job = TestJob::files_with(&fixture_str(), "upgrade-023", ROWS, PARALLELISM, EVERY);
+        let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 3, subtask: 1 };
+        assert!(job.run(Some(fault)).expect_err("crash").is_injected_crash());
+        let upgraded = format!("sink.plugin={}", sluice_tests::FILES_PLUGIN);
+        let summary = job.run_with(&[&upgraded], None).expect("today's build resumes the 0.2.3 state");
         assert_exactly_once(&read_visible(&job.out()), ROWS);
         assert_eq!(summary.recovered.len(), 1, "{summary}");
     }

@@ -180,7 +180,7 @@ impl Metrics {
         registry.register("sluice_rows", "Rows landed: in checkpoints committed by this run", f.rows.clone());
         registry.register(
             "sluice_bytes",
-            "Bytes landed (Arrow IPC as handed to the plugin), in checkpoints committed by this run",
+            "Bytes landed (Arrow IPC as handed to the plugin: only the columns it reads, when it asked for some), in checkpoints committed by this run",
             f.bytes.clone(),
         );
         registry.register("sluice_bad_rows", "Records of the table that did not convert and landed as dead letters, counted when their checkpoint committed", f.bad_rows.clone());
