@@ -38,7 +38,7 @@
 //!   the host made and checked itself; it is released when the call ends,
 //!   however it ends, so no call can encode rows of another call's batch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -67,9 +67,27 @@ use crate::bindings::v0_2::sluice::connector::file_io::IoError;
 /// `write-input` encodes rows of. One per instance.
 #[derive(Debug, Default)]
 pub struct ColumnarInput {
-    projections: HashMap<String, Vec<String>>,
+    projections: HashMap<String, HashSet<String>>,
+    /// Table and column names held in `projections`, against
+    /// [`MAX_PROJECTED_NAMES`].
+    names: usize,
     current: Option<RecordBatch>,
+    /// `current` conformed to a writer's schema, made at the call's first
+    /// `write-input` and kept for the rest of the call (a refusal too), so
+    /// a batch that does not fit is refused before any of its rows is
+    /// encoded, and converted once however many files its rows go to.
+    conformed: Option<(SchemaRef, Result<RecordBatch, String>)>,
 }
+
+/// The most table and column names `project-input` holds for one
+/// instance: a bound on host memory a plugin could otherwise grow without
+/// limit (the Iceberg plugin names a few per table).
+const MAX_PROJECTED_NAMES: usize = 1 << 16;
+
+/// How a `write-input` refusal of rows that cannot be conformed to the
+/// writer's schema begins (the contract promises it, so a plugin can tell
+/// the rows' fault from its own).
+pub const UNFIT: &str = "the rows do not fit the writer's schema";
 
 impl ColumnarInput {
     /// What crosses into the plugin for `batch` of `table`: `None` when the
@@ -79,13 +97,8 @@ impl ColumnarInput {
     pub fn project(&self, table: &str, batch: &RecordBatch) -> Result<Option<RecordBatch>, arrow_schema::ArrowError> {
         let Some(columns) = self.projections.get(table) else { return Ok(None) };
         let schema = batch.schema();
-        let indices: Vec<usize> = schema
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| columns.iter().any(|c| c == f.name()))
-            .map(|(i, _)| i)
-            .collect();
+        let indices: Vec<usize> =
+            schema.fields().iter().enumerate().filter(|(_, f)| columns.contains(f.name())).map(|(i, _)| i).collect();
         batch.project(&indices).map(Some)
     }
 
@@ -94,15 +107,84 @@ impl ColumnarInput {
         self.projections.contains_key(table)
     }
 
+    /// Records what `project-input` asked; more names than
+    /// [`MAX_PROJECTED_NAMES`] in all is refused.
+    fn set_projection(&mut self, table: String, columns: Option<Vec<String>>) -> Result<(), String> {
+        if let Some(old) = self.projections.remove(&table) {
+            self.names -= 1 + old.len();
+        }
+        let Some(columns) = columns else { return Ok(()) };
+        let names = self.names + 1 + columns.len();
+        if names > MAX_PROJECTED_NAMES {
+            return Err(format!(
+                "columnar.project-input: more than {MAX_PROJECTED_NAMES} table and column names in all"
+            ));
+        }
+        self.names = names;
+        self.projections.insert(table, columns.into_iter().collect());
+        Ok(())
+    }
+
     /// Holds `batch` as the input of the `write` call about to be made.
     pub fn hold(&mut self, batch: RecordBatch) {
         self.current = Some(batch);
+        self.conformed = None;
     }
 
     /// Ends the call's input: called however the call ended.
     pub fn release(&mut self) {
         self.current = None;
+        self.conformed = None;
     }
+
+    /// The call's input in `schema` (see [`conform`]), made once per call
+    /// and schema.
+    fn conformed(&mut self, schema: &SchemaRef) -> Result<RecordBatch, String> {
+        let Some(input) = &self.current else {
+            return Err("write-input outside a `write` call: there is no input batch".into());
+        };
+        if let Some((made_for, made)) = &self.conformed
+            && (Arc::ptr_eq(made_for, schema) || made_for == schema)
+        {
+            return made.clone();
+        }
+        let made = unpanicked(|| conform(input, schema)).and_then(|r| r);
+        self.conformed = Some((schema.clone(), made.clone()));
+        made
+    }
+}
+
+/// About what `batch`'s rows hold in memory, as an IPC body of just them
+/// would: `get_slice_memory_size`, except that a sliced list's or map's
+/// values count only as far as its offsets reach (arrow counts the whole
+/// child, which a slice of a large batch keeps whole).
+fn rows_size(batch: &RecordBatch) -> u64 {
+    fn size(data: &arrow_data::ArrayData) -> usize {
+        use arrow_schema::DataType as D;
+        let nulls = if data.nulls().is_some() { data.len().div_ceil(8) } else { 0 };
+        let child = |start: usize, end: usize| {
+            data.child_data().first().map_or(0, |c| size(&c.slice(start, end.saturating_sub(start))))
+        };
+        match data.data_type() {
+            // `buffer` starts at the array's offset.
+            D::List(_) | D::Map(_, _) => {
+                let offsets = data.buffer::<i32>(0);
+                let at = |i: usize| offsets.get(i).map_or(0, |o| (*o).max(0) as usize);
+                nulls + (data.len() + 1) * 4 + child(at(0), at(data.len()))
+            }
+            D::LargeList(_) => {
+                let offsets = data.buffer::<i64>(0);
+                let at = |i: usize| offsets.get(i).map_or(0, |o| usize::try_from(*o).unwrap_or(0));
+                nulls + (data.len() + 1) * 8 + child(at(0), at(data.len()))
+            }
+            D::FixedSizeList(_, n) => {
+                let n = (*n).max(0) as usize;
+                nulls + child(data.offset() * n, (data.offset() + data.len()) * n)
+            }
+            _ => data.get_slice_memory_size().unwrap_or_else(|_| data.get_buffer_memory_size()),
+        }
+    }
+    batch.columns().iter().map(|c| size(&c.to_data()) as u64).sum()
 }
 
 /// `rows` of `input`: a slice for a range (no copy), else the rows taken.
@@ -117,7 +199,12 @@ fn select_rows(input: &RecordBatch, rows: InputRows) -> Result<RecordBatch, Stri
             }
         }
         InputRows::Rows(indices) => {
-            if let Some(past) = indices.iter().find(|i| **i as usize >= n) {
+            // Increasing, so no more rows than the input's: a list that
+            // repeats rows could make the host copy without bound.
+            if let Some(w) = indices.windows(2).find(|w| w[0] >= w[1]) {
+                return Err(format!("rows must be named in increasing order, without repeats: {} then {}", w[0], w[1]));
+            }
+            if let Some(past) = indices.last().filter(|i| **i as usize >= n) {
                 return Err(format!("row {past} is past the input's {n} rows"));
             }
             let indices = UInt32Array::from(indices);
@@ -147,7 +234,7 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, Strin
         };
         if !field.is_nullable() && column.null_count() > 0 {
             return Err(format!(
-                "column `{}` is required but {} of the rows are null",
+                "{UNFIT}: column `{}` is required but {} of the rows are null",
                 field.name(),
                 column.null_count()
             ));
@@ -155,8 +242,7 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, Strin
         columns.push(column);
     }
     let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-    RecordBatch::try_new_with_options(schema.clone(), columns, &options)
-        .map_err(|e| format!("the rows do not fit the writer's schema: {e}"))
+    RecordBatch::try_new_with_options(schema.clone(), columns, &options).map_err(|e| format!("{UNFIT}: {e}"))
 }
 
 /// An open `parquet-writer`, held in the instance's resource table.
@@ -576,7 +662,7 @@ impl ParquetWriterHandle {
                 )
                 .into());
             }
-            self.encode(&batch, size)?;
+            self.encode(&batch, size, "sluice:connector/columnar.[method]parquet-writer.write")?;
         }
         self.settle()?;
         Ok(self.status())
@@ -584,7 +670,7 @@ impl ParquetWriterHandle {
 
     /// Encodes one batch of the writer's schema, `size` its IPC size (or
     /// what it holds in memory).
-    fn encode(&mut self, batch: &RecordBatch, size: u64) -> Result<(), Fail> {
+    fn encode(&mut self, batch: &RecordBatch, size: u64, import: &'static str) -> Result<(), Fail> {
         // Room for what encoding this batch may add, before it is made:
         // at most about its IPC size (its arrays' own sizes would count
         // the whole IPC body once per column: they are slices of it).
@@ -604,8 +690,7 @@ impl ParquetWriterHandle {
             }
         };
         self.held = Some(reserved);
-        CallDeadline::check("sluice:connector/columnar.[method]parquet-writer.write")
-            .map_err(|d| Fail::Trap(wasmtime::Error::new(d)))?;
+        CallDeadline::check(import).map_err(|d| Fail::Trap(wasmtime::Error::new(d)))?;
         let writer = self.writer()?;
         let result = unpanicked(|| writer.write(batch)).unwrap_or_else(|p| {
             Err(parquet::errors::ParquetError::General(format!("the encoder refused the batch: {p}")))
@@ -623,21 +708,13 @@ impl ParquetWriterHandle {
     /// native iceberg-rust per CPU-second with every batch crossing twice
     /// (see `write`): its rows no longer come back out of the plugin, and
     /// the columns the plugin does not read need not go in (`project-input`).
-    fn write_input(&mut self, input: Option<&RecordBatch>, rows: InputRows) -> Result<WriterStatus, Fail> {
+    fn write_input(&mut self, input: &mut ColumnarInput, rows: InputRows) -> Result<WriterStatus, Fail> {
         let location = self.location.clone();
-        let Some(input) = input else {
-            return Err(invalid(&location, "write-input outside a `write` call: there is no input batch").into());
-        };
-        let schema = self.schema.clone();
-        let batch = unpanicked(|| select_rows(input, rows).and_then(|b| conform(&b, &schema)))
-            .and_then(|r| r)
-            .map_err(|e| invalid(&location, e))?;
+        let conformed = input.conformed(&self.schema).map_err(|e| invalid(&location, e))?;
+        let batch = unpanicked(|| select_rows(&conformed, rows)).and_then(|r| r).map_err(|e| invalid(&location, e))?;
         if batch.num_rows() > 0 {
             self.writer()?;
-            // What the selected rows' arrays hold (a range is a slice of
-            // the input: only the slice counts, as its IPC would).
-            let size: usize = batch.columns().iter().map(|c| c.to_data().get_slice_memory_size().unwrap_or(0)).sum();
-            self.encode(&batch, size as u64)?;
+            self.encode(&batch, rows_size(&batch), "sluice:connector/columnar.[method]parquet-writer.write-input")?;
         }
         self.settle()?;
         Ok(self.status())
@@ -718,11 +795,7 @@ pub(super) fn add_to_linker<T: CapabilityHost>(linker: &mut Linker<T>) -> wasmti
 
 impl Host for ColumnarView<'_> {
     fn project_input(&mut self, table: String, columns: Option<Vec<String>>) -> wasmtime::Result<()> {
-        match columns {
-            Some(columns) => self.input.projections.insert(table, columns),
-            None => self.input.projections.remove(&table),
-        };
-        Ok(())
+        self.input.set_projection(table, columns).map_err(wasmtime::Error::msg)
     }
 }
 
@@ -756,8 +829,7 @@ impl HostParquetWriter for ColumnarView<'_> {
         rows: InputRows,
     ) -> wasmtime::Result<Result<WriterStatus, ColumnarError>> {
         started("sluice:connector/columnar.[method]parquet-writer.write-input")?;
-        let input = self.input.current.as_ref();
-        answer(self.table.get_mut(&this)?.write_input(input, rows))
+        answer(self.table.get_mut(&this)?.write_input(self.input, rows))
     }
 
     fn status(&mut self, this: Resource<ParquetWriterHandle>) -> wasmtime::Result<WriterStatus> {
@@ -793,6 +865,85 @@ impl From<IoError> for ColumnarError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use arrow_array::{ArrayRef, Int64Array, ListArray, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+
+    fn input() -> RecordBatch {
+        let ids: ArrayRef = Arc::new(Int64Array::from((0..10).collect::<Vec<i64>>()));
+        let names: ArrayRef = Arc::new(StringArray::from((0..10).map(|i| format!("n{i}")).collect::<Vec<_>>()));
+        RecordBatch::try_from_iter([("id", ids), ("name", names)]).expect("batch")
+    }
+
+    fn writer_schema(name_nullable: bool) -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("name", DataType::LargeUtf8, name_nullable),
+            Field::new("id", DataType::Int64, false),
+            Field::new("extra", DataType::Int32, true),
+        ]))
+    }
+
+    #[test]
+    fn rows_are_named_in_increasing_order_within_the_input() {
+        let batch = input();
+        let taken = select_rows(&batch, InputRows::Rows(vec![1, 4, 9])).expect("taken");
+        assert_eq!(taken.num_rows(), 3);
+        let ids = taken.column(0).as_any().downcast_ref::<Int64Array>().expect("ids");
+        assert_eq!(ids.values().to_vec(), vec![1, 4, 9]);
+        let repeat = select_rows(&batch, InputRows::Rows(vec![0, 0, 0])).expect_err("repeats");
+        assert!(repeat.contains("increasing"), "{repeat}");
+        assert!(select_rows(&batch, InputRows::Rows(vec![3, 2])).is_err(), "decreasing");
+        let past = select_rows(&batch, InputRows::Rows(vec![2, 10])).expect_err("past the end");
+        assert!(past.contains("row 10 is past the input's 10 rows"), "{past}");
+        assert_eq!(select_rows(&batch, InputRows::Range((7, 3))).expect("range").num_rows(), 3);
+        assert!(select_rows(&batch, InputRows::Range((8, 3))).is_err(), "a range past the end");
+        assert!(select_rows(&batch, InputRows::Range((u32::MAX, u32::MAX))).is_err(), "no overflow");
+    }
+
+    #[test]
+    fn the_input_is_conformed_by_name_once_per_call_and_a_refusal_stays() {
+        let mut held = ColumnarInput::default();
+        let schema = writer_schema(true);
+        assert!(held.conformed(&schema).expect_err("no call").contains("outside a `write` call"));
+        held.hold(input());
+        let conformed = held.conformed(&schema).expect("conformed");
+        assert_eq!(conformed.schema(), schema, "the writer's schema, its order and types");
+        assert_eq!(conformed.column(2).null_count(), 10, "a column the input lacks is nulls");
+        // A non-nullable column the input lacks: refused, as the rows' fault.
+        let strict = Arc::new(Schema::new(vec![Field::new("missing", DataType::Int64, false)]));
+        let refused = held.conformed(&strict).expect_err("refused");
+        assert!(refused.starts_with(UNFIT) && refused.contains("`missing`"), "{refused}");
+        assert_eq!(held.conformed(&strict).expect_err("still refused"), refused);
+        held.release();
+        assert!(held.conformed(&schema).is_err(), "released with the call");
+    }
+
+    #[test]
+    fn a_projection_keeps_the_row_count_and_is_bounded() {
+        let mut held = ColumnarInput::default();
+        held.set_projection("t".into(), Some(vec![])).expect("none of the columns");
+        let none = held.project("t", &input()).expect("projected").expect("a projection");
+        assert_eq!((none.num_columns(), none.num_rows()), (0, 10));
+        held.set_projection("t".into(), Some(vec!["name".into(), "absent".into()])).expect("set");
+        let one = held.project("t", &input()).expect("projected").expect("a projection");
+        assert_eq!(one.schema().field(0).name(), "name");
+        assert!(held.project("other", &input()).expect("whole").is_none(), "other tables cross whole");
+        held.set_projection("t".into(), None).expect("reset");
+        assert!(!held.projects("t"));
+        let many: Vec<String> = (0..MAX_PROJECTED_NAMES).map(|i| i.to_string()).collect();
+        assert!(held.set_projection("big".into(), Some(many)).is_err(), "bounded");
+    }
+
+    #[test]
+    fn a_sliced_lists_size_counts_only_its_own_values() {
+        let values: Vec<Option<Vec<Option<i64>>>> = (0..1000).map(|i| Some(vec![Some(i); 100])).collect();
+        let list: ArrayRef = Arc::new(ListArray::from_iter_primitive::<arrow_array::types::Int64Type, _, _>(values));
+        let batch = RecordBatch::try_from_iter([("l", list)]).expect("batch");
+        let whole = rows_size(&batch);
+        let tenth = rows_size(&batch.slice(100, 100));
+        assert!(whole >= 1000 * 100 * 8, "{whole}");
+        assert!(tenth * 8 < whole && tenth >= 100 * 100 * 8, "{tenth} of {whole}");
+    }
 
     #[test]
     fn the_footer_is_found_at_the_end_of_the_tail() {

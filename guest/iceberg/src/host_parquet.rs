@@ -188,8 +188,6 @@ impl FileWriter for HostParquetWriter {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        self.rows += batch.num_rows();
-        count_nans(batch, &mut self.nan_counts);
         if self.file.is_none() {
             let file = ParquetFile::create(&self.location, self.builder.arrow.clone(), &self.builder.options, false)
                 .map_err(|e| host_error("creating", &self.location, &e))?;
@@ -217,12 +215,20 @@ impl FileWriter for HostParquetWriter {
             file.write(&batch).map_err(|e| host_error("writing", &self.location, &e))?.memory_bytes
         };
         self.builder.files.lock().set(*id, held);
+        // Counted once the host took the rows: a refused batch counts none.
+        self.rows += batch.num_rows();
+        count_nans(batch, &mut self.nan_counts);
         Ok(())
     }
 
     async fn close(self) -> Result<Vec<DataFileBuilder>> {
         let Some((file, id)) = self.file else { return Ok(vec![]) };
         self.builder.files.lock().remove(id);
+        // Made for a batch the host refused: no bytes reached it, so there
+        // is no file, and none may be described.
+        if self.rows == 0 {
+            return Ok(vec![]);
+        }
         let file = Arc::try_unwrap(file)
             .map_err(|_| Error::new(ErrorKind::Unexpected, format!("{} is still in use", self.location)))?
             .into_inner()

@@ -615,7 +615,7 @@ impl Inner {
             // The host found the rows unfit for the table as it converted
             // them (a value that does not cast, a null in a required
             // column): the same answer as this plugin's own conversion.
-            iceberg::ErrorKind::DataInvalid if t.input => {
+            iceberg::ErrorKind::DataInvalid if t.input && e.message().contains(columnar::UNFIT) => {
                 error::invalid_data(format!("rows of table {}: {}", t.table.identifier(), e.message()))
             }
             _ => iceberg_error(&format!("writing a data file of table {}", t.table.identifier()), e),
@@ -698,6 +698,15 @@ impl GuestWriter for IcebergWriter {
     fn write(&self, table: String, rows: Vec<u8>) -> Result<(), SinkError> {
         let mut inner = self.inner.borrow_mut();
         let (_, batches) = ipc::decode(rows)?;
+        // Rows written from the host's input are numbered within the one
+        // batch the host holds for the call.
+        if batches.len() > 1 && inner.tables.get(&table).is_some_and(|t| t.input) {
+            return Err(error::fatal(format!(
+                "the host sent {} batches of table {table:?} in one call; a writer that reads the host's input \
+                 takes one",
+                batches.len()
+            )));
+        }
         for batch in batches.iter().filter(|b| b.num_rows() > 0) {
             inner.write_batch(&table, batch)?;
         }

@@ -23,6 +23,10 @@ pub use crate::bindings::sluice::connector::columnar::{
     WriterStatus,
 };
 
+/// What a `write-input` refusal of rows that do not fit the file's schema
+/// contains (the contract's words): the rows' fault, not the plugin's.
+pub const UNFIT: &str = "the rows do not fit the writer's schema";
+
 /// From the next `write` of `table` on, the writer receives only the named
 /// columns of its batches (`None`: every column again), and the host keeps
 /// the whole batch for the call as the input [`ParquetFile::write_input`]
