@@ -1,4 +1,5 @@
-//! Hostile review of the `columnar` capability (contract 0.2.1).
+//! Hostile review of the `columnar` capability (contract 0.2.1; its
+//! `project-input` and `write-input`, 0.2.4, at the end).
 //!
 //! These tests drive the host's `parquet-writer` implementation exactly as
 //! wasmtime does for a plugin's call: through the generated
@@ -16,10 +17,10 @@ use std::time::{Duration, Instant};
 use arrow_array::{ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, types::Int32Type};
 use arrow_schema::{DataType, Field, Schema};
 use sluice::bindings::v0_2::sluice::connector::columnar::{
-    ColumnarError, Compression, HostParquetWriter, Statistics, WriterOptions,
+    ColumnarError, Compression, HostParquetWriter, InputRows, Statistics, WriterOptions,
 };
 use sluice::capability::Effects;
-use sluice::capability::columnar::{ColumnarView, ParquetWriterHandle};
+use sluice::capability::columnar::{ColumnarInput, ColumnarView, ParquetWriterHandle};
 use sluice::capability::file_io::{FileGrants, FileIoCtx, FileIoView};
 use sluice::capability::limits::{CallDeadline, HandleCap, HostMemory};
 use sluice::capability::syncs::Syncs;
@@ -83,6 +84,8 @@ struct Instance {
     ctx: FileIoCtx,
     table: ResourceTable,
     effects: Effects,
+    /// What the engine holds for a `writer.write` call in progress.
+    input: ColumnarInput,
     dir: tempfile::TempDir,
 }
 
@@ -99,11 +102,11 @@ impl Instance {
             memory: HostMemory::new(host_memory_mb),
             syncs: Default::default(),
         };
-        Self { ctx, table: ResourceTable::new(), effects: Effects::default(), dir }
+        Self { ctx, table: ResourceTable::new(), effects: Effects::default(), input: ColumnarInput::default(), dir }
     }
 
     fn view(&mut self) -> ColumnarView<'_> {
-        ColumnarView { file_io: &self.ctx, table: &mut self.table, effects: &mut self.effects }
+        ColumnarView { file_io: &self.ctx, table: &mut self.table, effects: &mut self.effects, input: &mut self.input }
     }
 
     fn create(
@@ -125,6 +128,15 @@ impl Instance {
         ipc: Vec<u8>,
     ) -> Result<sluice::bindings::v0_2::sluice::connector::columnar::WriterStatus, ColumnarError> {
         HostParquetWriter::write(&mut self.view(), Resource::<ParquetWriterHandle>::new_borrow(w), ipc)
+            .expect("no trap")
+    }
+
+    fn write_input(
+        &mut self,
+        w: u32,
+        rows: InputRows,
+    ) -> Result<sluice::bindings::v0_2::sluice::connector::columnar::WriterStatus, ColumnarError> {
+        HostParquetWriter::write_input(&mut self.view(), Resource::<ParquetWriterHandle>::new_borrow(w), rows)
             .expect("no trap")
     }
 
@@ -742,4 +754,52 @@ fn a_rename_waits_for_the_closed_files_sync_and_a_failed_sync_stops_it() {
             assert!(landed);
         }
     }
+}
+
+/// `write-input` (0.2.4) reads only the batch held for the call in
+/// progress, rows named in increasing order within it, and reserves what
+/// the rows hold before encoding them: a plugin cannot reach another
+/// call's rows, make the host copy a row many times, or pass the budget.
+#[test]
+fn write_input_reads_only_the_held_batch_in_order_and_within_the_budget() {
+    let _g = serial();
+    let mut inst = Instance::new(4, 16);
+    let schema_ipc = sluice::ipc::encode_schema(&string_schema()).unwrap();
+    let w = inst.create("out/input.parquet", &schema_ipc, &options(), false).expect("create");
+    let invalid = |r: Result<_, ColumnarError>, what: &str| match r {
+        Err(ColumnarError::Invalid(m)) => assert!(m.contains(what), "{m}"),
+        other => panic!("expected `invalid` naming {what:?}: {other:?}"),
+    };
+    invalid(inst.write_input(w, InputRows::Range((0, 1))), "outside a `write` call");
+
+    inst.input.hold(strings(1000, 100, 0));
+    invalid(inst.write_input(w, InputRows::Rows(vec![7; 1000])), "increasing order");
+    invalid(inst.write_input(w, InputRows::Rows(vec![5, 4])), "increasing order");
+    invalid(inst.write_input(w, InputRows::Rows(vec![999, 1000])), "past the input's 1000 rows");
+    invalid(inst.write_input(w, InputRows::Range((900, 101))), "past the input's 1000 rows");
+    assert_eq!(inst.status(w).rows, 0, "nothing refused was encoded");
+    assert_eq!(inst.write_input(w, InputRows::Range((0, 500))).expect("a range").rows, 500);
+    assert_eq!(inst.write_input(w, InputRows::Rows(vec![500, 700, 999])).expect("rows").rows, 503);
+    inst.input.release();
+    invalid(inst.write_input(w, InputRows::Range((0, 1))), "outside a `write` call");
+
+    // 12 MB of rows against a 4 MB budget: refused before they are encoded.
+    inst.input.hold(strings(12_000, 1000, 1));
+    match inst.write_input(w, InputRows::Range((0, 12_000))) {
+        Err(ColumnarError::Limit(m)) => assert!(m.contains("sink.sandbox.host_memory_mb"), "{m}"),
+        other => panic!("expected the budget to refuse the rows: {other:?}"),
+    }
+    inst.input.release();
+
+    // A batch that does not fit the writer's schema (a null in its
+    // non-nullable column) is refused as the rows' fault, every time.
+    let w2 = inst.create("out/input2.parquet", &schema_ipc, &options(), false).expect("create");
+    let nullable = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, true)]));
+    let with_null =
+        RecordBatch::try_new(nullable, vec![Arc::new(StringArray::from(vec![Some("a"), None])) as ArrayRef]).unwrap();
+    inst.input.hold(with_null);
+    for rows in [InputRows::Range((0, 1)), InputRows::Range((1, 1))] {
+        invalid(inst.write_input(w2, rows), sluice::capability::columnar::UNFIT);
+    }
+    assert_eq!(inst.status(w2).rows, 0);
 }
