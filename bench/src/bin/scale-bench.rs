@@ -65,6 +65,9 @@ struct Args {
     /// Rows of each run of the memory section (0 skips it).
     #[arg(long, default_value_t = 2_000_000)]
     memory_rows: u64,
+    /// Runs of each writer count in the writers section (the median is shown).
+    #[arg(long, default_value_t = 3)]
+    writer_reps: u32,
     /// Writer counts of the writers section.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8])]
     writers: Vec<u32>,
@@ -443,16 +446,29 @@ fn read_table(dir: &Path) -> Result<TableFacts> {
 }
 
 fn writer_section(s: &Setup, args: &Args) -> Result<String> {
-    let mut measured: Vec<(u32, Duration, Duration)> = Vec::new();
-    for &n in &args.writers {
-        let dir = tempfile::tempdir()?;
-        let every = 100_000u64.min(args.writer_rows / u64::from(n.max(1))).max(1);
-        let toml = job(s, dir.path(), n, every, args.writer_rows);
-        let cpu = children_cpu();
-        let wall = Instant::now();
-        run(s, dir.path(), &toml, &[])?;
-        measured.push((n, wall.elapsed(), children_cpu().saturating_sub(cpu)));
+    // Each count runs `--writer-reps` times, the counts taking turns; the
+    // table shows the medians (one run's noise here is about ±10 %, as large
+    // as the slope it judges).
+    let mut runs: Vec<(u32, Vec<Duration>, Vec<Duration>)> =
+        args.writers.iter().map(|n| (*n, Vec::new(), Vec::new())).collect();
+    for _ in 0..args.writer_reps.max(1) {
+        for (n, walls, cpus) in runs.iter_mut() {
+            let dir = tempfile::tempdir()?;
+            let every = 100_000u64.min(args.writer_rows / u64::from((*n).max(1))).max(1);
+            let toml = job(s, dir.path(), *n, every, args.writer_rows);
+            let cpu = children_cpu();
+            let wall = Instant::now();
+            run(s, dir.path(), &toml, &[])?;
+            walls.push(wall.elapsed());
+            cpus.push(children_cpu().saturating_sub(cpu));
+        }
     }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v.get(v.len() / 2).copied().unwrap_or_default()
+    };
+    let measured: Vec<(u32, Duration, Duration)> =
+        runs.iter_mut().map(|(n, walls, cpus)| (*n, median(walls), median(cpus))).collect();
     let rate = |d: &Duration| args.writer_rows as f64 / d.as_secs_f64().max(1e-9);
     let Some((_, wall1, cpu1)) = measured.first().copied() else { bail!("--writers: none given") };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
@@ -460,9 +476,12 @@ fn writer_section(s: &Setup, args: &Args) -> Result<String> {
     // under what as many writers as cores reached.
     let at_cores = measured.iter().find(|(n, _, _)| *n == cores).map(|(_, wall, _)| rate(wall));
     let mut t = format!(
-        "### Writers: {} rows, checkpoints of 100,000 rows per writer, unpartitioned ({cores} cores)\n\n\
+        "### Writers: {} rows, checkpoints of 100,000 rows per writer, unpartitioned ({cores} cores), median of {} runs taking turns\n\n\
          | writers | rows/s | × {} writer(s) | rows/CPU-s | × {} writer(s) | goal |\n|---:|---:|---:|---:|---:|---|\n",
-        args.writer_rows, measured[0].0, measured[0].0,
+        args.writer_rows,
+        args.writer_reps.max(1),
+        measured[0].0,
+        measured[0].0,
     );
     for (n, wall, cpu) in &measured {
         let goal = match at_cores {
