@@ -239,27 +239,12 @@ fn table_writer(cfg: &Config, source: &SourceTable) -> Result<TableWriter, SinkE
         (Some(key), true) => Some(upsert_table(&table, key)?),
         _ => None,
     };
-    let plain = filter.is_none() && placement.is_none() && upsert.is_none();
-    let mut writer = prepare_table_writer(cfg, table, &arrow)?;
+    let input = filter.is_none() && placement.is_none() && upsert.is_none();
+    let (mut writer, read) = prepare_table_writer(cfg, table, &arrow, input)?;
     writer.filter = filter;
     writer.placement = placement;
     writer.upsert = upsert;
-    if plain {
-        let metadata = writer.table.metadata();
-        let spec = metadata.default_partition_spec().clone();
-        let (schema, names) = input_schema(metadata.current_schema(), &spec)?;
-        writer.converter = BatchConverter::new(&schema)?;
-        if writer.splitter.is_some() {
-            writer.splitter = Some(
-                RecordBatchPartitionSplitter::try_new_with_computed_values(schema, spec)
-                    .map_err(|e| iceberg_error("preparing the partition splitter", e))?,
-            );
-        }
-        writer.input = true;
-        columnar::project_input(&source.name, Some(&names));
-    } else {
-        columnar::project_input(&source.name, None);
-    }
+    columnar::project_input(&source.name, read.as_deref());
     Ok(writer)
 }
 
@@ -352,22 +337,36 @@ fn upsert_table(table: &Table, key: &[String]) -> Result<UpsertTable, SinkError>
     Ok(UpsertTable { columns, names: found.names, partitions, log: WriterLog::default() })
 }
 
-fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result<TableWriter, SinkError> {
+/// A writer of `table` for rows of `arrow`; with `input`, one that reads
+/// only [`input_schema`]'s columns, whose names come with it (the rest
+/// stay with the host).
+fn prepare_table_writer(
+    cfg: &Config,
+    table: Table,
+    arrow: &SchemaRef,
+    input: bool,
+) -> Result<(TableWriter, Option<Vec<String>>), SinkError> {
     let table_schema = table.metadata().current_schema().clone();
     schema::check_compatible(arrow, &table_schema)?;
     schema::check_partitioning(cfg, &table)?;
     host_io::check_writable(&table)?;
     let spec = table.metadata().default_partition_spec().clone();
+    let (schema, read) = if input {
+        let (schema, names) = input_schema(&table_schema, &spec)?;
+        (schema, Some(names))
+    } else {
+        (table_schema, None)
+    };
     let splitter = if spec.is_unpartitioned() {
         None
     } else {
         Some(
-            RecordBatchPartitionSplitter::try_new_with_computed_values(table_schema.clone(), spec)
+            RecordBatchPartitionSplitter::try_new_with_computed_values(schema.clone(), spec)
                 .map_err(|e| iceberg_error("preparing the partition splitter", e))?,
         )
     };
-    let converter = BatchConverter::new(&table_schema)?;
-    Ok(TableWriter {
+    let converter = BatchConverter::new(&schema)?;
+    let writer = TableWriter {
         table,
         converter,
         splitter,
@@ -377,8 +376,9 @@ fn prepare_table_writer(cfg: &Config, table: Table, arrow: &SchemaRef) -> Result
         placement: None,
         rows: 0,
         upsert: None,
-        input: false,
-    })
+        input,
+    };
+    Ok((writer, read))
 }
 
 /// Parquet settings for a writer whose rows spread over `partitions` open

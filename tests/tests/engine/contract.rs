@@ -110,6 +110,19 @@ fn a_0_1_plugin_is_refused_for_many_tables_before_anything_is_written() {
     assert!(!job.out().exists(), "nothing was written");
 }
 
+/// An upgrade: a job of the fixture `plugin` crashes after persisting
+/// checkpoint 3, and today's files sink commits that pending checkpoint and
+/// finishes the job, every row once.
+fn resumes_on_todays_build(plugin: &str, id: &str) {
+    let job = TestJob::files_with(plugin, id, ROWS, PARALLELISM, EVERY);
+    let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 3, subtask: 1 };
+    assert!(job.run(Some(fault)).expect_err("crash").is_injected_crash());
+    let upgraded = format!("sink.plugin={}", sluice_tests::FILES_PLUGIN);
+    let summary = job.run_with(&[&upgraded], None).expect("today's build resumes the fixture's state");
+    assert_exactly_once(&read_visible(&job.out()), ROWS);
+    assert_eq!(summary.recovered.len(), 1, "{summary}");
+}
+
 /// The files sink as built for 0.2.0, before `columnar` (0.2.1) existed.
 mod v0_2_0 {
     use super::*;
@@ -266,13 +279,7 @@ mod v0_2_2 {
     /// build, which starts its committer with none.
     #[test]
     fn a_0_2_2_state_resumes_on_todays_build() {
-        let job = TestJob::files_with(&fixture_str(), "upgrade-022", ROWS, PARALLELISM, EVERY);
-        let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 3, subtask: 1 };
-        assert!(job.run(Some(fault)).expect_err("crash").is_injected_crash());
-        let upgraded = format!("sink.plugin={}", sluice_tests::FILES_PLUGIN);
-        let summary = job.run_with(&[&upgraded], None).expect("today's build resumes the 0.2.2 state");
-        assert_exactly_once(&read_visible(&job.out()), ROWS);
-        assert_eq!(summary.recovered.len(), 1, "{summary}");
+        resumes_on_todays_build(&fixture_str(), "upgrade-022");
     }
 }
 
@@ -312,12 +319,6 @@ mod v0_2_3 {
     /// build is committed by today's build.
     #[test]
     fn a_0_2_3_state_resumes_on_todays_build() {
-        let job = TestJob::files_with(&fixture_str(), "upgrade-023", ROWS, PARALLELISM, EVERY);
-        let fault = Fault { point: CrashPoint::AfterPersist, checkpoint: 3, subtask: 1 };
-        assert!(job.run(Some(fault)).expect_err("crash").is_injected_crash());
-        let upgraded = format!("sink.plugin={}", sluice_tests::FILES_PLUGIN);
-        let summary = job.run_with(&[&upgraded], None).expect("today's build resumes the 0.2.3 state");
-        assert_exactly_once(&read_visible(&job.out()), ROWS);
-        assert_eq!(summary.recovered.len(), 1, "{summary}");
+        resumes_on_todays_build(&fixture_str(), "upgrade-023");
     }
 }
